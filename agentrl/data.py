@@ -1,0 +1,97 @@
+"""Task data: reading user files (JSONL, parquet), env splits, and `TaskSource`, the
+shuffled, resumable cursor the training loop draws tasks from."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentrl.config import EnvConfig
+from agentrl.types import Task
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a JSONL (`.jsonl`, `.json` with one object per line) or parquet file."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"data file {str(path)!r} does not exist")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}); each line must be one JSON object")
+    return rows
+
+
+def load_tasks(env_cfg: EnvConfig, split: str) -> list[Task]:
+    """Tasks of `split` ("train", "test", ...): from the user's file when configured
+    (`prompt_data` for train, `eval_data` otherwise), else the env's own split."""
+    from agentrl.envs import spec
+
+    env_cls = spec(env_cfg.id).load_class()
+    path = env_cfg.prompt_data if split == "train" else env_cfg.eval_data
+    if path is None:
+        return env_cls.load_tasks(split, **env_cfg.kwargs)
+    tasks = []
+    for index, row in enumerate(read_rows(path)):
+        task = env_cls.task_from_row(row, index=index, input_key=env_cfg.input_key, label_key=env_cfg.label_key)
+        task.split = split
+        tasks.append(task)
+    if not tasks:
+        raise ValueError(f"data file {path!r} has no rows")
+    return tasks
+
+
+@dataclass
+class TaskSource:
+    """Draws tasks in a seeded shuffled order, epoch after epoch. `state()`/`load_state()`
+    let a resumed run continue with exactly the same data order."""
+
+    tasks: list[Task]
+    seed: int = 0
+    epoch: int = 0
+    cursor: int = 0
+    _order: list[int] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.tasks:
+            raise ValueError("TaskSource needs at least one task")
+        self._shuffle()
+
+    def _shuffle(self) -> None:
+        self._order = list(range(len(self.tasks)))
+        random.Random(f"{self.seed}:{self.epoch}").shuffle(self._order)
+
+    def next_batch(self, n: int) -> list[Task]:
+        out = []
+        for _ in range(n):
+            if self.cursor >= len(self._order):
+                self.epoch += 1
+                self.cursor = 0
+                self._shuffle()
+            out.append(self.tasks[self._order[self.cursor]])
+            self.cursor += 1
+        return out
+
+    def state(self) -> dict[str, int]:
+        return {"seed": self.seed, "epoch": self.epoch, "cursor": self.cursor, "num_tasks": len(self.tasks)}
+
+    def load_state(self, state: dict[str, int]) -> None:
+        if state.get("num_tasks", len(self.tasks)) != len(self.tasks):
+            raise ValueError(
+                f"checkpoint was taken with {state['num_tasks']} tasks but the data now has {len(self.tasks)}; "
+                "resume with the same data"
+            )
+        self.seed, self.epoch, self.cursor = state["seed"], state["epoch"], state["cursor"]
+        self._shuffle()

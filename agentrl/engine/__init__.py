@@ -1,0 +1,5 @@
+"""Inference engines: the `Engine` protocol, the in-process transformers engine, the SGLang client."""
+
+from agentrl.engine.base import Completion, Engine, EngineError, FinishReason, SamplingParams
+
+__all__ = ["Completion", "Engine", "EngineError", "FinishReason", "SamplingParams"]

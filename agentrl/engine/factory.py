@@ -1,0 +1,39 @@
+"""`make_engine`: the one place a run config becomes an inference engine."""
+
+from __future__ import annotations
+
+from agentrl.config import RunConfig
+from agentrl.engine.base import Engine
+
+
+def make_engine(cfg: RunConfig) -> Engine:
+    """local = transformers in-process; http = an SGLang-API endpoint (or router) at
+    `engine.url`; sglang = servers launched and supervised by agentrl."""
+    kind = cfg.engine.kind
+    if kind == "local":
+        from agentrl.engine.local import LocalEngine
+
+        return LocalEngine.from_config(cfg.model, cfg.engine)
+    if kind == "http":
+        if not cfg.engine.url:
+            raise ValueError(
+                "engine.kind=http needs engine.url, e.g. --set engine.url=http://127.0.0.1:30000 "
+                "(start one with `agentrl serve --model PATH` or a real SGLang server)"
+            )
+        from agentrl.engine.sglang import SGLangEngine
+
+        return SGLangEngine(
+            cfg.engine.url, request_timeout_s=cfg.engine.request_timeout_s, max_retries=cfg.engine.max_retries
+        )
+    if kind == "sglang":
+        from agentrl.engine.launcher import launch_servers
+        from agentrl.engine.model_store import resolve_model_path
+        from agentrl.engine.sglang import SGLangEngine
+
+        cluster = launch_servers(resolve_model_path(cfg.model.path, cfg.model.cache_dir), cfg.engine)
+        engine = SGLangEngine(
+            cluster.url, request_timeout_s=cfg.engine.request_timeout_s, max_retries=cfg.engine.max_retries
+        )
+        engine.cluster = cluster  # shut down with the engine
+        return engine
+    raise ValueError(f"engine.kind={kind!r} is not one of: local, http, sglang")

@@ -1,0 +1,187 @@
+"""Pure evaluation statistics: unbiased pass@k, maj@k, Student-t and Wilson intervals,
+and what counts as a correct, scored episode and its answer."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Any
+
+from agentrl.types import EpisodeStatus
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate with a two-sided confidence interval."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+    """How many units (tasks or episodes) the estimate rests on."""
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {"mean": self.mean, "low": self.low, "high": self.high, "n": self.n}
+
+
+# ---------------------------------------------------------------- pass@k and maj@k
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct (Chen et al. 2021, HumanEval).
+
+    1 - C(n-c, k) / C(n, k), in the product form 1 - prod_{i=n-c+1..n} (1 - k/i), which
+    never forms the huge binomials.
+    """
+    if not 0 <= c <= n:
+        raise ValueError(f"pass_at_k: c={c} must be between 0 and n={n}")
+    if not 1 <= k <= n:
+        raise ValueError(f"pass_at_k: k={k} must be between 1 and n={n}; sample at least k episodes per task")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def majority_answer(answers: Sequence[str]) -> str:
+    """The most frequent answer; ties go to the lexicographically smallest, so the vote does
+    not depend on the order in which episodes finished."""
+    if not answers:
+        raise ValueError("majority_answer needs at least one answer")
+    counts = Counter(answers)
+    return min(counts, key=lambda a: (-counts[a], a))
+
+
+def maj_at_k(answers: Sequence[str], correct: Sequence[bool]) -> bool:
+    """Whether the majority-voted answer is correct; `correct[i]` grades `answers[i]`.
+
+    The voted answer counts as correct when any episode that gave it was graded correct
+    (an env grades the same answer the same way, so they agree in practice).
+    """
+    if len(answers) != len(correct):
+        raise ValueError(f"maj_at_k: {len(answers)} answers but {len(correct)} grades")
+    winner = majority_answer(answers)
+    return any(ok for a, ok in zip(answers, correct, strict=True) if a == winner)
+
+
+def pass_at_k_levels(k: int) -> list[int]:
+    """The k values reported for a run with k episodes per task: 1, 2, 4, ... and k."""
+    levels = [1]
+    while levels[-1] * 2 < k:
+        levels.append(levels[-1] * 2)
+    if k > 1:
+        levels.append(k)
+    return levels
+
+
+# ---------------------------------------------------------------- intervals
+
+
+def _t_two_sided_mass(t: float, df: int) -> float:
+    """P(|T| < t) for Student's t with integer df (Abramowitz & Stegun 26.7.3-4, exact)."""
+    theta = math.atan(t / math.sqrt(df))
+    cos2 = math.cos(theta) ** 2
+    if df % 2 == 1:
+        term, total = math.cos(theta), 0.0
+        for j in range(3, df + 1, 2):  # cos + 2/3 cos^3 + (2*4)/(3*5) cos^5 + ...
+            total += term
+            term *= cos2 * (j - 1) / j
+        return 2.0 / math.pi * (theta + math.sin(theta) * total) if df > 1 else 2.0 * theta / math.pi
+    term, total = 1.0, 0.0
+    for j in range(2, df + 1, 2):  # 1 + 1/2 cos^2 + (1*3)/(2*4) cos^4 + ...
+        total += term
+        term *= cos2 * (j - 1) / j
+    return math.sin(theta) * total
+
+
+def t_critical(df: int, confidence: float = 0.95) -> float:
+    """The two-sided Student-t critical value, e.g. t_critical(10) = 2.228.
+
+    Bisection on the exact integer-df CDF, so no scipy is needed.
+    """
+    if df < 1:
+        raise ValueError(f"t_critical: df={df} must be at least 1")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence={confidence} must be in (0, 1), e.g. 0.95")
+    if df > 1000:  # the t distribution is normal to 4 decimals here
+        return NormalDist().inv_cdf(0.5 + confidence / 2)
+    low, high = 0.0, 1.0
+    while _t_two_sided_mass(high, df) < confidence:
+        high *= 2.0
+    for _ in range(100):
+        mid = (low + high) / 2
+        low, high = (mid, high) if _t_two_sided_mass(mid, df) < confidence else (low, mid)
+    return (low + high) / 2
+
+
+def mean_ci(values: Sequence[float], confidence: float = 0.95) -> Interval:
+    """Mean with a Student-t confidence interval (mean ± t * s / sqrt(n)).
+
+    One value gives a degenerate interval at the mean; no values give NaN.
+    """
+    n = len(values)
+    if n == 0:
+        return Interval(math.nan, math.nan, math.nan, 0)
+    mean = math.fsum(values) / n
+    if n == 1:
+        return Interval(mean, mean, mean, 1)
+    var = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
+    half = t_critical(n - 1, confidence) * math.sqrt(var / n)
+    return Interval(mean, mean - half, mean + half, n)
+
+
+def wilson_ci(successes: int, n: int, confidence: float = 0.95) -> Interval:
+    """A binomial proportion with the Wilson score interval (sane at 0/n and n/n)."""
+    if not 0 <= successes <= n:
+        raise ValueError(f"wilson_ci: successes={successes} must be between 0 and n={n}")
+    if n == 0:
+        return Interval(math.nan, math.nan, math.nan, 0)
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    p = successes / n
+    denom = 1.0 + z * z / n
+    center = (p + z * z / (2 * n)) / denom
+    half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return Interval(p, max(0.0, center - half), min(1.0, center + half), n)
+
+
+def std(values: Sequence[float]) -> float:
+    """Population standard deviation (0.0 for fewer than two values)."""
+    if len(values) < 2:
+        return 0.0
+    mean = math.fsum(values) / len(values)
+    return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
+
+
+# ---------------------------------------------------------------- episodes
+
+
+def is_scored(traj: Any) -> bool:
+    """COMPLETED and TRUNCATED episodes are scored; ERROR and ABORTED are infrastructure
+    outcomes that never enter a reward mean (they are not a reward of 0)."""
+    return EpisodeStatus(traj.status).is_trainable
+
+
+def is_correct(traj: Any) -> bool:
+    """`info["correct"]` when the env reports it, else reward > 0."""
+    if "correct" in traj.info:
+        return bool(traj.info["correct"])
+    return traj.reward > 0
+
+
+def extract_answer(traj: Any) -> str:
+    """The env's `info["answer"]` when present, else the last assistant turn's text,
+    whitespace-normalised so formatting differences do not split the vote."""
+    answer = traj.info.get("answer")
+    if answer is None:
+        answer = traj.turns[-1].text if traj.turns else ""
+    return " ".join(str(answer).split())
+
+
+def num_tool_calls(traj: Any) -> int:
+    return sum(turn.num_tool_calls for turn in traj.turns)
+
+
+def num_tool_errors(traj: Any) -> int:
+    return sum(turn.num_tool_errors for turn in traj.turns)

@@ -1,0 +1,114 @@
+"""`Trajectory`: the token-level record of one episode, and its JSONL form."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from agentrl.types import EpisodeStatus, StatusReason
+
+
+@dataclass
+class Turn:
+    """One assistant generation plus the env's reply, as spans of `Trajectory.token_ids`."""
+
+    start: int
+    """Index in token_ids of the first sampled id of this turn."""
+    num_sampled: int
+    """Sampled ids (mask 1), verbatim from the engine."""
+    num_observation: int
+    """Observation ids appended after them (mask 0); 0 on the last turn."""
+    weight_version: str
+    finish_reason: str
+    num_tool_calls: int = 0
+    num_tool_errors: int = 0
+    text: str = ""
+    """The decoded sampled text (for display; never re-tokenized)."""
+
+
+@dataclass
+class Trajectory:
+    """Invariants: len(loss_mask) == len(token_ids); loss_mask is 1 exactly on sampled ids;
+    len(logprobs) == sum(loss_mask), in order; the prompt occupies token_ids[:prompt_len]."""
+
+    token_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    prompt_len: int
+    reward: float
+    status: EpisodeStatus
+    status_reason: StatusReason
+    turns: list[Turn] = field(default_factory=list)
+    task: dict[str, Any] = field(default_factory=dict)
+    group_id: str = ""
+    episode_id: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
+    """Reward components, the env's final info, error traceback (for ERROR), timings."""
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turns)
+
+    @property
+    def num_sampled(self) -> int:
+        return len(self.logprobs)
+
+    @property
+    def response_len(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+    def check(self) -> None:
+        """Raise ValueError if the invariants above do not hold."""
+        if len(self.loss_mask) != len(self.token_ids):
+            raise ValueError(f"loss_mask has {len(self.loss_mask)} entries for {len(self.token_ids)} token ids")
+        if sum(self.loss_mask) != len(self.logprobs):
+            raise ValueError(f"{sum(self.loss_mask)} tokens are trained but {len(self.logprobs)} logprobs are stored")
+        if any(self.loss_mask[: self.prompt_len]):
+            raise ValueError("a prompt token is marked trainable")
+        for turn in self.turns:
+            span = self.loss_mask[turn.start : turn.start + turn.num_sampled]
+            obs = self.loss_mask[turn.start + turn.num_sampled : turn.start + turn.num_sampled + turn.num_observation]
+            if not all(span) or any(obs):
+                raise ValueError(f"turn at {turn.start} does not match loss_mask")
+
+    def dense_logprobs(self) -> list[float]:
+        """Rollout logprobs scattered to token positions (0.0 where loss_mask is 0)."""
+        out = [0.0] * len(self.token_ids)
+        it = iter(self.logprobs)
+        for i, m in enumerate(self.loss_mask):
+            if m:
+                out[i] = next(it)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["status"] = self.status.value
+        d["status_reason"] = self.status_reason.value
+        d["num_turns"] = self.num_turns
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Trajectory:
+        d = dict(d)
+        d.pop("num_turns", None)
+        d["status"] = EpisodeStatus(d["status"])
+        d["status_reason"] = StatusReason(d["status_reason"])
+        d["turns"] = [Turn(**t) for t in d.get("turns", [])]
+        return cls(**d)
+
+
+def write_jsonl(path: str, trajectories: list[Trajectory], *, append: bool = False) -> None:
+    """Write one trajectory per line, flushed to disk so a crash loses nothing written."""
+    import os
+
+    with open(path, "a" if append else "w", encoding="utf-8") as f:
+        for t in trajectories:
+            f.write(json.dumps(t.to_json()) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_jsonl(path: str) -> list[Trajectory]:
+    with open(path, encoding="utf-8") as f:
+        return [Trajectory.from_json(json.loads(line)) for line in f if line.strip()]

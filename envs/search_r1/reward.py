@@ -1,0 +1,149 @@
+"""Search-R1 rewards: SQuAD-normalised exact match, token F1 and the format-aware score.
+
+Follows `verl/utils/reward_score/qa_em.py` and `qa_em_format.py`, with one fix: only the
+*response* is scored and its last `<answer>` counts (the original scored prompt+response and
+needed two matches so that the prompt's `<answer> Beijing </answer>` example was skipped).
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import string
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+RewardKind = Literal["em", "f1", "format"]
+REWARD_KINDS: tuple[str, ...] = ("em", "f1", "format")
+
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_INFORMATION_RE = re.compile(r"<information>(.*?)</information>", re.DOTALL)
+_TAG_RE = re.compile(r"(</?(?:think|search|information|answer)>)")
+_PUNCTUATION = set(string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD normalisation: lowercase, drop punctuation, drop a/an/the, collapse spaces."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+def exact_match(prediction: str, golden_answers: Sequence[str] | str) -> float:
+    golden = [golden_answers] if isinstance(golden_answers, str) else golden_answers
+    pred = normalize_answer(prediction)
+    return float(any(normalize_answer(g) == pred for g in golden))
+
+
+def f1_score(prediction: str, golden_answers: Sequence[str] | str) -> float:
+    """SQuAD token F1 against the best-matching gold answer."""
+    golden = [golden_answers] if isinstance(golden_answers, str) else golden_answers
+    pred_tokens = normalize_answer(prediction).split()
+    return max((_f1(pred_tokens, normalize_answer(g).split()) for g in golden), default=0.0)
+
+
+def _f1(pred_tokens: list[str], gold_tokens: list[str]) -> float:
+    if not pred_tokens or not gold_tokens:
+        return float(pred_tokens == gold_tokens)
+    num_same = sum((collections.Counter(pred_tokens) & collections.Counter(gold_tokens)).values())
+    if num_same == 0:
+        return 0.0
+    precision, recall = num_same / len(pred_tokens), num_same / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def extract_answer(response: str) -> str | None:
+    """The content of the last `<answer>` block of the response, stripped; None when absent."""
+    matches = _ANSWER_RE.findall(response)
+    return matches[-1].strip() if matches else None
+
+
+def is_valid_sequence(response: str) -> bool:
+    """`qa_em_format.is_valid_sequence` on the response alone: balanced tags, in the order
+    think → (search → information → think)* → answer, and no text between blocks."""
+    for tag in ("think", "search", "information", "answer"):
+        if response.count(f"<{tag}>") != response.count(f"</{tag}>"):
+            return False
+    state = "start"
+    for part in _TAG_RE.split(response):
+        if not part.strip():
+            continue
+        if _TAG_RE.fullmatch(part):
+            state = _TRANSITIONS.get((state, part), "invalid")
+            if state == "invalid":
+                return False
+        elif state not in ("in_think", "in_search", "in_information", "in_answer"):
+            return False
+    return state == "end"
+
+
+_TRANSITIONS = {
+    ("start", "<think>"): "in_think",
+    ("information", "<think>"): "in_think",
+    ("in_think", "</think>"): "after_think",
+    ("after_think", "<search>"): "in_search",
+    ("in_search", "</search>"): "after_search",
+    ("after_search", "<information>"): "in_information",
+    ("in_information", "</information>"): "information",
+    ("after_think", "<answer>"): "in_answer",
+    ("in_answer", "</answer>"): "end",
+}
+
+
+def is_retrieval_correct(response: str, golden_answers: Sequence[str]) -> bool:
+    """Whether any `<information>` block contains a gold answer (after normalisation)."""
+    blocks = [normalize_answer(b) for b in _INFORMATION_RE.findall(response)]
+    return any(normalize_answer(g) in b for b in blocks for g in golden_answers)
+
+
+@dataclass(frozen=True)
+class FormatScores:
+    """Search-R1 v0.3 `train_*_format.sh` values."""
+
+    structure_format_score: float = 0.2
+    final_format_score: float = 0.1
+    retrieval_score: float = 0.0
+    score: float = 1.0
+
+
+@dataclass
+class RewardBreakdown:
+    """Every component, whichever one the env pays out; goes into `info["reward_components"]`."""
+
+    answer: str | None
+    em: float
+    f1: float
+    is_valid_format: bool
+    is_retrieval_correct: bool
+    format: float
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def score_response(
+    answer_text: str, transcript: str, golden_answers: Sequence[str], scores: FormatScores = FormatScores()
+) -> RewardBreakdown:
+    """`answer_text`: the assistant's own text (where the answer is looked for);
+    `transcript`: assistant turns and observations in order (for the format check)."""
+    answer = extract_answer(answer_text)
+    em = exact_match(answer, golden_answers) if answer is not None else 0.0
+    f1 = f1_score(answer, golden_answers) if answer is not None else 0.0
+    is_valid = is_valid_sequence(transcript)
+    is_retrieved = is_valid and is_retrieval_correct(transcript, golden_answers)
+    return RewardBreakdown(answer, em, f1, is_valid, is_retrieved, _format_score(answer, em, is_valid, is_retrieved, scores))
+
+
+def _format_score(answer: str | None, em: float, is_valid: bool, is_retrieved: bool, s: FormatScores) -> float:
+    """`qa_em_format.compute_score_em`, branch for branch."""
+    partial = s.structure_format_score + (s.retrieval_score if is_retrieved else 0.0)
+    if answer is None:
+        return partial if is_valid else 0.0
+    if em:
+        return s.score if is_valid else s.score - s.structure_format_score
+    return partial if is_valid else s.final_format_score
+
+
+def pick_reward(breakdown: RewardBreakdown, kind: RewardKind) -> float:
+    return {"em": breakdown.em, "f1": breakdown.f1, "format": breakdown.format}[kind]
