@@ -1,0 +1,109 @@
+"""`agentrl train`: build the run config (recipe, slime-named flags, `--set`) and run the loop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+# slime flag -> config key. Each is a typed option below, so an unknown flag is an error
+# that names it (typer: "No such option: --x").
+SLIME_FLAGS: dict[str, str] = {
+    "model": "model.path",
+    "save": "checkpoint.save",
+    "num_rollout": "train.num_rollout",
+    "rollout_batch_size": "rollout.rollout_batch_size",
+    "n_samples_per_prompt": "rollout.n_samples_per_prompt",
+    "global_batch_size": "train.global_batch_size",
+    "advantage_estimator": "algo.advantage_estimator",
+    "use_kl_loss": "algo.use_kl_loss",
+    "kl_loss_coef": "algo.kl_loss_coef",
+    "eps_clip": "algo.eps_clip",
+    "eps_clip_high": "algo.eps_clip_high",
+    "rollout_temperature": "rollout.rollout_temperature",
+    "rollout_max_response_len": "rollout.rollout_max_response_len",
+    "save_interval": "checkpoint.save_interval",
+    "eval_interval": "eval.eval_interval",
+    "prompt_data": "env.prompt_data",
+    "input_key": "env.input_key",
+    "label_key": "env.label_key",
+    "lr": "train.lr",
+}
+
+
+def build_config(env: str, flags: dict[str, object], overrides: list[str], resume: str | None):
+    """Recipe for the env, then slime-named flags, then `--set` overrides (last wins)."""
+    from agentrl.config import apply_overrides, recipe_for_env, set_field
+
+    cfg = recipe_for_env(env)
+    for name, value in flags.items():
+        if value is not None:
+            set_field(cfg, SLIME_FLAGS[name], value)
+    apply_overrides(cfg, overrides)
+    if resume:
+        cfg.checkpoint.resume = resume
+        if "save" not in {k for k, v in flags.items() if v is not None}:
+            cfg.checkpoint.save = resume
+    return cfg
+
+
+def train_command(
+    env: str = typer.Option("calculator", "--env", help="Registered env id (agentrl env list)."),
+    model: Optional[str] = typer.Option(None, help="Transformers checkpoint dir (default: bundled SmolLM2-135M)."),
+    save: Optional[str] = typer.Option(None, help="Run directory for checkpoints, metrics and evals."),
+    num_rollout: Optional[int] = typer.Option(None, help="Train steps."),
+    rollout_batch_size: Optional[int] = typer.Option(None, help="Tasks per train step."),
+    n_samples_per_prompt: Optional[int] = typer.Option(None, help="Episodes per task (group size)."),
+    global_batch_size: Optional[int] = typer.Option(None, help="Trajectories per optimizer step."),
+    advantage_estimator: Optional[str] = typer.Option(None, help="grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline"),
+    use_kl_loss: Optional[bool] = typer.Option(None, "--use-kl-loss/--no-use-kl-loss", help="Add KL to the reference policy."),
+    kl_loss_coef: Optional[float] = typer.Option(None),
+    eps_clip: Optional[float] = typer.Option(None),
+    eps_clip_high: Optional[float] = typer.Option(None),
+    rollout_temperature: Optional[float] = typer.Option(None),
+    rollout_max_response_len: Optional[int] = typer.Option(None, help="Most new tokens per turn."),
+    save_interval: Optional[int] = typer.Option(None),
+    eval_interval: Optional[int] = typer.Option(None),
+    prompt_data: Optional[str] = typer.Option(None, help="JSONL/parquet training tasks (default: the env's train split)."),
+    input_key: Optional[str] = typer.Option(None),
+    label_key: Optional[str] = typer.Option(None),
+    lr: Optional[float] = typer.Option(None),
+    resume: Optional[str] = typer.Option(None, help="Continue the run saved in this directory."),
+    set_: list[str] = typer.Option([], "--set", help="Override any config field: --set section.field=value"),
+    show_config: bool = typer.Option(False, help="Print the resolved config and exit."),
+) -> None:
+    """Train a policy on an env with GRPO-family RL; runs on CPU with the embedded defaults."""
+    import json
+    import logging
+
+    from rich.console import Console
+
+    from agentrl.config import ConfigError
+
+    flags = {k: v for k, v in locals().items() if k in SLIME_FLAGS}
+    console = Console()
+    try:
+        cfg = build_config(env, flags, set_, resume)
+    except ConfigError as e:
+        console.print(f"[red]config error:[/red] {e}")
+        raise typer.Exit(2)
+    if show_config:
+        console.print_json(json.dumps(cfg.to_dict()))
+        return
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from agentrl.loop import train
+
+    result = train(cfg)
+    last = result.evals[-1] if result.evals else {}
+    first = result.evals[0] if result.evals else {}
+    console.print(
+        f"[green]done[/green]: {result.num_steps} steps, run dir {Path(result.run_dir)}; held-out reward "
+        f"{first.get('reward_mean', float('nan')):.3f} (step {first.get('step', '-')}) -> "
+        f"{last.get('reward_mean', float('nan')):.3f} (step {last.get('step', '-')}); "
+        f"checkpoint {result.last_checkpoint}"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train_command)
