@@ -18,6 +18,7 @@ from agentrl.engine.factory import make_engine
 from agentrl.eval import evaluate, plot_eval_history
 from agentrl.metrics import MetricsLogger, Timer, rollout_metrics
 from agentrl.rollout import RolloutRunner, build_runner
+from agentrl.rollout.trajectory import write_jsonl
 from agentrl.trainer.batch import build_train_batch, filter_zero_variance_groups
 from agentrl.trainer.checkpoint import find_latest, save_checkpoint
 from agentrl.trainer.torch_backend import TorchBackend
@@ -39,7 +40,7 @@ def train(cfg: RunConfig) -> TrainResult:
 
 async def _train(cfg: RunConfig) -> TrainResult:
     run_dir = Path(cfg.checkpoint.save)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "rollouts").mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
 
     engine = make_engine(cfg)
@@ -100,6 +101,8 @@ class _State:
         timer = Timer()
         with timer("rollout"):
             groups, num_dropped = await self.collect_groups(step)
+        # Every trajectory trained on is kept, flushed, for `agentrl show` and post-mortems.
+        write_jsonl(str(self.run_dir / "rollouts" / f"step_{step + 1:06d}.jsonl"), [t for g in groups for t in g])
         with timer("train"):
             batch = build_train_batch(
                 groups, self.cfg.algo, max_tokens_per_micro_batch=self.cfg.train.max_tokens_per_micro_batch,

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from agentrl.tools import ToolRegistry
+from agentrl.tools import ToolRegistry, ToolResult
 from agentrl.types import Message, Task
 
 
@@ -81,19 +81,40 @@ class AgentEnv:
     @classmethod
     def load_tasks(cls, split: str, **kwargs: Any) -> list[Task]:
         """The env's own dataset split ("train", "test", maybe "dev"), in a fixed order."""
-        raise NotImplementedError(f"{cls.__name__} ships no tasks; pass a data file (--prompt-data / --data)")
+        raise NotImplementedError(
+            f"{cls.__name__} ships no tasks; pass a data file (--prompt-data / --data)"
+        )
 
     @classmethod
     def task_from_row(
-        cls, row: dict[str, Any], *, index: int, input_key: str | None = None, label_key: str | None = None
+        cls,
+        row: dict[str, Any],
+        *,
+        index: int,
+        input_key: str | None = None,
+        label_key: str | None = None,
     ) -> Task:
         """Turn one row of a user's JSONL/parquet file into a Task; a row missing a field
         raises ValueError naming the row index and the field."""
         raise NotImplementedError(f"{cls.__name__} cannot read user data rows")
 
-    async def call_tools(self, action: Message) -> list[Message]:
-        """Run every tool call in `action` through the registry; failures become tool messages."""
+    async def call_tools(self, action: Message) -> list[ToolResult]:
+        """Run every tool call in `action` concurrently, results in call order; failures come
+        back as error results (`is_error`), never as exceptions.
+
+        The observation is `[r.message for r in results]`; put `tool_info(results)` in the
+        StepResult's info."""
         return list(await asyncio.gather(*(self.tools.call(tc) for tc in action.tool_calls)))
+
+    @property
+    def unwrapped(self) -> AgentEnv:
+        """The innermost env under any wrappers."""
+        return self
+
+
+def tool_info(results: list[ToolResult]) -> dict[str, int]:
+    """The `num_tool_calls` / `num_tool_errors` entries every env puts into its step info."""
+    return {"num_tool_calls": len(results), "num_tool_errors": sum(r.is_error for r in results)}
 
 
 def _off_loop(fn):

@@ -39,7 +39,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if not 0 <= c <= n:
         raise ValueError(f"pass_at_k: c={c} must be between 0 and n={n}")
     if not 1 <= k <= n:
-        raise ValueError(f"pass_at_k: k={k} must be between 1 and n={n}; sample at least k episodes per task")
+        raise ValueError(
+            f"pass_at_k: k={k} must be between 1 and n={n}; sample at least k episodes per task"
+        )
     if n - c < k:
         return 1.0
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
@@ -88,7 +90,9 @@ def _t_two_sided_mass(t: float, df: int) -> float:
         for j in range(3, df + 1, 2):  # cos + 2/3 cos^3 + (2*4)/(3*5) cos^5 + ...
             total += term
             term *= cos2 * (j - 1) / j
-        return 2.0 / math.pi * (theta + math.sin(theta) * total) if df > 1 else 2.0 * theta / math.pi
+        return (
+            2.0 / math.pi * (theta + math.sin(theta) * total) if df > 1 else 2.0 * theta / math.pi
+        )
     term, total = 1.0, 0.0
     for j in range(2, df + 1, 2):  # 1 + 1/2 cos^2 + (1*3)/(2*4) cos^4 + ...
         total += term
@@ -170,13 +174,20 @@ def is_correct(traj: Any) -> bool:
     return traj.reward > 0
 
 
+ANSWER_KEYS = ("predicted", "answer")
+"""`info` keys holding the model's parsed answer, first found wins (the calculator env keeps
+its gold answer under "answer" and the model's under "predicted")."""
+
+
 def extract_answer(traj: Any) -> str:
-    """The env's `info["answer"]` when present, else the last assistant turn's text,
-    whitespace-normalised so formatting differences do not split the vote."""
-    answer = traj.info.get("answer")
-    if answer is None:
-        answer = traj.turns[-1].text if traj.turns else ""
-    return " ".join(str(answer).split())
+    """The model's answer as the env parsed it (`info["predicted"]` or `info["answer"]`; None,
+    i.e. no parseable answer, votes as ""), else the last assistant turn's text.
+    Whitespace is normalised so formatting differences do not split the vote."""
+    for key in ANSWER_KEYS:
+        if key in traj.info:
+            answer = traj.info[key]
+            return "" if answer is None else " ".join(str(answer).split())
+    return " ".join(traj.turns[-1].text.split()) if traj.turns else ""
 
 
 def num_tool_calls(traj: Any) -> int:

@@ -31,7 +31,7 @@ def is_pydantic_model(tp: Any) -> bool:
 
 
 def is_optional(tp: Any) -> bool:
-    return _is_union(tp) and type(None) in typing.get_args(tp)
+    return is_union(tp) and type(None) in typing.get_args(tp)
 
 
 def strip_annotated(tp: Any) -> tuple[Any, str | None]:
@@ -43,7 +43,7 @@ def strip_annotated(tp: Any) -> tuple[Any, str | None]:
     return tp, None
 
 
-def _is_union(tp: Any) -> bool:
+def is_union(tp: Any) -> bool:
     return typing.get_origin(tp) in (Union, types.UnionType)
 
 
@@ -64,7 +64,7 @@ def _type_schema(tp: Any) -> dict[str, Any]:
     if tp is type(None):
         return {"type": "null"}
     origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if _is_union(tp):
+    if is_union(tp):
         arms = [a for a in args if a is not type(None)]
         if len(arms) == 1:  # Optional[X]: not required, so X alone describes it
             return type_schema(arms[0])
@@ -73,7 +73,13 @@ def _type_schema(tp: Any) -> dict[str, Any]:
         return _enum_schema(list(args))
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return _enum_schema([m.value for m in tp])
-    if tp in (list, tuple, set, frozenset) or origin in (list, tuple, set, frozenset, typing.Sequence):
+    if tp in (list, tuple, set, frozenset) or origin in (
+        list,
+        tuple,
+        set,
+        frozenset,
+        typing.Sequence,
+    ):
         return _array_schema(origin or tp, args)
     if tp is dict or origin in (dict, typing.Mapping):
         schema: dict[str, Any] = {"type": "object"}
@@ -140,7 +146,9 @@ def dataclass_schema(cls: type) -> dict[str, Any]:
     for f in dataclasses.fields(cls):
         if not f.init:
             continue
-        has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+        has_default = (
+            f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+        )
         default = f.default if f.default is not dataclasses.MISSING else None
         is_required = not has_default and not is_optional(hints[f.name])
         fields.append((f.name, hints[f.name], is_required, default, docs.get(f.name)))
@@ -151,7 +159,7 @@ def pydantic_schema(cls: type) -> dict[str, Any]:
     docs = parse_docstring(cls.__doc__ or "")[1]
     fields = []
     for name, info in cls.model_fields.items():
-        annotation = info.annotation if not info.metadata else typing.Annotated[info.annotation, *info.metadata]
+        annotation = info.annotation
         default = None if info.is_required() else info.default
         description = info.description or docs.get(name)
         fields.append((info.alias or name, annotation, info.is_required(), default, description))
@@ -181,7 +189,11 @@ def parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     while i < len(lines):
         header = _SECTION.match(lines[i])
         underlined = i + 1 < len(lines) and bool(_NUMPY_RULE.match(lines[i + 1]))
-        if header and not lines[i].startswith((" ", "\t")) and (lines[i].rstrip().endswith(":") or underlined):
+        if (
+            header
+            and not lines[i].startswith((" ", "\t"))
+            and (lines[i].rstrip().endswith(":") or underlined)
+        ):
             if section in _PARAM_SECTIONS:
                 params.update(_parse_params(body, is_numpy=is_numpy))
             section, is_numpy, body = header.group(1), underlined, []

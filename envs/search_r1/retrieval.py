@@ -44,7 +44,12 @@ class QueryBatcher:
     at once cost one request; an LRU cache answers repeated queries without a call."""
 
     def __init__(
-        self, backend: BatchFn, *, window_s: float = 0.005, max_batch_size: int = 64, cache_size: int = 10_000
+        self,
+        backend: BatchFn,
+        *,
+        window_s: float = 0.005,
+        max_batch_size: int = 64,
+        cache_size: int = 10_000,
     ) -> None:
         self.backend = backend
         self.window_s = window_s
@@ -67,7 +72,9 @@ class QueryBatcher:
         if len(pending) >= self.max_batch_size:
             self._flush(topk)
         elif topk not in self._flushers:
-            self._flushers[topk] = asyncio.get_running_loop().call_later(self.window_s, self._flush, topk)
+            self._flushers[topk] = asyncio.get_running_loop().call_later(
+                self.window_s, self._flush, topk
+            )
         return await future
 
     def _flush(self, topk: int) -> None:
@@ -78,7 +85,9 @@ class QueryBatcher:
         if batch:
             asyncio.get_running_loop().create_task(self._answer(batch, topk))
 
-    async def _answer(self, batch: list[tuple[str, asyncio.Future[list[Document]]]], topk: int) -> None:
+    async def _answer(
+        self, batch: list[tuple[str, asyncio.Future[list[Document]]]], topk: int
+    ) -> None:
         unique = list(dict.fromkeys(q for q, _ in batch))
         self.num_backend_calls += 1
         try:

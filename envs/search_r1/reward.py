@@ -123,7 +123,10 @@ class RewardBreakdown:
 
 
 def score_response(
-    answer_text: str, transcript: str, golden_answers: Sequence[str], scores: FormatScores = FormatScores()
+    answer_text: str,
+    transcript: str,
+    golden_answers: Sequence[str],
+    scores: FormatScores = FormatScores(),
 ) -> RewardBreakdown:
     """`answer_text`: the assistant's own text (where the answer is looked for);
     `transcript`: assistant turns and observations in order (for the format check)."""
@@ -132,10 +135,19 @@ def score_response(
     f1 = f1_score(answer, golden_answers) if answer is not None else 0.0
     is_valid = is_valid_sequence(transcript)
     is_retrieved = is_valid and is_retrieval_correct(transcript, golden_answers)
-    return RewardBreakdown(answer, em, f1, is_valid, is_retrieved, _format_score(answer, em, is_valid, is_retrieved, scores))
+    return RewardBreakdown(
+        answer,
+        em,
+        f1,
+        is_valid,
+        is_retrieved,
+        _format_score(answer, em, is_valid, is_retrieved, scores),
+    )
 
 
-def _format_score(answer: str | None, em: float, is_valid: bool, is_retrieved: bool, s: FormatScores) -> float:
+def _format_score(
+    answer: str | None, em: float, is_valid: bool, is_retrieved: bool, s: FormatScores
+) -> float:
     """`qa_em_format.compute_score_em`, branch for branch."""
     partial = s.structure_format_score + (s.retrieval_score if is_retrieved else 0.0)
     if answer is None:

@@ -1,0 +1,60 @@
+"""`agentrl env list` and `agentrl env check ID`."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(
+        help="List registered environments and check them against the AgentEnv contract.",
+        no_args_is_help=True,
+    )
+
+    @group.command("list")
+    def list_command() -> None:
+        """Every registered env id (built in, registered, or installed through entry points)."""
+        from rich.console import Console
+        from rich.table import Table
+
+        from agentrl.envs import EnvLoadError, list_envs, spec
+
+        table = Table(title="agentrl environments")
+        table.add_column("id", no_wrap=True)
+        table.add_column("entry point", overflow="fold")
+        table.add_column("description")
+        for env_id in list_envs():
+            try:
+                s = spec(env_id)
+            except EnvLoadError as e:
+                table.add_row(env_id, "?", f"[red]failed to load: {e}[/red]")
+                continue
+            entry_point = (
+                s.entry_point
+                if isinstance(s.entry_point, str)
+                else f"{s.entry_point.__module__}:{s.entry_point.__qualname__}"
+            )
+            table.add_row(env_id, entry_point, s.description)
+        Console().print(table)
+
+    @group.command("check")
+    def check_command(
+        env_id: str = typer.Argument(..., help="A registered env id (see `agentrl env list`)"),
+        seed: int = typer.Option(0, "--seed", help="Seed for the reset/seeding checks"),
+    ) -> None:
+        """Drive the env through reset/step/close without a model; exit 1 listing each problem."""
+        from rich.console import Console
+
+        from agentrl.envs import EnvCheckError, check_env
+
+        console = Console()
+        try:
+            check_env(env_id, seed=seed)
+        except EnvCheckError as e:
+            console.print(f"[red]✗ {env_id}: {len(e.problems)} problem(s)[/red]")
+            for problem in e.problems:
+                console.print(f"  - {problem}", markup=False, highlight=False)
+            raise typer.Exit(code=1)
+        console.print(f"[green]✓ {env_id} passes check_env[/green]")
+
+    app.add_typer(group, name="env")

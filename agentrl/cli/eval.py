@@ -1,0 +1,217 @@
+"""`agentrl eval`: k episodes per held-out task, pass@k / maj@k with 95% CIs, and
+report.json / report.md / report.png; a rerun into the same --out resumes."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from agentrl.config import RunConfig
+    from agentrl.eval import EvalReport
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eval")(eval_command)
+
+
+def eval_command(
+    env: Annotated[str, typer.Option("--env", help="A registered env id (`agentrl env list`).")],
+    split: Annotated[
+        str, typer.Option("--split", help="The env's task split to evaluate on.")
+    ] = "test",
+    data: Annotated[
+        Path | None,
+        typer.Option("--data", help="A JSONL or parquet file of tasks (sets env.eval_data)."),
+    ] = None,
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option(
+            "--checkpoint",
+            help="A checkpoint directory (its model/ subdirectory is used when present).",
+        ),
+    ] = None,
+    k: Annotated[
+        int | None, typer.Option("-k", "--k", help="Episodes per task (default eval.n_samples).")
+    ] = None,
+    num_tasks: Annotated[
+        int | None,
+        typer.Option(
+            "--num-tasks", help="Evaluate the first N tasks (default eval.num_eval_tasks)."
+        ),
+    ] = None,
+    temperature: Annotated[
+        float | None,
+        typer.Option(
+            "--temperature", help="Sampling temperature; 0 = greedy (default eval.temperature)."
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", help="Output directory (default CHECKPOINT/eval or checkpoint.save/eval)."
+        ),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", help="A transformers checkpoint dir or bundled model name."),
+    ] = None,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="section.field=value, applied after the flags; repeatable."),
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume/--no-resume", help="Reuse episodes already in --out.")
+    ] = True,
+    seed: Annotated[
+        int | None, typer.Option("--seed", help="Sampling seed (default rollout.seed).")
+    ] = None,
+) -> None:
+    """Evaluate a model on held-out tasks: mean reward, pass@k, maj@k, status mix, tools."""
+    from rich.console import Console
+
+    console = Console()
+    try:
+        cfg = build_config(
+            env,
+            data=data,
+            checkpoint=checkpoint,
+            model=model,
+            k=k,
+            num_tasks=num_tasks,
+            temperature=temperature,
+            overrides=overrides or [],
+        )
+    except (ValueError, FileNotFoundError) as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2)
+    out_dir = out or ((checkpoint / "eval") if checkpoint else Path(cfg.checkpoint.save) / "eval")
+    seed = cfg.rollout.seed if seed is None else seed
+    meta = {
+        "env": cfg.env.id,
+        "split": cfg.env.eval_data or split,
+        "model": cfg.model.path,
+        "seed": seed,
+    }
+    report = asyncio.run(
+        _run(cfg, split, out_dir, meta, resume=resume, seed=seed, progress=cfg.log.progress)
+    )
+    print_report(console, report, out_dir)
+
+
+def build_config(
+    env: str,
+    *,
+    data: Path | None = None,
+    checkpoint: Path | None = None,
+    model: str | None = None,
+    k: int | None = None,
+    num_tasks: int | None = None,
+    temperature: float | None = None,
+    overrides: list[str] | None = None,
+) -> RunConfig:
+    """The env's recipe, then the flags, then `--set` overrides."""
+    from agentrl.config import apply_overrides, recipe_for_env
+
+    if checkpoint is not None and model is not None:
+        raise ValueError(
+            "--checkpoint and --model both name the model to evaluate; pass one of them"
+        )
+    cfg = recipe_for_env(env)
+    if checkpoint is not None:
+        cfg.model.path = str(checkpoint_model_dir(checkpoint))
+    if model is not None:
+        cfg.model.path = model
+    if data is not None:
+        if not data.exists():
+            raise FileNotFoundError(
+                f"--data {data} does not exist; pass a JSONL or parquet file of tasks"
+            )
+        cfg.env.eval_data = str(data)
+    if k is not None:
+        cfg.eval.n_samples = k
+    if num_tasks is not None:
+        cfg.eval.num_eval_tasks = num_tasks
+    if temperature is not None:
+        cfg.eval.temperature = temperature
+    apply_overrides(cfg, overrides or [])
+    if cfg.eval.n_samples < 1:
+        raise ValueError(f"-k {cfg.eval.n_samples} must be at least 1 (episodes per task)")
+    return cfg
+
+
+def checkpoint_model_dir(checkpoint: Path) -> Path:
+    """A checkpoint keeps its transformers model in model/; a bare model dir works too."""
+    if not checkpoint.is_dir():
+        raise FileNotFoundError(
+            f"--checkpoint {checkpoint} is not a directory; pass a checkpoint or model directory"
+        )
+    return checkpoint / "model" if (checkpoint / "model").is_dir() else checkpoint
+
+
+async def _run(
+    cfg: RunConfig,
+    split: str,
+    out_dir: Path,
+    meta: dict[str, Any],
+    *,
+    resume: bool,
+    seed: int,
+    progress: bool,
+) -> EvalReport:
+    from agentrl.data import load_tasks
+    from agentrl.engine.factory import make_engine
+    from agentrl.eval import evaluate
+    from agentrl.rollout import build_runner
+
+    tasks = load_tasks(cfg.env, split)
+    if cfg.eval.num_eval_tasks is not None:
+        tasks = tasks[: cfg.eval.num_eval_tasks]
+    if not tasks:
+        raise typer.BadParameter(
+            f"no tasks for env {cfg.env.id!r} split {split!r} (data: {cfg.env.eval_data})"
+        )
+    engine = make_engine(cfg)
+    try:
+        runner = build_runner(cfg, engine)
+        return await evaluate(
+            runner,
+            tasks,
+            k=cfg.eval.n_samples,
+            temperature=cfg.eval.temperature,
+            out_dir=out_dir,
+            resume=resume,
+            progress=progress,
+            seed=seed,
+            meta=meta,
+        )
+    finally:
+        await engine.close()
+
+
+def print_report(console: Any, report: EvalReport, out_dir: Path) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"{report.meta.get('env', '')} · {report.num_tasks} tasks × k={report.k}")
+    for column in ("metric", "value", "95% CI", "n"):
+        table.add_column(column, justify="left" if column == "metric" else "right")
+    rows = [("reward", report.reward), ("pass rate", report.pass_rate)]
+    rows += [(f"pass@{j}", iv) for j, iv in report.pass_at_k.items()]
+    rows.append((f"maj@{report.k}", report.maj_at_k))
+    for name, iv in rows:
+        table.add_row(name, _fmt(iv.mean), f"[{_fmt(iv.low)}, {_fmt(iv.high)}]", str(iv.n))
+    console.print(table)
+    mix = ", ".join(f"{s} {frac:.1%}" for s, frac in report.status_mix.items() if frac > 0)
+    console.print(
+        f"status: {mix or 'no episodes'} · turns {_fmt(report.turns_mean)} · tool calls "
+        f"{_fmt(report.tool_calls_per_episode)} · tool errors {_fmt(report.tool_errors_per_episode)} per episode"
+    )
+    console.print(f"wrote {out_dir}/report.json, report.md, report.png and eval_trajectories.jsonl")
+
+
+def _fmt(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:.3f}"

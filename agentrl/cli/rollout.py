@@ -1,0 +1,93 @@
+"""`agentrl rollout`: run episodes of an env on the configured engine and write one trajectory
+per line (JSONL), flushed as each group ends."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Optional
+
+import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from agentrl.config import RunConfig
+
+
+def rollout_command(
+    env: str = typer.Option(..., "--env", help="Registered env id (agentrl env list)."),
+    num_tasks: int = typer.Option(8, "--num-tasks", help="Tasks to run, the first N of the split."),
+    out: str = typer.Option(..., "--out", help="Output JSONL file, one trajectory per line."),
+    split: str = typer.Option("train", help="Task split (train, test, ...)."),
+    n_samples: int = typer.Option(1, "--n-samples", help="Episodes per task (a group)."),
+    model: Optional[str] = typer.Option(None, help="Transformers checkpoint dir (default: bundled SmolLM2-135M)."),
+    temperature: Optional[float] = typer.Option(None, help="Sampling temperature (default: the recipe's)."),
+    set_: list[str] = typer.Option([], "--set", help="Override any config field: --set section.field=value"),
+) -> None:
+    """Run NUM_TASKS tasks x N_SAMPLES episodes and write their trajectories to OUT."""
+    import logging
+
+    from rich.console import Console
+
+    from agentrl.config import ConfigError, apply_overrides, recipe_for_env
+
+    console = Console(stderr=True)
+    if num_tasks < 1 or n_samples < 1:
+        console.print(f"[red]--num-tasks={num_tasks} and --n-samples={n_samples} must both be at least 1")
+        raise typer.Exit(2)
+    try:
+        cfg = recipe_for_env(env)
+        if model:
+            cfg.model.path = model
+        apply_overrides(cfg, set_)
+    except ConfigError as e:
+        console.print(f"[red]config error:[/red] {e}")
+        raise typer.Exit(2)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    summary = asyncio.run(_rollout(cfg, split, num_tasks, n_samples, temperature, out, console))
+    console.print(summary)
+
+
+async def _rollout(
+    cfg: RunConfig, split: str, num_tasks: int, n_samples: int, temperature: float | None, out: str, console: Console
+) -> str:
+    from collections import Counter
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from agentrl.data import load_tasks
+    from agentrl.engine.factory import make_engine
+    from agentrl.rollout import build_runner
+    from agentrl.rollout.trajectory import Trajectory, write_jsonl
+
+    tasks = load_tasks(cfg.env, split)[:num_tasks]
+    with console.status("[bold]Loading the engine…"):
+        engine = make_engine(cfg)
+    statuses: Counter[str] = Counter()
+    rewards: list[float] = []
+    open(out, "w").close()  # start a fresh file; groups are appended as they finish
+    try:
+        runner = build_runner(cfg, engine)
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=console) as progress:
+            bar = progress.add_task("episodes", total=len(tasks) * n_samples)
+
+            def on_episode(traj: Trajectory) -> None:
+                statuses[f"{traj.status.value}/{traj.status_reason.value}"] += 1
+                rewards.append(traj.reward)
+                progress.update(bar, advance=1, description=f"episodes (mean reward {sum(rewards) / len(rewards):.2f})")
+
+            groups = [
+                runner.run_group(task, n_samples, temperature=temperature, on_episode=on_episode) for task in tasks
+            ]
+            for finished in asyncio.as_completed(groups):
+                write_jsonl(out, await finished, append=True)
+    finally:
+        await engine.close()
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()))
+    mean = sum(rewards) / max(len(rewards), 1)
+    return f"[green]wrote[/green] {len(rewards)} trajectories to {out}: mean reward {mean:.3f}; {counts}"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("rollout")(rollout_command)

@@ -1,0 +1,57 @@
+"""`agentrl sandbox run FILE` (run a program once, print the result as JSON) and
+`agentrl sandbox status` (which backends work here)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(help="Run programs in the sandbox (debugging, scripted checks).", no_args_is_help=True)
+
+    @group.command("run")
+    def run_command(
+        file: Path = typer.Argument(..., exists=True, dir_okay=False, help="Python program to run."),
+        backend: str = typer.Option("auto", help="auto, bubblewrap, docker or subprocess."),
+        timeout_s: float = typer.Option(10.0, help="Wall-clock limit in seconds."),
+        memory_mb: int = typer.Option(512, help="Memory limit in MiB."),
+        stdin: Path | None = typer.Option(None, exists=True, dir_okay=False, help="File fed to the program's stdin."),
+        allow_unsafe: bool = typer.Option(False, help="Permit the unsandboxed subprocess backend."),
+    ) -> None:
+        """Run FILE once under the limits and print status, exit_code, stdout, stderr, wall_s,
+        truncated as JSON. Exit status: 0 when the program ran OK, 1 otherwise, 2 if no sandbox."""
+        from agentrl.tools.sandbox import Limits, Program, SandboxUnavailable, make_sandbox
+
+        try:
+            sandbox = make_sandbox(backend, allow_unsafe=allow_unsafe)
+        except (SandboxUnavailable, PermissionError, ValueError) as e:
+            typer.echo(json.dumps({"status": "sandbox_error", "error": str(e)}))
+            raise typer.Exit(2)
+        program = Program(code=file.read_text(), stdin=stdin.read_bytes() if stdin else b"")
+        limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb)
+
+        async def go():
+            try:
+                return await sandbox.run(program, limits)
+            finally:
+                await sandbox.close()
+
+        result = asyncio.run(go())
+        out = result.to_dict()
+        out.pop("files")
+        typer.echo(json.dumps(out, indent=2))
+        raise typer.Exit(0 if result.ok else 1)
+
+    @group.command("status")
+    def status_command() -> None:
+        """Whether each real backend can run on this machine, and what to install if not."""
+        from agentrl.tools.sandbox import backend_status
+
+        for name, (ok, why) in backend_status().items():
+            typer.echo(f"{name}: {'ok' if ok else 'unavailable: ' + why}")
+
+    app.add_typer(group, name="sandbox")

@@ -1,0 +1,103 @@
+"""`agentrl show`: render trajectories from a JSONL file turn by turn, trained (sampled) tokens
+on a green background and masked tokens (prompt, observations) dimmed."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional
+
+import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from agentrl.rollout.trajectory import Trajectory
+
+TRAINED_STYLE = "black on green3"
+MASKED_STYLE = "dim"
+
+
+def show_command(
+    path: str = typer.Argument(..., help="A trajectories JSONL file (agentrl rollout --out, or a run's rollouts/)."),
+    index: Optional[int] = typer.Option(None, "--index", "-i", help="Show only the trajectory on this line (0-based)."),
+    model: str = typer.Option("smollm2-135m-instruct", help="Model whose tokenizer decodes the ids."),
+    show_prompt: bool = typer.Option(True, "--prompt/--no-prompt", help="Show the prompt tokens."),
+) -> None:
+    """Show each trajectory turn by turn with its status, reason and reward."""
+    from rich.console import Console
+
+    from agentrl.rollout.trajectory import read_jsonl
+
+    console = Console()
+    try:
+        trajectories = read_jsonl(path)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        console.print(f"[red]cannot read {path}:[/red] {e}")
+        raise typer.Exit(2)
+    if index is not None:
+        if not -len(trajectories) <= index < len(trajectories):
+            console.print(f"[red]--index {index} is out of range: {path} holds {len(trajectories)} trajectories")
+            raise typer.Exit(2)
+        selected = [(index % len(trajectories), trajectories[index])]
+    else:
+        selected = list(enumerate(trajectories))
+    decode = _decoder(model, console)
+    console.print(f"Legend: [{TRAINED_STYLE}] trained (loss_mask 1) [/] [{MASKED_STYLE}]masked (loss_mask 0)[/]")
+    for i, traj in selected:
+        render_trajectory(console, i, traj, decode, show_prompt=show_prompt)
+
+
+def render_trajectory(console: Console, index: int, traj: Trajectory, decode: Any, *, show_prompt: bool = True) -> None:
+    from rich.rule import Rule
+    from rich.text import Text
+
+    status_color = {"completed": "green", "truncated": "yellow"}.get(traj.status.value, "red")
+    console.print(
+        Rule(
+            f"[bold]#{index}[/bold] task {traj.task.get('id', '?')} · "
+            f"[{status_color}]{traj.status.value}/{traj.status_reason.value}[/{status_color}] · "
+            f"reward {traj.reward:g} · {traj.num_turns} turns · {traj.num_sampled} trained / "
+            f"{len(traj.token_ids)} tokens"
+        )
+    )
+    if show_prompt and traj.prompt_len:
+        console.print(Text(decode(traj.token_ids[: traj.prompt_len], None), style=MASKED_STYLE))
+    for k, turn in enumerate(traj.turns):
+        end = turn.start + turn.num_sampled
+        console.print(
+            f"[bold]turn {k + 1}[/bold] · finish {turn.finish_reason} · weights {turn.weight_version} · "
+            f"{turn.num_tool_calls} tool calls, {turn.num_tool_errors} errors",
+            style="cyan",
+        )
+        text = Text(decode(traj.token_ids[turn.start : end], turn.text), style=TRAINED_STYLE)
+        if turn.num_observation:
+            text.append(decode(traj.token_ids[end : end + turn.num_observation], None), style=MASKED_STYLE)
+        console.print(text)
+    if "error" in traj.info:
+        console.print(Text(str(traj.info["error"]).rstrip(), style="red"))
+
+
+def _decoder(model: str, console: Console) -> Any:
+    """`decode(ids, fallback_text)`; without a tokenizer, sampled spans show their stored text
+    and masked spans their token count."""
+    try:
+        from transformers import AutoTokenizer
+
+        from agentrl.engine.model_store import resolve_model_path
+
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(model))
+    except Exception as e:  # still useful without a tokenizer
+        console.print(f"[yellow]no tokenizer for {model!r} ({e}); showing stored text only[/yellow]")
+
+        def fallback(ids: list[int], text: str | None) -> str:
+            return text if text is not None else f"[{len(ids)} masked tokens]"
+
+        return fallback
+
+    def decode(ids: list[int], text: str | None) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    return decode
+
+
+def register(app: typer.Typer) -> None:
+    app.command("show")(show_command)

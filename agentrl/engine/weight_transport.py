@@ -1,0 +1,260 @@
+"""How weights travel into a running engine: SGLang's `flattened_bucket` tensor format and its
+IPC serialization (`/update_weights_from_tensor`), checkpoint loading (`/update_weights_from_disk`),
+and the torch.distributed group of `/init_weights_update_group` + `/update_weights_from_distributed`.
+
+Matches sgl-project/sglang `python/sglang/srt/weight_sync/tensor_bucket.py`,
+`MultiprocessingSerializer` (`python/sglang/srt/utils`) and THUDM/slime
+`slime/backends/megatron_utils/update_weight/update_weight_from_{tensor,distributed}.py`.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import glob
+import io
+import os
+import pickle
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class FlattenedTensorMetadata:
+    """Same fields as sglang.srt.weight_sync.tensor_bucket.FlattenedTensorMetadata."""
+
+    name: str
+    shape: Any  # torch.Size
+    dtype: Any  # torch.dtype
+    start_idx: int
+    end_idx: int
+    numel: int
+
+
+def _metadata_class() -> type:
+    # A real SGLang server unpickles only allow-listed modules (its SafeUnpickler), so when
+    # sglang is installed the metadata must be its own class; our server accepts either.
+    try:
+        from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata as cls
+
+        return cls
+    except ImportError:
+        return FlattenedTensorMetadata
+
+
+def flatten_bucket(named_tensors: list[tuple[str, torch.Tensor]]) -> dict[str, Any]:
+    """One dtype's tensors -> {"flattened_tensor", "metadata"} (SGLang's `flattened_bucket`).
+
+    Indices count elements of the bucket's own dtype (not bytes), which both the old
+    (`.to(dtype)`) and new (`.view(dtype)`) SGLang reconstructions read correctly. The flat
+    tensor is a fresh buffer per bucket: reusing one across buckets corrupts weights (slime).
+    """
+    import torch
+
+    dtypes = {t.dtype for _, t in named_tensors}
+    if len(dtypes) != 1:
+        raise ValueError(f"a flattened bucket holds one dtype, got {sorted(map(str, dtypes))}")
+    meta_cls, metadata, start = _metadata_class(), [], 0
+    for name, t in named_tensors:
+        numel = t.numel()
+        metadata.append(meta_cls(name, t.shape, t.dtype, start, start + numel, numel))
+        start += numel
+    flat = torch.cat([t.detach().reshape(-1) for _, t in named_tensors])
+    return {"flattened_tensor": flat, "metadata": metadata}
+
+
+def reconstruct_bucket(bucket: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
+    flat = bucket["flattened_tensor"]
+    out = []
+    for m in bucket["metadata"]:
+        t = flat[m.start_idx : m.end_idx]
+        if t.dtype != m.dtype:  # a byte-view bucket (new SGLang) or a cast
+            t = t.view(m.dtype) if t.dtype.itemsize == 1 else t.to(m.dtype)
+        out.append((m.name, t.reshape(m.shape)))
+    return out
+
+
+_SHARING_LOCK = threading.Lock()
+
+
+def serialize_for_ipc(obj: Any) -> str:
+    """SGLang's `MultiprocessingSerializer.serialize(obj, output_str=True)`: a ForkingPickler dump,
+    base64-encoded. CUDA tensors travel as CUDA IPC handles (what real SGLang expects); CPU tensors
+    as shared-memory file names (`file_system` strategy), so the bytes never go over HTTP. Either
+    way the receiver must be on the same host and the sender must keep the tensors alive until the
+    request returns."""
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing as tmp
+
+    with contextlib.suppress(ImportError):
+        from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+
+        monkey_patch_torch_reductions()  # device UUIDs instead of ordinals, as SGLang does
+    buf = io.BytesIO()
+    with _SHARING_LOCK:
+        old = tmp.get_sharing_strategy()
+        tmp.set_sharing_strategy("file_system")
+        try:
+            ForkingPickler(buf).dump(obj)
+        finally:
+            tmp.set_sharing_strategy(old)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def bucket_named_tensors(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], max_bucket_bytes: int
+) -> list[list[tuple[str, torch.Tensor]]]:
+    """Group by dtype, then cut into buckets of at most `max_bucket_bytes` (a bigger tensor gets its
+    own bucket). Few big buckets: the per-handle cost dominates small tensors (slime)."""
+    by_dtype: dict[Any, list[list[tuple[str, torch.Tensor]]]] = {}
+    sizes: dict[Any, int] = {}
+    for name, t in named_tensors:
+        nbytes = t.numel() * t.element_size()
+        buckets = by_dtype.setdefault(t.dtype, [[]])
+        if buckets[-1] and sizes[t.dtype] + nbytes > max_bucket_bytes:
+            buckets.append([])
+            sizes[t.dtype] = 0
+        buckets[-1].append((name, t))
+        sizes[t.dtype] = sizes.get(t.dtype, 0) + nbytes
+    return [b for buckets in by_dtype.values() for b in buckets if b]
+
+
+# ---------------------------------------------------------------- weight-update process group
+
+
+def init_weights_update_process_group(
+    *,
+    backend: str,
+    master_address: str,
+    master_port: int,
+    world_size: int,
+    rank: int,
+    group_name: str,
+    timeout_s: float = 300.0,
+) -> Any:
+    """A process group outside the default one (trainer rank 0 + every engine rank), built the way
+    SGLang's `init_custom_process_group` and slime's `init_process_group` build it, so our trainer
+    side and a real SGLang server (or `agentrl serve`) can join the same group. Blocks until all
+    `world_size` ranks have joined."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import (
+        Backend,
+        PrefixStore,
+        _new_process_group_helper,
+        _world,
+        rendezvous,
+    )
+
+    timeout = timedelta(seconds=timeout_s)
+    host = f"[{master_address}]" if ":" in master_address else master_address
+    store, rank, world_size = next(
+        rendezvous(f"tcp://{host}:{master_port}", rank, world_size, timeout=timeout)
+    )
+    store.set_timeout(timeout)
+    pg, _ = _new_process_group_helper(
+        world_size,
+        rank,
+        [],
+        Backend(backend),
+        PrefixStore(group_name, store),
+        group_name=group_name,
+        timeout=timeout,
+    )
+    _world.pg_group_ranks[pg] = {
+        i: i for i in range(world_size)
+    }  # broadcast(src=0) means group rank 0
+    assert dist.get_world_size(pg) == world_size
+    return pg
+
+
+def destroy_process_group(pg: Any) -> None:
+    import torch.distributed as dist
+
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group(pg)
+
+
+# ---------------------------------------------------------------- receiving side
+
+
+class WeightUnpickler(pickle.Unpickler):
+    """Only what a flattened bucket needs: torch tensors/storages (CUDA IPC or shared memory) and
+    the metadata class, whichever module (sglang's or ours) the sender pickled it from."""
+
+    _ALLOWED_PREFIXES = (
+        "torch.",
+        "torch",
+        "collections.",
+        "copyreg.",
+        "multiprocessing.resource_sharer.",
+        "multiprocessing.reduction.",
+        "_codecs",
+    )
+    _BUILTINS = frozenset(
+        {"dict", "list", "tuple", "int", "float", "str", "bool", "slice", "bytes", "getattr", "set"}
+    )
+
+    def find_class(self, module: str, name: str) -> Any:
+        if name == "FlattenedTensorMetadata":
+            return FlattenedTensorMetadata
+        if (module == "builtins" and name in self._BUILTINS) or (
+            module != "builtins"
+            and any(module == p or module.startswith(p) for p in self._ALLOWED_PREFIXES)
+        ):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(
+            f"refusing to unpickle {module}.{name} in update_weights_from_tensor"
+        )
+
+
+def deserialize_named_tensors(serialized: str, load_format: str | None) -> list[tuple[str, Any]]:
+    import torch.multiprocessing  # noqa: F401  (registers the tensor rebuild reductions)
+
+    obj = WeightUnpickler(io.BytesIO(base64.b64decode(serialized, validate=True))).load()
+    if load_format == "flattened_bucket":
+        return reconstruct_bucket(obj)
+    if load_format is None and isinstance(obj, (list, tuple)):
+        return [(str(n), t) for n, t in obj]
+    raise ValueError(
+        f"load_format={load_format!r} is not supported; use 'flattened_bucket' or null"
+    )
+
+
+def load_checkpoint_tensors(model_path: str) -> list[tuple[str, Any]]:
+    """A transformers checkpoint directory -> named tensors (safetensors, else *.bin)."""
+    import torch
+    from safetensors.torch import load_file
+
+    files = sorted(glob.glob(os.path.join(model_path, "*.safetensors")))
+    if files:
+        return [kv for f in files for kv in load_file(f).items()]
+    files = sorted(glob.glob(os.path.join(model_path, "pytorch_model*.bin")))
+    if not files:
+        raise FileNotFoundError(
+            f"no *.safetensors or pytorch_model*.bin in model_path={model_path!r}"
+        )
+    return [
+        kv for f in files for kv in torch.load(f, map_location="cpu", weights_only=True).items()
+    ]
+
+
+def receive_broadcast(
+    pg: Any, names: list[str], dtypes: list[str], shapes: list[list[int]], device: Any = "cpu"
+) -> list[tuple[str, Any]]:
+    """The engine side of update_weights_from_distributed: receive each tensor broadcast by rank 0."""
+    import torch
+    import torch.distributed as dist
+
+    named = []
+    for name, dtype, shape in zip(names, dtypes, shapes, strict=False):
+        t = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
+        dist.broadcast(t, 0, group=pg)
+        named.append((name, t))
+    return named

@@ -1,0 +1,41 @@
+"""Agent environments: the `AgentEnv` contract, the id registry, wrappers and `check_env`."""
+
+from __future__ import annotations
+
+from agentrl.envs.base import AgentEnv, StepResult, tool_info
+from agentrl.envs.check import EnvCheckError, check_env
+from agentrl.envs.registry import (
+    EnvLoadError,
+    EnvSpec,
+    UnknownEnvError,
+    list_envs,
+    make,
+    register,
+    spec,
+)
+from agentrl.envs.wrappers import MaxTurns, TokenBudget, WallClock, Wrapper
+
+register(
+    "calculator",
+    "agentrl.envs.calculator:CalculatorEnv",
+    description="Arithmetic word problems with a `calculate` tool; reward 1 for the exact answer.",
+)
+
+__all__ = [
+    "AgentEnv",
+    "EnvCheckError",
+    "EnvLoadError",
+    "EnvSpec",
+    "MaxTurns",
+    "StepResult",
+    "TokenBudget",
+    "UnknownEnvError",
+    "WallClock",
+    "Wrapper",
+    "check_env",
+    "list_envs",
+    "make",
+    "register",
+    "spec",
+    "tool_info",
+]

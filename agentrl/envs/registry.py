@@ -1,0 +1,183 @@
+"""Env ids: `register`, `make`, `spec`, `list_envs`, with lazy `"module:Class"` entry points
+and discovery of installed packages through the `agentrl.envs` entry-point group."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import threading
+import warnings
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any
+
+from agentrl.envs.base import AgentEnv
+
+ENTRY_POINT_GROUP = "agentrl.envs"
+
+
+class UnknownEnvError(LookupError):
+    """No env is registered under this id."""
+
+
+class EnvLoadError(ImportError):
+    """An env's entry point names something that cannot be imported."""
+
+
+@dataclass
+class EnvSpec:
+    """How to build one env: `make(id)` = `load_class()(**kwargs)`.
+
+    `entry_point` is a class or a lazy `"module:Class"` string (imported on first use, so
+    listing envs never imports their dependencies). A string may also name another
+    EnvSpec (`"pkg.envs:SPEC"`), which is how entry-point discovery defers imports.
+    """
+
+    id: str
+    entry_point: str | type
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+    def load_class(self) -> type[AgentEnv]:
+        target = self.entry_point
+        if isinstance(target, str):
+            target = _import_object(target, self.id)
+        if isinstance(target, EnvSpec):
+            return target.load_class()
+        if not (isinstance(target, type) and issubclass(target, AgentEnv)):
+            raise EnvLoadError(
+                f"env {self.id!r}: entry point {self.entry_point!r} gives {target!r}, "
+                "not an AgentEnv subclass (or an EnvSpec)"
+            )
+        return target
+
+    def make(self, **kwargs: Any) -> AgentEnv:
+        return self.load_class()(**{**self.kwargs, **kwargs})
+
+
+def _import_object(entry_point: str, env_id: str) -> Any:
+    module_name, _, attr_path = entry_point.partition(":")
+    if not module_name or not attr_path:
+        raise EnvLoadError(
+            f"env {env_id!r}: entry point {entry_point!r} must look like 'package.module:ClassName'"
+        )
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as e:
+        raise EnvLoadError(
+            f"env {env_id!r}: cannot import {module_name!r} (entry point {entry_point!r}): "
+            f"{type(e).__name__}: {e}"
+        ) from e
+    for attr in attr_path.split("."):
+        try:
+            obj = getattr(obj, attr)
+        except AttributeError:
+            raise EnvLoadError(
+                f"env {env_id!r}: module {module_name!r} has no attribute {attr_path!r}"
+            ) from None
+    return obj
+
+
+_specs: dict[str, EnvSpec] = {}
+_pending: dict[str, str] = {}
+"""Installed entry points not imported yet: id -> "module:SPEC"."""
+_discovered = False
+_lock = threading.Lock()
+
+
+def register(
+    spec_or_id: EnvSpec | str, entry_point: str | type | None = None, **kwargs: Any
+) -> EnvSpec:
+    """Register an env: `register(EnvSpec(...))` or `register("my_env", "pkg.mod:MyEnv",
+    kwargs={...}, description="...")`. Re-registering an id replaces it (with a warning
+    if the entry point changed)."""
+    if isinstance(spec_or_id, EnvSpec):
+        if entry_point is not None or kwargs:
+            raise TypeError("register(EnvSpec(...)) takes no further arguments")
+        new = spec_or_id
+    else:
+        if entry_point is None:
+            raise TypeError(
+                f"register({spec_or_id!r}) needs an entry_point, e.g. 'my_pkg.my_env:MyEnv'"
+            )
+        new = EnvSpec(spec_or_id, entry_point, **kwargs)
+    with _lock:
+        old = _specs.get(new.id)
+        if old is not None and old.entry_point != new.entry_point:
+            warnings.warn(
+                f"env {new.id!r} re-registered: {old.entry_point!r} -> {new.entry_point!r}",
+                stacklevel=2,
+            )
+        _specs[new.id] = new
+    return new
+
+
+def _discover() -> None:
+    """Note each installed entry point of the `agentrl.envs` group (nothing is imported).
+
+    Runs on the first lookup in each process, so a fresh Ray worker sees the same ids.
+    """
+    global _discovered
+    if _discovered:
+        return
+    with _lock:
+        if not _discovered:
+            for ep in entry_points(group=ENTRY_POINT_GROUP):
+                _pending.setdefault(ep.name, ep.value)
+            _discovered = True
+
+
+def spec(env_id: str) -> EnvSpec:
+    """The EnvSpec of `env_id`; an installed entry point is imported on this first use."""
+    _discover()
+    found = _specs.get(env_id)
+    if found is not None:
+        return found
+    if env_id not in _pending:
+        raise UnknownEnvError(_unknown_message(env_id))
+    resolved = _resolve_entry_point(env_id, _pending[env_id])
+    with _lock:
+        _specs.setdefault(env_id, resolved)
+        _pending.pop(env_id, None)
+    return _specs[env_id]
+
+
+def _resolve_entry_point(env_id: str, value: str) -> EnvSpec:
+    resolved = _import_object(value, env_id)
+    if isinstance(resolved, type) and issubclass(resolved, AgentEnv):
+        first_line = (resolved.__doc__ or "").strip().split("\n")[0]
+        return EnvSpec(env_id, resolved, description=first_line)
+    if not isinstance(resolved, EnvSpec):
+        raise EnvLoadError(
+            f"env {env_id!r}: entry point {value!r} must name an EnvSpec or an AgentEnv subclass, "
+            f"got {type(resolved).__name__}"
+        )
+    if resolved.id != env_id:
+        raise EnvLoadError(
+            f"env {env_id!r}: entry point {value!r} gives an EnvSpec with id {resolved.id!r}; "
+            "make the entry-point name and EnvSpec.id equal"
+        )
+    return resolved
+
+
+def make(env_id: str, **kwargs: Any) -> AgentEnv:
+    """A fresh env instance: the spec's kwargs, overridden by `kwargs`."""
+    return spec(env_id).make(**kwargs)
+
+
+def list_envs() -> list[str]:
+    """Every registered id, sorted, including installed entry points not yet imported."""
+    _discover()
+    return sorted(set(_specs) | set(_pending))
+
+
+def _unknown_message(env_id: str) -> str:
+    known = list_envs()
+    close = difflib.get_close_matches(env_id, known, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return (
+        f"unknown env id {env_id!r}.{hint} Known ids: {', '.join(known) or 'none'}. "
+        f"Register yours with agentrl.envs.register({env_id!r}, 'my_pkg.my_env:MyEnv') before make(), "
+        f'or expose an EnvSpec in your package\'s [project.entry-points."{ENTRY_POINT_GROUP}"] '
+        "table so every process (Ray workers too) finds it."
+    )

@@ -1,0 +1,299 @@
+"""`EvalReport`: the numbers of one held-out evaluation, built from trajectory groups and
+written as report.json, report.md and report.png; `plot_eval_history` for reward vs step."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentrl.eval import stats
+from agentrl.eval.stats import Interval
+from agentrl.types import EpisodeStatus
+
+
+@dataclass
+class EvalReport:
+    """Rewards and pass rates count scored episodes only (COMPLETED, TRUNCATED); ERROR and
+    ABORTED appear in the status mix. Reward and pass@k intervals are Student-t over
+    per-task means (episodes of one task are not independent); the pass rate interval is
+    Wilson over scored episodes; maj@k is Wilson over tasks."""
+
+    k: int
+    temperature: float
+    num_tasks: int
+    num_episodes: int
+    num_scored_episodes: int
+    reward: Interval
+    reward_std: float
+    pass_rate: Interval
+    pass_at_k: dict[int, Interval]
+    maj_at_k: Interval
+    status_counts: dict[str, int]
+    status_reason_counts: dict[str, int]
+    turns_mean: float
+    tool_calls_per_episode: float
+    tool_errors_per_episode: float
+    response_len_mean: float
+    meta: dict[str, Any] = field(default_factory=dict)
+    """Who produced it: env, split, model, train step, wall time..."""
+
+    @property
+    def status_mix(self) -> dict[str, float]:
+        total = max(1, self.num_episodes)
+        return {s.value: self.status_counts.get(s.value, 0) / total for s in EpisodeStatus}
+
+    # ------------------------------------------------------------ serialisation
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["pass_at_k"] = {str(k): v.to_dict() for k, v in self.pass_at_k.items()}
+        out["status_mix"] = self.status_mix
+        return _finite(out)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EvalReport:
+        d = {k: v for k, v in d.items() if k != "status_mix"}
+        for name in ("reward", "pass_rate", "maj_at_k"):
+            d[name] = _interval(d[name])
+        d["pass_at_k"] = {int(k): _interval(v) for k, v in d["pass_at_k"].items()}
+        return cls(**d)
+
+    def summary(self, prefix: str = "") -> dict[str, float]:
+        """Flat scalars for a metrics logger or an eval history (see `plot_eval_history`)."""
+        out = {
+            "reward_mean": self.reward.mean,
+            "reward_ci_low": self.reward.low,
+            "reward_ci_high": self.reward.high,
+            "reward_std": self.reward_std,
+            "pass_rate": self.pass_rate.mean,
+            f"maj@{self.k}": self.maj_at_k.mean,
+            "turns_mean": self.turns_mean,
+            "tool_calls_per_episode": self.tool_calls_per_episode,
+            "tool_errors_per_episode": self.tool_errors_per_episode,
+            "response_len_mean": self.response_len_mean,
+            "num_episodes": float(self.num_episodes),
+        }
+        out.update({f"pass@{k}": v.mean for k, v in self.pass_at_k.items()})
+        out.update({f"status/{s}": frac for s, frac in self.status_mix.items()})
+        return {prefix + k: float(v) for k, v in out.items()}
+
+    def to_markdown(self) -> str:
+        title = " · ".join(
+            f"{k} {v}" for k, v in self.meta.items() if k in ("env", "split", "model", "step")
+        )
+        rows = [("reward (mean)", self.reward), ("pass rate", self.pass_rate)]
+        rows += [(f"pass@{k}", v) for k, v in self.pass_at_k.items()]
+        rows.append((f"maj@{self.k}", self.maj_at_k))
+        lines = [
+            f"# Evaluation{': ' + title if title else ''}",
+            "",
+            f"{self.num_tasks} tasks × k={self.k} episodes at temperature {self.temperature}; "
+            f"{self.num_scored_episodes} of {self.num_episodes} episodes scored.",
+            "",
+            "| metric | value | 95% CI | n |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {name} | {_fmt(iv.mean)} | [{_fmt(iv.low)}, {_fmt(iv.high)}] | {iv.n} |"
+            for name, iv in rows
+        ]
+        lines += ["", "| status | episodes | fraction |", "|---|---|---|"]
+        mix = self.status_mix
+        lines += [f"| {s} | {self.status_counts.get(s, 0)} | {mix[s]:.3f} |" for s in mix]
+        if self.status_reason_counts:
+            reasons = ", ".join(f"{r}: {n}" for r, n in sorted(self.status_reason_counts.items()))
+            lines += ["", f"Status reasons: {reasons}."]
+        lines += [
+            "",
+            "| episode statistic | mean |",
+            "|---|---|",
+            f"| turns | {_fmt(self.turns_mean)} |",
+            f"| tool calls | {_fmt(self.tool_calls_per_episode)} |",
+            f"| tool errors | {_fmt(self.tool_errors_per_episode)} |",
+            f"| response tokens | {_fmt(self.response_len_mean)} |",
+            "",
+            "Reward and pass@k CIs: Student t over per-task means. Pass rate: Wilson over scored "
+            "episodes. maj@k: Wilson over tasks. ERROR/ABORTED episodes are excluded, not scored 0.",
+        ]
+        return "\n".join(lines) + "\n"
+
+    def write(self, out_dir: str | Path) -> None:
+        """report.json, report.md and report.png in `out_dir`, each replaced atomically."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        _atomic_write_text(
+            out / "report.json", json.dumps(self.to_dict(), indent=2, default=str) + "\n"
+        )
+        _atomic_write_text(out / "report.md", self.to_markdown())
+        plot_report(self, out / "report.png")
+
+
+# ---------------------------------------------------------------- building
+
+
+def build_report(
+    groups: Sequence[Sequence[Any]],
+    *,
+    k: int,
+    temperature: float,
+    meta: dict[str, Any] | None = None,
+) -> EvalReport:
+    """One report from the k-episode groups of each task (trajectories are duck-typed)."""
+    episodes = [t for g in groups for t in g]
+    scored_groups = [[t for t in g if stats.is_scored(t)] for g in groups]
+    scored = [t for g in scored_groups for t in g]
+    task_rewards = [math.fsum(t.reward for t in g) / len(g) for g in scored_groups if g]
+    num_correct = sum(stats.is_correct(t) for t in scored)
+    return EvalReport(
+        k=k,
+        temperature=temperature,
+        num_tasks=len(groups),
+        num_episodes=len(episodes),
+        num_scored_episodes=len(scored),
+        reward=stats.mean_ci(task_rewards),
+        reward_std=stats.std([t.reward for t in scored]),
+        pass_rate=stats.wilson_ci(num_correct, len(scored)),
+        pass_at_k={j: _pass_at(scored_groups, j) for j in stats.pass_at_k_levels(k)},
+        maj_at_k=_maj(scored_groups),
+        status_counts=dict(Counter(EpisodeStatus(t.status).value for t in episodes)),
+        status_reason_counts=dict(Counter(_value(t.status_reason) for t in episodes)),
+        turns_mean=_mean([t.num_turns for t in scored]),
+        tool_calls_per_episode=_mean([stats.num_tool_calls(t) for t in scored]),
+        tool_errors_per_episode=_mean([stats.num_tool_errors(t) for t in scored]),
+        response_len_mean=_mean([t.response_len for t in scored]),
+        meta=dict(meta or {}),
+    )
+
+
+def _pass_at(scored_groups: list[list[Any]], k: int) -> Interval:
+    """Mean unbiased pass@k over tasks with at least k scored episodes."""
+    values = [
+        stats.pass_at_k(len(g), sum(stats.is_correct(t) for t in g), k)
+        for g in scored_groups
+        if len(g) >= k
+    ]
+    return stats.mean_ci(values)
+
+
+def _maj(scored_groups: list[list[Any]]) -> Interval:
+    votes = [
+        stats.maj_at_k([stats.extract_answer(t) for t in g], [stats.is_correct(t) for t in g])
+        for g in scored_groups
+        if g
+    ]
+    return stats.wilson_ci(sum(votes), len(votes))
+
+
+def _mean(values: Sequence[float]) -> float:
+    return math.fsum(values) / len(values) if values else math.nan
+
+
+def _value(x: Any) -> str:
+    return getattr(x, "value", str(x))
+
+
+def _interval(d: dict[str, Any]) -> Interval:
+    return Interval(
+        *(math.nan if d[k] is None else d[k] for k in ("mean", "low", "high")), n=d["n"]
+    )
+
+
+def _fmt(x: float) -> str:
+    return "n/a" if x is None or math.isnan(x) else f"{x:.3f}"
+
+
+def _finite(obj: Any) -> Any:
+    """NaN/inf become null so report.json stays strict JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------- plots
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on servers or CI
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_report(report: EvalReport, path: str | Path) -> None:
+    """Bars for mean reward, pass rate, pass@k and maj@k with their 95% CI error bars."""
+    plt = _pyplot()
+    items = [("reward", report.reward), ("pass rate", report.pass_rate)]
+    items += [(f"pass@{k}", v) for k, v in report.pass_at_k.items()]
+    items.append((f"maj@{report.k}", report.maj_at_k))
+    names = [name for name, _ in items]
+    means = [0.0 if math.isnan(iv.mean) else iv.mean for _, iv in items]
+    errors = [
+        [0.0 if math.isnan(iv.low) else iv.mean - iv.low for _, iv in items],
+        [0.0 if math.isnan(iv.high) else iv.high - iv.mean for _, iv in items],
+    ]
+    fig, ax = plt.subplots(figsize=(1.2 * len(items) + 2.0, 3.5))
+    ax.bar(names, means, yerr=errors, capsize=4, color="#4C72B0")
+    ax.set_ylabel("value (95% CI)")
+    ax.set_title(f"{report.meta.get('env', 'eval')}: {report.num_tasks} tasks × {report.k}")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_eval_history(history: list[dict[str, Any]], path: str | Path) -> None:
+    """Held-out reward vs train step with its 95% CI band.
+
+    Each entry is `{"step": int, **report.summary()}` (flat `reward_mean`, `reward_ci_low`,
+    `reward_ci_high`) or `{"step": int, **report.to_dict()}` (a `reward` dict).
+    """
+    if not history:
+        raise ValueError("plot_eval_history needs at least one evaluation in history")
+    plt = _pyplot()
+    rows = sorted(history, key=lambda h: h["step"])
+    steps = [h["step"] for h in rows]
+    mean, low, high = zip(*(_reward_band(h) for h in rows), strict=True)
+    fig, ax = plt.subplots(figsize=(6.0, 3.5))
+    ax.plot(steps, mean, marker="o", color="#4C72B0", label="held-out reward")
+    ax.fill_between(steps, low, high, color="#4C72B0", alpha=0.2, label="95% CI")
+    ax.set_xlabel("train step")
+    ax.set_ylabel("mean reward")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _reward_band(entry: dict[str, Any]) -> tuple[float, float, float]:
+    if "reward_mean" in entry:
+        values = (entry["reward_mean"], entry.get("reward_ci_low"), entry.get("reward_ci_high"))
+    elif isinstance(entry.get("reward"), dict):
+        values = (entry["reward"]["mean"], entry["reward"]["low"], entry["reward"]["high"])
+    else:
+        raise ValueError(
+            f"eval history entry at step {entry.get('step')} has no reward_mean or reward dict; "
+            "append {'step': step, **report.summary()}"
+        )
+    return tuple(math.nan if v is None else float(v) for v in values)  # type: ignore[return-value]

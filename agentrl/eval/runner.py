@@ -1,0 +1,218 @@
+"""`evaluate`: k episodes per held-out task through a `RolloutRunner`, saved task by task
+to a resumable JSONL file, then summarised as an `EvalReport` (report.json/md/png)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agentrl.eval.report import EvalReport, build_report
+from agentrl.rollout.trajectory import Trajectory, write_jsonl
+from agentrl.types import EpisodeStatus, Task
+
+if TYPE_CHECKING:
+    from agentrl.rollout import RolloutRunner
+
+TRAJECTORIES_FILE = "eval_trajectories.jsonl"
+STATE_FILE = "eval_state.json"
+IDENTITY_KEYS = ("env", "split", "model", "step", "seed")
+"""`meta` keys that must match for a rerun to reuse saved trajectories."""
+
+
+async def evaluate(
+    runner: RolloutRunner,
+    tasks: list[Task],
+    *,
+    k: int,
+    temperature: float,
+    out_dir: Path,
+    resume: bool = True,
+    progress: bool = True,
+    seed: int | None = None,
+    meta: dict[str, Any] | None = None,
+) -> EvalReport:
+    """Run k episodes per task, append each finished task's group to
+    `out_dir/eval_trajectories.jsonl` (flushed), and write the reports into `out_dir`.
+
+    With `resume`, tasks whose k episodes are already in the file are not run again; a
+    rerun must use the same k, temperature and identity in `meta` (env, split, model,
+    step, seed), else it stops with an error. Groups with an ABORTED episode are rerun.
+    """
+    if k < 1:
+        raise ValueError(f"evaluate: k={k} must be at least 1 (episodes per task)")
+    _check_unique_ids(tasks)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = dict(meta or {})
+    if seed is not None:
+        meta.setdefault("seed", seed)
+    identity = {
+        "k": k,
+        "temperature": temperature,
+        **{key: meta[key] for key in IDENTITY_KEYS if key in meta},
+    }
+    done = _prepare(out, identity, k, resume=resume)
+    pending = [t for t in tasks if t.id not in done]
+    start = time.perf_counter()
+    if pending:
+        done.update(
+            await _run_pending(
+                runner, pending, k, temperature, seed, out / TRAJECTORIES_FILE, progress
+            )
+        )
+    meta.update(num_resumed_tasks=len(tasks) - len(pending), wall_s=time.perf_counter() - start)
+    report = build_report([done[t.id] for t in tasks], k=k, temperature=temperature, meta=meta)
+    report.write(out)
+    return report
+
+
+def _check_unique_ids(tasks: Sequence[Task]) -> None:
+    seen: set[str] = set()
+    for task in tasks:
+        if task.id in seen:
+            raise ValueError(
+                f"task id {task.id!r} appears twice; eval resumption keys on Task.id, so ids must be unique"
+            )
+        seen.add(task.id)
+
+
+# ---------------------------------------------------------------- resumption
+
+
+def _prepare(
+    out: Path, identity: dict[str, Any], k: int, *, resume: bool
+) -> dict[str, list[Trajectory]]:
+    """Check the saved run matches, keep its complete groups, and record the identity."""
+    path, state_path = out / TRAJECTORIES_FILE, out / STATE_FILE
+    done: dict[str, list[Trajectory]] = {}
+    if resume and path.exists():
+        if state_path.exists():
+            _check_identity(json.loads(state_path.read_text()), identity, out)
+        done = _complete_groups(path, k)
+        # Rewrite without torn lines or partial groups, so appends start on a clean line.
+        _atomic_rewrite(path, [t for g in done.values() for t in g])
+    else:
+        path.write_text("")
+    state_path.write_text(json.dumps(identity, default=str) + "\n")
+    return done
+
+
+def _check_identity(saved: dict[str, Any], identity: dict[str, Any], out: Path) -> None:
+    for key in sorted(saved.keys() | identity.keys()):
+        if json.dumps(saved.get(key), default=str) != json.dumps(identity.get(key), default=str):
+            raise ValueError(
+                f"{out / TRAJECTORIES_FILE} was written with {key}={saved.get(key)!r}, this run has "
+                f"{key}={identity.get(key)!r}; use another output directory or turn resume off "
+                "(--no-resume) to start over"
+            )
+
+
+def _complete_groups(path: Path, k: int) -> dict[str, list[Trajectory]]:
+    groups: dict[str, list[Trajectory]] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                traj = Trajectory.from_json(json.loads(line))
+            except (ValueError, KeyError, TypeError):  # a line torn by a crash mid-write
+                continue
+            task_id = traj.task.get("id")
+            if task_id is not None:
+                groups.setdefault(str(task_id), []).append(traj)
+    return {
+        task_id: group[:k]
+        for task_id, group in groups.items()
+        if len(group) >= k and all(t.status != EpisodeStatus.ABORTED for t in group[:k])
+    }
+
+
+def _atomic_rewrite(path: Path, trajectories: list[Trajectory]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write_jsonl(str(tmp), trajectories)
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------- running
+
+
+async def _run_pending(
+    runner: RolloutRunner,
+    tasks: list[Task],
+    k: int,
+    temperature: float,
+    seed: int | None,
+    path: Path,
+    progress: bool,
+) -> dict[str, list[Trajectory]]:
+    """Run the tasks; each group is appended to `path` as soon as its k-th episode ends
+    (when episodes carry their task id), else when `run_groups` returns."""
+    ids = {t.id for t in tasks}
+    buffers: dict[str, list[Trajectory]] = {}
+    written: set[str] = set()
+
+    def save(task_id: str, group: list[Trajectory]) -> None:
+        for traj in group:
+            traj.task = {**traj.task, "id": task_id}
+        write_jsonl(str(path), group, append=True)
+        written.add(task_id)
+
+    with _progress_bar(len(tasks) * k, enabled=progress) as advance:
+
+        def on_episode(traj: Trajectory) -> None:
+            advance()
+            task_id = str(traj.task.get("id", ""))
+            if task_id not in ids or task_id in written:
+                return
+            buffers.setdefault(task_id, []).append(traj)
+            if len(buffers[task_id]) == k:
+                save(task_id, buffers.pop(task_id))
+
+        groups = await runner.run_groups(
+            tasks, k, temperature=temperature, seed=seed, on_episode=on_episode
+        )
+    if len(groups) != len(tasks):
+        raise RuntimeError(f"run_groups returned {len(groups)} groups for {len(tasks)} tasks")
+    for task, group in zip(tasks, groups, strict=True):
+        if task.id not in written:
+            save(task.id, list(group))
+    return {task.id: list(group) for task, group in zip(tasks, groups, strict=True)}
+
+
+@contextmanager
+def _progress_bar(num_episodes: int, *, enabled: bool) -> Iterator[Any]:
+    """Yields `advance()`; a rich bar with episodes/s and ETA when enabled."""
+    if not enabled:
+        yield lambda: None
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = (
+        TextColumn("[bold]eval[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("episodes"),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns) as bar:
+        task = bar.add_task("eval", total=num_episodes, rate="")
+
+        def advance() -> None:
+            bar.advance(task)
+            speed = bar.tasks[0].speed
+            bar.update(task, rate=f"{speed:.2f}/s" if speed else "")
+
+        yield advance

@@ -1,0 +1,197 @@
+"""Training metrics: `rollout_metrics` over trajectory groups, `MetricsLogger` (JSONL,
+TensorBoard, wandb) and `Timer` for the time split of a train step."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from agentrl.eval import stats
+from agentrl.types import EpisodeStatus
+
+
+def rollout_metrics(
+    groups: Sequence[Sequence[Any]], *, prefix: str = "rollout/"
+) -> dict[str, float]:
+    """Scalars over the groups of one rollout batch (trajectories are duck-typed).
+
+    Reward, pass rate and group statistics use scored episodes only (COMPLETED,
+    TRUNCATED); ERROR and ABORTED count in the status fractions, never as reward 0.
+    Length and tool statistics are per episode over all episodes that produced tokens.
+    """
+    episodes = [t for g in groups for t in g]
+    scored = [t for t in episodes if stats.is_scored(t)]
+    rewards = [t.reward for t in scored]
+    status_counts = Counter(EpisodeStatus(t.status) for t in episodes)
+    total = max(1, len(episodes))
+    response_lens = [t.response_len for t in episodes]
+    out = {
+        "num_groups": float(len(groups)),
+        "num_episodes": float(len(episodes)),
+        "num_scored_episodes": float(len(scored)),
+        "reward_mean": _mean(rewards),
+        "reward_std": stats.std(rewards),
+        "pass_rate": _mean([float(stats.is_correct(t)) for t in scored]),
+        "zero_std_group_fraction": _zero_std_group_fraction(groups),
+        "truncated_ratio": status_counts[EpisodeStatus.TRUNCATED] / total,
+        "turns_mean": _mean([t.num_turns for t in episodes]),
+        "tool_calls_per_episode": _mean([stats.num_tool_calls(t) for t in episodes]),
+        "tool_errors_per_episode": _mean([stats.num_tool_errors(t) for t in episodes]),
+        "response_len_mean": _mean(response_lens),
+        "response_len_max": float(max(response_lens, default=0)),
+        "num_sampled_tokens": float(sum(t.num_sampled for t in episodes)),
+    }
+    out.update({f"status/{s.value}": status_counts[s] / total for s in EpisodeStatus})
+    return {prefix + k: v for k, v in out.items()}
+
+
+def _mean(values: Sequence[float]) -> float:
+    return math.fsum(values) / len(values) if values else math.nan
+
+
+def _zero_std_group_fraction(groups: Sequence[Sequence[Any]]) -> float:
+    """Groups whose scored rewards all match give GRPO no signal."""
+    rewarded = [[t.reward for t in g if stats.is_scored(t)] for g in groups]
+    rewarded = [r for r in rewarded if len(r) > 1]
+    if not rewarded:
+        return math.nan
+    return sum(max(r) == min(r) for r in rewarded) / len(rewarded)
+
+
+class Timer:
+    """Accumulates wall seconds per phase: `with timer("rollout"): ...`; `timer.totals` maps
+    phase -> seconds, and `timer.pop()` -> {"time/rollout_s": ...} starts the counters again."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - start
+
+    def pop(self, prefix: str = "time/") -> dict[str, float]:
+        out = {f"{prefix}{name}_s": seconds for name, seconds in self.totals.items()}
+        self.totals = {}
+        return out
+
+
+class MetricsLogger:
+    """`log(step, metrics)` appends one JSON line to `run_dir/metrics.jsonl` (flushed), and
+    writes numeric values as TensorBoard scalars and to wandb when asked.
+
+    Files open on the first `log`, so constructing a logger does no I/O.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        use_tensorboard: bool = True,
+        use_wandb: bool = False,
+        wandb_project: str = "agentrl",
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        if use_wandb and importlib.util.find_spec("wandb") is None:
+            raise RuntimeError(
+                "log.use_wandb=true but wandb is not installed; `pip install wandb` "
+                "(or agentrl[wandb]), or set --set log.use_wandb=false"
+            )
+        if use_tensorboard and importlib.util.find_spec("tensorboard") is None:
+            raise RuntimeError(
+                "log.use_tensorboard=true but tensorboard is not installed; `pip install tensorboard`, "
+                "or set --set log.use_tensorboard=false"
+            )
+        self.run_dir = Path(run_dir)
+        self.use_tensorboard = use_tensorboard
+        self.use_wandb = use_wandb
+        self.wandb_project = wandb_project
+        self.config = dict(config or {})
+        self._jsonl: Any = None
+        self._tb: Any = None
+        self._wandb_run: Any = None
+
+    @property
+    def path(self) -> Path:
+        return self.run_dir / "metrics.jsonl"
+
+    def _open(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        # Append: a resumed run continues the file. It stays open across log() calls.
+        self._jsonl = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+        if self.use_tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+            if self.config:
+                self._tb.add_text(
+                    "config", "```\n" + json.dumps(self.config, indent=2, default=str) + "\n```"
+                )
+        if self.use_wandb:
+            import wandb
+
+            self._wandb_run = wandb.init(
+                project=self.wandb_project, config=self.config, dir=str(self.run_dir)
+            )
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        if self._jsonl is None:
+            self._open()
+        record = {
+            "step": step,
+            "time": time.time(),
+            **{k: _jsonable(v) for k, v in metrics.items()},
+        }
+        self._jsonl.write(json.dumps(record, default=str) + "\n")
+        self._jsonl.flush()
+        scalars = {k: float(v) for k, v in metrics.items() if _is_number(v)}
+        if self._tb is not None:
+            for name, value in scalars.items():
+                self._tb.add_scalar(name, value, global_step=step)
+            self._tb.flush()
+        if self._wandb_run is not None:
+            self._wandb_run.log(scalars, step=step)
+
+    def close(self) -> None:
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        if self._wandb_run is not None:
+            self._wandb_run.finish()
+            self._wandb_run = None
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _is_number(v: Any) -> bool:
+    return (isinstance(v, int | float) and not isinstance(v, bool)) or _is_tensor_scalar(v)
+
+
+def _is_tensor_scalar(v: Any) -> bool:
+    return hasattr(v, "item") and getattr(v, "ndim", None) == 0
+
+
+def _jsonable(v: Any) -> Any:
+    """Tensor scalars become floats; NaN/inf become null so every line is strict JSON."""
+    if _is_tensor_scalar(v):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v

@@ -1,0 +1,23 @@
+"""Rollout: the chat codec, token-exact episodes and groups of them, recorded as Trajectories."""
+
+from __future__ import annotations
+
+from agentrl.rollout.codec import ChatCodec, CheckReport, CodecCheckError
+from agentrl.rollout.episode import cut_observation, run_episode
+from agentrl.rollout.group import RolloutRunner, build_runner, episode_seed
+from agentrl.rollout.trajectory import Trajectory, Turn, read_jsonl, write_jsonl
+
+__all__ = [
+    "ChatCodec",
+    "CheckReport",
+    "CodecCheckError",
+    "RolloutRunner",
+    "Trajectory",
+    "Turn",
+    "build_runner",
+    "cut_observation",
+    "episode_seed",
+    "read_jsonl",
+    "run_episode",
+    "write_jsonl",
+]

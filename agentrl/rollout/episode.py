@@ -1,0 +1,240 @@
+"""`run_episode`: one episode from reset to its end, recorded token for token as a Trajectory.
+Sampled ids and logprobs are kept verbatim (mask 1); everything else is masked (mask 0)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+import traceback
+from typing import Any
+
+from agentrl.engine.base import Completion, Engine, FinishReason, SamplingParams
+from agentrl.envs.base import AgentEnv, StepResult
+from agentrl.rollout.codec import ChatCodec
+from agentrl.rollout.trajectory import Trajectory, Turn
+from agentrl.types import EpisodeStatus, Message, StatusReason, Task
+
+logger = logging.getLogger(__name__)
+
+_Ending = tuple[EpisodeStatus, StatusReason]
+
+
+class _Recorder:
+    """The trajectory under construction; whatever it holds when the episode stops is kept."""
+
+    def __init__(self, task: Task, group_id: str, episode_id: str) -> None:
+        self.task, self.group_id, self.episode_id = task, group_id, episode_id
+        self.token_ids: list[int] = []
+        self.loss_mask: list[int] = []
+        self.logprobs: list[float] = []
+        self.prompt_len = 0
+        self.turns: list[Turn] = []
+        self.reward = 0.0
+        self.info: dict[str, Any] = {}
+
+    def add_prompt(self, ids: list[int]) -> None:
+        self.token_ids, self.loss_mask, self.prompt_len = list(ids), [0] * len(ids), len(ids)
+
+    def add_sampled(self, completion: Completion, text: str) -> Turn:
+        turn = Turn(
+            start=len(self.token_ids),
+            num_sampled=len(completion.ids),
+            num_observation=0,
+            weight_version=str(completion.weight_version),
+            finish_reason=FinishReason(completion.finish_reason).value,
+            text=text,
+        )
+        self.token_ids += completion.ids
+        self.loss_mask += [1] * len(completion.ids)
+        self.logprobs += completion.logprobs
+        self.turns.append(turn)
+        return turn
+
+    def add_observation(self, ids: list[int]) -> None:
+        self.token_ids += ids
+        self.loss_mask += [0] * len(ids)
+        self.turns[-1].num_observation += len(ids)
+
+    def fail(self, reason: StatusReason, where: str) -> _Ending:
+        """Record the exception being handled (traceback into info, and the log)."""
+        self.info["error"] = traceback.format_exc()
+        self.info["error_where"] = where
+        logger.warning("episode %s: %s raised; status ERROR/%s\n%s", self.episode_id, where, reason.value, self.info["error"])
+        return EpisodeStatus.ERROR, reason
+
+    def finish(self, ending: _Ending) -> Trajectory:
+        return Trajectory(
+            token_ids=self.token_ids,
+            loss_mask=self.loss_mask,
+            logprobs=self.logprobs,
+            prompt_len=self.prompt_len,
+            reward=self.reward,
+            status=ending[0],
+            status_reason=ending[1],
+            turns=self.turns,
+            task=self.task.to_dict(),
+            group_id=self.group_id,
+            episode_id=self.episode_id,
+            info=self.info,
+        )
+
+
+@dataclasses.dataclass
+class _Limits:
+    max_turns: int
+    max_context_len: int
+    max_observation_tokens: int | None
+
+
+async def run_episode(
+    env: AgentEnv,
+    engine: Engine,
+    codec: ChatCodec,
+    task: Task,
+    sampling: SamplingParams,
+    *,
+    max_turns: int,
+    max_context_len: int,
+    max_observation_tokens: int | None = None,
+    timeout_s: float | None = None,
+    group_id: str = "",
+    episode_id: str = "",
+) -> Trajectory:
+    """Play one episode of `env` on `task`. Never raises for what happens inside the episode:
+    env or engine failures give ERROR, the wall clock gives TRUNCATED/wall_clock, cancellation
+    gives ABORTED. `sampling.seed` (if set) seeds `env.reset` and, per turn, the engine."""
+    rec = _Recorder(task, group_id, episode_id)
+    limits = _Limits(max_turns, max_context_len, max_observation_tokens)
+    start = time.perf_counter()
+    try:
+        ending = await asyncio.wait_for(_play(rec, env, engine, codec, sampling, limits), timeout_s)
+    except asyncio.TimeoutError:
+        ending = (EpisodeStatus.TRUNCATED, StatusReason.WALL_CLOCK)
+    except asyncio.CancelledError:
+        # The runner cancels episodes on shutdown or a weight-update drain: keep what was sampled.
+        ending = (EpisodeStatus.ABORTED, StatusReason.CANCELLED)
+    finally:
+        await _close(env, rec)
+    rec.info["elapsed_s"] = time.perf_counter() - start
+    return rec.finish(ending)
+
+
+async def _play(
+    rec: _Recorder, env: AgentEnv, engine: Engine, codec: ChatCodec, sampling: SamplingParams, limits: _Limits
+) -> _Ending:
+    try:
+        env.bind_tokenizer(codec.tokenizer)
+        messages, reset_info = await env.reset(seed=sampling.seed, options={"task": rec.task})
+        rec.info.update(reset_info or {})
+        tools = env.tools.schemas()
+    except Exception:
+        return rec.fail(StatusReason.ENV, "env.reset")
+    try:
+        rec.add_prompt(codec.render_prompt(messages, tools))
+    except Exception:
+        return rec.fail(StatusReason.PARSE, "codec.render_prompt")
+    base = _episode_sampling(sampling, env, codec)
+    for turn_index in range(limits.max_turns):
+        room = limits.max_context_len - len(rec.token_ids)
+        if room <= 0:
+            return EpisodeStatus.TRUNCATED, StatusReason.CONTEXT
+        try:
+            completion = await engine.generate(rec.token_ids, _turn_sampling(base, turn_index, room), routing_key=rec.episode_id)
+        except Exception:
+            return rec.fail(StatusReason.ENGINE, "engine.generate")
+        if completion.finish_reason == FinishReason.ABORT:
+            return EpisodeStatus.ABORTED, StatusReason.CANCELLED
+        turn = rec.add_sampled(completion, codec.decode(completion.ids))
+        if completion.finish_reason == FinishReason.LENGTH and len(rec.token_ids) >= limits.max_context_len:
+            return EpisodeStatus.TRUNCATED, StatusReason.LENGTH
+        try:
+            result = await env.step(codec.parse(completion.ids, tools))
+        except Exception:
+            return rec.fail(StatusReason.ENV, "env.step")
+        _record_step(rec, turn, result)
+        ending = _step_ending(result, is_last_turn=turn_index + 1 == limits.max_turns)
+        if ending is not None:
+            return ending
+        try:
+            observation = cut_observation(result.observation, codec, limits.max_observation_tokens)
+            obs_ids = codec.render_observation(observation, sampled_ids=completion.ids)
+        except Exception:
+            return rec.fail(StatusReason.PARSE, "codec.render_observation")
+        if len(rec.token_ids) + len(obs_ids) >= limits.max_context_len:
+            return EpisodeStatus.TRUNCATED, StatusReason.CONTEXT  # no room to answer it
+        rec.add_observation(obs_ids)
+    return EpisodeStatus.TRUNCATED, StatusReason.MAX_TURNS  # max_turns < 1
+
+
+def _episode_sampling(sampling: SamplingParams, env: AgentEnv, codec: ChatCodec) -> SamplingParams:
+    """The env's stop strings and the template's end-of-turn tokens added to `sampling`."""
+    stop = list(dict.fromkeys([*sampling.stop, *env.stop]))
+    stop_ids = list(dict.fromkeys([*sampling.stop_token_ids, *codec.stop_token_ids]))
+    return dataclasses.replace(sampling, stop=stop, stop_token_ids=stop_ids)
+
+
+def _turn_sampling(base: SamplingParams, turn_index: int, room: int) -> SamplingParams:
+    # A distinct seed per turn: the same seed on every turn would correlate the turns' noise.
+    seed = None if base.seed is None else (base.seed + 7919 * turn_index) % (1 << 31)
+    return dataclasses.replace(base, max_new_tokens=min(base.max_new_tokens, room), seed=seed)
+
+
+def _record_step(rec: _Recorder, turn: Turn, result: StepResult) -> None:
+    rec.reward += float(result.reward)
+    info = result.info or {}
+    rec.info.update(info)
+    num_calls = sum(m.role == "tool" for m in result.observation)
+    turn.num_tool_calls = int(info.get("num_tool_calls", num_calls))
+    turn.num_tool_errors = int(info.get("num_tool_errors", 0))
+
+
+def _step_ending(result: StepResult, *, is_last_turn: bool) -> _Ending | None:
+    if result.terminated:
+        return EpisodeStatus.COMPLETED, StatusReason.DONE
+    if result.truncated:
+        reason = (result.info or {}).get("truncated_reason", StatusReason.MAX_TURNS.value)
+        try:
+            return EpisodeStatus.TRUNCATED, StatusReason(reason)
+        except ValueError:
+            logger.warning("env gave truncated_reason=%r, not a StatusReason; recording max_turns", reason)
+            return EpisodeStatus.TRUNCATED, StatusReason.MAX_TURNS
+    if is_last_turn:
+        return EpisodeStatus.TRUNCATED, StatusReason.MAX_TURNS
+    return None
+
+
+def cut_observation(messages: list[Message], codec: ChatCodec, max_tokens: int | None) -> list[Message]:
+    """Cut message texts so together they hold about `max_tokens` tokens, keeping each one's
+    head and tail. Short messages keep all of theirs; long ones share what is left."""
+    if max_tokens is None or not messages:
+        return messages
+    counts = [len(codec.encode(m.content)) for m in messages]
+    if sum(counts) <= max_tokens:
+        return messages
+    budgets, remaining = [0] * len(messages), max_tokens
+    for rank, i in enumerate(sorted(range(len(messages)), key=counts.__getitem__)):
+        budgets[i] = min(counts[i], remaining // (len(messages) - rank))
+        remaining -= budgets[i]
+    return [
+        dataclasses.replace(m, content=_head_and_tail(m.content, codec, budgets[i])) if counts[i] > budgets[i] else m
+        for i, m in enumerate(messages)
+    ]
+
+
+def _head_and_tail(text: str, codec: ChatCodec, budget: int) -> str:
+    ids = codec.encode(text)
+    marker = f"\n[... {len(ids) - budget} tokens cut ...]\n"
+    keep = max(budget - len(codec.encode(marker)), 0)  # the marker counts against the budget
+    head, tail = (keep + 1) // 2, keep // 2
+    kept_tail = codec.decode(ids[len(ids) - tail :]) if tail else ""
+    return f"{codec.decode(ids[:head])}{marker}{kept_tail}"
+
+
+async def _close(env: AgentEnv, rec: _Recorder) -> None:
+    try:
+        await env.close()
+    except Exception:
+        rec.info["close_error"] = traceback.format_exc()
+        logger.warning("episode %s: env.close raised\n%s", rec.episode_id, rec.info["close_error"])

@@ -1,0 +1,219 @@
+"""`RolloutRunner`: groups of concurrent episodes (n per task) under one global concurrency
+limit, each with its own env instance, a deterministic seed and a wall-clock timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import traceback
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from agentrl.config import RolloutConfig
+from agentrl.engine.base import Engine, SamplingParams
+from agentrl.envs.base import AgentEnv
+from agentrl.rollout.codec import ChatCodec
+from agentrl.rollout.episode import run_episode
+from agentrl.rollout.trajectory import Trajectory
+from agentrl.types import EpisodeStatus, StatusReason, Task
+
+if TYPE_CHECKING:
+    from agentrl.config import RunConfig
+
+logger = logging.getLogger(__name__)
+
+
+def episode_seed(seed: int, task_id: str, sample_index: int) -> int:
+    """A 31-bit seed from (run seed, task id, sample index): same inputs, same episode."""
+    digest = hashlib.sha256(f"{seed}/{task_id}/{sample_index}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+class RolloutRunner:
+    """Runs groups of episodes against one engine.
+
+    `env_factory()` makes a fresh env per episode. Concurrency across every group in flight is
+    bounded by `cfg.max_concurrent_episodes`. Before the first episode the codec's `check()`
+    proves the chat template renders incrementally (it raises CodecCheckError otherwise).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        env_factory: Callable[[], AgentEnv],
+        cfg: RolloutConfig,
+        *,
+        codec: ChatCodec | None = None,
+    ) -> None:
+        if cfg.max_concurrent_episodes < 1:
+            raise ValueError(f"rollout.max_concurrent_episodes={cfg.max_concurrent_episodes}: use an int >= 1")
+        self.engine = engine
+        self.env_factory = env_factory
+        self.cfg = cfg
+        self.codec = codec
+        self._semaphores: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+        self._is_checked = False
+        self._num_groups = 0
+
+    async def run_group(
+        self,
+        task: Task,
+        n: int,
+        *,
+        temperature: float | None = None,
+        seed: int | None = None,
+        on_episode: Callable[[Trajectory], Any] | None = None,
+    ) -> list[Trajectory]:
+        """n episodes of `task`, concurrently; one failing episode never fails the others.
+        Episode i gets the seed `episode_seed(seed or cfg.seed, task.id, i)`."""
+        await self._prepare()
+        group_id = f"{task.id}#{self._num_groups}"
+        self._num_groups += 1
+        seed = self.cfg.seed if seed is None else seed
+        episodes = [self._run_one(task, i, group_id, temperature, seed, on_episode) for i in range(n)]
+        return list(await asyncio.gather(*episodes))
+
+    async def run_groups(
+        self,
+        tasks: Sequence[Task],
+        n: int,
+        *,
+        temperature: float | None = None,
+        seed: int | None = None,
+        on_episode: Callable[[Trajectory], Any] | None = None,
+    ) -> list[list[Trajectory]]:
+        """`run_group` for every task at once (the global limit still applies); results in task
+        order. `on_episode(trajectory)` is called as each episode ends (progress bars)."""
+        await self._prepare()
+        groups = (self.run_group(t, n, temperature=temperature, seed=seed, on_episode=on_episode) for t in tasks)
+        return list(await asyncio.gather(*groups))
+
+    def sampling(self, *, temperature: float | None = None, seed: int | None = None) -> SamplingParams:
+        cfg = self.cfg
+        return SamplingParams(
+            temperature=cfg.rollout_temperature if temperature is None else temperature,
+            top_p=cfg.rollout_top_p,
+            top_k=cfg.rollout_top_k,
+            max_new_tokens=cfg.rollout_max_response_len,
+            seed=seed,
+        )
+
+    async def _prepare(self) -> None:
+        """Make the codec (from the engine's tokenizer) if none was given, then check it once."""
+        if self._is_checked:
+            return
+        env = self.env_factory()
+        try:
+            self._check_codec(env)
+            self._is_checked = True
+        finally:
+            await env.close()
+
+    def _check_codec(self, env: AgentEnv) -> None:
+        if self.codec is None:
+            tokenizer = getattr(self.engine, "tokenizer", None)
+            if tokenizer is None:
+                raise ValueError(
+                    f"{type(self.engine).__name__} exposes no tokenizer; pass RolloutRunner(..., codec="
+                    "ChatCodec.from_pretrained(model_path, tool_call_format=...)) or use build_runner(cfg, engine)"
+                )
+            self.codec = ChatCodec(tokenizer, tool_call_format=env.tool_call_format)
+        self.codec.check(env.tools.schemas())
+
+    def _limit(self) -> asyncio.Semaphore:
+        """The global episode limit, one semaphore per event loop (asyncio primitives bind to one)."""
+        loop = asyncio.get_running_loop()
+        if loop not in self._semaphores:
+            self._semaphores = {loop: asyncio.Semaphore(self.cfg.max_concurrent_episodes)}
+        return self._semaphores[loop]
+
+    async def _run_one(
+        self,
+        task: Task,
+        index: int,
+        group_id: str,
+        temperature: float | None,
+        seed: int,
+        on_episode: Callable[[Trajectory], Any] | None,
+    ) -> Trajectory:
+        episode_id = f"{group_id}/{index}"
+        sampling = self.sampling(temperature=temperature, seed=episode_seed(seed, task.id, index))
+        async with self._limit():
+            try:
+                env = self.env_factory()
+            except Exception:
+                traj = _error_trajectory(task, group_id, episode_id, "env_factory")
+            else:
+                traj = await self._episode(env, task, sampling, group_id, episode_id)
+        _notify(on_episode, traj)
+        return traj
+
+    async def _episode(
+        self, env: AgentEnv, task: Task, sampling: SamplingParams, group_id: str, episode_id: str
+    ) -> Trajectory:
+        assert self.codec is not None
+        try:
+            return await run_episode(
+                env,
+                self.engine,
+                self.codec,
+                task,
+                sampling,
+                max_turns=self.cfg.max_turns,
+                max_context_len=self.cfg.rollout_max_context_len,
+                max_observation_tokens=self.cfg.max_observation_tokens,
+                timeout_s=self.cfg.episode_timeout_s,
+                group_id=group_id,
+                episode_id=episode_id,
+            )
+        except Exception:  # run_episode handles its own failures; this is the last line of defence
+            return _error_trajectory(task, group_id, episode_id, "run_episode")
+
+
+
+def _notify(on_episode: Callable[[Trajectory], Any] | None, traj: Trajectory) -> None:
+    if on_episode is None:
+        return
+    try:
+        on_episode(traj)
+    except Exception:
+        logger.warning("on_episode callback raised (ignored)\n%s", traceback.format_exc())
+
+
+def _error_trajectory(task: Task, group_id: str, episode_id: str, where: str) -> Trajectory:
+    error = traceback.format_exc()
+    logger.warning("episode %s: %s raised; status ERROR/env\n%s", episode_id, where, error)
+    return Trajectory(
+        token_ids=[],
+        loss_mask=[],
+        logprobs=[],
+        prompt_len=0,
+        reward=0.0,
+        status=EpisodeStatus.ERROR,
+        status_reason=StatusReason.ENV,
+        task=task.to_dict(),
+        group_id=group_id,
+        episode_id=episode_id,
+        info={"error": error, "error_where": where},
+    )
+
+
+def build_runner(cfg: RunConfig, engine: Engine) -> RolloutRunner:
+    """The runner a run config describes: envs from `agentrl.envs.make(cfg.env.id, **kwargs)`,
+    the codec from the engine's tokenizer (or the model path) with the env's tool-call format."""
+    import functools
+
+    from agentrl.envs import make, spec
+
+    env_factory = functools.partial(make, cfg.env.id, **cfg.env.kwargs)
+    tool_call_format = spec(cfg.env.id).load_class().tool_call_format
+    tokenizer = getattr(engine, "tokenizer", None)
+    if tokenizer is not None:
+        codec = ChatCodec(tokenizer, tool_call_format=tool_call_format)
+    else:
+        from agentrl.engine.model_store import resolve_model_path
+
+        path = getattr(engine, "model_path", None) or resolve_model_path(cfg.model.path, cfg.model.cache_dir)
+        codec = ChatCodec.from_pretrained(path, tool_call_format=tool_call_format)
+    return RolloutRunner(engine, env_factory, cfg.rollout, codec=codec)

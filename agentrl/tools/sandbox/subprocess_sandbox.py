@@ -1,0 +1,85 @@
+"""Unsafe backend: a plain child process under rlimits, a wall clock and a cleared environment.
+It isolates nothing (files, network and other processes are all reachable; run as root it at
+least drops to an unused uid per slot), so it refuses to exist unless asked for with `allow_unsafe=True`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+
+from agentrl.tools.sandbox.base import Limits, Program, SandboxResult
+from agentrl.tools.sandbox.leases import Leases, default_leases
+from agentrl.tools.sandbox.process import make_preexec, rlimits, run_process, sandbox_error, to_result
+from agentrl.tools.sandbox.workdir import WorkDir
+
+RUN_UID_BASE = 300_000
+"""Run as root, each lease slot gets its own unused uid: RLIMIT_NPROC counts per uid, so a
+shared uid (nobody) would count other sandboxes' and containers' processes too."""
+_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+class SubprocessSandbox:
+    name = "subprocess"
+
+    def __init__(self, *, allow_unsafe: bool = False, python: str | None = None, leases: Leases | None = None) -> None:
+        if not allow_unsafe:
+            raise PermissionError(
+                "the subprocess sandbox backend isolates nothing (no filesystem, network or process "
+                "isolation); pass allow_unsafe=True (CLI: --allow-unsafe) only for trusted code, "
+                "or install bubblewrap / start Docker for a real sandbox"
+            )
+        self.python = python or _python_for_nobody()
+        self.leases = leases or default_leases()
+
+    async def run(self, program: Program, limits: Limits | None = None) -> SandboxResult:
+        limits = limits or Limits()
+        async with self.leases.lease() as slot:
+            return await self._run(program, limits, RUN_UID_BASE + slot)
+
+    async def close(self) -> None:
+        return None
+
+    async def _run(self, program: Program, limits: Limits, run_uid: int) -> SandboxResult:
+        start = time.monotonic()
+        try:
+            work = WorkDir.create(limits.max_file_size_bytes)
+        except OSError as e:
+            return sandbox_error(self.name, f"cannot create a work dir: {e}")
+        try:
+            work.write_files(program.all_files())
+            is_root = os.geteuid() == 0  # never run policy code as root, even here
+            argv = program.command if program.command is not None else [self.python, "main.py"]
+            raw = await run_process(
+                argv,
+                stdin=program.stdin_bytes(),
+                limits=limits,
+                cwd=str(work.path),
+                env={**_ENV, "HOME": str(work.path)},
+                preexec_fn=make_preexec(
+                    rlimits(limits, address_space_bytes=limits.memory_bytes, with_nproc=True),
+                    run_as_uid=run_uid if is_root else None,
+                ),
+            )
+            files = work.read_files(program.fetch_files, limits.max_file_size_bytes)
+            return to_result(raw, backend=self.name, files=files)
+        except OSError as e:
+            return sandbox_error(self.name, f"{type(e).__name__}: {e}", time.monotonic() - start)
+        finally:
+            work.remove()
+
+
+def _python_for_nobody() -> str:
+    """Our interpreter if any user may run it; else the system one (a root-only pyenv under
+    /root would be unreachable once the child drops to uid 65534)."""
+    exe = os.path.realpath(sys.executable)
+    if os.geteuid() != 0 or _is_world_executable(exe):
+        return exe
+    return shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or exe
+
+
+def _is_world_executable(path: str) -> bool:
+    parts = path.split("/")
+    dirs = ["/".join(parts[:i]) or "/" for i in range(1, len(parts))]
+    return all(os.stat(d).st_mode & 0o001 for d in dirs) and bool(os.stat(path).st_mode & 0o001)

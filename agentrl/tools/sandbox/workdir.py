@@ -1,0 +1,67 @@
+"""A run's host-side work directory: a size-capped tmpfs where we may mount one (root),
+else a plain temp dir. Files go in before the run and come out without following links."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import shutil
+import stat
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+PREFIX = "agentrl-sbx-"
+_MNT_DETACH = 2
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+
+
+def _mount_tmpfs(path: str, size_bytes: int) -> bool:
+    if os.geteuid() != 0:
+        return False
+    opts = f"size={size_bytes},mode=0777".encode()
+    return _libc.mount(b"tmpfs", path.encode(), b"tmpfs", 0, opts) == 0
+
+
+@dataclass
+class WorkDir:
+    path: Path
+    is_tmpfs: bool
+
+    @classmethod
+    def create(cls, size_bytes: int) -> WorkDir:
+        path = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")
+        os.chmod(path, 0o777)  # the sandbox's uid may differ from ours
+        return cls(Path(path), _mount_tmpfs(path, size_bytes))
+
+    def write_files(self, files: dict[str, bytes]) -> None:
+        for name, data in files.items():
+            target = self.path / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+            target.chmod(0o666)
+
+    def read_files(self, names: list[str], max_bytes: int) -> dict[str, bytes]:
+        """Regular files only, never through a symlink the program left (it could point at a
+        host file); a missing or odd file is simply absent from the result."""
+        out: dict[str, bytes] = {}
+        root = os.path.realpath(self.path)
+        for name in names:
+            path = os.path.join(root, name)
+            if os.path.realpath(path) != os.path.normpath(path):
+                continue  # some component is a symlink
+            with contextlib.suppress(OSError):
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                try:
+                    if stat.S_ISREG(os.fstat(fd).st_mode):
+                        out[name] = os.read(fd, max_bytes)
+                finally:
+                    os.close(fd)
+        return out
+
+    def remove(self) -> None:
+        if self.is_tmpfs:
+            _libc.umount2(str(self.path).encode(), _MNT_DETACH)
+        shutil.rmtree(self.path, ignore_errors=True)

@@ -1,0 +1,264 @@
+"""`Tool` and the `@tool` decorator: a typed function plus its schema and its limits."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib
+import inspect
+import sys
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, overload
+
+from agentrl.tools.schema import is_optional, object_schema, parse_docstring, resolve_hints
+from agentrl.tools.validation import ArgumentError, check_keys, coerce
+
+
+class ConcurrencyLimit:
+    """At most `max_concurrency` calls at once, shared by every registry holding the tool.
+
+    asyncio semaphores belong to one event loop, so one is made per loop (tests and Ray
+    workers run several loops over the life of a process).
+    """
+
+    def __init__(self, max_concurrency: int | None) -> None:
+        self.max_concurrency = max_concurrency
+        self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def __getstate__(self) -> dict[str, Any]:  # semaphores stay behind; each process makes its own
+        return {"max_concurrency": self.max_concurrency}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["max_concurrency"])
+
+    def semaphore(self) -> asyncio.Semaphore | None:
+        if self.max_concurrency is None:
+            return None
+        loop = asyncio.get_running_loop()
+        sem = self._by_loop.get(loop)
+        if sem is None:
+            sem = self._by_loop[loop] = asyncio.Semaphore(self.max_concurrency)
+        return sem
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    annotation: Any
+    is_required: bool
+    has_default: bool
+    default: Any
+
+
+@dataclass(eq=False)
+class Tool:
+    """A function the model may call. Calling the Tool calls the function directly."""
+
+    fn: Callable[..., Any]
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    """JSON schema of the arguments (an object)."""
+    params: dict[str, Param]
+    timeout_s: float | None = 30.0
+    """Seconds before a call becomes a timeout observation; None = no limit."""
+    max_concurrency: int | None = None
+    """Most simultaneous calls of this tool, across every env instance in the process."""
+    max_output_tokens: int | None = None
+    """Overrides the registry's output cap for this tool."""
+    accepts_extra: bool = False
+    limit: ConcurrencyLimit = field(default_factory=lambda: ConcurrencyLimit(None), repr=False)
+
+    def __post_init__(self) -> None:
+        if self.limit.max_concurrency != self.max_concurrency:
+            self.limit = ConcurrencyLimit(self.max_concurrency)
+
+    @property
+    def is_async(self) -> bool:
+        fn = self.fn.func if isinstance(self.fn, functools.partial) else self.fn
+        if inspect.isroutine(fn):
+            return inspect.iscoroutinefunction(fn)
+        return inspect.iscoroutinefunction(type(fn).__call__)  # a callable object
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __reduce__(self) -> Any:
+        """A module-level tool pickles by reference (its name now points at the Tool, not the
+        function), so a process that unpickles an env shares that module's limits."""
+        module = sys.modules.get(getattr(self.fn, "__module__", None) or "")
+        qualname = getattr(self.fn, "__qualname__", "")
+        if module is not None and _lookup(module.__name__, qualname) is self:
+            return _lookup, (module.__name__, qualname)
+        owner, attr = getattr(self.fn, "__self__", None), getattr(self.fn, "__name__", "")
+        if owner is not None and isinstance(inspect.getattr_static(type(owner), attr, None), Tool):
+            return getattr, (owner, attr)  # `@tool` on a method: re-bind on the unpickled owner
+        return super().__reduce__()
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Tool:
+        """`@tool` on a method: `instance.method` is a Tool bound to the instance (same limits)."""
+        if obj is None:
+            return self
+        return replace(self, fn=self.fn.__get__(obj, objtype), limit=self.limit)
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI function-calling entry for this tool."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
+    def bind(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Validated keyword arguments for `fn`, or ArgumentError naming what is wrong."""
+        known = {} if self.accepts_extra else {p.name: p.annotation for p in self.params.values()}
+        required = [p.name for p in self.params.values() if p.is_required]
+        if self.accepts_extra:
+            missing = [n for n in required if n not in arguments]
+            if missing:
+                check_keys(
+                    {}, {n: self.params[n].annotation for n in missing}, path=None, required=missing
+                )
+        else:
+            check_keys(arguments, known, path=None, required=required)
+        kwargs = {
+            name: coerce(value, self.params[name].annotation, name)
+            if name in self.params
+            else value
+            for name, value in arguments.items()
+        }
+        for p in self.params.values():  # `x: int | None` with no default may be left out
+            if p.name not in kwargs and not p.has_default:
+                kwargs[p.name] = None
+        return kwargs
+
+    async def run(self, kwargs: dict[str, Any]) -> Any:
+        """Call the function; a sync one runs in a worker thread so it never blocks the loop."""
+        if self.is_async:
+            return await self.fn(**kwargs)
+        result = await asyncio.to_thread(self.fn, **kwargs)
+        if inspect.isawaitable(result):  # a plain def that returns a coroutine
+            result = await result
+        return result
+
+
+def _lookup(module_name: str, qualname: str) -> Any:
+    obj: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    timeout_s: float | None = 30.0,
+    max_concurrency: int | None = None,
+    max_output_tokens: int | None = None,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    timeout_s: float | None = 30.0,
+    max_concurrency: int | None = None,
+    max_output_tokens: int | None = None,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Make a function a tool: its schema comes from the type hints and the docstring.
+
+    The docstring's text before the first section is the tool's description; an `Args:`
+    (Google) or `Parameters` (numpy) section describes each parameter. Usable bare
+    (`@tool`) or with limits (`@tool(timeout_s=5, max_concurrency=4)`), on functions,
+    async functions and methods.
+    """
+
+    def wrap(f: Callable[..., Any]) -> Tool:
+        return make_tool(
+            f,
+            name=name,
+            timeout_s=timeout_s,
+            max_concurrency=max_concurrency,
+            max_output_tokens=max_output_tokens,
+        )
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def make_tool(
+    fn: Callable[..., Any],
+    *,
+    name: str | None = None,
+    timeout_s: float | None = 30.0,
+    max_concurrency: int | None = None,
+    max_output_tokens: int | None = None,
+) -> Tool:
+    if isinstance(fn, Tool):
+        return fn
+    if max_concurrency is not None and max_concurrency < 1:
+        raise ValueError(
+            f"max_concurrency={max_concurrency} for tool {name or fn!r}: use an int >= 1 or None"
+        )
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    tool_name = name or getattr(target, "__name__", None)
+    if not tool_name or tool_name == "<lambda>":
+        raise ValueError(f"cannot name the tool {fn!r}: pass @tool(name=...)")
+    description, param_docs = parse_docstring(inspect.getdoc(target) or "")
+    params, accepts_extra = _signature_params(fn, tool_name)
+    parameters = object_schema(
+        [
+            (p.name, p.annotation, p.is_required, p.default, param_docs.get(p.name))
+            for p in params.values()
+        ]
+    )
+    if accepts_extra:
+        parameters["additionalProperties"] = True
+    return Tool(
+        fn=fn,
+        name=tool_name,
+        description=description or tool_name,
+        parameters=parameters,
+        params=params,
+        timeout_s=timeout_s,
+        max_concurrency=max_concurrency,
+        max_output_tokens=max_output_tokens,
+        accepts_extra=accepts_extra,
+    )
+
+
+def _signature_params(fn: Callable[..., Any], tool_name: str) -> tuple[dict[str, Param], bool]:
+    signature = inspect.signature(fn)
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    hints = resolve_hints(target) if inspect.isfunction(target) or inspect.ismethod(target) else {}
+    params: dict[str, Param] = {}
+    accepts_extra = False
+    for i, p in enumerate(signature.parameters.values()):
+        if i == 0 and p.name in ("self", "cls") and not inspect.ismethod(fn):
+            continue  # @tool on a method in a class body: the instance is bound later
+        if p.kind is p.VAR_KEYWORD:
+            accepts_extra = True
+            continue
+        if p.kind in (p.VAR_POSITIONAL, p.POSITIONAL_ONLY):
+            raise TypeError(f"tool {tool_name!r}: parameter {p.name!r} must be passable by keyword")
+        annotation = hints.get(p.name, Any)
+        has_default = p.default is not p.empty
+        is_required = not has_default and not is_optional(annotation)
+        params[p.name] = Param(
+            p.name, annotation, is_required, has_default, p.default if has_default else None
+        )
+    return params, accepts_extra
+
+
+__all__ = ["ArgumentError", "Tool", "make_tool", "tool"]

@@ -1,0 +1,310 @@
+"""Groups of trajectories to a `TrainBatch`: advantages, group filtering, shifted per-token
+tensors, and first-fit-decreasing packing of sequences into micro-batches under a token budget.
+
+Trajectories are read by duck typing (`token_ids`, `loss_mask`, `logprobs`, `reward`, `status`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from agentrl.config import AlgoConfig
+from agentrl.trainer.losses import ADVANTAGE_ESTIMATORS, LossInputs, Segments
+from agentrl.types import EpisodeStatus
+
+Group = Sequence[Any]  # the n trajectories of one task
+
+
+@dataclass
+class MicroBatch:
+    """One forward/backward pass. Position t holds the logprob of token t+1 (the target)."""
+
+    input_ids: Tensor  # [R, T] long
+    position_ids: Tensor  # [R, T] long, restarting at 0 for every packed sequence
+    target_ids: Tensor  # [R, T] long, input_ids shifted left by one within each sequence
+    loss_mask: Tensor  # [R, T] float, 1 where target_ids[t] was sampled by the policy
+    advantages: Tensor  # [R, T] float, the sequence advantage on every token (0 off the mask)
+    rollout_logprobs: Tensor  # [R, T] float, engine logprob of target_ids[t] (0 off the mask)
+    seq_index: Tensor  # [R, T] long, which sequence of this micro-batch a token belongs to
+    seq_num_tokens: Tensor  # [S] float, loss tokens per sequence
+    sample_indices: list[int]  # index of each sequence in TrainBatch order (trainable ones only)
+    old_logprobs: Tensor | None = None  # [R, T], set by TorchBackend.compute_logprobs
+    ref_logprobs: Tensor | None = None  # [R, T], set when a reference model is loaded
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+    def to(self, device: torch.device | str) -> MicroBatch:
+        moved = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in vars(self).items()}
+        return MicroBatch(**moved)
+
+    def loss_inputs(self, num_tokens: float, num_seqs: float, old_logprobs: Tensor) -> LossInputs:
+        seg = Segments(self.loss_mask, self.seq_index, self.seq_num_tokens, num_tokens, num_seqs)
+        return LossInputs(
+            seg, self.advantages, old_logprobs, self.rollout_logprobs, self.ref_logprobs
+        )
+
+
+@dataclass
+class StepBatch:
+    """The micro-batches of one optimizer step and that step's global loss denominators."""
+
+    micro_batches: list[MicroBatch]
+    num_loss_tokens: int
+    num_seqs: int
+
+
+@dataclass
+class TrainBatch:
+    steps: list[StepBatch]
+    is_packed: bool
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def micro_batches(self) -> Iterator[MicroBatch]:
+        for step in self.steps:
+            yield from step.micro_batches
+
+
+def is_trainable(traj: Any) -> bool:
+    status = traj.status if isinstance(traj.status, EpisodeStatus) else EpisodeStatus(traj.status)
+    return status.is_trainable
+
+
+# ---------------------------------------------------------------- advantages and filtering
+
+
+def compute_advantages(groups: Sequence[Group], algo_cfg: AlgoConfig) -> list[list[float | None]]:
+    """One advantage per trajectory (None for ERROR/ABORTED ones, which never enter the statistics)."""
+    if algo_cfg.advantage_estimator not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(
+            f"algo.advantage_estimator={algo_cfg.advantage_estimator!r} is not supported; "
+            f"choose one of: {', '.join(ADVANTAGE_ESTIMATORS)}"
+        )
+    estimator = ADVANTAGE_ESTIMATORS[algo_cfg.advantage_estimator]
+    where = [
+        (g, i) for g, group in enumerate(groups) for i, t in enumerate(group) if is_trainable(t)
+    ]
+    out: list[list[float | None]] = [[None] * len(group) for group in groups]
+    if not where:
+        return out
+    rewards = torch.tensor([float(groups[g][i].reward) for g, i in where], dtype=torch.float64)
+    group_ids = torch.tensor([g for g, _ in where], dtype=torch.long)
+    num_tokens = torch.tensor([sum(groups[g][i].loss_mask) for g, i in where], dtype=torch.float64)
+    advantages = estimator(rewards, group_ids, num_tokens, algo_cfg)
+    for (g, i), a in zip(where, advantages.tolist(), strict=True):
+        out[g][i] = a
+    return out
+
+
+def filter_zero_variance_groups(groups: Sequence[Group]) -> tuple[list[Group], int]:
+    """Drop groups whose trainable rewards all match (no learning signal): (kept, num_dropped)."""
+    kept = []
+    for group in groups:
+        rewards = [float(t.reward) for t in group if is_trainable(t)]
+        if rewards and max(rewards) > min(rewards):
+            kept.append(group)
+    return kept, len(groups) - len(kept)
+
+
+# ---------------------------------------------------------------- per-sequence arrays
+
+
+@dataclass
+class _Sample:
+    """One trajectory cut after its last sampled token, already shifted by one."""
+
+    index: int
+    input_ids: list[int]
+    target_ids: list[int]
+    loss_mask: list[float]
+    rollout_logprobs: list[float]
+    advantage: float
+
+    @property
+    def length(self) -> int:
+        return len(self.input_ids)
+
+
+def _make_sample(index: int, traj: Any, advantage: float, pad_id: int) -> _Sample | None:
+    ids, mask = list(traj.token_ids), [int(m) for m in traj.loss_mask]
+    if len(mask) != len(ids) or sum(mask) != len(traj.logprobs):
+        raise ValueError(
+            f"trajectory {getattr(traj, 'episode_id', index)!r}: {len(ids)} token ids, {len(mask)} mask "
+            f"entries, {sum(mask)} trained tokens but {len(traj.logprobs)} logprobs; they must agree "
+            "(Trajectory.check() names the broken invariant)"
+        )
+    if not any(mask):
+        return None
+    if mask[0]:
+        raise ValueError(
+            f"trajectory {getattr(traj, 'episode_id', index)!r}: the first token cannot be trained"
+        )
+    dense = [0.0] * len(ids)
+    it = iter(traj.logprobs)
+    for t, m in enumerate(mask):
+        if m:
+            dense[t] = float(next(it))
+    # Tokens after the last sampled one cannot change any trained logprob: cut them.
+    end = max(t for t, m in enumerate(mask) if m) + 1
+    return _Sample(
+        index=index,
+        input_ids=ids[:end],
+        target_ids=ids[1:end] + [pad_id],
+        loss_mask=[float(m) for m in mask[1:end]] + [0.0],
+        rollout_logprobs=dense[1:end] + [0.0],
+        advantage=advantage,
+    )
+
+
+# ---------------------------------------------------------------- packing
+
+
+def pack_first_fit_decreasing(
+    lengths: list[int], budget: int, *, is_packed: bool
+) -> list[list[int]]:
+    """Indices grouped into micro-batches of at most `budget` tokens (a longer sequence sits alone).
+
+    Packed: the sum of lengths counts. Padded: rows x the longest row counts."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    bins: list[list[int]] = []
+    used: list[int] = []
+    for i in order:
+        for b, members in enumerate(bins):
+            cost = used[b] + lengths[i] if is_packed else (len(members) + 1) * lengths[members[0]]
+            if cost <= budget:
+                members.append(i)
+                used[b] += lengths[i]
+                break
+        else:
+            bins.append([i])
+            used.append(lengths[i])
+    return bins
+
+
+def _rows_for(samples: list[_Sample], is_packed: bool, pad_id: int) -> MicroBatch:
+    """Concatenate samples into one packed row, or stack them as right-padded rows."""
+    groups = [samples] if is_packed else [[s] for s in samples]
+    width = max(sum(s.length for s in g) for g in groups)
+    rows: dict[str, list[list[Any]]] = {
+        k: [] for k in ("ids", "pos", "tgt", "mask", "adv", "lp", "seq")
+    }
+    seq = 0
+    for group in groups:
+        row: dict[str, list[Any]] = {k: [] for k in rows}
+        for s in group:
+            row["ids"] += s.input_ids
+            row["pos"] += list(range(s.length))
+            row["tgt"] += s.target_ids
+            row["mask"] += s.loss_mask
+            row["adv"] += [s.advantage * m for m in s.loss_mask]
+            row["lp"] += s.rollout_logprobs
+            row["seq"] += [seq] * s.length
+            seq += 1
+        pad = width - len(row["ids"])
+        # Right padding continues the positions, so it never looks like a new packed sequence.
+        start = len(row["pos"])
+        fills = {"ids": pad_id, "tgt": pad_id, "mask": 0.0, "adv": 0.0, "lp": 0.0, "seq": 0}
+        for k, v in fills.items():
+            row[k] += [v] * pad
+        row["pos"] += list(range(start, start + pad)) if not is_packed else list(range(pad))
+        for k in rows:
+            rows[k].append(row[k])
+    return MicroBatch(
+        input_ids=torch.tensor(rows["ids"], dtype=torch.long),
+        position_ids=torch.tensor(rows["pos"], dtype=torch.long),
+        target_ids=torch.tensor(rows["tgt"], dtype=torch.long),
+        loss_mask=torch.tensor(rows["mask"], dtype=torch.float32),
+        advantages=torch.tensor(rows["adv"], dtype=torch.float32),
+        rollout_logprobs=torch.tensor(rows["lp"], dtype=torch.float32),
+        seq_index=torch.tensor(rows["seq"], dtype=torch.long),
+        seq_num_tokens=torch.tensor([sum(s.loss_mask) for s in samples], dtype=torch.float32),
+        sample_indices=[s.index for s in samples],
+    )
+
+
+def _step_batch(samples: list[_Sample], budget: int, is_packed: bool, pad_id: int) -> StepBatch:
+    bins = pack_first_fit_decreasing([s.length for s in samples], budget, is_packed=is_packed)
+    micro = [_rows_for([samples[i] for i in members], is_packed, pad_id) for members in bins]
+    num_loss_tokens = int(sum(sum(s.loss_mask) for s in samples))
+    return StepBatch(micro, num_loss_tokens=num_loss_tokens, num_seqs=len(samples))
+
+
+# ---------------------------------------------------------------- the batch
+
+
+def build_train_batch(
+    groups: Sequence[Group],
+    algo_cfg: AlgoConfig,
+    *,
+    max_tokens_per_micro_batch: int,
+    pad_id: int,
+    global_batch_size: int | None = None,
+    is_packed: bool = True,
+) -> TrainBatch:
+    """Advantages, then trainable trajectories split into optimizer steps of `global_batch_size`
+    (in order; None = one step) and packed into micro-batches of at most
+    `max_tokens_per_micro_batch` tokens. ERROR/ABORTED trajectories are counted and left out."""
+    if max_tokens_per_micro_batch < 1:
+        raise ValueError(
+            f"train.max_tokens_per_micro_batch={max_tokens_per_micro_batch} must be >= 1"
+        )
+    if global_batch_size is not None and global_batch_size < 1:
+        raise ValueError(
+            f"train.global_batch_size={global_batch_size} must be >= 1, or None for one step"
+        )
+    advantages = compute_advantages(groups, algo_cfg)
+    trajs = [t for group in groups for t in group]
+    flat_adv = [a for group_adv in advantages for a in group_adv]
+    samples: list[_Sample] = []
+    num_no_loss = 0
+    for k, (traj, adv) in enumerate(zip(trajs, flat_adv, strict=True)):
+        if adv is None:
+            continue
+        sample = _make_sample(k, traj, adv, pad_id)
+        if sample is None:
+            num_no_loss += 1
+        else:
+            samples.append(sample)
+    for i, s in enumerate(samples):
+        s.index = i  # position among trained sequences, as MicroBatch.sample_indices reports it
+    step_size = global_batch_size or max(len(samples), 1)
+    steps = [
+        _step_batch(samples[i : i + step_size], max_tokens_per_micro_batch, is_packed, pad_id)
+        for i in range(0, len(samples), step_size)
+    ]
+    metrics = _batch_metrics(trajs, samples, steps, max_tokens_per_micro_batch, num_no_loss)
+    return TrainBatch(steps=steps, is_packed=is_packed, metrics=metrics)
+
+
+def _batch_metrics(
+    trajs: list[Any], samples: list[_Sample], steps: list[StepBatch], budget: int, num_no_loss: int
+) -> dict[str, float]:
+    statuses = [
+        t.status if isinstance(t.status, EpisodeStatus) else EpisodeStatus(t.status) for t in trajs
+    ]
+    micro = [mb for step in steps for mb in step.micro_batches]
+    num_slots = sum(mb.num_tokens for mb in micro)
+    adv = torch.tensor([s.advantage for s in samples], dtype=torch.float64)
+    return {
+        "batch/num_trajectories": float(len(trajs)),
+        "batch/num_trained_sequences": float(len(samples)),
+        "batch/num_excluded_error": float(sum(s == EpisodeStatus.ERROR for s in statuses)),
+        "batch/num_excluded_aborted": float(sum(s == EpisodeStatus.ABORTED for s in statuses)),
+        "batch/num_without_loss_tokens": float(num_no_loss),
+        "batch/num_loss_tokens": float(sum(step.num_loss_tokens for step in steps)),
+        "batch/num_tokens": float(sum(s.length for s in samples)),
+        "batch/num_micro_batches": float(len(micro)),
+        "batch/num_optimizer_steps": float(len(steps)),
+        "batch/num_oversized": float(sum(s.length > budget for s in samples)),
+        "batch/pad_fraction": 1.0 - sum(s.length for s in samples) / num_slots
+        if num_slots
+        else 0.0,
+        "batch/advantage_mean": float(adv.mean()) if len(samples) else 0.0,
+        "batch/advantage_abs_mean": float(adv.abs().mean()) if len(samples) else 0.0,
+    }

@@ -1,0 +1,166 @@
+"""Atomic checkpoints: `root/step_000123` appears whole or not at all, `root/latest` names the
+newest, the last K are kept; plus JSON and RNG-state files for the loop's extra state."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+STEP_DIR = re.compile(r"^step_(\d+)$")
+TMP_PREFIX = ".tmp_step_"
+LATEST = "latest"
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(path: Path) -> None:
+    """fsync every file, then every directory bottom-up, so the rename publishes durable data."""
+    for dirpath, _, filenames in os.walk(path, topdown=False):
+        for name in filenames:
+            with open(os.path.join(dirpath, name), "rb") as f:
+                os.fsync(f.fileno())
+        _fsync_dir(Path(dirpath))
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def save_checkpoint(
+    root: str | Path, step: int, write_fn: Callable[[Path], None], *, keep_last: int
+) -> Path:
+    """Call `write_fn(tmp_dir)`, then publish tmp_dir as `root/step_{step:06d}` by rename and point
+    `root/latest` at it. A crash at any moment leaves the previous checkpoint intact and found."""
+    if keep_last < 1:
+        raise ValueError(f"checkpoint.keep_last={keep_last} must be >= 1")
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / step_dir_name(step)
+    tmp = root / f"{TMP_PREFIX}{step:06d}.{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        write_fn(tmp)
+        _fsync_tree(tmp)
+    except BaseException:
+        # A failed save leaves nothing behind (after SIGKILL, the next save cleans up).
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if final.exists():  # saving the same step again (e.g. Ctrl-C right after a periodic save)
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _fsync_dir(root)
+    _write_atomic(root / LATEST, final.name + "\n")
+    _prune(root, keep_last, keep=final)
+    return final
+
+
+def _step_dirs(root: Path) -> list[tuple[int, Path]]:
+    found = []
+    for p in root.iterdir() if root.is_dir() else []:
+        m = STEP_DIR.match(p.name)
+        if m and p.is_dir():
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def _prune(root: Path, keep_last: int, *, keep: Path) -> None:
+    """Delete all but the newest `keep_last` step dirs, and temp dirs of crashed writers."""
+    for _, path in _step_dirs(root)[:-keep_last]:
+        if path != keep:
+            shutil.rmtree(path, ignore_errors=True)
+    for p in root.iterdir():
+        if p.name.startswith(TMP_PREFIX) and not p.name.endswith(f".{os.getpid()}"):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def find_latest(root: str | Path) -> Path | None:
+    """The newest complete checkpoint under `root` (or `root` itself if it is one); None if none.
+    Temp dirs of interrupted saves are never returned."""
+    root = Path(root)
+    if STEP_DIR.match(root.name) and root.is_dir():
+        return root
+    pointer = root / LATEST
+    if pointer.is_file():
+        named = root / pointer.read_text().strip()
+        if STEP_DIR.match(named.name) and named.is_dir():
+            return named
+    dirs = _step_dirs(root)
+    return dirs[-1][1] if dirs else None
+
+
+def checkpoint_step(path: str | Path) -> int:
+    m = STEP_DIR.match(Path(path).name)
+    if not m:
+        raise ValueError(f"{path} is not a checkpoint directory (expected a name like step_000123)")
+    return int(m.group(1))
+
+
+# ---------------------------------------------------------------- extra state
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    Path(path).write_text(json.dumps(obj, indent=2, sort_keys=True), encoding="utf-8")
+
+
+def read_json(path: str | Path) -> Any:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """Python, numpy and torch (CPU and CUDA) generator states, for `torch.save`."""
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    try:
+        import numpy as np
+
+        state["numpy"] = np.random.get_state()
+    except ImportError:
+        pass
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_rng_state(path: str | Path) -> None:
+    torch.save(capture_rng_state(), path)
+
+
+def load_rng_state(path: str | Path) -> None:
+    # weights_only=False: the state holds python/numpy tuples written by this process's code.
+    restore_rng_state(torch.load(path, weights_only=False))

@@ -1,0 +1,381 @@
+"""Pure advantage estimators, policy losses, KL terms and loss aggregation (slime/verl definitions).
+
+Variants are sibling functions in name -> function tables; `build_objective(algo_cfg)` picks them
+once. Token tensors are [B, T]; a packed row holds several sequences, told apart by `seq_index`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from agentrl.config import AlgoConfig
+
+GRPO_EPS = 1e-6  # verl/slime: std + eps in the GRPO denominator
+WHITEN_EPS = 1e-8  # verl masked_whiten: rsqrt(var + eps)
+LOG_RATIO_CLAMP = 20.0  # verl clamps log(pi/pi_old) before exp for stability
+
+# ---------------------------------------------------------------- advantages
+# Every estimator: (rewards [N], group_ids [N] long, num_tokens [N], cfg) -> advantages [N].
+# Only trainable trajectories are passed in, so ERROR/ABORTED ones never shift a baseline.
+
+
+def _group_stats(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-trajectory group mean, unbiased group std and group size, each [N]."""
+    num_groups = int(group_ids.max().item()) + 1 if group_ids.numel() else 0
+    size = torch.zeros(num_groups, dtype=rewards.dtype).index_add_(
+        0, group_ids, torch.ones_like(rewards)
+    )
+    total = torch.zeros(num_groups, dtype=rewards.dtype).index_add_(0, group_ids, rewards)
+    mean = total / size.clamp_min(1)
+    sq = torch.zeros(num_groups, dtype=rewards.dtype).index_add_(
+        0, group_ids, (rewards - mean[group_ids]) ** 2
+    )
+    std = (sq / (size - 1).clamp_min(1)).sqrt()
+    return mean[group_ids], std[group_ids], size[group_ids]
+
+
+def grpo_advantages(
+    rewards: Tensor, group_ids: Tensor, num_tokens: Tensor, cfg: AlgoConfig
+) -> Tensor:
+    """(r - group mean) / (group std + eps); without std normalisation this is Dr. GRPO.
+    A group of one keeps its raw reward (verl: mean 0, std 1)."""
+    mean, std, size = _group_stats(rewards, group_ids)
+    single = size < 2
+    mean = torch.where(single, torch.zeros_like(mean), mean)
+    centered = rewards - mean
+    if not cfg.normalize_advantage_std:
+        return centered
+    std = torch.where(single, torch.ones_like(std), std)
+    return centered / (std + GRPO_EPS)
+
+
+def rloo_advantages(
+    rewards: Tensor, group_ids: Tensor, num_tokens: Tensor, cfg: AlgoConfig
+) -> Tensor:
+    """r_i - mean of the other members = n/(n-1) * (r_i - group mean); a group of one keeps r."""
+    mean, _, size = _group_stats(rewards, group_ids)
+    scale = size / (size - 1).clamp_min(1)
+    return torch.where(size < 2, rewards, scale * (rewards - mean))
+
+
+def _token_whiten(values: Tensor, num_tokens: Tensor) -> Tensor:
+    """verl `masked_whiten` of a per-token tensor in which sequence i repeats values[i] over its
+    num_tokens[i] tokens: token-weighted mean, unbiased token-level variance."""
+    weights = num_tokens.to(values.dtype)
+    total = weights.sum()
+    if total < 2:
+        return values - values.mean() if values.numel() else values
+    mean = (weights * values).sum() / total
+    var = (weights * (values - mean) ** 2).sum() / total * (total / (total - 1))
+    return (values - mean) * torch.rsqrt(var + WHITEN_EPS)
+
+
+def reinforce_plus_plus_advantages(
+    rewards: Tensor, group_ids: Tensor, num_tokens: Tensor, cfg: AlgoConfig
+) -> Tensor:
+    """REINFORCE++ with an outcome reward and gamma 1: every token's return is r; whiten globally."""
+    return _token_whiten(rewards, num_tokens)
+
+
+def reinforce_plus_plus_baseline_advantages(
+    rewards: Tensor, group_ids: Tensor, num_tokens: Tensor, cfg: AlgoConfig
+) -> Tensor:
+    """REINFORCE++-baseline: subtract the group mean (a group of one: 0), then whiten globally."""
+    mean, _, size = _group_stats(rewards, group_ids)
+    mean = torch.where(size < 2, torch.zeros_like(mean), mean)
+    return _token_whiten(rewards - mean, num_tokens)
+
+
+AdvantageFn = Callable[[Tensor, Tensor, Tensor, AlgoConfig], Tensor]
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {
+    "grpo": grpo_advantages,
+    "rloo": rloo_advantages,
+    "reinforce_plus_plus": reinforce_plus_plus_advantages,
+    "reinforce_plus_plus_baseline": reinforce_plus_plus_baseline_advantages,
+}
+
+# ---------------------------------------------------------------- aggregation
+
+
+@dataclass
+class Segments:
+    """Which sequence each token belongs to, and the global denominators of the optimizer step.
+
+    The denominators cover the whole optimizer step (every micro-batch), so summing micro-batch
+    losses gives the full-batch loss and gradients do not depend on the micro-batch split.
+    """
+
+    loss_mask: Tensor  # [B, T] float, 1 where the logprob at t (of token t+1) is trained
+    seq_index: Tensor  # [B, T] long, index into seq_num_tokens (any value where loss_mask is 0)
+    seq_num_tokens: Tensor  # [S] float, loss tokens of each sequence of this micro-batch
+    num_tokens: float  # loss tokens in the whole optimizer step
+    num_seqs: float  # sequences (with >= 1 loss token) in the whole optimizer step
+
+    def seq_sum(self, values: Tensor) -> Tensor:
+        """[B, T] -> [S]: masked sum of values over each sequence."""
+        out = torch.zeros(self.seq_num_tokens.shape[0], dtype=values.dtype, device=values.device)
+        return out.index_add(0, self.seq_index.reshape(-1), (values * self.loss_mask).reshape(-1))
+
+    def token_mean(self, values: Tensor) -> Tensor:
+        """Masked sum over the global token count: the micro-batch share of a global token mean."""
+        return (values * self.loss_mask).sum() / max(self.num_tokens, 1.0)
+
+
+def token_mean(values: Tensor, seg: Segments) -> Tensor:
+    """sum over all loss tokens / global loss tokens."""
+    return seg.token_mean(values)
+
+
+def seq_mean_token_mean(values: Tensor, seg: Segments) -> Tensor:
+    """mean over sequences (global count) of each sequence's token mean."""
+    per_seq = seg.seq_sum(values) / seg.seq_num_tokens.clamp_min(1)
+    return per_seq.sum() / max(seg.num_seqs, 1.0)
+
+
+def seq_mean_token_sum(values: Tensor, seg: Segments) -> Tensor:
+    """mean over sequences (global count) of each sequence's token sum."""
+    return seg.seq_sum(values).sum() / max(seg.num_seqs, 1.0)
+
+
+AggregateFn = Callable[[Tensor, Segments], Tensor]
+AGGREGATORS: dict[str, AggregateFn] = {
+    "token_mean": token_mean,
+    "seq_mean_token_mean": seq_mean_token_mean,
+    "seq_mean_token_sum": seq_mean_token_sum,
+}
+
+# ---------------------------------------------------------------- policy losses
+# Every policy loss: (log_probs, old_log_probs, advantages [B, T], seg, clip) ->
+# (per-token loss [B, T], per-token 0/1 stats [B, T]). Stats are token-averaged by the caller.
+
+
+@dataclass(frozen=True)
+class ClipRange:
+    low: float  # ratio floor is 1 - low
+    high: float  # ratio ceiling is 1 + high (clip-higher when > low)
+    dual_c: float | None = None  # dual-clip bound on -A * ratio for A < 0 (> 1), None = off
+
+
+def _clipped_surrogate(
+    ratio: Tensor, advantages: Tensor, clip: ClipRange
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO: max(-A r, -A clip(r)), then dual clip min(., -c A) for A < 0."""
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * ratio.clamp(1 - clip.low, 1 + clip.high)
+    loss = torch.maximum(loss_unclipped, loss_clipped)
+    is_clipped = (loss_clipped > loss_unclipped).float()  # slime/verl pg_clipfrac
+    stats = {
+        "clip_frac": is_clipped,
+        "clip_frac_high": is_clipped * (ratio > 1).float(),
+        "clip_frac_low": is_clipped * (ratio < 1).float(),
+    }
+    if clip.dual_c is not None:
+        dual_bound = -clip.dual_c * advantages
+        stats["dual_clip_frac"] = ((loss > dual_bound) & (advantages < 0)).float()
+        loss = torch.where(advantages < 0, torch.minimum(loss, dual_bound), loss)
+    return loss, stats
+
+
+def ppo_loss(
+    log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, seg: Segments, clip: ClipRange
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Token-level clipped ratio pi/pi_old (PPO, DAPO clip-higher, dual clip)."""
+    log_ratio = (log_probs - old_log_probs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return _clipped_surrogate(log_ratio.exp(), advantages, clip)
+
+
+def gspo_loss(
+    log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, seg: Segments, clip: ClipRange
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO: one ratio per sequence, the geometric mean exp(mean_t log pi/pi_old), clipped with the
+    same ranges (the paper uses ~3e-4 / 4e-4). Gradient flows through the sequence mean (slime)."""
+    seq_log_ratio = seg.seq_sum(log_probs - old_log_probs) / seg.seq_num_tokens.clamp_min(1)  # [S]
+    log_ratio = seq_log_ratio[seg.seq_index].clamp(max=10.0)  # [B, T]; verl clamps at 10
+    return _clipped_surrogate(log_ratio.exp(), advantages, ClipRange(clip.low, clip.high, None))
+
+
+def cispo_loss(
+    log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, seg: Segments, clip: ClipRange
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO (MiniMax-M1): -sg(clip(ratio)) * A * log pi; clipped tokens keep their gradient."""
+    ratio = (log_probs - old_log_probs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
+    weight = ratio.clamp(1 - clip.low, 1 + clip.high).detach()
+    is_clipped = (weight != ratio.detach()).float()
+    stats = {
+        "clip_frac": is_clipped,
+        "clip_frac_high": is_clipped * (ratio > 1).float(),
+        "clip_frac_low": is_clipped * (ratio < 1).float(),
+    }
+    return -weight * advantages * log_probs, stats
+
+
+PolicyLossFn = Callable[
+    [Tensor, Tensor, Tensor, Segments, ClipRange], tuple[Tensor, dict[str, Tensor]]
+]
+POLICY_LOSSES: dict[str, PolicyLossFn] = {"ppo": ppo_loss, "gspo": gspo_loss, "cispo": cispo_loss}
+
+# ---------------------------------------------------------------- KL to the reference
+# Schulman's estimators of KL(pi || pi_ref) on samples from pi; all [B, T] -> [B, T].
+
+
+def kl_k1(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
+    return log_probs - ref_log_probs
+
+
+def kl_k2(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
+    return 0.5 * (log_probs - ref_log_probs) ** 2
+
+
+def kl_k3(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
+    """exp(ref - logp) - (ref - logp) - 1, non-negative; clamped like verl's low_var_kl."""
+    log_ratio = (ref_log_probs - log_probs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return (log_ratio.exp() - log_ratio - 1).clamp(-10.0, 10.0)
+
+
+KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "k1": kl_k1,
+    "k2": kl_k2,
+    "k3": kl_k3,
+    "low_var_kl": kl_k3,
+}
+
+# ---------------------------------------------------------------- truncated importance sampling
+
+
+def tis_weights(
+    old_log_probs: Tensor, rollout_log_probs: Tensor, cap: float
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """min(pi_trainer_old / pi_rollout, cap), no gradient; corrects engine/trainer mismatch."""
+    raw = (
+        (old_log_probs - rollout_log_probs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp().detach()
+    )
+    weights = raw.clamp(max=cap)
+    return weights, {"tis_weight_mean": weights, "tis_clip_frac": (weights != raw).float()}
+
+
+# ---------------------------------------------------------------- the objective
+
+
+@dataclass
+class LossInputs:
+    """Everything the objective reads for one micro-batch, besides the new log_probs."""
+
+    seg: Segments
+    advantages: Tensor  # [B, T]
+    old_log_probs: Tensor  # [B, T] trainer logprobs before this rollout's updates
+    rollout_log_probs: Tensor  # [B, T] engine logprobs at sampling time
+    ref_log_probs: Tensor | None = None  # [B, T]
+
+
+# How a metric combines over micro-batches: summed shares of a global mean, or max/min.
+MAX_METRICS = ("ratio_max",)
+MIN_METRICS = ("ratio_min",)
+
+
+@dataclass
+class PolicyObjective:
+    """pg loss (+ kl_loss_coef * KL) - entropy_coef * entropy, aggregated with global denominators."""
+
+    policy_loss: PolicyLossFn
+    aggregate: AggregateFn
+    clip: ClipRange
+    kl: Callable[[Tensor, Tensor], Tensor] | None
+    kl_loss_coef: float
+    entropy_coef: float
+    tis_cap: float | None
+
+    def __call__(
+        self, log_probs: Tensor, entropy: Tensor | None, x: LossInputs
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        seg = x.seg
+        pg_losses, stats = self.policy_loss(
+            log_probs, x.old_log_probs, x.advantages, seg, self.clip
+        )
+        mismatch = (x.old_log_probs - x.rollout_log_probs).abs()
+        stats["logprob_abs_diff"] = mismatch
+        if self.tis_cap is not None:
+            weights, tis_stats = tis_weights(x.old_log_probs, x.rollout_log_probs, self.tis_cap)
+            pg_losses = pg_losses * weights
+            stats.update(tis_stats)
+        pg_loss = self.aggregate(pg_losses, seg)
+        loss = pg_loss
+        metrics: dict[str, Tensor] = {"pg_loss": pg_loss.detach()}
+        if self.kl is not None and x.ref_log_probs is not None:
+            kl_loss = self.aggregate(self.kl(log_probs, x.ref_log_probs), seg)
+            loss = loss + self.kl_loss_coef * kl_loss
+            metrics["kl_loss"] = kl_loss.detach()
+        if entropy is not None:
+            entropy_agg = self.aggregate(entropy, seg)
+            if self.entropy_coef:
+                loss = loss - self.entropy_coef * entropy_agg
+            metrics["entropy"] = seg.token_mean(entropy.detach())
+        metrics["loss"] = loss.detach()
+        with torch.no_grad():
+            for name, value in stats.items():
+                metrics[name] = seg.token_mean(value.detach())
+            log_ratio = (log_probs - x.old_log_probs).detach()
+            metrics["approx_kl"] = seg.token_mean(-log_ratio)  # slime/verl ppo_kl
+            metrics.update(_ratio_stats(log_ratio, seg))
+        return loss, metrics
+
+
+def _ratio_stats(log_ratio: Tensor, seg: Segments) -> dict[str, Tensor]:
+    ratio = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
+    is_loss = seg.loss_mask > 0
+    if not bool(is_loss.any()):
+        return {"ratio_mean": ratio.new_zeros(())}
+    return {
+        "ratio_mean": seg.token_mean(ratio),
+        "ratio_max": ratio[is_loss].max(),
+        "ratio_min": ratio[is_loss].min(),
+    }
+
+
+def build_objective(cfg: AlgoConfig) -> PolicyObjective:
+    """Choose the loss, aggregation and KL functions once, checking names and ranges."""
+    _check_choice("algo.policy_loss", cfg.policy_loss, POLICY_LOSSES)
+    _check_choice("algo.loss_agg_mode", cfg.loss_agg_mode, AGGREGATORS)
+    _check_choice("algo.kl_loss_type", cfg.kl_loss_type, KL_ESTIMATORS)
+    if cfg.eps_clip_c is not None and cfg.eps_clip_c <= 1.0:
+        raise ValueError(
+            f"algo.eps_clip_c={cfg.eps_clip_c} must be > 1 (dual clip), or None to turn it off"
+        )
+    if cfg.use_tis and not cfg.tis_cap > 0:
+        raise ValueError(f"algo.tis_cap={cfg.tis_cap} must be > 0 when algo.use_tis is true")
+    high = cfg.eps_clip if cfg.eps_clip_high is None else cfg.eps_clip_high
+    use_kl = cfg.use_kl_loss and cfg.kl_loss_coef > 0
+    return PolicyObjective(
+        policy_loss=POLICY_LOSSES[cfg.policy_loss],
+        aggregate=AGGREGATORS[cfg.loss_agg_mode],
+        clip=ClipRange(cfg.eps_clip, high, cfg.eps_clip_c),
+        kl=KL_ESTIMATORS[cfg.kl_loss_type] if use_kl else None,
+        kl_loss_coef=cfg.kl_loss_coef if use_kl else 0.0,
+        entropy_coef=cfg.entropy_coef,
+        tis_cap=cfg.tis_cap if cfg.use_tis else None,
+    )
+
+
+def _check_choice(key: str, value: str, table: dict[str, object]) -> None:
+    if value not in table:
+        raise ValueError(f"{key}={value!r} is not supported; choose one of: {', '.join(table)}")
+
+
+def combine_metrics(parts: list[dict[str, Tensor]]) -> dict[str, float]:
+    """Reduce per-micro-batch metric shares to step values (sum, or max/min for extremes)."""
+    out: dict[str, float] = {}
+    for part in parts:
+        for name, value in part.items():
+            v = float(value)
+            if name not in out:
+                out[name] = v
+            elif name in MAX_METRICS:
+                out[name] = max(out[name], v)
+            elif name in MIN_METRICS:
+                out[name] = min(out[name], v)
+            else:
+                out[name] += v
+    return out

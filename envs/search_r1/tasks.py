@@ -1,0 +1,96 @@
+"""Tasks for search_r1: the embedded splits and user rows in Search-R1/verl or FlashRAG shape."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from agentrl_envs.search_r1.protocol import PROMPT_TEMPLATE
+
+from agentrl.types import Task
+
+_PROMPT_PREFIX = PROMPT_TEMPLATE.split("{question}")[0]
+
+
+def task_from_row(
+    row: dict[str, Any],
+    *,
+    index: int,
+    input_key: str | None = None,
+    label_key: str | None = None,
+    split: str = "train",
+) -> Task:
+    """Accepts `question` or `prompt` (a chat list or a string; a Search-R1 prompt gives back
+    its question) and `golden_answers` or `reward_model.ground_truth.target`."""
+    question, prompt = _read_question(row, index, input_key)
+    answers = _read_answers(row, index, label_key)
+    data: dict[str, Any] = {"question": question, "golden_answers": answers}
+    if prompt is not None:
+        data["prompt"] = prompt  # not in Search-R1's shape: used verbatim as the user message
+    if "data_source" in row:
+        data["data_source"] = row["data_source"]
+    task_id = row.get("id") if isinstance(row.get("id"), (str, int)) else f"{split}-{index}"
+    return Task(id=str(task_id), data=data, split=split)
+
+
+def _read_question(
+    row: dict[str, Any], index: int, input_key: str | None
+) -> tuple[str, str | None]:
+    keys = [input_key] if input_key else ["question", "prompt"]
+    key = next((k for k in keys if row.get(k) is not None), None)
+    if key is None:
+        raise ValueError(
+            f"row {index}: missing field {' or '.join(repr(k) for k in keys)} (the question); "
+            f"row has {sorted(row)}; pass input_key=... to name the column"
+        )
+    value = row[key]
+    if not isinstance(value, str):
+        value = _last_user_content(value, index, key)
+    if _PROMPT_PREFIX.strip() and value.startswith(_PROMPT_PREFIX):
+        return value[len(_PROMPT_PREFIX) :].strip(), None
+    return (value.strip(), None) if key == "question" or input_key else (value.strip(), value)
+
+
+def _last_user_content(messages: Any, index: int, key: str) -> str:
+    try:
+        contents = [m["content"] for m in list(messages) if m.get("role", "user") == "user"]
+    except (TypeError, KeyError, AttributeError):
+        contents = []
+    if not contents or not isinstance(contents[-1], str):
+        raise ValueError(
+            f"row {index}: field {key!r} must be a string or a list of chat messages with a user turn, got {str(messages)[:100]}"
+        )
+    return contents[-1]
+
+
+def _read_answers(row: dict[str, Any], index: int, label_key: str | None) -> list[str]:
+    if label_key:
+        value = row.get(label_key)
+        missing = f"{label_key!r}"
+    else:
+        value = row.get("golden_answers")
+        if value is None:
+            value = _dig(row, ("reward_model", "ground_truth", "target"))
+        missing = "'golden_answers' or 'reward_model.ground_truth.target'"
+    if value is None:
+        raise ValueError(
+            f"row {index}: missing field {missing} (the gold answers); row has {sorted(row)}; "
+            "pass label_key=... to name the column"
+        )
+    answers = [value] if isinstance(value, str) else [str(v) for v in _as_list(value)]
+    if not answers:
+        raise ValueError(f"row {index}: field {missing} is empty; give at least one gold answer")
+    return answers
+
+
+def _dig(row: dict[str, Any], path: Sequence[str]) -> Any:
+    value: Any = row
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return value
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value.tolist() if hasattr(value, "tolist") else list(value)

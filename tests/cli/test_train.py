@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from agentrl.cli import app
+
+runner = CliRunner()
+
+
+def test_slime_flags_map_to_config():
+    result = runner.invoke(
+        app,
+        ["train", "--env", "calculator", "--rollout-batch-size", "3", "--n-samples-per-prompt", "6",
+         "--advantage-estimator", "rloo", "--use-kl-loss", "--kl-loss-coef", "0.01", "--eps-clip-high", "0.28",
+         "--lr", "2e-6", "--save", "/tmp/x", "--set", "rollout.max_turns=2", "--show-config"],
+    )
+    assert result.exit_code == 0, result.output
+    cfg = json.loads(result.output)
+    assert cfg["rollout"]["rollout_batch_size"] == 3
+    assert cfg["rollout"]["n_samples_per_prompt"] == 6
+    assert cfg["algo"]["advantage_estimator"] == "rloo"
+    assert cfg["algo"]["use_kl_loss"] is True and cfg["algo"]["kl_loss_coef"] == 0.01
+    assert cfg["algo"]["eps_clip_high"] == 0.28
+    assert cfg["train"]["lr"] == 2e-6
+    assert cfg["checkpoint"]["save"] == "/tmp/x"
+    assert cfg["rollout"]["max_turns"] == 2
+
+
+def test_unsupported_slime_flag_is_named():
+    result = runner.invoke(app, ["train", "--actor-num-nodes", "2"])
+    assert result.exit_code != 0
+    assert "--actor-num-nodes" in result.output
+
+
+def test_bad_set_names_field():
+    result = runner.invoke(app, ["train", "--set", "train.nope=1", "--show-config"])
+    assert result.exit_code == 2
+    assert "train.nope" in result.output

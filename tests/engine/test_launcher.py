@@ -1,0 +1,112 @@
+"""The SGLang launcher against a stand-in `sglang` package (tests/engine/fixtures/fake_sglang)
+whose `sglang.launch_server` starts agentrl's own server: flags and passthrough arguments,
+health wait, a dead server reported with its last log lines, restarts, shutdown."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from agentrl.config import EngineConfig
+from agentrl.engine.base import EngineError, SamplingParams
+from agentrl.engine.launcher import (
+    SGLangNotInstalled,
+    launch_servers,
+    router_command,
+    server_command,
+)
+from agentrl.engine.sglang import SGLangEngine
+
+FAKE_SGLANG = Path(__file__).parent / "fixtures" / "fake_sglang"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def fake_sglang(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
+    monkeypatch.syspath_prepend(str(FAKE_SGLANG))
+    path = os.pathsep.join(p for p in (str(FAKE_SGLANG), str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "FAKE_SGLANG_ARGV_DIR": str(tmp_path)}
+
+
+def _cfg(**kw) -> EngineConfig:
+    return EngineConfig(kind="sglang", port=0, mem_fraction_static=0.5, **kw)
+
+
+def test_missing_sglang_extra_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sglang" else real(name, *a))
+    with pytest.raises(SGLangNotInstalled, match=r"pip install 'agentrl\[sglang\]'.*engine.kind=http"):
+        launch_servers("/models/x", _cfg())
+
+
+def test_several_servers_need_sglang_router(fake_sglang: dict[str, str]) -> None:
+    if importlib.util.find_spec("sglang_router") is not None:
+        pytest.skip("sglang_router is installed here")
+    with pytest.raises(SGLangNotInstalled, match="sglang_router"):
+        launch_servers("/models/x", _cfg(num_servers=2), env=fake_sglang)
+
+
+def test_commands_use_sglang_and_router_flag_names() -> None:
+    cmd = server_command("/m", host="127.0.0.1", port=30001, tp_size=2, mem_fraction_static=0.7,
+                         base_gpu_id=2, extra_args=["--context-length", "8192"], python="py")
+    assert cmd == ["py", "-m", "sglang.launch_server", "--model-path", "/m", "--host", "127.0.0.1", "--port", "30001",
+                   "--tp-size", "2", "--mem-fraction-static", "0.7", "--base-gpu-id", "2", "--context-length", "8192"]
+    router = router_command(["http://a:1", "http://b:2"], host="127.0.0.1", port=30000, policy="consistent_hashing",
+                            python="py")
+    assert router == ["py", "-m", "sglang_router.launch_router", "--worker-urls", "http://a:1", "http://b:2",
+                      "--policy", "consistent_hashing", "--host", "127.0.0.1", "--port", "30000"]
+
+
+def test_server_that_dies_at_startup_fails_the_launch_with_its_log(fake_sglang: dict[str, str]) -> None:
+    env = {**fake_sglang, "FAKE_SGLANG_FAIL_AT_START": "1"}
+    with pytest.raises(EngineError, match="(?s)failed to start.*exited with code 1.*Not enough memory"):
+        launch_servers("/models/x", _cfg(), env=env, health_timeout_s=60)
+
+
+@pytest.mark.slow
+async def test_launched_server_generates_and_receives_passthrough_args(
+    fake_sglang: dict[str, str], tiny_model_path: str, tmp_path: Path
+) -> None:
+    cluster = launch_servers(tiny_model_path, _cfg(sglang_args=["--context-length", "512"]), env=fake_sglang,
+                             log_dir=str(tmp_path / "logs"), health_timeout_s=120)
+    engine = SGLangEngine(cluster.url)
+    engine.cluster = cluster
+    try:
+        completion = await engine.generate([1, 2, 3], SamplingParams(max_new_tokens=4, seed=0))
+        assert len(completion.ids) == len(completion.logprobs) > 0
+        (argv,) = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+        assert argv[argv.index("--model-path") + 1] == tiny_model_path
+        assert argv[argv.index("--mem-fraction-static") + 1] == "0.5"
+        assert argv[-2:] == ["--context-length", "512"]
+    finally:
+        await engine.close()  # shuts the cluster down with the engine
+    assert not cluster.servers[0].is_alive()
+
+
+@pytest.mark.slow
+async def test_dead_server_is_reported_with_its_log_then_restarted(
+    fake_sglang: dict[str, str], tiny_model_path: str, tmp_path: Path
+) -> None:
+    env = {**fake_sglang, "FAKE_SGLANG_CRASH_ONCE": str(tmp_path / "crashed"), "FAKE_SGLANG_CRASH_AFTER_S": "1"}
+    cluster = launch_servers(tiny_model_path, _cfg(restart_on_failure=True), env=env, health_timeout_s=120)
+    cluster.poll_interval_s = 0.2
+    engine = SGLangEngine(cluster.url, max_retries=0)
+    engine.cluster = cluster
+    try:
+        deadline = time.monotonic() + 60
+        while not cluster.failures and time.monotonic() < deadline:
+            time.sleep(0.1)
+        report = cluster.failure_report()
+        assert report is not None and "exited with code 3" in report and "simulated CUDA error" in report
+        with pytest.raises(EngineError, match="simulated CUDA error"):
+            await engine.generate([1, 2], SamplingParams(max_new_tokens=2))
+        await engine.wait_healthy(timeout_s=90, interval_s=0.2)  # the monitor restarted it
+        assert cluster.servers[0].num_restarts == 1
+        assert (await engine.generate([1, 2], SamplingParams(max_new_tokens=2, seed=0))).ids
+    finally:
+        await engine.close()

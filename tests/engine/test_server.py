@@ -1,0 +1,208 @@
+"""`agentrl serve` over real HTTP: SGLangEngine against it gives the same completions as the
+in-process LocalEngine under fixed seeds, before and after weight updates; its responses have
+SGLang's shapes (fixtures); pause, abort, memory release and the official `openai` client work."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from agentrl.engine.base import EngineError, FinishReason, SamplingParams
+from agentrl.engine.local import LocalEngine
+from agentrl.engine.server import start_server_thread
+from agentrl.engine.sglang import SGLangEngine
+
+FIXTURES = Path(__file__).parent / "fixtures"
+GENERATE = json.loads((FIXTURES / "sglang_generate.json").read_text())
+PROMPTS = [[1, 9690, 198, 2683, 314], [1, 4093, 198], [1, 30, 31, 32, 33, 34, 35], [1, 2683]]
+
+
+@pytest.fixture(scope="module")
+def local(tiny_model_path: str):
+    engine = LocalEngine(tiny_model_path, device="cpu", seed=0)
+    yield engine
+    asyncio.run(engine.close())
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_path: str):
+    engine = LocalEngine(tiny_model_path, device="cpu", seed=0)
+    thread = start_server_thread(engine)
+    yield thread.url, engine
+    thread.stop()
+    asyncio.run(engine.close())
+
+
+def _sampling(i: int, **kw: Any) -> SamplingParams:
+    return SamplingParams(temperature=1.0, max_new_tokens=12, seed=1000 + i, **kw)
+
+
+async def _both(local: LocalEngine, http: SGLangEngine, sampling: SamplingParams, prompt: list[int]):
+    return await local.generate(prompt, sampling), await http.generate(prompt, sampling)
+
+
+async def test_http_generate_matches_in_process_engine_under_fixed_seeds(served, local) -> None:
+    url, _ = served
+    http = SGLangEngine(url)
+    for i, prompt in enumerate(PROMPTS):
+        for sampling in (_sampling(i), SamplingParams(temperature=0.0, max_new_tokens=8)):
+            want, got = await _both(local, http, sampling, prompt)
+            assert got.ids == want.ids
+            assert got.logprobs == want.logprobs  # floats survive JSON exactly
+            assert got.finish_reason is want.finish_reason
+    await http.close()
+
+
+async def test_concurrent_http_requests_are_batched_and_match(served, local) -> None:
+    url, engine = served
+    http = SGLangEngine(url)
+    before = engine.stats.max_running_batch_size
+    got = await asyncio.gather(*(http.generate(p, _sampling(i)) for i, p in enumerate(PROMPTS * 2)))
+    want = await asyncio.gather(*(local.generate(p, _sampling(i)) for i, p in enumerate(PROMPTS * 2)))
+    assert [c.ids for c in got] == [c.ids for c in want]
+    for g, w in zip(got, want, strict=True):
+        assert g.logprobs == pytest.approx(w.logprobs, abs=1e-4)  # batch mates may move the last bits
+    assert max(before, engine.stats.max_running_batch_size) > 1
+    await http.close()
+
+
+async def test_generate_response_has_sglangs_shape(served) -> None:
+    url, _ = served
+    request = GENERATE["request"]
+    async with httpx.AsyncClient() as client:
+        out = (await client.post(f"{url}/generate", json=request)).json()
+    fixture = GENERATE["responses"]["stop_token"]
+    assert set(fixture) <= set(out)
+    required = {"id", "finish_reason", "prompt_tokens", "weight_version", "completion_tokens", "cached_tokens",
+                "output_token_logprobs"}
+    assert required <= set(out["meta_info"])
+    pairs = out["meta_info"]["output_token_logprobs"]
+    assert [p[1] for p in pairs] == out["output_ids"] and all(isinstance(p[0], float) and p[2] is None for p in pairs)
+    assert out["meta_info"]["finish_reason"]["type"] in ("stop", "length")
+    assert out["meta_info"]["prompt_tokens"] == len(request["input_ids"])
+
+
+async def test_bad_input_is_a_400_in_sglangs_error_shape(served) -> None:
+    url, _ = served
+    async with httpx.AsyncClient() as client:
+        r = await client.post(f"{url}/generate", json={"input_ids": [10**9], "sampling_params": {}})
+        both = await client.post(f"{url}/generate", json={"input_ids": [1], "text": "hi"})
+    assert r.status_code == 400 and r.json()["object"] == "error" and "vocabulary" in r.json()["message"]
+    assert both.status_code == 400 and "cannot be provided at the same time" in both.json()["message"]
+    http = SGLangEngine(url, max_retries=3)
+    with pytest.raises(EngineError, match="HTTP 400 \\(not retried\\)"):
+        await http.generate([10**9], SamplingParams())
+    await http.close()
+
+
+def _perturbed(engine: LocalEngine, scale: float) -> list[tuple[str, torch.Tensor]]:
+    names = ["model.layers.0.mlp.down_proj.weight", "model.norm.weight"]
+    state = engine.model.state_dict()
+    gen = torch.Generator().manual_seed(7)
+    return [(n, state[n] + scale * torch.randn(state[n].shape, generator=gen)) for n in names]
+
+
+async def test_weight_update_from_tensor_matches_in_process_update(served, tiny_model_path) -> None:
+    url, engine = served
+    local = LocalEngine(tiny_model_path, device="cpu", seed=0)
+    http = SGLangEngine(url)
+    named = _perturbed(local, 0.5)
+    await local.update_weights(named, weight_version="7")
+    await http.update_weights(named, weight_version="7")
+    want, got = await _both(local, http, _sampling(0), PROMPTS[0])
+    assert got.ids == want.ids and got.logprobs == want.logprobs
+    assert got.weight_version == "7" and await http.get_weight_version() == "7"
+    await asyncio.gather(local.close(), http.close())
+
+
+async def test_weight_update_from_disk_matches_in_process_update(served, tiny_model_path, tmp_path) -> None:
+    url, _ = served
+    local = LocalEngine(tiny_model_path, device="cpu", seed=0)
+    await local.update_weights(_perturbed(local, 0.25), weight_version="ckpt")
+    local.model.save_pretrained(tmp_path, safe_serialization=True)
+    http = SGLangEngine(url)
+    await http.update_weights_from_disk(str(tmp_path), weight_version="ckpt")
+    want, got = await _both(local, http, _sampling(1), PROMPTS[1])
+    assert got.ids == want.ids and got.logprobs == want.logprobs and got.weight_version == "ckpt"
+    with pytest.raises(EngineError, match="no \\*.safetensors"):
+        await http.update_weights_from_disk(str(tmp_path / "missing"))
+    await asyncio.gather(local.close(), http.close())
+
+
+async def test_pause_holds_requests_and_abort_returns_them_as_abort(served) -> None:
+    url, _ = served
+    http = SGLangEngine(url)
+    await http.pause_generation()
+    waiting = [asyncio.create_task(http.generate(p, _sampling(i))) for i, p in enumerate(PROMPTS)]
+    while await http.num_requests() < len(PROMPTS):
+        await asyncio.sleep(0.02)
+    await http.abort(poll_interval_s=0.02)
+    results = await asyncio.gather(*waiting)
+    assert all(c.finish_reason is FinishReason.ABORT for c in results)
+    await http.continue_generation()
+    assert await http.num_requests() == 0
+    assert (await http.generate(PROMPTS[0], _sampling(0))).finish_reason is not FinishReason.ABORT
+    await http.close()
+
+
+async def test_abort_of_running_generation_drains_the_server(served) -> None:
+    url, engine = served
+    http = SGLangEngine(url)
+    long = SamplingParams(temperature=1.0, max_new_tokens=4000, seed=3)
+    running = [asyncio.create_task(http.generate(PROMPTS[0], long)) for _ in range(2)]
+    while engine.stats.num_decode_steps == 0 or await http.num_requests() < 2:
+        await asyncio.sleep(0.02)
+    await http.abort(poll_interval_s=0.02)
+    assert all(c.finish_reason is FinishReason.ABORT for c in await asyncio.gather(*running))
+    assert await http.num_requests() == 0
+    await http.close()
+
+
+async def test_release_memory_refuses_generation_until_resumed(served) -> None:
+    url, _ = served
+    http = SGLangEngine(url)
+    await http.release_memory()
+    with pytest.raises(EngineError, match="resume_memory_occupation"):
+        await http.generate(PROMPTS[0], _sampling(0))
+    assert await http.health() is False
+    await http.resume_memory()
+    assert await http.health() is True
+    assert (await http.generate(PROMPTS[0], _sampling(0))).ids
+    await http.close()
+
+
+async def test_info_endpoints(served) -> None:
+    url, _ = served
+    http = SGLangEngine(url)
+    info = await http.get_model_info()
+    assert {"model_path", "tokenizer_path", "is_generation", "weight_version"} <= set(info)
+    assert (await http.get_server_info())["tp_size"] == 1
+    await http.wait_healthy(timeout_s=30)
+    await http.flush_cache()
+    await http.close()
+
+
+def test_official_openai_client_chats_with_agentrl_serve(served) -> None:
+    openai = pytest.importorskip("openai")
+    url, _ = served
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+    model = client.models.list().data[0].id
+    chat = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "What is 2+2?"}], max_tokens=6, temperature=0.0,
+        logprobs=True, extra_body={"return_token_ids": True},
+    )
+    choice = chat.choices[0]
+    assert isinstance(choice.message.content, str) and choice.finish_reason in ("stop", "length")
+    token_ids = choice.model_extra["token_ids"]
+    assert len(choice.logprobs.content) == len(token_ids) == chat.usage.completion_tokens
+    assert all(item.logprob <= 0 for item in choice.logprobs.content)
+    completion = client.completions.create(model=model, prompt="The capital of France is", max_tokens=5,
+                                           temperature=0.0, logprobs=1)
+    assert len(completion.choices[0].logprobs.token_logprobs) == completion.usage.completion_tokens
+    assert completion.usage.prompt_tokens > 0

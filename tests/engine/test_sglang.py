@@ -1,0 +1,274 @@
+"""SGLangEngine against SGLang's own request/response shapes (fixtures cite the SGLang and slime
+files they come from), served over real HTTP by a small replay server that can also fail on
+purpose: server down, 5xx, 4xx, timeout, abort."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from fastapi import Body, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from agentrl.engine.base import EngineError, FinishReason, SamplingParams
+from agentrl.engine.server import run_app_in_thread
+from agentrl.engine.sglang import (
+    ROUTING_KEY_HEADER,
+    SGLangEngine,
+    completion_from_sglang,
+    num_requests_from_load,
+)
+from agentrl.engine.weight_transport import (
+    bucket_named_tensors,
+    deserialize_named_tensors,
+    flatten_bucket,
+    serialize_for_ipc,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures"
+GENERATE = json.loads((FIXTURES / "sglang_generate.json").read_text())
+CONTROL = json.loads((FIXTURES / "sglang_control.json").read_text())
+
+
+class Replay:
+    """A stand-in SGLang server: answers fixture responses, records what it was sent."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, dict[str, Any], dict[str, str]]] = []
+        self.generate_statuses: list[int] = []  # consumed one per /generate call, then 200
+        self.generate_delay_s = 0.0
+        self.response = GENERATE["responses"]["stop_token"]
+        self.is_held = False
+        self.release = asyncio.Event()
+        self.num_running = 0
+        app = FastAPI()
+
+        @app.post("/generate")
+        async def generate(request: Request, body: dict = Body(...)) -> Any:
+            self.requests.append(("/generate", body, dict(request.headers)))
+            if self.generate_statuses:
+                status = self.generate_statuses.pop(0)
+                return JSONResponse({"object": "error", "message": "boom", "code": status}, status_code=status)
+            if self.is_held:  # until abort_request, like a long generation
+                self.num_running += 1
+                await self.release.wait()
+                self.num_running -= 1
+                return GENERATE["responses"]["abort"]
+            await asyncio.sleep(self.generate_delay_s)
+            return self.response
+
+        @app.post("/abort_request")
+        async def abort_request(body: dict = Body(...)) -> Response:
+            self.requests.append(("/abort_request", body, {}))
+            self.release.set()
+            return Response(status_code=200)
+
+        @app.get("/v1/loads")
+        async def loads() -> dict[str, Any]:
+            return {"loads": [{"num_running_reqs": self.num_running, "num_waiting_reqs": 0}]}
+
+        @app.api_route("/{path:path}", methods=["GET", "POST"])
+        async def anything(path: str, request: Request) -> Any:
+            body = json.loads(await request.body() or b"{}")
+            self.requests.append((f"/{path}", body, {}))
+            if path == "get_weight_version":
+                return CONTROL["get_weight_version"]["response"]
+            if path == "get_server_info":
+                return {"tp_size": 1}
+            if path.startswith("update_weights"):
+                return {"success": True, "message": "ok"}
+            return None
+
+        self.app = app
+
+    def bodies(self, path: str) -> list[dict[str, Any]]:
+        return [body for p, body, _ in self.requests if p == path]
+
+
+@pytest.fixture
+def replay():
+    r = Replay()
+    thread = run_app_in_thread(r.app)
+    r.url = thread.url
+    yield r
+    thread.stop()
+
+
+def _engine(url: str, **kw: Any) -> SGLangEngine:
+    kw.setdefault("retry_backoff_s", 0.01)
+    return SGLangEngine(url, **kw)
+
+
+@pytest.mark.parametrize("name", ["stop_token", "stop_string", "length", "abort"])
+def test_fixture_responses_parse_ids_and_logprobs_from_output_token_logprobs(name: str) -> None:
+    out = GENERATE["responses"][name]
+    c = completion_from_sglang(out)
+    pairs = out["meta_info"]["output_token_logprobs"]
+    assert c.ids == [p[1] for p in pairs] == out["output_ids"]
+    assert c.logprobs == [p[0] for p in pairs]
+    assert c.finish_reason is FinishReason(out["meta_info"]["finish_reason"]["type"])
+    assert c.weight_version == out["meta_info"]["weight_version"]
+    assert c.matched_stop == out["meta_info"]["finish_reason"].get("matched")
+
+
+def test_response_without_logprobs_is_an_error_that_names_the_fix() -> None:
+    with pytest.raises(EngineError, match="return_logprob"):
+        completion_from_sglang({"text": "", "meta_info": {"finish_reason": {"type": "stop"}}})
+
+
+def test_load_shapes_of_every_sglang_version_count_requests() -> None:
+    assert num_requests_from_load({"loads": [{"num_running_reqs": 2, "num_waiting_reqs": 3}]}) == 5
+    assert num_requests_from_load([{"num_reqs": 4}, {"num_reqs": 1}]) == 5
+    assert num_requests_from_load({"load": 7}) == 0
+
+
+async def test_generate_sends_sglangs_request_shape_and_routing_header(replay: Replay) -> None:
+    engine = _engine(replay.url)
+    sent = GENERATE["request"]
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=8, stop=["</answer>"], stop_token_ids=[2])
+    c = await engine.generate(sent["input_ids"], sampling, routing_key="episode-7")
+    (path, body, headers) = replay.requests[0]
+    assert body["input_ids"] == sent["input_ids"]
+    assert body["sampling_params"] == sent["sampling_params"]
+    assert body["return_logprob"] is True and body["logprob_start_len"] == -1
+    assert headers[ROUTING_KEY_HEADER.lower()] == "episode-7"
+    assert c.ids == GENERATE["responses"]["stop_token"]["output_ids"]
+    assert engine.weight_version == "default"
+    await engine.close()
+
+
+async def test_5xx_is_retried_then_succeeds(replay: Replay) -> None:
+    replay.generate_statuses = [503, 500]
+    engine = _engine(replay.url, max_retries=3)
+    c = await engine.generate([1, 2], SamplingParams())
+    assert c.finish_reason is FinishReason.STOP
+    assert len(replay.bodies("/generate")) == 3
+    await engine.close()
+
+
+async def test_5xx_after_all_retries_raises_engine_error(replay: Replay) -> None:
+    replay.generate_statuses = [502] * 10
+    engine = _engine(replay.url, max_retries=2)
+    with pytest.raises(EngineError, match="after 3 attempts.*HTTP 502"):
+        await engine.generate([1, 2], SamplingParams())
+    assert len(replay.bodies("/generate")) == 3
+    await engine.close()
+
+
+async def test_4xx_is_never_retried(replay: Replay) -> None:
+    replay.generate_statuses = [400]
+    engine = _engine(replay.url, max_retries=3)
+    with pytest.raises(EngineError, match="HTTP 400 \\(not retried\\)"):
+        await engine.generate([1, 2], SamplingParams())
+    assert len(replay.bodies("/generate")) == 1
+    await engine.close()
+
+
+async def test_timeout_raises_engine_error_naming_the_knob(replay: Replay) -> None:
+    replay.generate_delay_s = 2.0
+    engine = _engine(replay.url, request_timeout_s=0.2)
+    with pytest.raises(EngineError, match="timed out.*request_timeout_s"):
+        await engine.generate([1, 2], SamplingParams())
+    await engine.close()
+
+
+async def test_server_down_raises_engine_error_after_retries() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again: nothing listens here
+    engine = _engine(f"http://127.0.0.1:{port}", max_retries=2)
+    with pytest.raises(EngineError, match="after 3 attempts.*ConnectError"):
+        await engine.generate([1, 2], SamplingParams())
+    assert await engine.health() is False
+    with pytest.raises(EngineError, match="did not answer 200 within 0.3s"):
+        await engine.wait_healthy(timeout_s=0.3, interval_s=0.05)
+    await engine.close()
+
+
+async def test_abort_returns_abort_to_waiting_episodes_and_aborts_the_server(replay: Replay) -> None:
+    replay.is_held = True
+    engine = _engine(replay.url)
+    episodes = [asyncio.create_task(engine.generate([1, 2], SamplingParams())) for _ in range(3)]
+    while replay.num_running < 3:
+        await asyncio.sleep(0.01)
+    await engine.abort(poll_interval_s=0.01)
+    results = await asyncio.gather(*episodes)
+    assert all(c.finish_reason is FinishReason.ABORT and c.ids == [] for c in results)
+    assert {"abort_all": True} in replay.bodies("/abort_request")
+    # The gate is open again after the drain.
+    replay.is_held = False
+    assert (await engine.generate([1], SamplingParams())).finish_reason is FinishReason.STOP
+    await engine.close()
+
+
+async def test_control_calls_send_sglangs_bodies(replay: Replay) -> None:
+    engine = _engine(replay.url)
+    await engine.release_memory()
+    await engine.resume_memory()
+    await engine.update_weights_from_disk("/ckpt/hf", weight_version="10")
+    await engine.pause_generation()
+    await engine.continue_generation()
+    await engine.flush_cache()
+    assert replay.bodies("/release_memory_occupation") == [{"tags": None}]
+    assert replay.bodies("/resume_memory_occupation") == [
+        CONTROL["resume_memory_occupation_weights"]["request"],
+        CONTROL["resume_memory_occupation_rest"]["request"],
+    ]
+    assert replay.bodies("/update_weights_from_disk") == [{"model_path": "/ckpt/hf", "weight_version": "10"}]
+    assert engine.weight_version == "10"
+    assert await engine.get_weight_version() == "default"
+    await engine.close()
+
+
+async def test_update_weights_sends_flattened_buckets_with_version_on_the_last(replay: Replay) -> None:
+    engine = _engine(replay.url, max_bucket_bytes=48)
+    named = [("a", torch.ones(8)), ("b", torch.zeros(8)), ("c", torch.arange(4, dtype=torch.int64))]
+    await engine.update_weights(named, weight_version="3")
+    bodies = replay.bodies("/update_weights_from_tensor")
+    assert len(bodies) == 3  # a, b split by the 48-byte cap; c has its own dtype
+    assert all(b["load_format"] == "flattened_bucket" for b in bodies)
+    assert [b.get("weight_version") for b in bodies] == [None, None, "3"]
+    assert engine.weight_version == "3"
+    await engine.close()
+
+
+def test_buckets_group_by_dtype_and_respect_the_byte_cap() -> None:
+    named = [("a", torch.ones(4)), ("b", torch.ones(4, dtype=torch.bfloat16)), ("c", torch.ones(4))]
+    buckets = bucket_named_tensors(named, max_bucket_bytes=1 << 20)
+    assert [[n for n, _ in b] for b in buckets] == [["a", "c"], ["b"]]
+    assert len(bucket_named_tensors(named, max_bucket_bytes=8)) == 3
+
+
+def test_flattened_bucket_roundtrips_through_ipc_serialization() -> None:
+    named = [("w", torch.randn(3, 4)), ("b", torch.randn(4))]
+    payload = serialize_for_ipc(flatten_bucket(named))
+    back = deserialize_named_tensors(payload, "flattened_bucket")
+    assert [n for n, _ in back] == ["w", "b"]
+    for (_, want), (_, got) in zip(named, back, strict=True):
+        assert torch.equal(want, got) and want.shape == got.shape
+
+
+def test_unpickler_refuses_code_execution_payloads() -> None:
+    import base64
+    import os
+    import pickle
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("true",))
+
+    payload = base64.b64encode(pickle.dumps(Evil())).decode()
+    with pytest.raises(pickle.UnpicklingError, match="refusing to unpickle"):
+        deserialize_named_tensors(payload, "flattened_bucket")
+
+
+def test_constructor_errors_name_the_field() -> None:
+    with pytest.raises(ValueError, match="base_url='localhost:30000'"):
+        SGLangEngine("localhost:30000")
+    with pytest.raises(ValueError, match="weight_update_path='disk'"):
+        SGLangEngine("http://x", weight_update_path="disk")  # type: ignore[arg-type]

@@ -1,0 +1,136 @@
+"""`agentrl eval`: config from flags, checkpoint resolution, and a full run whose engine,
+data and rollout are fakes (the test is about the command, not about inference)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from agentrl.cli.eval import build_config, checkpoint_model_dir, register
+from agentrl.config import ConfigError
+
+from .conftest import FakeRunner, make_tasks
+
+
+def test_build_config_applies_flags_then_overrides(tmp_path) -> None:
+    data = tmp_path / "tasks.jsonl"
+    data.write_text("{}\n")
+    cfg = build_config(
+        "calculator",
+        data=data,
+        model="m",
+        k=4,
+        num_tasks=5,
+        temperature=0.3,
+        overrides=["eval.num_eval_tasks=7", "rollout.max_turns=2"],
+    )
+    assert (cfg.env.id, cfg.env.eval_data, cfg.model.path) == ("calculator", str(data), "m")
+    assert (cfg.eval.n_samples, cfg.eval.num_eval_tasks, cfg.eval.temperature) == (4, 7, 0.3)
+    assert cfg.rollout.max_turns == 2
+
+
+def test_build_config_errors_name_the_problem(tmp_path) -> None:
+    with pytest.raises(ValueError, match="--checkpoint and --model"):
+        build_config("calculator", checkpoint=tmp_path, model="m")
+    with pytest.raises(FileNotFoundError, match="--data .*missing.jsonl does not exist"):
+        build_config("calculator", data=tmp_path / "missing.jsonl")
+    with pytest.raises(ConfigError, match="unknown field 'eval.bogus'"):
+        build_config("calculator", overrides=["eval.bogus=1"])
+    with pytest.raises(ValueError, match="-k 0 must be at least 1"):
+        build_config("calculator", k=0)
+
+
+def test_checkpoint_uses_its_model_subdirectory(tmp_path) -> None:
+    assert checkpoint_model_dir(tmp_path) == tmp_path
+    (tmp_path / "model").mkdir()
+    assert checkpoint_model_dir(tmp_path) == tmp_path / "model"
+    assert build_config("calculator", checkpoint=tmp_path).model.path == str(tmp_path / "model")
+    with pytest.raises(FileNotFoundError, match="is not a directory"):
+        checkpoint_model_dir(tmp_path / "nope")
+
+
+class FakeEngine:
+    is_closed = False
+
+    async def close(self) -> None:
+        self.is_closed = True
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    """Fake data, engine and rollout runner behind the names the command imports."""
+    seen: dict = {"runners": []}
+
+    def load_tasks(env_cfg, split):
+        seen["load"] = (env_cfg.id, split)
+        return make_tasks(4)
+
+    def make_engine(cfg):
+        seen["model_path"] = cfg.model.path
+        seen["engine"] = FakeEngine()
+        return seen["engine"]
+
+    def build_runner(cfg, engine):
+        seen["runners"].append(FakeRunner())
+        return seen["runners"][-1]
+
+    monkeypatch.setitem(sys.modules, "agentrl.data", types.SimpleNamespace(load_tasks=load_tasks))
+    monkeypatch.setattr("agentrl.engine.factory.make_engine", make_engine)
+    monkeypatch.setattr("agentrl.rollout.build_runner", build_runner, raising=False)
+    return seen
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+
+    @app.callback()
+    def main() -> None:  # keeps `eval` a named subcommand
+        pass
+
+    register(app)
+    return app
+
+
+def test_eval_command_runs_writes_reports_and_resumes(fakes, tmp_path) -> None:
+    out = tmp_path / "out"
+    args = [
+        "eval",
+        "--env",
+        "calculator",
+        "-k",
+        "2",
+        "--num-tasks",
+        "3",
+        "--out",
+        str(out),
+        "--temperature",
+        "0.5",
+        "--set",
+        "log.progress=false",
+    ]
+    result = CliRunner().invoke(_app(), args)
+    assert result.exit_code == 0, result.output
+    assert fakes["load"] == ("calculator", "test") and fakes["engine"].is_closed
+    assert fakes["runners"][0].run_task_ids == [["t0", "t1", "t2"]]
+    assert "pass@2" in result.output and "maj@2" in result.output
+    report = json.loads((out / "report.json").read_text())
+    assert (report["num_tasks"], report["k"], report["temperature"]) == (3, 2, 0.5)
+    assert (out / "report.png").exists() and (out / "report.md").exists()
+
+    args[args.index("3")] = "4"  # one more task: only it runs
+    result = CliRunner().invoke(_app(), args)
+    assert result.exit_code == 0, result.output
+    assert fakes["runners"][1].run_task_ids == [["t3"]]
+
+
+def test_eval_command_reports_bad_flags_without_a_traceback(fakes, tmp_path) -> None:
+    result = CliRunner().invoke(
+        _app(), ["eval", "--env", "calculator", "--set", "eval.n_samples=zero"]
+    )
+    assert result.exit_code == 2
+    assert "eval.n_samples='zero' is not an integer" in result.output

@@ -1,0 +1,106 @@
+"""EvalReport numbers from constructed groups, and the JSON/Markdown/PNG files it writes."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from PIL import Image
+
+from agentrl.eval.report import EvalReport, build_report, plot_eval_history
+from agentrl.types import EpisodeStatus
+
+ERROR, TRUNC = EpisodeStatus.ERROR, EpisodeStatus.TRUNCATED
+
+
+@pytest.fixture
+def groups(make_traj):
+    return [
+        # task 0: 2 of 3 correct; majority answer "4" is correct
+        [
+            make_traj(1.0, text="4"),
+            make_traj(0.0, text="5"),
+            make_traj(1.0, text="4", num_tool_calls=2),
+        ],
+        # task 1: one ERROR episode (reward 0 stored) must not drag the mean down
+        [make_traj(1.0, text="7"), make_traj(0.0, ERROR), make_traj(1.0, text="7", num_turns=3)],
+        # task 2: all wrong, one truncated; majority "1" is wrong
+        [
+            make_traj(0.0, text="1"),
+            make_traj(0.0, text="1"),
+            make_traj(0.0, TRUNC, text="2", num_tool_errors=1),
+        ],
+    ]
+
+
+def test_build_report_excludes_error_from_reward_and_counts_it_in_status_mix(groups) -> None:
+    report = build_report(groups, k=3, temperature=1.0)
+    assert report.num_episodes == 9 and report.num_scored_episodes == 8
+    # per-task means over scored episodes: 2/3, 1 (not 2/3), 0
+    assert report.reward.mean == pytest.approx((2 / 3 + 1.0 + 0.0) / 3)
+    assert report.reward.n == 3
+    assert report.pass_rate.mean == pytest.approx(4 / 8)
+    assert report.status_counts == {"completed": 7, "error": 1, "truncated": 1}
+    assert report.status_mix["error"] == pytest.approx(1 / 9)
+    assert report.status_reason_counts["engine"] == 1
+
+
+def test_build_report_pass_and_maj_at_k(groups) -> None:
+    report = build_report(groups, k=3, temperature=1.0)
+    assert sorted(report.pass_at_k) == [1, 2, 3]
+    # pass@1 per task: 2/3, 2/2, 0/3
+    assert report.pass_at_k[1].mean == pytest.approx((2 / 3 + 1.0 + 0.0) / 3)
+    # pass@3 needs 3 scored episodes: task 1 (2 scored) is left out
+    assert report.pass_at_k[3].n == 2
+    assert report.pass_at_k[3].mean == pytest.approx(0.5)
+    assert (report.maj_at_k.mean, report.maj_at_k.n) == (pytest.approx(2 / 3), 3)
+
+
+def test_build_report_episode_statistics(groups) -> None:
+    report = build_report(groups, k=3, temperature=1.0)
+    assert report.turns_mean == pytest.approx((7 + 3) / 8)
+    assert report.tool_calls_per_episode == pytest.approx(2 / 8)
+    assert report.tool_errors_per_episode == pytest.approx(1 / 8)
+
+
+def test_report_files_round_trip_and_png_is_valid(groups, tmp_path) -> None:
+    report = build_report(groups, k=3, temperature=0.7, meta={"env": "calculator", "step": 3})
+    report.write(tmp_path)
+    loaded = EvalReport.from_dict(json.loads((tmp_path / "report.json").read_text()))
+    assert loaded == report
+    md = (tmp_path / "report.md").read_text()
+    assert "| pass@3 |" in md and "| maj@3 |" in md and "calculator" in md
+    with Image.open(tmp_path / "report.png") as img:
+        img.verify()
+    with Image.open(tmp_path / "report.png") as img:
+        assert img.format == "PNG" and img.size[0] > 100 and img.size[1] > 100
+
+
+def test_report_with_only_errors_writes_null_not_nan(make_traj, tmp_path) -> None:
+    report = build_report([[make_traj(0.0, ERROR)]], k=1, temperature=0.0)
+    assert math.isnan(report.reward.mean)
+    report.write(tmp_path)
+    text = (tmp_path / "report.json").read_text()
+    assert "NaN" not in text
+    assert json.loads(text)["reward"]["mean"] is None
+    assert "n/a" in (tmp_path / "report.md").read_text()
+
+
+def test_summary_is_flat_floats(groups) -> None:
+    summary = build_report(groups, k=3, temperature=1.0).summary(prefix="eval/")
+    assert summary["eval/pass@3"] == pytest.approx(0.5)
+    assert summary["eval/status/error"] == pytest.approx(1 / 9)
+    assert all(isinstance(v, float) for v in summary.values())
+
+
+def test_plot_eval_history_accepts_summaries_and_full_reports(groups, tmp_path) -> None:
+    report = build_report(groups, k=3, temperature=1.0)
+    history = [{"step": 10, **report.summary()}, {"step": 0, **report.to_dict()}]
+    plot_eval_history(history, tmp_path / "history.png")
+    with Image.open(tmp_path / "history.png") as img:
+        img.verify()
+    with pytest.raises(ValueError, match="at least one evaluation"):
+        plot_eval_history([], tmp_path / "empty.png")
+    with pytest.raises(ValueError, match="step 3 has no reward_mean"):
+        plot_eval_history([{"step": 3, "pass_rate": 0.5}], tmp_path / "bad.png")

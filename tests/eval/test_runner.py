@@ -1,0 +1,139 @@
+"""`evaluate`: k episodes per task, appended task by task, resumable, reports written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agentrl.eval import evaluate
+from agentrl.rollout.trajectory import read_jsonl
+from agentrl.types import EpisodeStatus
+
+from .conftest import FakeRunner, build_traj, make_tasks
+
+
+async def test_evaluate_runs_k_per_task_and_writes_everything(tmp_path) -> None:
+    runner = FakeRunner()
+    report = await evaluate(
+        runner, make_tasks(3), k=4, temperature=0.5, out_dir=tmp_path, progress=False, seed=7
+    )
+    assert runner.calls == [{"task_ids": ["t0", "t1", "t2"], "n": 4, "temperature": 0.5, "seed": 7}]
+    saved = read_jsonl(str(tmp_path / "eval_trajectories.jsonl"))
+    assert [t.task["id"] for t in saved] == ["t0"] * 4 + ["t1"] * 4 + ["t2"] * 4
+    assert report.num_tasks == 3 and report.num_episodes == 12
+    assert report.reward.mean == pytest.approx(0.5)  # rewards 0,1,0,1 in every group
+    assert report.pass_at_k[4].mean == 1.0
+    for name in ("report.json", "report.md", "report.png"):
+        assert (tmp_path / name).stat().st_size > 0
+
+
+async def test_evaluate_resumes_only_missing_tasks(tmp_path) -> None:
+    tasks = make_tasks(4)
+    first = FakeRunner()
+    await evaluate(first, tasks[:2], k=2, temperature=1.0, out_dir=tmp_path, progress=False)
+    second = FakeRunner()
+    report = await evaluate(second, tasks, k=2, temperature=1.0, out_dir=tmp_path, progress=False)
+    assert second.run_task_ids == [["t2", "t3"]]
+    assert report.num_tasks == 4 and report.meta["num_resumed_tasks"] == 2
+    assert len(read_jsonl(str(tmp_path / "eval_trajectories.jsonl"))) == 8
+    third = FakeRunner()
+    await evaluate(third, tasks, k=2, temperature=1.0, out_dir=tmp_path, progress=False)
+    assert third.calls == []  # everything is done: the runner is not called at all
+
+
+async def test_groups_finished_before_a_crash_are_kept(tmp_path) -> None:
+    tasks = make_tasks(3)
+    with pytest.raises(RuntimeError, match="engine died on t1"):
+        await evaluate(
+            FakeRunner(fail_on="t1"), tasks, k=2, temperature=1.0, out_dir=tmp_path, progress=False
+        )
+    assert {t.task["id"] for t in read_jsonl(str(tmp_path / "eval_trajectories.jsonl"))} == {"t0"}
+    rerun = FakeRunner()
+    report = await evaluate(rerun, tasks, k=2, temperature=1.0, out_dir=tmp_path, progress=False)
+    assert rerun.run_task_ids == [["t1", "t2"]]
+    assert report.num_episodes == 6
+
+
+async def test_resume_refuses_a_different_setting_and_no_resume_starts_over(tmp_path) -> None:
+    tasks = make_tasks(2)
+    await evaluate(
+        FakeRunner(),
+        tasks,
+        k=2,
+        temperature=1.0,
+        out_dir=tmp_path,
+        progress=False,
+        meta={"model": "a"},
+    )
+    with pytest.raises(ValueError, match="temperature=1.0.*temperature=0.0.*--no-resume"):
+        await evaluate(
+            FakeRunner(),
+            tasks,
+            k=2,
+            temperature=0.0,
+            out_dir=tmp_path,
+            progress=False,
+            meta={"model": "a"},
+        )
+    with pytest.raises(ValueError, match="model='a'.*model='b'"):
+        await evaluate(
+            FakeRunner(),
+            tasks,
+            k=2,
+            temperature=1.0,
+            out_dir=tmp_path,
+            progress=False,
+            meta={"model": "b"},
+        )
+    fresh = FakeRunner()
+    await evaluate(
+        fresh, tasks, k=2, temperature=0.0, out_dir=tmp_path, resume=False, progress=False
+    )
+    assert fresh.run_task_ids == [["t0", "t1"]]
+    assert len(read_jsonl(str(tmp_path / "eval_trajectories.jsonl"))) == 4
+
+
+async def test_torn_lines_and_aborted_groups_are_rerun(tmp_path) -> None:
+    tasks = make_tasks(3)
+
+    def episode(task, i):
+        status = EpisodeStatus.ABORTED if task.id == "t1" and i == 0 else EpisodeStatus.COMPLETED
+        return build_traj(1.0, status)
+
+    await evaluate(
+        FakeRunner(episode), tasks, k=2, temperature=1.0, out_dir=tmp_path, progress=False
+    )
+    path = tmp_path / "eval_trajectories.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:40])  # t2's last line torn mid-write
+    rerun = FakeRunner()
+    report = await evaluate(rerun, tasks, k=2, temperature=1.0, out_dir=tmp_path, progress=False)
+    assert rerun.run_task_ids == [["t1", "t2"]]
+    assert report.status_counts == {"completed": 6}
+    saved = [json.loads(line) for line in path.read_text().splitlines()]  # every line parses again
+    assert sorted(t["task"]["id"] for t in saved) == ["t0", "t0", "t1", "t1", "t2", "t2"]
+
+
+async def test_error_episodes_are_reported_not_scored(tmp_path) -> None:
+    def episode(task, i):
+        return build_traj(0.0, EpisodeStatus.ERROR) if i == 0 else build_traj(1.0)
+
+    report = await evaluate(
+        FakeRunner(episode), make_tasks(2), k=2, temperature=1.0, out_dir=tmp_path, progress=False
+    )
+    assert report.reward.mean == 1.0
+    assert report.status_mix["error"] == 0.5
+
+
+async def test_duplicate_task_ids_are_rejected(tmp_path) -> None:
+    tasks = make_tasks(2) + make_tasks(1)
+    with pytest.raises(ValueError, match="task id 't0' appears twice"):
+        await evaluate(FakeRunner(), tasks, k=1, temperature=1.0, out_dir=tmp_path, progress=False)
+
+
+async def test_progress_bar_runs(tmp_path) -> None:
+    report = await evaluate(
+        FakeRunner(), make_tasks(2), k=2, temperature=1.0, out_dir=tmp_path, progress=True
+    )
+    assert report.num_episodes == 4

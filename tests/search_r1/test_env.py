@@ -1,0 +1,182 @@
+"""SearchR1Env episodes over a small BM25 corpus: search, hint, answer, final turn, caps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from agentrl_envs.search_r1.env import SearchR1Env
+from agentrl_envs.search_r1.protocol import INVALID_ACTION_HINT, make_prompt
+
+from agentrl.envs import make
+from agentrl.types import Message, StatusReason, Task, ToolCall
+
+TASK = Task(
+    id="t0", data={"question": "what is the capital of France", "golden_answers": ["Paris"]}
+)
+
+
+def say(text: str) -> Message:
+    return Message(role="assistant", content=text)
+
+
+async def started(corpus_path: Path, **kwargs) -> SearchR1Env:
+    env = SearchR1Env(corpus=str(corpus_path), **kwargs)
+    messages, _ = await env.reset(options={"task": TASK})
+    assert [m.role for m in messages] == ["user"]
+    assert messages[0].content == make_prompt("what is the capital of France")
+    return env
+
+
+def test_registered_with_search_r1_protocol() -> None:
+    env = make("search_r1")
+    assert isinstance(env, SearchR1Env)
+    assert env.tool_call_format == "tags"
+    assert env.stop == ("</search>", "</answer>")
+    (schema,) = env.tools.schemas()
+    assert schema["function"]["name"] == "search"
+    assert list(schema["function"]["parameters"]["properties"]) == ["query"]
+
+
+async def test_search_returns_information_block(corpus_path: Path) -> None:
+    env = await started(corpus_path)
+    result = await env.step(say("<think>need it</think>\n<search> capital of France </search>"))
+    assert not result.terminated and not result.truncated and result.reward == 0.0
+    (obs,) = result.observation
+    assert obs.role == "tool" and obs.name == "search"
+    assert obs.content.startswith('\n\n<information>Doc 1(Title: "Paris") Paris is the capital')
+    assert obs.content.endswith("</information>\n\n")
+    assert obs.content.count("Doc ") == 3  # topk=3
+    assert result.info["num_tool_calls"] == 1 and result.info["num_tool_errors"] == 0
+    assert result.info["query"] == "capital of France"
+
+
+async def test_answer_terminates_with_em_and_components(corpus_path: Path) -> None:
+    env = await started(corpus_path)
+    await env.step(say("<think>a</think>\n<search> France capital </search>"))
+    result = await env.step(say("<think>b</think>\n<answer> the paris </answer>"))
+    assert result.terminated and not result.truncated
+    assert result.reward == 1.0
+    assert result.info["answer"] == "the paris"
+    parts = result.info["reward_components"]
+    assert parts["em"] == 1.0 and parts["f1"] == 1.0 and parts["is_valid_format"] is True
+    assert result.info["num_searches"] == 1 and result.info["num_turns"] == 2
+
+
+@pytest.mark.parametrize(("reward", "expected"), [("em", 0.0), ("f1", 2 / 3), ("format", 0.1)])
+async def test_reward_options(corpus_path: Path, reward: str, expected: float) -> None:
+    env = await started(corpus_path, reward=reward)
+    result = await env.step(say("<answer> Paris France </answer>"))
+    assert result.reward == pytest.approx(expected)
+
+
+async def test_invalid_action_gets_the_hint_and_goes_on(corpus_path: Path) -> None:
+    env = await started(corpus_path)
+    result = await env.step(say("I am not sure what to do."))
+    assert [m.content for m in result.observation] == [INVALID_ACTION_HINT]
+    assert not result.terminated and not result.truncated and result.reward == 0.0
+    assert result.info["num_tool_calls"] == 0
+
+
+async def test_max_turns_then_one_final_turn_without_search(corpus_path: Path) -> None:
+    env = await started(corpus_path, max_turns=2)
+    for _ in range(2):
+        result = await env.step(say("<search> Paris </search>"))
+        assert not result.terminated and not result.truncated
+    final = await env.step(say("<search> still searching </search>"))
+    assert final.truncated and not final.terminated
+    assert final.info["truncated_reason"] == StatusReason.MAX_TURNS.value
+    assert (
+        final.observation == [] and final.info["num_tool_calls"] == 0
+    )  # no search on the final turn
+    assert final.reward == 0.0 and final.info["num_searches"] == 2
+
+
+async def test_answer_on_the_final_turn_is_scored(corpus_path: Path) -> None:
+    env = await started(corpus_path, max_turns=1)
+    await env.step(say("<search> Paris </search>"))
+    result = await env.step(say("<answer>Paris</answer>"))
+    assert result.terminated and result.reward == 1.0
+
+
+async def test_without_final_turn_max_turns_is_the_last(corpus_path: Path) -> None:
+    env = await started(corpus_path, max_turns=1, use_final_answer_turn=False)
+    result = await env.step(say("<search> Paris </search>"))
+    assert result.truncated and result.info["truncated_reason"] == "max_turns"
+
+
+class CharTokenizer:
+    """One token per character: makes the cap exact and visible."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(i) for i in ids)
+
+
+async def test_observation_cap_keeps_the_closing_tag(corpus_path: Path) -> None:
+    env = await started(corpus_path, max_observation_tokens=80)
+    env.bind_tokenizer(CharTokenizer())
+    result = await env.step(say("<search> capital city </search>"))
+    text = result.observation[0].content
+    assert len(text) <= 80
+    assert text.startswith("\n\n<information>Doc 1(Title:") and text.endswith("</information>\n\n")
+    assert result.info["observation_truncated"] is True
+
+
+async def test_codec_tool_call_with_bad_json_is_a_tool_error(corpus_path: Path) -> None:
+    env = await started(corpus_path)
+    action = Message(
+        role="assistant", content="", tool_calls=[ToolCall("search", '{"query": oops', "c1")]
+    )
+    result = await env.step(action)
+    assert not result.terminated
+    assert result.info["num_tool_calls"] == 1 and result.info["num_tool_errors"] == 1
+    assert result.observation[0].tool_call_id == "c1"
+
+
+async def test_codec_tool_call_id_is_kept_for_tagged_search(corpus_path: Path) -> None:
+    env = await started(corpus_path)
+    call = ToolCall("search", '{"query": "tomato"}', "call-7")
+    result = await env.step(
+        Message(role="assistant", content="<search> tomato </search>", tool_calls=[call])
+    )
+    assert result.observation[0].tool_call_id == "call-7"
+    assert "Tomato" in result.observation[0].content
+
+
+def test_bad_kwargs_name_the_field() -> None:
+    with pytest.raises(ValueError, match="reward='bleu'"):
+        SearchR1Env(reward="bleu")
+    with pytest.raises(ValueError, match="retriever_url"):
+        SearchR1Env(retriever="http")
+
+
+class DeadRetriever:
+    async def search(self, queries, topk):
+        from agentrl_envs.search_r1.http_client import RetrieverUnavailableError
+
+        raise RetrieverUnavailableError(
+            "retrieval server down; start one with `agentrl retriever serve --corpus X`"
+        )
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_retriever_dying_mid_episode_raises_not_scores(corpus_path: Path) -> None:
+    """A dead server is infrastructure: step raises (the rollout records ERROR), never reward 0."""
+    from agentrl_envs.search_r1.http_client import RetrieverUnavailableError
+
+    env = await started(corpus_path)
+    env.retriever = lambda: DeadRetriever()  # type: ignore[method-assign]
+    with pytest.raises(RetrieverUnavailableError, match="agentrl retriever serve"):
+        await env.step(say("<search> Paris </search>"))
+
+
+@pytest.mark.slow
+def test_check_env_passes_on_embedded_data() -> None:
+    from agentrl.envs import check_env
+
+    check_env("search_r1")

@@ -1,0 +1,150 @@
+"""Advantages over groups, status exclusion, group filtering, shifting and packing."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl.config import AlgoConfig
+from agentrl.trainer.batch import (
+    build_train_batch,
+    compute_advantages,
+    filter_zero_variance_groups,
+    pack_first_fit_decreasing,
+)
+from agentrl.types import EpisodeStatus
+
+ERROR, ABORTED = EpisodeStatus.ERROR, EpisodeStatus.ABORTED
+
+
+@pytest.mark.parametrize(
+    "estimator", ["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"]
+)
+def test_error_and_aborted_trajectories_leave_group_statistics_unchanged(traj, estimator):
+    cfg = AlgoConfig(advantage_estimator=estimator)
+    clean = [
+        [traj([(2, 0)], reward=1.0, seed=1), traj([(3, 0)], reward=0.0, seed=2)],
+        [traj([(1, 0)], reward=0.5, seed=3), traj([(2, 1), (1, 0)], reward=0.0, seed=4)],
+    ]
+    broken = [
+        clean[0] + [traj([(2, 0)], reward=0.0, status=ERROR, seed=5)],
+        [traj([(4, 0)], reward=0.0, status=ABORTED, seed=6)] + clean[1],
+    ]
+    a_clean, a_broken = compute_advantages(clean, cfg), compute_advantages(broken, cfg)
+    assert a_broken[0][:2] == pytest.approx(a_clean[0])
+    assert a_broken[1][1:] == pytest.approx(a_clean[1])
+    assert a_broken[0][2] is None and a_broken[1][0] is None
+
+
+def test_excluded_trajectories_are_counted_and_never_trained(traj):
+    groups = [
+        [
+            traj([(2, 0)], reward=1.0, seed=1),
+            traj([(2, 0)], reward=0.0, seed=2),
+            traj([(5, 0)], reward=0.0, status=ERROR, seed=3),
+            traj([(5, 0)], status=ABORTED, seed=4),
+        ]
+    ]
+    batch = build_train_batch(groups, AlgoConfig(), max_tokens_per_micro_batch=64, pad_id=0)
+    assert batch.metrics["batch/num_excluded_error"] == 1.0
+    assert batch.metrics["batch/num_excluded_aborted"] == 1.0
+    assert batch.metrics["batch/num_trained_sequences"] == 2.0
+    assert batch.steps[0].num_loss_tokens == 4  # 2 + 2; the 10 excluded tokens count nowhere
+    assert batch.steps[0].num_seqs == 2
+
+
+def test_filter_zero_variance_groups(traj):
+    varied = [traj([(1, 0)], reward=1.0), traj([(1, 0)], reward=0.0)]
+    flat = [traj([(1, 0)], reward=1.0), traj([(1, 0)], reward=1.0)]
+    # The ERROR member's reward 0 must not make a flat group look varied.
+    flat_with_error = [traj([(1, 0)], reward=1.0), traj([(1, 0)], reward=0.0, status=ERROR)]
+    all_error = [traj([(1, 0)], status=ERROR)]
+    kept, num_dropped = filter_zero_variance_groups([varied, flat, flat_with_error, all_error])
+    assert kept == [varied] and num_dropped == 3
+
+
+def test_tensors_are_shifted_so_position_t_predicts_token_t_plus_1(traj):
+    t0 = traj([(2, 2), (1, 3)], reward=1.0, prompt_len=3, seed=7)
+    t1 = traj([(1, 0)], reward=0.0, prompt_len=2, seed=8)
+    batch = build_train_batch(
+        [[t0, t1]],
+        AlgoConfig(normalize_advantage_std=False),
+        max_tokens_per_micro_batch=1000,
+        pad_id=0,
+    )
+    (mb,) = batch.steps[0].micro_batches
+    # FFD places the longer t0 first; t0 is cut after its last sampled token (index 7).
+    n0 = 8
+    assert mb.input_ids[0, :n0].tolist() == t0.token_ids[:n0]
+    assert mb.target_ids[0, : n0 - 1].tolist() == t0.token_ids[1:n0]
+    assert mb.loss_mask[0, :n0].tolist() == [0, 0, 1, 1, 0, 0, 1, 0]
+    dense = t0.dense_logprobs()
+    trained = mb.loss_mask[0, :n0] > 0
+    assert mb.rollout_logprobs[0, :n0][trained].tolist() == pytest.approx(
+        [dense[3], dense[4], dense[7]]
+    )
+    assert mb.rollout_logprobs[0, :n0][trained].tolist() == pytest.approx(t0.logprobs)
+    assert mb.advantages[0, :n0][trained].tolist() == [0.5, 0.5, 0.5]
+    assert mb.advantages[0, :n0][~trained].abs().sum().item() == 0.0
+    # Packed: t1 follows in the same row with positions restarting at 0.
+    assert mb.position_ids[0].tolist() == list(range(n0)) + [0, 1, 2]
+    assert mb.seq_index[0].tolist() == [0] * n0 + [1] * 3
+    assert mb.seq_num_tokens.tolist() == [3.0, 1.0]
+    assert mb.sample_indices == [0, 1]
+
+
+def test_packing_respects_the_token_budget(groups_factory):
+    groups = groups_factory(num_groups=4, group_size=4, seed=1)
+    batch = build_train_batch(groups, AlgoConfig(), max_tokens_per_micro_batch=24, pad_id=0)
+    lengths = []
+    for mb in batch.micro_batches():
+        assert mb.input_ids.shape[0] == 1
+        assert mb.num_tokens <= 24 or len(mb.sample_indices) == 1
+        lengths.append(mb.num_tokens)
+    assert sum(lengths) == batch.metrics["batch/num_tokens"]  # packed rows carry no padding
+    indices = sorted(i for mb in batch.micro_batches() for i in mb.sample_indices)
+    assert indices == list(range(16))
+
+
+def test_padded_rows_mode(groups_factory):
+    groups = groups_factory(num_groups=2, group_size=4, seed=2)
+    batch = build_train_batch(
+        groups, AlgoConfig(), max_tokens_per_micro_batch=40, pad_id=0, is_packed=False
+    )
+    for mb in batch.micro_batches():
+        rows, width = mb.input_ids.shape
+        assert rows * width <= 40 or rows == 1
+        assert mb.position_ids.tolist() == [list(range(width))] * rows  # right padding: no packing
+        assert rows == len(mb.sample_indices)
+
+
+def test_global_batch_size_splits_optimizer_steps_with_their_own_denominators(groups_factory):
+    groups = groups_factory(num_groups=3, group_size=4, seed=3)
+    batch = build_train_batch(
+        groups, AlgoConfig(), max_tokens_per_micro_batch=30, pad_id=0, global_batch_size=5
+    )
+    assert [s.num_seqs for s in batch.steps] == [5, 5, 2]
+    for step in batch.steps:
+        assert step.num_loss_tokens == sum(int(mb.loss_mask.sum()) for mb in step.micro_batches)
+
+
+def test_first_fit_decreasing():
+    bins = pack_first_fit_decreasing([5, 9, 3, 7, 1, 12], 12, is_packed=True)
+    assert bins == [[5], [1, 2], [3, 0], [4]]  # 12 | 9+3 | 7+5 | 1
+    assert pack_first_fit_decreasing([4, 4, 4], 9, is_packed=False) == [[0, 1], [2]]
+
+
+def test_inconsistent_trajectory_is_named(traj):
+    bad = traj([(2, 0)], reward=1.0, seed=1)
+    bad.logprobs = bad.logprobs[:1]
+    with pytest.raises(ValueError, match="2 trained tokens but 1 logprobs"):
+        build_train_batch(
+            [[bad, traj([(1, 0)], seed=2)]], AlgoConfig(), max_tokens_per_micro_batch=64, pad_id=0
+        )
+
+
+def test_status_may_arrive_as_a_string(traj):
+    t = traj([(1, 0)], reward=1.0)
+    t.status = "error"
+    assert compute_advantages([[t]], AlgoConfig()) == [[None]]
+    batch = build_train_batch([[t]], AlgoConfig(), max_tokens_per_micro_batch=8, pad_id=0)
+    assert batch.steps == [] and batch.metrics["batch/num_excluded_error"] == 1.0

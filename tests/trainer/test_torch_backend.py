@@ -1,0 +1,237 @@
+"""TorchBackend on a tiny random Llama: packing, micro-batch invariance, learning, save/load, export."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from agentrl.config import AlgoConfig, TrainConfig
+from agentrl.trainer.batch import TrainBatch, build_train_batch
+from agentrl.trainer.torch_backend import TorchBackend, lr_factor
+
+
+def _backend(path: str, algo: AlgoConfig | None = None, **train_kw) -> TorchBackend:
+    return TorchBackend(path, TrainConfig(**train_kw), algo or AlgoConfig(), device="cpu")
+
+
+def _per_sample_logprobs(batch: TrainBatch) -> dict[int, torch.Tensor]:
+    out = {}
+    for mb in batch.micro_batches():
+        for r in range(mb.input_ids.shape[0]):
+            for local, index in enumerate(mb.sample_indices):
+                sel = (mb.seq_index[r] == local) & (mb.loss_mask[r] > 0)
+                if sel.any():
+                    out[index] = mb.old_logprobs[r][sel]
+    return out
+
+
+def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_packed_rows_give_the_same_logprobs_as_padded_rows(tiny_llama_path, groups_factory):
+    groups = groups_factory(num_groups=3, group_size=4, seed=0)
+    backend = _backend(tiny_llama_path)
+    packed = backend.compute_logprobs(
+        build_train_batch(groups, AlgoConfig(), max_tokens_per_micro_batch=40, pad_id=0)
+    )
+    padded = backend.compute_logprobs(
+        build_train_batch(
+            groups, AlgoConfig(), max_tokens_per_micro_batch=40, pad_id=0, is_packed=False
+        )
+    )
+    a, b = _per_sample_logprobs(packed), _per_sample_logprobs(padded)
+    assert sorted(a) == sorted(b) == list(range(12))
+    for i in a:
+        assert torch.allclose(a[i], b[i], atol=1e-5), i
+
+
+@pytest.mark.parametrize(
+    "algo",
+    [
+        AlgoConfig(loss_agg_mode="token_mean", use_tis=True),
+        AlgoConfig(loss_agg_mode="seq_mean_token_mean", entropy_coef=0.01),
+        AlgoConfig(loss_agg_mode="seq_mean_token_sum", policy_loss="cispo"),
+        AlgoConfig(loss_agg_mode="seq_mean_token_mean", policy_loss="gspo", use_tis=True),
+    ],
+    ids=["token_mean+tis", "seq_mean_token_mean+entropy", "seq_mean_token_sum+cispo", "gspo+tis"],
+)
+def test_loss_and_gradients_do_not_depend_on_the_micro_batch_split(
+    tiny_llama_path, groups_factory, algo
+):
+    groups = groups_factory(num_groups=3, group_size=4, seed=5)
+    backend = _backend(tiny_llama_path, algo, lr=0.0, clip_grad=0.0)  # lr 0: weights stay put
+    results = []
+    for budget, is_packed in [(10_000, True), (12, True), (30, False)]:
+        batch = build_train_batch(
+            groups, algo, max_tokens_per_micro_batch=budget, pad_id=0, is_packed=is_packed
+        )
+        metrics = backend.train_step(batch)
+        results.append(
+            (batch.metrics["batch/num_micro_batches"], metrics["loss"], _grads(backend.model))
+        )
+    (n_one, loss_one, grads_one), *others = results
+    assert n_one == 1
+    for n_many, loss_many, grads_many in others:
+        assert n_many > 3
+        assert loss_many == pytest.approx(loss_one, rel=1e-5, abs=1e-7)
+        for name, g in grads_one.items():
+            assert torch.allclose(grads_many[name], g, rtol=1e-4, atol=1e-7), name
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(tiny_llama_path, groups_factory):
+    groups = groups_factory(num_groups=2, group_size=4, seed=8)
+    grads = []
+    for use_checkpointing in (False, True):
+        backend = _backend(
+            tiny_llama_path, lr=0.0, clip_grad=0.0, gradient_checkpointing=use_checkpointing
+        )
+        batch = build_train_batch(groups, AlgoConfig(), max_tokens_per_micro_batch=30, pad_id=0)
+        backend.train_step(batch)
+        model = backend.model
+        name = "is_activation_checkpointing"  # transformers >= 5; before: is_gradient_checkpointing
+        is_on = getattr(model, name) if hasattr(model, name) else model.is_gradient_checkpointing
+        assert is_on == use_checkpointing
+        grads.append(_grads(backend.model))
+    for name, g in grads[0].items():
+        assert torch.allclose(grads[1][name], g, atol=1e-6), name
+
+
+def test_train_step_lowers_the_loss_on_a_repeated_batch(tiny_llama_path, groups_factory):
+    groups = groups_factory(num_groups=2, group_size=4, seed=1)
+    backend = _backend(tiny_llama_path, lr=1e-2)
+    batch = build_train_batch(groups, AlgoConfig(), max_tokens_per_micro_batch=64, pad_id=0)
+    backend.compute_logprobs(batch)  # fix the old policy, so the surrogate can move
+    losses = [backend.train_step(batch)["loss"] for _ in range(4)]
+    assert losses[-1] < losses[0] - 0.05
+    assert backend.optimizer_step == 4 and backend.num_train_steps == 4
+
+
+def test_global_batch_size_takes_several_optimizer_steps_from_one_old_policy(
+    tiny_llama_path, groups_factory
+):
+    groups = groups_factory(num_groups=3, group_size=4, seed=2)
+    backend = _backend(tiny_llama_path, lr=1e-2)
+    batch = build_train_batch(
+        groups, AlgoConfig(), max_tokens_per_micro_batch=64, pad_id=0, global_batch_size=5
+    )
+    metrics = backend.train_step(batch)
+    assert metrics["num_optimizer_steps"] == 3.0 and backend.optimizer_step == 3
+    assert all(mb.old_logprobs is not None for mb in batch.micro_batches())
+    assert metrics["approx_kl"] != 0.0  # later steps see a policy that already moved
+    assert metrics["grad_norm"] > 0.0 and metrics["lr"] == pytest.approx(1e-2)
+    assert metrics["num_trained_sequences"] == 12.0 and metrics["num_excluded_error"] == 0.0
+    assert backend.pad_id == 0  # the tiny config's pad_token_id
+
+
+def test_reference_model_only_with_a_positive_kl_coefficient(tiny_llama_path, groups_factory):
+    off = _backend(tiny_llama_path, AlgoConfig(use_kl_loss=True, kl_loss_coef=0.0))
+    off.model  # noqa: B018 - loads lazily
+    assert off.ref_model is None
+    algo = AlgoConfig(use_kl_loss=True, kl_loss_coef=0.1)
+    on = _backend(tiny_llama_path, algo, lr=1e-2)
+    batch = build_train_batch(
+        groups_factory(2, 4, seed=3), algo, max_tokens_per_micro_batch=64, pad_id=0
+    )
+    first = on.train_step(batch)
+    assert on.ref_model is not None
+    assert first["kl_loss"] == pytest.approx(0.0, abs=1e-6)  # same weights as the reference
+    batch = build_train_batch(
+        groups_factory(2, 4, seed=4), algo, max_tokens_per_micro_batch=64, pad_id=0
+    )
+    assert on.train_step(batch)["kl_loss"] > 0.0
+
+
+def test_save_load_round_trip_restores_weights_optimizer_and_counters(
+    tiny_llama_path, groups_factory, tmp_path
+):
+    from transformers import AutoModelForCausalLM
+
+    groups = groups_factory(num_groups=2, group_size=4, seed=6)
+
+    def batch() -> TrainBatch:
+        return build_train_batch(groups, AlgoConfig(), max_tokens_per_micro_batch=64, pad_id=0)
+
+    kw = dict(lr=1e-2, lr_warmup_steps=2, lr_decay_style="cosine", num_rollout=5, weight_decay=0.1)
+    a = _backend(tiny_llama_path, **kw)
+    a.train_step(batch())
+    a.train_step(batch())
+    a.save(tmp_path / "ckpt")
+    b = _backend(tiny_llama_path, **kw)
+    b.load(tmp_path / "ckpt")
+    assert b.optimizer_step == 2 and b.num_train_steps == 2
+    for (name, pa), pb in zip(
+        a.model.state_dict().items(), b.model.state_dict().values(), strict=True
+    ):
+        assert torch.equal(pa, pb), name
+    sa, sb = a.optimizer.state_dict()["state"], b.optimizer.state_dict()["state"]
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k]["exp_avg_sq"], sb[k]["exp_avg_sq"])
+    assert a.scheduler.get_last_lr() == b.scheduler.get_last_lr()
+    # transformers loads the directory as a model.
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "ckpt"))
+    assert torch.equal(hf.model.embed_tokens.weight, a.model.model.embed_tokens.weight)
+    # The next step is identical on both.
+    ma, mb = a.train_step(batch()), b.train_step(batch())
+    assert ma["loss"] == mb["loss"] and ma["lr"] == mb["lr"]
+    for pa, pb in zip(a.model.parameters(), b.model.parameters(), strict=True):
+        assert torch.equal(pa, pb)
+
+
+def test_load_names_a_directory_without_weights(tiny_llama_path, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no \\*.safetensors weights"):
+        _backend(tiny_llama_path).load(tmp_path)
+
+
+def test_export_weights_buckets_hf_names_without_tied_duplicates(tiny_llama_path):
+    backend = _backend(tiny_llama_path)
+    engine_state = backend.state_dict_for_engine()
+    assert "lm_head.weight" not in engine_state  # tied to model.embed_tokens.weight
+    assert "model.embed_tokens.weight" in engine_state
+    buckets = list(backend.export_weights(bucket_size_bytes=8 * 1024))
+    assert len(buckets) > 1
+    for bucket in buckets[:-1]:
+        assert sum(t.numel() * t.element_size() for _, t in bucket) <= 8 * 1024 or len(bucket) == 1
+    flat = [name for bucket in buckets for name, _ in bucket]
+    assert flat == list(engine_state)
+    (_, first), *_ = next(iter(backend.export_weights(dtype=torch.bfloat16)))
+    assert first.dtype == torch.bfloat16
+
+
+def test_lr_schedule():
+    def f(step: int, style: str) -> float:
+        return lr_factor(step, warmup_steps=2, total_steps=12, style=style, min_ratio=0.1)
+
+    assert [f(s, "constant") for s in (0, 1, 2, 11)] == [0.5, 1.0, 1.0, 1.0]
+    assert f(7, "linear") == pytest.approx(0.1 + 0.9 * 0.5)
+    assert f(12, "linear") == pytest.approx(0.1)
+    assert f(7, "cosine") == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert f(20, "cosine") == pytest.approx(0.1)
+
+
+def test_constructor_checks_config_without_loading(tiny_llama_path):
+    with pytest.raises(ValueError, match="dtype='float16' is not supported"):
+        TorchBackend(tiny_llama_path, TrainConfig(), AlgoConfig(), dtype="float16")
+    backend = TorchBackend("/does/not/exist", TrainConfig(), AlgoConfig())
+    assert backend._model is None
+
+
+@pytest.mark.gpu
+def test_cuda_bf16_autocast_matches_cpu_and_learns(tiny_llama_path, groups_factory):
+    groups = groups_factory(num_groups=2, group_size=4, seed=7)
+
+    def batch() -> TrainBatch:
+        return build_train_batch(groups, AlgoConfig(), max_tokens_per_micro_batch=64, pad_id=0)
+
+    cpu = _per_sample_logprobs(_backend(tiny_llama_path).compute_logprobs(batch()))
+    gpu = TorchBackend(tiny_llama_path, TrainConfig(lr=1e-2), AlgoConfig(), device="cuda")
+    fixed = gpu.compute_logprobs(batch())
+    on_gpu = _per_sample_logprobs(fixed)
+    for i in cpu:
+        assert torch.allclose(on_gpu[i], cpu[i], atol=5e-2), i  # bf16 forward, fp32 logprobs
+    losses = [gpu.train_step(fixed)["loss"] for _ in range(4)]
+    assert losses[-1] < losses[0]
+    assert all(p.dtype == torch.float32 for p in gpu.model.parameters())  # fp32 master weights
