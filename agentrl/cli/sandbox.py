@@ -11,15 +11,21 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    group = typer.Typer(help="Run programs in the sandbox (debugging, scripted checks).", no_args_is_help=True)
+    group = typer.Typer(
+        help="Run programs in the sandbox (debugging, scripted checks).", no_args_is_help=True
+    )
 
     @group.command("run")
     def run_command(
-        file: Path = typer.Argument(..., exists=True, dir_okay=False, help="Python program to run."),
+        file: Path = typer.Argument(
+            ..., exists=True, dir_okay=False, help="Python program to run."
+        ),
         backend: str = typer.Option("auto", help="auto, bubblewrap, docker or subprocess."),
         timeout_s: float = typer.Option(10.0, help="Wall-clock limit in seconds."),
         memory_mb: int = typer.Option(512, help="Memory limit in MiB."),
-        stdin: Path | None = typer.Option(None, exists=True, dir_okay=False, help="File fed to the program's stdin."),
+        stdin: Path | None = typer.Option(
+            None, exists=True, dir_okay=False, help="File fed to the program's stdin."
+        ),
         allow_unsafe: bool = typer.Option(False, help="Permit the unsandboxed subprocess backend."),
     ) -> None:
         """Run FILE once under the limits and print status, exit_code, stdout, stderr, wall_s,

@@ -20,9 +20,10 @@ from agentrl.types import EpisodeStatus
 @dataclass
 class EvalReport:
     """Rewards and pass rates count scored episodes only (COMPLETED, TRUNCATED); ERROR and
-    ABORTED appear in the status mix. Reward and pass@k intervals are Student-t over
-    per-task means (episodes of one task are not independent); the pass rate interval is
-    Wilson over scored episodes; maj@k is Wilson over tasks."""
+    ABORTED appear in the status mix. Reward and pass@k intervals are over per-task means
+    (episodes of one task are not independent): Student t, or Wilson when every task's
+    value is 0 or 1; the pass rate interval is Wilson over scored episodes; maj@k is Wilson
+    over tasks."""
 
     k: int
     temperature: float
@@ -118,8 +119,9 @@ class EvalReport:
             f"| tool errors | {_fmt(self.tool_errors_per_episode)} |",
             f"| response tokens | {_fmt(self.response_len_mean)} |",
             "",
-            "Reward and pass@k CIs: Student t over per-task means. Pass rate: Wilson over scored "
-            "episodes. maj@k: Wilson over tasks. ERROR/ABORTED episodes are excluded, not scored 0.",
+            "Reward and pass@k CIs: Student t over per-task means (Wilson when every task scores "
+            "0 or 1). Pass rate: Wilson over scored episodes. maj@k: Wilson over tasks. "
+            "ERROR/ABORTED episodes are excluded, not scored 0.",
         ]
         return "\n".join(lines) + "\n"
 
@@ -156,7 +158,7 @@ def build_report(
         num_tasks=len(groups),
         num_episodes=len(episodes),
         num_scored_episodes=len(scored),
-        reward=stats.mean_ci(task_rewards),
+        reward=stats.task_mean_ci(task_rewards),
         reward_std=stats.std([t.reward for t in scored]),
         pass_rate=stats.wilson_ci(num_correct, len(scored)),
         pass_at_k={j: _pass_at(scored_groups, j) for j in stats.pass_at_k_levels(k)},
@@ -178,7 +180,7 @@ def _pass_at(scored_groups: list[list[Any]], k: int) -> Interval:
         for g in scored_groups
         if len(g) >= k
     ]
-    return stats.mean_ci(values)
+    return stats.task_mean_ci(values)
 
 
 def _maj(scored_groups: list[list[Any]]) -> Interval:

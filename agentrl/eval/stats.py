@@ -136,6 +136,14 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95) -> Interval:
     return Interval(mean, mean - half, mean + half, n)
 
 
+def task_mean_ci(values: Sequence[float], confidence: float = 0.95) -> Interval:
+    """The interval for a mean over tasks: Wilson when every value is 0 or 1 (a t interval
+    collapses to a point at 0/n or n/n), else Student t."""
+    if values and all(v in (0.0, 1.0) for v in values):
+        return wilson_ci(int(sum(values)), len(values), confidence)
+    return mean_ci(values, confidence)
+
+
 def wilson_ci(successes: int, n: int, confidence: float = 0.95) -> Interval:
     """A binomial proportion with the Wilson score interval (sane at 0/n and n/n)."""
     if not 0 <= successes <= n:

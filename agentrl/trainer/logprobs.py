@@ -10,15 +10,23 @@ from torch.utils.checkpoint import checkpoint
 
 
 def _chunk_logprobs(
-    hidden: Tensor, weight: Tensor, bias: Tensor | None, target_ids: Tensor, temperature: float
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    target_ids: Tensor,
+    temperature: float,
+    is_entropy_trained: bool,
 ) -> tuple[Tensor, Tensor]:
     """[C, H] -> logprob of target [C] and entropy [C] of softmax(logits / T), in float32."""
     logits = F.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
-    logits = logits / temperature  # [C, V]
-    log_z = torch.logsumexp(logits, dim=-1)  # [C]
-    target_logits = logits.gather(-1, target_ids.unsqueeze(-1)).squeeze(-1)
-    entropy = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
-    return target_logits - log_z, entropy
+    if temperature != 1.0:
+        logits = logits / temperature  # [C, V]
+    # Only log_softmax's output is kept for backward; the logits themselves can be freed.
+    all_logprobs = torch.log_softmax(logits, dim=-1)  # [C, V]
+    logprobs = all_logprobs.gather(-1, target_ids.unsqueeze(-1)).squeeze(-1)
+    with torch.set_grad_enabled(is_entropy_trained and torch.is_grad_enabled()):
+        entropy = -(all_logprobs.exp() * all_logprobs).sum(-1)
+    return logprobs, entropy
 
 
 def chunked_logprobs(
@@ -29,11 +37,13 @@ def chunked_logprobs(
     bias: Tensor | None = None,
     chunk_size: int = 1024,
     temperature: float = 1.0,
+    is_entropy_trained: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """log_softmax(hidden @ weight.T / T)[target] and the entropy, for hidden [M, H] -> [M], [M].
 
     With gradients on, each chunk is recomputed in backward (activation checkpointing), so only
-    one chunk of logits is alive at any time; the engine's logprobs use the same definition."""
+    one chunk of logits is alive at any time; the engine's logprobs use the same definition.
+    With `is_entropy_trained` False the entropy carries no gradient (cheaper; a metric only)."""
     if chunk_size < 1:
         raise ValueError(f"train.logprob_chunk_size={chunk_size} must be >= 1")
     if temperature <= 0:
@@ -46,10 +56,17 @@ def chunked_logprobs(
         t = target_ids[start : start + chunk_size]
         if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
             lp, ent = checkpoint(
-                _chunk_logprobs, h, weight, bias, t, temperature, use_reentrant=False
+                _chunk_logprobs,
+                h,
+                weight,
+                bias,
+                t,
+                temperature,
+                is_entropy_trained,
+                use_reentrant=False,
             )
         else:
-            lp, ent = _chunk_logprobs(h, weight, bias, t, temperature)
+            lp, ent = _chunk_logprobs(h, weight, bias, t, temperature, is_entropy_trained)
         logprob_parts.append(lp)
         entropy_parts.append(ent)
     if not logprob_parts:

@@ -218,6 +218,7 @@ class TorchBackend:
             bias=getattr(head, "bias", None),
             chunk_size=self.train_cfg.logprob_chunk_size,
             temperature=self.temperature,
+            is_entropy_trained=bool(self.objective.entropy_coef) and torch.is_grad_enabled(),
         )
         zeros = torch.zeros(is_loss.shape, dtype=torch.float32, device=hidden.device)
         return zeros.index_put((is_loss,), logprobs), zeros.index_put((is_loss,), entropy)
@@ -271,8 +272,6 @@ class TorchBackend:
         for mb in step.micro_batches:
             dev = mb.to(self.device)
             logprobs, entropy = self._token_logprobs(self.model, dev)
-            if not self.objective.entropy_coef:
-                entropy = entropy.detach()
             old = dev.old_logprobs if dev.old_logprobs is not None else logprobs.detach()
             loss, metrics = self.objective(
                 logprobs, entropy, dev.loss_inputs(step.num_loss_tokens, step.num_seqs, old)

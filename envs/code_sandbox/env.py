@@ -12,13 +12,14 @@ import random
 import re
 from typing import Any, ClassVar, Literal
 
+from agentrl_envs.code_sandbox import tasks as task_data
+from agentrl_envs.code_sandbox.grading import grade, program_for
+
 from agentrl.envs import AgentEnv, StepResult
 from agentrl.envs.base import tool_info
 from agentrl.tools import tool
 from agentrl.tools.sandbox import Limits, Program, Sandbox, SandboxStatus, make_sandbox
 from agentrl.types import Message, Task
-from agentrl_envs.code_sandbox import tasks as task_data
-from agentrl_envs.code_sandbox.grading import grade, program_for
 
 SYSTEM_PROMPT = (
     "You write Python functions. You can run Python code with the run_python tool to test ideas; "
@@ -45,9 +46,14 @@ def extract_code(text: str) -> str | None:
     return blocks[-1] if blocks else None
 
 
-def format_run(status: SandboxStatus, exit_code: int | None, stdout: str, stderr: str, truncated: bool) -> str:
+def format_run(
+    status: SandboxStatus, exit_code: int | None, stdout: str, stderr: str, truncated: bool
+) -> str:
     lines = [f"status: {status.value}", f"exit_code: {exit_code}"]
-    lines += [f"stdout:\n{stdout}" if stdout else "stdout: (empty)", f"stderr:\n{stderr}" if stderr else "stderr: (empty)"]
+    lines += [
+        f"stdout:\n{stdout}" if stdout else "stdout: (empty)",
+        f"stderr:\n{stderr}" if stderr else "stderr: (empty)",
+    ]
     if truncated:
         lines.append("(output truncated)")
     return "\n".join(lines)
@@ -57,7 +63,9 @@ class CodeSandboxEnv(AgentEnv):
     """HumanEval-style coding with a sandboxed `run_python` tool and hidden-test grading."""
 
     reward_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
-    metadata: ClassVar[dict[str, Any]] = {"description": "write a Python function; sandboxed run_python; hidden tests"}
+    metadata: ClassVar[dict[str, Any]] = {
+        "description": "write a Python function; sandboxed run_python; hidden tests"
+    }
 
     def __init__(
         self,
@@ -73,7 +81,9 @@ class CodeSandboxEnv(AgentEnv):
             raise ValueError(f"code_sandbox reward={reward!r}: use 'all_pass' or 'fraction'")
         self.sandbox_backend = sandbox_backend
         self.reward_kind = reward
-        self.run_limits = run_limits or Limits(timeout_s=10.0, memory_mb=512, max_output_bytes=64 << 10)
+        self.run_limits = run_limits or Limits(
+            timeout_s=10.0, memory_mb=512, max_output_bytes=64 << 10
+        )
         self.grade_limits = grade_limits
         self.max_output_chars = max_output_chars
         self.task: Task | None = None
@@ -91,9 +101,17 @@ class CodeSandboxEnv(AgentEnv):
             raise RuntimeError(f"the sandbox failed (not your code): {result.error}")
         cap = self.max_output_chars
         cut = len(result.stdout) > cap or len(result.stderr) > cap
-        return format_run(result.status, result.exit_code, result.stdout[:cap], result.stderr[-cap:], result.truncated or cut)
+        return format_run(
+            result.status,
+            result.exit_code,
+            result.stdout[:cap],
+            result.stderr[-cap:],
+            result.truncated or cut,
+        )
 
-    async def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+    async def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
         task = (options or {}).get("task")
         if task is None:  # no dataset row: pick a train task from the seed
             train = self.load_tasks("train")
@@ -118,25 +136,52 @@ class CodeSandboxEnv(AgentEnv):
         code = extract_code(content)
         info: dict[str, Any] = {"has_code_block": code is not None, **tool_info([])}
         if code is None:
-            return StepResult(reward=0.0, terminated=True, info={**info, "num_tests": 0, "num_passed": 0})
+            return StepResult(
+                reward=0.0, terminated=True, info={**info, "num_tests": 0, "num_passed": 0}
+            )
         data = self.task.data
         result = await grade(
-            shared_sandbox(self.sandbox_backend), solution=program_for(data, code), prompt=data["prompt"],
-            test=data["test"], entry_point=data["entry_point"], limits=self.grade_limits,
+            shared_sandbox(self.sandbox_backend),
+            solution=program_for(data, code),
+            prompt=data["prompt"],
+            test=data["test"],
+            entry_point=data["entry_point"],
+            limits=self.grade_limits,
         )
-        reward = result.fraction_passed if self.reward_kind == "fraction" else float(result.all_passed)
-        info.update(num_tests=result.num_tests, num_passed=result.num_passed, all_passed=result.all_passed,
-                    is_verified=result.is_verified, grade_error=result.error)
+        reward = (
+            result.fraction_passed if self.reward_kind == "fraction" else float(result.all_passed)
+        )
+        info.update(
+            num_tests=result.num_tests,
+            num_passed=result.num_passed,
+            all_passed=result.all_passed,
+            is_verified=result.is_verified,
+            grade_error=result.error,
+        )
         return StepResult(reward=reward, terminated=True, info=info)
 
     @classmethod
-    def load_tasks(cls, split: str, *, seed: int = 0, test_fraction: float = task_data.TEST_FRACTION,
-                   num_tasks: int | None = None) -> list[Task]:
+    def load_tasks(
+        cls,
+        split: str,
+        *,
+        seed: int = 0,
+        test_fraction: float = task_data.TEST_FRACTION,
+        num_tasks: int | None = None,
+    ) -> list[Task]:
         """HumanEval: "train" (131 tasks) and "test" (33), a seeded split; "all" (164)."""
-        return task_data.load_humaneval(split, seed=seed, test_fraction=test_fraction, num_tasks=num_tasks)
+        return task_data.load_humaneval(
+            split, seed=seed, test_fraction=test_fraction, num_tasks=num_tasks
+        )
 
     @classmethod
-    def task_from_row(cls, row: dict[str, Any], *, index: int, input_key: str | None = None,
-                      label_key: str | None = None) -> Task:
+    def task_from_row(
+        cls,
+        row: dict[str, Any],
+        *,
+        index: int,
+        input_key: str | None = None,
+        label_key: str | None = None,
+    ) -> Task:
         """A JSONL row with `prompt`, `entry_point` and `test` (HumanEval's shape); `label_key` is unused."""
         return task_data.task_from_row(row, index=index, input_key=input_key)

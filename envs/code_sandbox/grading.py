@@ -65,8 +65,18 @@ async def grade(
     """Run `test` (a HumanEval-style `check(candidate)`) against `solution`, whose module must
     define `entry_point`. Raises SandboxInfraError when the sandbox broke."""
     nonce = secrets.token_hex(16)
-    config = {"nonce": nonce, "prompt": prompt, "test": test, "entry_point": entry_point, "call_timeout_s": call_timeout_s}
-    program = Program(code=HARNESS_MAIN, files={**HARNESS_FILES, "solution.py": solution}, stdin=json.dumps(config))
+    config = {
+        "nonce": nonce,
+        "prompt": prompt,
+        "test": test,
+        "entry_point": entry_point,
+        "call_timeout_s": call_timeout_s,
+    }
+    program = Program(
+        code=HARNESS_MAIN,
+        files={**HARNESS_FILES, "solution.py": solution},
+        stdin=json.dumps(config),
+    )
     result = await sandbox.run(program, limits or DEFAULT_GRADE_LIMITS)
     if result.status is SandboxStatus.SANDBOX_ERROR:
         raise SandboxInfraError(f"grading sandbox failed: {result.error}")

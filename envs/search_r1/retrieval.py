@@ -55,8 +55,9 @@ class QueryBatcher:
         self.window_s = window_s
         self.max_batch_size = max_batch_size
         self.cache: LRUCache[tuple[str, int], list[Document]] = LRUCache(cache_size)
-        self._pending: dict[int, list[tuple[str, asyncio.Future[list[Document]]]]] = {}
-        self._flushers: dict[int, asyncio.TimerHandle] = {}
+        # Keyed by (event loop, topk): a future is only ever batched with its own loop's.
+        self._pending: dict[tuple[int, int], list[tuple[str, asyncio.Future[list[Document]]]]] = {}
+        self._flushers: dict[tuple[int, int], asyncio.TimerHandle] = {}
         self.num_backend_calls = 0
 
     async def search(self, queries: Sequence[str], topk: int) -> list[list[Document]]:
@@ -66,24 +67,24 @@ class QueryBatcher:
         cached = self.cache.get((query, topk))
         if cached is not None:
             return cached
-        future: asyncio.Future[list[Document]] = asyncio.get_running_loop().create_future()
-        pending = self._pending.setdefault(topk, [])
+        loop = asyncio.get_running_loop()
+        key = (id(loop), topk)
+        future: asyncio.Future[list[Document]] = loop.create_future()
+        pending = self._pending.setdefault(key, [])
         pending.append((query, future))
         if len(pending) >= self.max_batch_size:
-            self._flush(topk)
-        elif topk not in self._flushers:
-            self._flushers[topk] = asyncio.get_running_loop().call_later(
-                self.window_s, self._flush, topk
-            )
+            self._flush(key)
+        elif key not in self._flushers:
+            self._flushers[key] = loop.call_later(self.window_s, self._flush, key)
         return await future
 
-    def _flush(self, topk: int) -> None:
-        handle = self._flushers.pop(topk, None)
+    def _flush(self, key: tuple[int, int]) -> None:
+        handle = self._flushers.pop(key, None)
         if handle is not None:
             handle.cancel()
-        batch = self._pending.pop(topk, [])
+        batch = self._pending.pop(key, [])
         if batch:
-            asyncio.get_running_loop().create_task(self._answer(batch, topk))
+            asyncio.get_running_loop().create_task(self._answer(batch, key[1]))
 
     async def _answer(
         self, batch: list[tuple[str, asyncio.Future[list[Document]]]], topk: int

@@ -69,13 +69,16 @@ def test_server_that_dies_at_startup_fails_the_launch_with_its_log(fake_sglang: 
 
 
 @pytest.mark.slow
-async def test_launched_server_generates_and_receives_passthrough_args(
+async def test_launch_generate_crash_report_restart_and_shutdown(
     fake_sglang: dict[str, str], tiny_model_path: str, tmp_path: Path
 ) -> None:
-    cluster = launch_servers(tiny_model_path, _cfg(sglang_args=["--context-length", "512"]), env=fake_sglang,
-                             log_dir=str(tmp_path / "logs"), health_timeout_s=120)
-    engine = SGLangEngine(cluster.url)
-    engine.cluster = cluster
+    trigger = tmp_path / "crash-now"
+    env = {**fake_sglang, "FAKE_SGLANG_CRASH_TRIGGER": str(trigger)}
+    cfg = _cfg(sglang_args=["--context-length", "512"], restart_on_failure=True)
+    cluster = launch_servers(tiny_model_path, cfg, env=env, log_dir=str(tmp_path / "logs"), health_timeout_s=120)
+    cluster.poll_interval_s = 0.2
+    engine = SGLangEngine(cluster.url, max_retries=0)
+    engine.cluster = cluster  # as make_engine does: the engine shuts the cluster down
     try:
         completion = await engine.generate([1, 2, 3], SamplingParams(max_new_tokens=4, seed=0))
         assert len(completion.ids) == len(completion.logprobs) > 0
@@ -83,21 +86,8 @@ async def test_launched_server_generates_and_receives_passthrough_args(
         assert argv[argv.index("--model-path") + 1] == tiny_model_path
         assert argv[argv.index("--mem-fraction-static") + 1] == "0.5"
         assert argv[-2:] == ["--context-length", "512"]
-    finally:
-        await engine.close()  # shuts the cluster down with the engine
-    assert not cluster.servers[0].is_alive()
 
-
-@pytest.mark.slow
-async def test_dead_server_is_reported_with_its_log_then_restarted(
-    fake_sglang: dict[str, str], tiny_model_path: str, tmp_path: Path
-) -> None:
-    env = {**fake_sglang, "FAKE_SGLANG_CRASH_ONCE": str(tmp_path / "crashed"), "FAKE_SGLANG_CRASH_AFTER_S": "1"}
-    cluster = launch_servers(tiny_model_path, _cfg(restart_on_failure=True), env=env, health_timeout_s=120)
-    cluster.poll_interval_s = 0.2
-    engine = SGLangEngine(cluster.url, max_retries=0)
-    engine.cluster = cluster
-    try:
+        trigger.touch()
         deadline = time.monotonic() + 60
         while not cluster.failures and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -105,8 +95,9 @@ async def test_dead_server_is_reported_with_its_log_then_restarted(
         assert report is not None and "exited with code 3" in report and "simulated CUDA error" in report
         with pytest.raises(EngineError, match="simulated CUDA error"):
             await engine.generate([1, 2], SamplingParams(max_new_tokens=2))
-        await engine.wait_healthy(timeout_s=90, interval_s=0.2)  # the monitor restarted it
+        await engine.wait_healthy(timeout_s=120, interval_s=0.2)  # the monitor restarted it
         assert cluster.servers[0].num_restarts == 1
         assert (await engine.generate([1, 2], SamplingParams(max_new_tokens=2, seed=0))).ids
     finally:
         await engine.close()
+    assert not cluster.servers[0].is_alive()

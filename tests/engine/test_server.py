@@ -206,3 +206,81 @@ def test_official_openai_client_chats_with_agentrl_serve(served) -> None:
                                            temperature=0.0, logprobs=1)
     assert len(completion.choices[0].logprobs.token_logprobs) == completion.usage.completion_tokens
     assert completion.usage.prompt_tokens > 0
+
+
+def _trajectory_key(t) -> tuple:
+    return (t.token_ids, t.loss_mask, t.logprobs, t.status, t.status_reason, t.reward, t.prompt_len)
+
+
+async def _rollouts(engine, codec, *, temperature: float, max_concurrent_episodes: int):
+    from agentrl.config import RolloutConfig
+    from agentrl.envs.calculator import CalculatorEnv
+    from agentrl.rollout import RolloutRunner
+
+    cfg = RolloutConfig(rollout_max_response_len=12, max_turns=2, max_concurrent_episodes=max_concurrent_episodes,
+                        seed=5)
+    runner = RolloutRunner(engine, CalculatorEnv, cfg, codec=codec)
+    tasks = CalculatorEnv.load_tasks("train", num_tasks=2)
+    groups = await runner.run_groups(tasks, 2, temperature=temperature)
+    return [t for group in groups for t in group]
+
+
+@pytest.mark.slow
+async def test_rollout_and_eval_through_http_give_the_in_process_trajectories(served, local) -> None:
+    from agentrl.rollout import ChatCodec
+
+    url, _ = served
+    http = SGLangEngine(url)
+    codec = ChatCodec(local.tokenizer, tool_call_format="hermes")
+    for temperature in (1.0, 0.0):  # a training rollout, then an eval-like greedy pass
+        want = await _rollouts(local, codec, temperature=temperature, max_concurrent_episodes=1)
+        got = await _rollouts(http, codec, temperature=temperature, max_concurrent_episodes=1)
+        assert [_trajectory_key(t) for t in got] == [_trajectory_key(t) for t in want]
+        assert all(sum(t.loss_mask) > 0 for t in got)
+    # Concurrent episodes batch differently on each side: same ids and masks, logprobs to 1e-4.
+    want = await _rollouts(local, codec, temperature=1.0, max_concurrent_episodes=4)
+    got = await _rollouts(http, codec, temperature=1.0, max_concurrent_episodes=4)
+    assert [(t.token_ids, t.loss_mask) for t in got] == [(t.token_ids, t.loss_mask) for t in want]
+    for g, w in zip(got, want, strict=True):
+        assert g.logprobs == pytest.approx(w.logprobs, abs=1e-4)
+    await http.close()
+
+
+@pytest.mark.slow
+async def test_distributed_weight_update_into_agentrl_serve_subprocess(tiny_model_path, tmp_path) -> None:
+    """`agentrl serve` as a real process joins a gloo group with this process (rank 0) and
+    receives a broadcast update; it then generates like an in-process engine with the same weights."""
+    import os
+    import subprocess
+    import sys
+
+    from agentrl.engine.launcher import _ports
+    from agentrl.engine.sglang import DistributedWeightSender
+
+    (port,) = _ports(0, 1, "127.0.0.1")
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
+    log = open(tmp_path / "serve.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from agentrl.cli import main; main()", "serve", "--model", tiny_model_path,
+         "--port", str(port), "--device", "cpu", "--log-level", "warning"],
+        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+    )
+    http = SGLangEngine(f"http://127.0.0.1:{port}")
+    local = LocalEngine(tiny_model_path, device="cpu", seed=0)
+    try:
+        await http.wait_healthy(timeout_s=120, interval_s=0.25)
+        named = _perturbed(local, 0.5)
+        sender = DistributedWeightSender([http], backend="gloo")
+        await sender.connect()
+        await sender.send(named, weight_version="dist-1")
+        await sender.close()
+        await local.update_weights(named, weight_version="dist-1")
+        want, got = await _both(local, http, _sampling(2), PROMPTS[2])
+        assert got.ids == want.ids and got.logprobs == want.logprobs
+        assert got.weight_version == "dist-1" == http.weight_version
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+        await asyncio.gather(local.close(), http.close())

@@ -137,3 +137,32 @@ async def test_progress_bar_runs(tmp_path) -> None:
         FakeRunner(), make_tasks(2), k=2, temperature=1.0, out_dir=tmp_path, progress=True
     )
     assert report.num_episodes == 4
+
+
+@pytest.mark.slow
+async def test_evaluate_with_the_real_rollout_runner_resumes(tiny_model_path, tmp_path) -> None:
+    """The whole path on CPU: LocalEngine (tiny random model), calculator env, RolloutRunner."""
+    from agentrl.config import recipe_calculator
+    from agentrl.data import load_tasks
+    from agentrl.engine.factory import make_engine
+    from agentrl.rollout import build_runner
+
+    cfg = recipe_calculator()
+    cfg.model.path = tiny_model_path
+    cfg.rollout.rollout_max_response_len = 8
+    cfg.rollout.max_turns = 1
+    tasks = load_tasks(cfg.env, "test")[:3]
+    engine = make_engine(cfg)
+    try:
+        runner = build_runner(cfg, engine)
+        kwargs = dict(k=2, temperature=1.0, out_dir=tmp_path, progress=False, seed=0)
+        await evaluate(runner, tasks[:2], **kwargs)
+        report = await evaluate(runner, tasks, **kwargs)
+    finally:
+        await engine.close()
+    saved = read_jsonl(str(tmp_path / "eval_trajectories.jsonl"))
+    assert sorted(t.task["id"] for t in saved) == sorted([t.id for t in tasks] * 2)
+    assert report.meta["num_resumed_tasks"] == 2
+    assert report.num_episodes == 6
+    assert sum(report.status_counts.values()) == 6
+    assert report.status_counts.get("error", 0) == 0, [t.info.get("error") for t in saved]

@@ -143,6 +143,12 @@ def test_mean_ci_hand_computed() -> None:
     assert iv.high == pytest.approx(0.75 + half, abs=1e-8)
 
 
+def test_task_mean_ci_uses_wilson_for_all_binary_values() -> None:
+    assert stats.task_mean_ci([0.0, 0.0, 0.0]) == stats.wilson_ci(0, 3)  # t would give [0, 0]
+    assert stats.task_mean_ci([1.0, 0.0, 1.0]) == stats.wilson_ci(2, 3)
+    assert stats.task_mean_ci([0.5, 1.0, 0.0]) == stats.mean_ci([0.5, 1.0, 0.0])
+
+
 def test_mean_ci_shrinks_with_n_and_degenerates_gracefully() -> None:
     widths = []
     for n in (4, 40, 400):

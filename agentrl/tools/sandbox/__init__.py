@@ -1,7 +1,14 @@
 """Sandboxed execution of untrusted programs: the `Sandbox` protocol, its backends
 (bubblewrap, Docker, an opt-in unsafe subprocess) and the global concurrency leases."""
 
-from agentrl.tools.sandbox.base import Limits, Program, Sandbox, SandboxResult, SandboxStatus, SandboxUnavailable
+from agentrl.tools.sandbox.base import (
+    Limits,
+    Program,
+    Sandbox,
+    SandboxResult,
+    SandboxStatus,
+    SandboxUnavailable,
+)
 from agentrl.tools.sandbox.factory import BACKENDS, backend_status, make_sandbox
 from agentrl.tools.sandbox.leases import Leases, default_leases, set_default_concurrency
 

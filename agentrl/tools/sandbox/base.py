@@ -39,10 +39,14 @@ class Program:
         if (self.code is None) == (self.command is None):
             raise ValueError("Program needs exactly one of `code` or `command`")
         if self.language != "python" and self.code is not None:
-            raise ValueError(f"Program.language={self.language!r}: only 'python' code is supported; pass `command` for others")
+            raise ValueError(
+                f"Program.language={self.language!r}: only 'python' code is supported; pass `command` for others"
+            )
         for name in [*self.files, *self.fetch_files]:
             if name.startswith("/") or ".." in name.split("/"):
-                raise ValueError(f"Program file name {name!r} must be relative and stay inside the work dir")
+                raise ValueError(
+                    f"Program file name {name!r} must be relative and stay inside the work dir"
+                )
 
     def stdin_bytes(self) -> bytes:
         return self.stdin.encode() if isinstance(self.stdin, str) else self.stdin
@@ -71,7 +75,14 @@ class Limits:
     """stdout + stderr bytes kept; one more byte kills the run (OUTPUT_LIMIT)."""
 
     def __post_init__(self) -> None:
-        for name in ("timeout_s", "memory_mb", "max_processes", "max_file_size_mb", "max_open_files", "max_output_bytes"):
+        for name in (
+            "timeout_s",
+            "memory_mb",
+            "max_processes",
+            "max_file_size_mb",
+            "max_open_files",
+            "max_output_bytes",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"Limits.{name}={getattr(self, name)!r} must be > 0")
 

@@ -33,7 +33,12 @@ INSTALL_HINT = (
     "(dockerd or systemctl start docker) and `pip install docker`"
 )
 _BOOT = (Path(__file__).parent / "docker_boot.py").read_text()
-_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/work", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/work",
+    "LANG": "C.UTF-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
 _POLL_S = 0.1
 # PID 1 of each container: ignores every signal sent from inside and reaps orphans, so
 # zombies of daemonized programs never pile up against the pids limit.
@@ -64,16 +69,27 @@ class _Pump:
 class DockerSandbox:
     name = "docker"
 
-    def __init__(self, *, image: str = IMAGE, leases: Leases | None = None, base_url: str | None = None, build: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        image: str = IMAGE,
+        leases: Leases | None = None,
+        base_url: str | None = None,
+        build: bool = True,
+    ) -> None:
         try:
             import docker
         except ImportError as e:
-            raise SandboxUnavailable(f"docker backend: the `docker` Python package is missing ({e}); {INSTALL_HINT}")
+            raise SandboxUnavailable(
+                f"docker backend: the `docker` Python package is missing ({e}); {INSTALL_HINT}"
+            )
         try:
             self.client = docker.DockerClient(base_url=base_url) if base_url else docker.from_env()
             self.client.ping()
         except Exception as e:
-            raise SandboxUnavailable(f"docker backend: no Docker daemon answers ({type(e).__name__}: {e}); {INSTALL_HINT}")
+            raise SandboxUnavailable(
+                f"docker backend: no Docker daemon answers ({type(e).__name__}: {e}); {INSTALL_HINT}"
+            )
         self.api = self.client.api
         self.image = build_image(self.client, tag=image) if build else image
         self.leases = leases or default_leases()
@@ -103,26 +119,52 @@ class DockerSandbox:
 
     def _run_sync(self, program: Program, limits: Limits, cancel: threading.Event) -> SandboxResult:
         start = time.monotonic()
-        key = (limits.memory_mb, limits.max_processes, limits.max_file_size_mb, limits.max_open_files)
+        key = (
+            limits.memory_mb,
+            limits.max_processes,
+            limits.max_file_size_mb,
+            limits.max_open_files,
+        )
         try:
             container = self._take(key, limits)
         except Exception as e:
-            return sandbox_error(self.name, f"cannot start a sandbox container: {type(e).__name__}: {e}")
+            return sandbox_error(
+                self.name, f"cannot start a sandbox container: {type(e).__name__}: {e}"
+            )
         is_healthy = False
+        ooms_before = _oom_kills(container.id)
         try:
             payload = self._run_payload(program, limits)
             exec_id, pump = self._exec(container, payload, limits, cancel)
             is_killed = pump.is_timeout or pump.is_output_limit or pump.is_cancelled
-            if is_killed:
-                self._exec(container, {"op": "reset"}, Limits(timeout_s=10), threading.Event())
-            returncode = self._exit_code(exec_id)
-            files = self._fetch(container, program.fetch_files) if program.fetch_files and not is_killed else {}
+            # A run we had to stop may still be forking or writing: its container is removed
+            # (that kills everything in it at once) rather than reset.
+            returncode = None if is_killed else self._exit_code(exec_id)
+            files = (
+                self._fetch(container, program.fetch_files)
+                if program.fetch_files and not is_killed
+                else {}
+            )
             container.reload()
-            is_healthy = container.status == "running"
-            raw = RawRun(returncode, bytes(pump.stdout), bytes(pump.stderr), pump.stdout_truncated,
-                         pump.stderr_truncated, pump.is_timeout, pump.is_output_limit, time.monotonic() - start)
-            # 137 without our kill = the kernel's OOM killer (the container has no other killer).
-            is_oom = (returncode == 137 and not is_killed) or container.attrs["State"].get("OOMKilled", False)
+            # 137: the bootstrap itself was SIGKILLed (OOM, or the program killed it), so it may
+            # not have swept the run's processes: retire the container.
+            is_healthy = container.status == "running" and not is_killed and returncode != 137
+            raw = RawRun(
+                returncode,
+                bytes(pump.stdout),
+                bytes(pump.stderr),
+                pump.stdout_truncated,
+                pump.stderr_truncated,
+                pump.is_timeout,
+                pump.is_output_limit,
+                time.monotonic() - start,
+            )
+            ooms_after = _oom_kills(container.id)
+            if ooms_before is not None and ooms_after is not None:
+                is_oom = ooms_after > ooms_before
+            else:  # cgroup not readable from here: 137 without our kill is most likely the OOM killer
+                is_oom = returncode == 137 and not is_killed
+            is_oom = is_oom or container.attrs["State"].get("OOMKilled", False)
             return to_result(raw, backend=self.name, is_oom=is_oom, files=files)
         except Exception as e:
             return sandbox_error(self.name, f"{type(e).__name__}: {e}", time.monotonic() - start)
@@ -137,14 +179,30 @@ class DockerSandbox:
             "env": _ENV,
             "files": {k: base64.b64encode(v).decode() for k, v in program.all_files().items()},
             "stdin": base64.b64encode(program.stdin_bytes()).decode(),
-            "rlimits": {"RLIMIT_CPU": cpu, "RLIMIT_FSIZE": limits.max_file_size_bytes,
-                        "RLIMIT_NOFILE": limits.max_open_files, "RLIMIT_CORE": 0},
+            "rlimits": {
+                "RLIMIT_CPU": cpu,
+                "RLIMIT_FSIZE": limits.max_file_size_bytes,
+                "RLIMIT_NOFILE": limits.max_open_files,
+                "RLIMIT_CORE": 0,
+                # a huge allocation fails at once instead of grinding into the OOM killer
+                "RLIMIT_AS": 2 * limits.memory_bytes + (256 << 20),
+            },
         }
 
-    def _exec(self, container: Any, payload: dict[str, Any], limits: Limits, cancel: threading.Event) -> tuple[str, _Pump]:
+    def _exec(
+        self, container: Any, payload: dict[str, Any], limits: Limits, cancel: threading.Event
+    ) -> tuple[str, _Pump]:
         body = json.dumps(payload).encode()
-        exec_id = self.api.exec_create(container.id, [PYTHON, "-I", "-c", _BOOT], stdin=True, stdout=True,
-                                       stderr=True, user="65534:65534", workdir="/work", environment={})["Id"]
+        exec_id = self.api.exec_create(
+            container.id,
+            [PYTHON, "-I", "-c", _BOOT],
+            stdin=True,
+            stdout=True,
+            stderr=True,
+            user="65534:65534",
+            workdir="/work",
+            environment={},
+        )["Id"]
         sock = self.api.exec_start(exec_id, socket=True)
         raw = getattr(sock, "_sock", sock)
         try:
@@ -166,7 +224,9 @@ class DockerSandbox:
 
     def _fetch(self, container: Any, names: list[str]) -> dict[str, bytes]:
         limits = Limits(timeout_s=30, max_output_bytes=1 << 28)
-        _, pump = self._exec(container, {"op": "fetch", "fetch_files": names}, limits, threading.Event())
+        _, pump = self._exec(
+            container, {"op": "fetch", "fetch_files": names}, limits, threading.Event()
+        )
         return {k: base64.b64decode(v) for k, v in json.loads(bytes(pump.stdout) or b"{}").items()}
 
     # -- the pool -------------------------------------------------------------------------------
@@ -207,15 +267,21 @@ class DockerSandbox:
             working_dir="/work",
             environment={},
             ipc_mode="none",
-            ulimits=[Ulimit(name="nofile", soft=limits.max_open_files, hard=limits.max_open_files),
-                     Ulimit(name="fsize", soft=limits.max_file_size_bytes, hard=limits.max_file_size_bytes),
-                     Ulimit(name="core", soft=0, hard=0)],
+            ulimits=[
+                Ulimit(name="nofile", soft=limits.max_open_files, hard=limits.max_open_files),
+                Ulimit(
+                    name="fsize", soft=limits.max_file_size_bytes, hard=limits.max_file_size_bytes
+                ),
+                Ulimit(name="core", soft=0, hard=0),
+            ],
         )
 
     def _remove_all(self) -> None:
         with self._lock:
             self._idle.clear()
-        for c in self.client.containers.list(all=True, filters={"label": f"{LABEL}.owner={self.owner}"}):
+        for c in self.client.containers.list(
+            all=True, filters={"label": f"{LABEL}.owner={self.owner}"}
+        ):
             with contextlib.suppress(Exception):
                 c.remove(force=True)
 
@@ -238,7 +304,7 @@ def _pump_frames(raw: socket.socket, limits: Limits, cancel: threading.Event) ->
         raw.settimeout(min(_POLL_S, remaining))
         try:
             chunk = raw.recv(1 << 16)
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             continue
         if not chunk:
             return pump
@@ -246,7 +312,11 @@ def _pump_frames(raw: socket.socket, limits: Limits, cancel: threading.Event) ->
         while len(buf) >= 8 and len(buf) >= 8 + int.from_bytes(buf[4:8], "big"):
             size = int.from_bytes(buf[4:8], "big")
             stream, data, buf = buf[0], buf[8 : 8 + size], buf[8 + size :]
-            sink, flag = (pump.stderr, "stderr_truncated") if stream == 2 else (pump.stdout, "stdout_truncated")
+            sink, flag = (
+                (pump.stderr, "stderr_truncated")
+                if stream == 2
+                else (pump.stdout, "stdout_truncated")
+            )
             if len(data) > left:
                 sink += data[:left]
                 setattr(pump, flag, True)
@@ -254,6 +324,25 @@ def _pump_frames(raw: socket.socket, limits: Limits, cancel: threading.Event) ->
                 return pump
             sink += data
             left -= len(data)
+
+
+def _oom_kills(container_id: str) -> int | None:
+    """The container cgroup's OOM-kill count (v1 cgroupfs or v2 layouts), None if unreadable."""
+    candidates = [
+        (Path(f"/sys/fs/cgroup/memory/docker/{container_id}/memory.oom_control"), "oom_kill"),
+        (
+            Path(f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope/memory.events"),
+            "oom_kill",
+        ),
+        (Path(f"/sys/fs/cgroup/docker/{container_id}/memory.events"), "oom_kill"),
+    ]
+    for path, key in candidates:
+        with contextlib.suppress(OSError, ValueError):
+            for line in path.read_text().splitlines():
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return int(value)
+    return None
 
 
 def reap_stale(client: Any) -> int:

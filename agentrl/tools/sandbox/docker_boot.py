@@ -35,7 +35,9 @@ def _limits(spec):
     def apply():
         os.setsid()
         for name, value in spec.items():
-            resource.setrlimit(getattr(resource, name), (value, value + 1 if name == "RLIMIT_CPU" else value))
+            resource.setrlimit(
+                getattr(resource, name), (value, value + 1 if name == "RLIMIT_CPU" else value)
+            )
 
     return apply
 
@@ -71,7 +73,7 @@ def _others():
     for name in os.listdir("/proc"):
         if name.isdigit() and int(name) not in (1, os.getpid()):
             try:
-                with open("/proc/%s/stat" % name) as f:
+                with open(f"/proc/{name}/stat") as f:
                     if f.read().rsplit(")", 1)[1].split()[0] != "Z":
                         pids.append(int(name))
             except OSError:
@@ -92,14 +94,21 @@ def _kill_all():
 
 
 def _run(payload):
+    _kill_all()  # leftovers of a run that killed its own bootstrap
     _reset(["/work", "/tmp"])
     for name, b64 in payload["files"].items():
         path = os.path.join("/work", name)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "wb") as f:
             f.write(base64.b64decode(b64))
-    proc = subprocess.Popen(payload["argv"], stdin=subprocess.PIPE, cwd="/work", env=payload["env"],
-                            preexec_fn=_limits(payload["rlimits"]), close_fds=True)
+    proc = subprocess.Popen(
+        payload["argv"],
+        stdin=subprocess.PIPE,
+        cwd="/work",
+        env=payload["env"],
+        preexec_fn=_limits(payload["rlimits"]),
+        close_fds=True,
+    )
     stdin = base64.b64decode(payload["stdin"])
 
     def feed():
@@ -119,7 +128,9 @@ def main():
     try:
         import ctypes
 
-        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE=0: the program cannot read our memory
+        ctypes.CDLL(None).prctl(
+            4, 0, 0, 0, 0
+        )  # PR_SET_DUMPABLE=0: the program cannot read our memory
     except Exception:
         pass
     payload = _read_payload()

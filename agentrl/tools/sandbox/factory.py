@@ -12,7 +12,11 @@ BACKENDS: tuple[str, ...] = ("bubblewrap", "docker", "subprocess")
 
 
 def make_sandbox(
-    backend: Backend | str = "auto", *, allow_unsafe: bool = False, leases: Leases | None = None, **kwargs: Any
+    backend: Backend | str = "auto",
+    *,
+    allow_unsafe: bool = False,
+    leases: Leases | None = None,
+    **kwargs: Any,
 ) -> Sandbox:
     """A ready sandbox. `kwargs` go to the backend's constructor. Raises SandboxUnavailable
     (saying what to install) when the backend cannot run here."""
@@ -44,7 +48,8 @@ def _auto(leases: Leases | None, kwargs: dict[str, Any]) -> Sandbox:
         except SandboxUnavailable as e:
             reasons.append(str(e))
     raise SandboxUnavailable(
-        "no sandbox backend is available: " + " | ".join(reasons)
+        "no sandbox backend is available: "
+        + " | ".join(reasons)
         + " (the unsandboxed `subprocess` backend runs only with allow_unsafe=True)"
     )
 

@@ -13,14 +13,27 @@ import tempfile
 from pathlib import Path
 
 IMAGE = "agentrl-sandbox:py3"
-_SKIP_DIRS = {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "site-packages", "dist-packages"}
+_SKIP_DIRS = {
+    "test",
+    "idlelib",
+    "tkinter",
+    "turtledemo",
+    "ensurepip",
+    "lib2to3",
+    "site-packages",
+    "dist-packages",
+}
 _PASSWD = "root:x:0:0:root:/root:/sbin/nologin\nnobody:x:65534:65534:nobody:/work:/sbin/nologin\n"
 _GROUP = "root:x:0:\nnogroup:x:65534:\n"
 
 
 def _stdlib_dir(python: str) -> Path:
-    out = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['stdlib'])"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['stdlib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return Path(out.stdout.strip())
 
 
@@ -39,7 +52,11 @@ def _shared_libs(binaries: list[Path]) -> set[Path]:
 def _rootfs_files(python: str) -> tuple[Path, Path, list[Path]]:
     interpreter = Path(os.path.realpath(python))
     stdlib = _stdlib_dir(str(interpreter))
-    files = [p for p in stdlib.rglob("*") if p.is_file() and not (_SKIP_DIRS & set(p.relative_to(stdlib).parts))]
+    files = [
+        p
+        for p in stdlib.rglob("*")
+        if p.is_file() and not (_SKIP_DIRS & set(p.relative_to(stdlib).parts))
+    ]
     extensions = [p for p in files if p.suffix == ".so"]
     return interpreter, stdlib, sorted({*files, *_shared_libs([interpreter, *extensions])})
 
@@ -68,7 +85,9 @@ def build_rootfs_tar(out: str | Path, python: str = "/usr/bin/python3") -> Path:
     return out
 
 
-def build_image(client=None, *, tag: str = IMAGE, python: str = "/usr/bin/python3", force: bool = False) -> str:
+def build_image(
+    client=None, *, tag: str = IMAGE, python: str = "/usr/bin/python3", force: bool = False
+) -> str:
     """Import the image into the local daemon (idempotent unless `force`); returns its tag."""
     import docker
 

@@ -78,7 +78,9 @@ def rlimits(
 
 
 def make_preexec(
-    limits: list[tuple[int, tuple[int, int]]], cgroup_procs: Sequence[str] = (), run_as_uid: int | None = None
+    limits: list[tuple[int, tuple[int, int]]],
+    cgroup_procs: Sequence[str] = (),
+    run_as_uid: int | None = None,
 ) -> Callable[[], None]:
     """Runs in the child between fork and exec: join the cgroups first (so every descendant is
     counted from its first instruction), lower the rlimits, then drop to `run_as_uid`."""
@@ -142,7 +144,9 @@ async def run_process(
     waiter = asyncio.create_task(proc.wait())
     tripwire = asyncio.create_task(budget.exceeded.wait())
     try:
-        await asyncio.wait({waiter, tripwire}, timeout=limits.timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(
+            {waiter, tripwire}, timeout=limits.timeout_s, return_when=asyncio.FIRST_COMPLETED
+        )
         is_output_limit = budget.exceeded.is_set()
         is_timeout = not waiter.done() and not is_output_limit
     finally:
@@ -158,7 +162,9 @@ async def run_process(
             task.cancel()
     wall_s = time.monotonic() - start
     cut = [t.result() if t.done() and not t.cancelled() else True for t in readers]
-    return RawRun(proc.returncode, bytes(out), bytes(err), cut[0], cut[1], is_timeout, is_output_limit, wall_s)
+    return RawRun(
+        proc.returncode, bytes(out), bytes(err), cut[0], cut[1], is_timeout, is_output_limit, wall_s
+    )
 
 
 async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:
@@ -190,7 +196,9 @@ def _ends_with_memory_error(stderr: bytes) -> bool:
     return bool(lines) and lines[-1].startswith(b"MemoryError")
 
 
-def to_result(raw: RawRun, *, backend: str, is_oom: bool = False, files: dict[str, bytes] | None = None) -> SandboxResult:
+def to_result(
+    raw: RawRun, *, backend: str, is_oom: bool = False, files: dict[str, bytes] | None = None
+) -> SandboxResult:
     status, why = classify(raw, is_oom=is_oom)
     return SandboxResult(
         status=status,
@@ -207,4 +215,6 @@ def to_result(raw: RawRun, *, backend: str, is_oom: bool = False, files: dict[st
 
 
 def sandbox_error(backend: str, message: str, wall_s: float = 0.0) -> SandboxResult:
-    return SandboxResult(SandboxStatus.SANDBOX_ERROR, None, "", "", wall_s, backend=backend, error=message)
+    return SandboxResult(
+        SandboxStatus.SANDBOX_ERROR, None, "", "", wall_s, backend=backend, error=message
+    )

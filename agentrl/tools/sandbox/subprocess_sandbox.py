@@ -11,8 +11,14 @@ import time
 
 from agentrl.tools.sandbox.base import Limits, Program, SandboxResult
 from agentrl.tools.sandbox.leases import Leases, default_leases
-from agentrl.tools.sandbox.process import make_preexec, rlimits, run_process, sandbox_error, to_result
-from agentrl.tools.sandbox.workdir import WorkDir
+from agentrl.tools.sandbox.process import (
+    make_preexec,
+    rlimits,
+    run_process,
+    sandbox_error,
+    to_result,
+)
+from agentrl.tools.sandbox.workdir import WorkDir, reap_stale
 
 RUN_UID_BASE = 300_000
 """Run as root, each lease slot gets its own unused uid: RLIMIT_NPROC counts per uid, so a
@@ -23,7 +29,9 @@ _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWR
 class SubprocessSandbox:
     name = "subprocess"
 
-    def __init__(self, *, allow_unsafe: bool = False, python: str | None = None, leases: Leases | None = None) -> None:
+    def __init__(
+        self, *, allow_unsafe: bool = False, python: str | None = None, leases: Leases | None = None
+    ) -> None:
         if not allow_unsafe:
             raise PermissionError(
                 "the subprocess sandbox backend isolates nothing (no filesystem, network or process "
@@ -32,6 +40,7 @@ class SubprocessSandbox:
             )
         self.python = python or _python_for_nobody()
         self.leases = leases or default_leases()
+        reap_stale()
 
     async def run(self, program: Program, limits: Limits | None = None) -> SandboxResult:
         limits = limits or Limits()

@@ -65,3 +65,14 @@ class WorkDir:
         if self.is_tmpfs:
             _libc.umount2(str(self.path).encode(), _MNT_DETACH)
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+def reap_stale() -> int:
+    """Remove work dirs (and their tmpfs mounts) left by agentrl processes that died hard."""
+    removed = 0
+    for path in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):
+        owner = path.name[len(PREFIX) :].split("-", 1)[0]
+        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+            WorkDir(path, is_tmpfs=os.path.ismount(path)).remove()
+            removed += 1
+    return removed

@@ -28,7 +28,7 @@ def encode(value, depth=0):
         return {tag: [encode(x, depth + 1) for x in value]}
     if t is dict:
         return {"d": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()]}
-    raise TypeError("cannot pass a value of type %s (only builtin types)" % t.__name__)
+    raise TypeError(f"cannot pass a value of type {t.__name__} (only builtin types)")
 
 
 def decode(obj):
@@ -36,7 +36,7 @@ def decode(obj):
         return None
     if type(obj) is not dict or len(obj) != 1:
         raise ValueError("malformed encoded value")
-    (tag, v), = obj.items()
+    ((tag, v),) = obj.items()
     if tag == "b":
         return bool(v)
     if tag == "i":
@@ -54,4 +54,4 @@ def decode(obj):
         return {"l": list, "t": tuple, "S": set, "F": frozenset}[tag](items)
     if tag == "d":
         return {decode(k): decode(x) for k, x in v}
-    raise ValueError("unknown tag %r" % tag)
+    raise ValueError(f"unknown tag {tag!r}")

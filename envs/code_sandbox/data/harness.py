@@ -31,8 +31,12 @@ class RemoteCandidate:
 
     def _start(self):
         self.proc = subprocess.Popen(
-            [sys.executable, "-E", "-s", "worker.py", self.entry_point], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True, cwd=os.getcwd(),
+            [sys.executable, "-E", "-s", "worker.py", self.entry_point],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            close_fds=True,
+            cwd=os.getcwd(),
             env={"PYTHONDONTWRITEBYTECODE": "1"},
         )
         self.buf = b""
@@ -85,7 +89,11 @@ def run_tests(config):
     namespace = {"__name__": "__tests__"}
     exec(compile(config["prompt"], "prompt.py", "exec"), namespace)
     exec(compile(config["test"], "test.py", "exec"), namespace)
-    check = next(n for n in ast.parse(config["test"]).body if isinstance(n, ast.FunctionDef) and n.name == "check")
+    check = next(
+        n
+        for n in ast.parse(config["test"]).body
+        if isinstance(n, ast.FunctionDef) and n.name == "check"
+    )
     arg, entry_point = check.args.args[0].arg, config["entry_point"]
     # Tests may call the function by its own name too (HumanEval/33 does): both mean the solution.
     namespace[arg] = namespace[entry_point] = RemoteCandidate(entry_point, config["call_timeout_s"])
@@ -114,7 +122,7 @@ def main():
         pass
     nonce = config.pop("nonce")
     passed = run_tests(config)
-    sys.stdout.write("%s %s\n" % (nonce, json.dumps({"passed": passed})))
+    sys.stdout.write(f"{nonce} {json.dumps({'passed': passed})}\n")
     sys.stdout.flush()
 
 

@@ -27,7 +27,7 @@ def main():
             exec(compile(f.read(), "solution.py", "exec"), namespace)
         fn = namespace[entry_point]
     except BaseException as e:  # SystemExit at import included: it earns nothing
-        send({"error": "%s: %s" % (type(e).__name__, e)})
+        send({"error": f"{type(e).__name__}: {e}"})
         return
     send({"ready": True})
     for line in sys.stdin:
@@ -35,7 +35,7 @@ def main():
             args = decode(json.loads(line))
             send({"ok": encode(fn(*args))})
         except BaseException as e:
-            send({"error": ("%s: %s" % (type(e).__name__, e))[:1000]})
+            send({"error": (f"{type(e).__name__}: {e}")[:1000]})
 
 
 main()

@@ -26,7 +26,9 @@ def get_sandbox(name: str):
             if not ok:
                 message = f"sandbox backend {name!r} is unavailable: {why}"
                 if IS_CI:
-                    pytest.fail(f"{message} (CI must run every backend: see scripts/setup_sandbox.sh)")
+                    pytest.fail(
+                        f"{message} (CI must run every backend: see scripts/setup_sandbox.sh)"
+                    )
                 pytest.skip(message)
         _cache[name] = make_sandbox(name, allow_unsafe=True, leases=Leases(4))
     return _cache[name]
@@ -64,7 +66,11 @@ def work_dirs() -> set[str]:
 def own_cgroups() -> list[Path]:
     prefix = f"{os.getpid()}-"
     roots = [Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup/pids")]
-    return [d for r in roots for d in r.rglob(f"agentrl-sandbox/{prefix}*")] if Path("/sys/fs/cgroup").exists() else []
+    return (
+        [d for r in roots for d in r.rglob(f"agentrl-sandbox/{prefix}*")]
+        if Path("/sys/fs/cgroup").exists()
+        else []
+    )
 
 
 def assert_host_clean(marker: str | None, dirs_before: set[str]) -> None:
