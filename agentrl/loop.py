@@ -94,6 +94,7 @@ class _State:
         self.cfg, self.run_dir, self.backend, self.engine = cfg, run_dir, backend, engine
         self.runner, self.source, self.eval_tasks, self.logger = runner, source, eval_tasks, logger
         self.evals: list[dict[str, Any]] = evals
+        self.is_resumed = bool(cfg.checkpoint.resume)
         self.step = 0
 
     async def train_step(self, step: int) -> dict[str, float]:
@@ -153,12 +154,13 @@ class _State:
         out_dir = self.run_dir / "eval" / f"step_{step:06d}"
         report = await evaluate(
             self.runner, self.eval_tasks, k=self.cfg.eval.n_samples, temperature=self.cfg.eval.temperature,
-            out_dir=out_dir, progress=self.cfg.log.progress,
+            out_dir=out_dir, progress=self.cfg.log.progress, resume=self.is_resumed,
+            meta={"env": self.cfg.env.id, "model": self.cfg.model.path, "step": step},
         )
         summary = {"step": step, **report.summary()}
         self.evals.append(summary)
         self.logger.log(step, {f"eval/{k}": v for k, v in summary.items() if isinstance(v, (int, float))})
-        (self.run_dir / "eval_history.json").write_text(json.dumps(self.evals, indent=2))
+        (self.run_dir / "eval_history.json").write_text(json.dumps(_finite(self.evals), indent=2))
         plot_eval_history(self.evals, self.run_dir / "eval_history.png")
         return summary
 
@@ -195,6 +197,17 @@ async def _maybe_resume(cfg: RunConfig, backend, engine, source: TaskSource) -> 
         await engine.update_weights(bucket, weight_version=version)
     log.info("resumed from %s at step %d", ckpt, extra["step"])
     return int(extra["step"]), list(extra.get("evals", []))
+
+
+def _finite(value: Any) -> Any:
+    """NaN (every episode of an eval errored) as null, so the JSON stays valid."""
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _rollout_seed(seed: int, step: int, round_index: int) -> int:

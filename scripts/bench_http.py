@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -24,14 +25,19 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from agentrl.engine.base import Engine, SamplingParams  # noqa: E402
-from agentrl.engine.launcher import _ports  # noqa: E402
+from agentrl.engine.launcher import free_ports  # noqa: E402
 from agentrl.engine.local import LocalEngine  # noqa: E402
 from agentrl.engine.sglang import SGLangEngine  # noqa: E402
 
 QUESTIONS = [
-    "What is 17 * 23?", "Name three primary colors.", "Explain recursion in one sentence.",
-    "What is the capital of Japan?", "Write a haiku about rain.", "Why is the sky blue?",
-    "List the planets of the solar system.", "What does HTTP stand for?",
+    "What is 17 * 23?",
+    "Name three primary colors.",
+    "Explain recursion in one sentence.",
+    "What is the capital of Japan?",
+    "Write a haiku about rain.",
+    "Why is the sky blue?",
+    "List the planets of the solar system.",
+    "What does HTTP stand for?",
 ]
 
 
@@ -44,14 +50,22 @@ def build_prompts(tokenizer, num_prompts: int) -> list[list[int]]:
     return prompts
 
 
-async def throughput(engine: Engine, prompts: list[list[int]], max_new_tokens: int, concurrency: int,
-                     progress: Progress, label: str) -> dict[str, float | list[list[int]]]:
+async def throughput(
+    engine: Engine,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    concurrency: int,
+    progress: Progress,
+    label: str,
+) -> dict[str, float | list[list[int]]]:
     limit = asyncio.Semaphore(concurrency)
     task = progress.add_task(label, total=len(prompts))
 
     async def one(i: int, prompt: list[int]):
         async with limit:
-            c = await engine.generate(prompt, SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=i))
+            c = await engine.generate(
+                prompt, SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=i)
+            )
             progress.advance(task)
             return c
 
@@ -59,8 +73,12 @@ async def throughput(engine: Engine, prompts: list[list[int]], max_new_tokens: i
     completions = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
     elapsed = time.perf_counter() - start
     num_tokens = sum(len(c.ids) for c in completions)
-    return {"tokens": num_tokens, "seconds": elapsed, "tokens_per_s": num_tokens / elapsed,
-            "ids": [c.ids for c in completions]}
+    return {
+        "tokens": num_tokens,
+        "seconds": elapsed,
+        "tokens_per_s": num_tokens / elapsed,
+        "ids": [c.ids for c in completions],
+    }
 
 
 async def latency_us(call, num_calls: int) -> float:
@@ -73,13 +91,33 @@ async def latency_us(call, num_calls: int) -> float:
     return statistics.median(samples)
 
 
-def start_server(model_path: str, device: str, port: int, log_path: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+def start_server(
+    model_path: str, device: str, port: int, log_path: Path
+) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
     with open(log_path, "wb") as log:
         return subprocess.Popen(
-            [sys.executable, "-c", "from agentrl.cli import main; main()", "serve", "--model", model_path,
-             "--port", str(port), "--device", device, "--log-level", "warning"],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            [
+                sys.executable,
+                "-c",
+                "from agentrl.cli import main; main()",
+                "serve",
+                "--model",
+                model_path,
+                "--port",
+                str(port),
+                "--device",
+                device,
+                "--log-level",
+                "warning",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
         )
 
 
@@ -87,8 +125,10 @@ async def run(args: argparse.Namespace) -> dict:
     console = Console()
     local = LocalEngine(args.model, device=args.device, seed=0)
     prompts = build_prompts(local.tokenizer, args.num_prompts)
-    (port,) = _ports(0, 1, "127.0.0.1")
-    server = start_server(local.model_path, args.device, port, Path(args.out).with_suffix(".server.log"))
+    (port,) = free_ports(1)
+    server = start_server(
+        local.model_path, args.device, port, Path(args.out).with_suffix(".server.log")
+    )
     http = SGLangEngine(f"http://127.0.0.1:{port}", max_connections=args.concurrency)
     try:
         await http.wait_healthy(timeout_s=300, interval_s=0.5)
@@ -97,9 +137,15 @@ async def run(args: argparse.Namespace) -> dict:
         for engine in (local, http):  # warm up both paths
             await engine.generate(short, one_token)
         with Progress(console=console) as progress:
-            base = await throughput(local, prompts, args.max_new_tokens, args.concurrency, progress, "in-process")
-            over = await throughput(http, prompts, args.max_new_tokens, args.concurrency, progress, "HTTP")
-        local_us = await latency_us(lambda: local.generate(short, one_token), args.num_latency_calls)
+            base = await throughput(
+                local, prompts, args.max_new_tokens, args.concurrency, progress, "in-process"
+            )
+            over = await throughput(
+                http, prompts, args.max_new_tokens, args.concurrency, progress, "HTTP"
+            )
+        local_us = await latency_us(
+            lambda: local.generate(short, one_token), args.num_latency_calls
+        )
         http_us = await latency_us(lambda: http.generate(short, one_token), args.num_latency_calls)
         ping_us = await latency_us(http.get_weight_version, args.num_latency_calls)
     finally:
@@ -109,8 +155,11 @@ async def run(args: argparse.Namespace) -> dict:
         server.wait(30)
     same = sum(a == b for a, b in zip(base["ids"], over["ids"], strict=True))
     result = {
-        "model": local.model_path, "device": args.device, "num_prompts": args.num_prompts,
-        "max_new_tokens": args.max_new_tokens, "concurrency": args.concurrency,
+        "model": local.model_path,
+        "device": args.device,
+        "num_prompts": args.num_prompts,
+        "max_new_tokens": args.max_new_tokens,
+        "concurrency": args.concurrency,
         "in_process": {k: v for k, v in base.items() if k != "ids"},
         "http": {k: v for k, v in over.items() if k != "ids"},
         "http_vs_in_process_throughput": over["tokens_per_s"] / base["tokens_per_s"],
@@ -122,14 +171,26 @@ async def run(args: argparse.Namespace) -> dict:
     table = Table(title=f"bench_http: {Path(local.model_path).name} on {args.device}")
     for column in ("path", "tokens", "seconds", "tokens/s", "1-token generate (µs)"):
         table.add_column(column, justify="right")
-    table.add_row("in-process", str(base["tokens"]), f"{base['seconds']:.2f}", f"{base['tokens_per_s']:.1f}",
-                  f"{local_us:.0f}")
-    table.add_row("SGLangEngine + serve", str(over["tokens"]), f"{over['seconds']:.2f}",
-                  f"{over['tokens_per_s']:.1f}", f"{http_us:.0f}")
+    table.add_row(
+        "in-process",
+        str(base["tokens"]),
+        f"{base['seconds']:.2f}",
+        f"{base['tokens_per_s']:.1f}",
+        f"{local_us:.0f}",
+    )
+    table.add_row(
+        "SGLangEngine + serve",
+        str(over["tokens"]),
+        f"{over['seconds']:.2f}",
+        f"{over['tokens_per_s']:.1f}",
+        f"{http_us:.0f}",
+    )
     console.print(table)
-    console.print(f"HTTP overhead per request: {result['http_overhead_per_request_us']:.0f} µs "
-                  f"(round trip without the model: {ping_us:.0f} µs); throughput ratio "
-                  f"{result['http_vs_in_process_throughput']:.2f}; identical completions {result['identical_completions']}")
+    console.print(
+        f"HTTP overhead per request: {result['http_overhead_per_request_us']:.0f} µs "
+        f"(round trip without the model: {ping_us:.0f} µs); throughput ratio "
+        f"{result['http_vs_in_process_throughput']:.2f}; identical completions {result['identical_completions']}"
+    )
     return result
 
 
@@ -144,6 +205,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/bench_http.json")
     args = parser.parse_args()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup that stops the server
     result = asyncio.run(run(args))
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -131,7 +131,7 @@ def print_table(rows: list[dict]) -> None:
             f"{r['executions_per_s']:.1f}",
             f"{r['p50_ms']:.1f}",
             f"{r['p99_ms']:.1f}",
-            f"{r['executions_per_s'] / base:.2f}x",
+            f"{r['executions_per_s'] / by_name[r.get('baseline', r['backend'])]['executions_per_s']:.2f}x",
             str(r["num_failed"]),
         )
     Console().print(table)

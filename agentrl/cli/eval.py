@@ -89,6 +89,11 @@ def eval_command(
     except (ValueError, FileNotFoundError) as e:
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(2)
+    if cfg.eval.temperature == 0 and cfg.eval.n_samples > 1:
+        console.print(
+            f"[yellow]note:[/] temperature 0 is greedy, so the k={cfg.eval.n_samples} episodes of a "
+            "task are alike; pass --temperature 1.0 for a meaningful pass@k"
+        )
     out_dir = out or ((checkpoint / "eval") if checkpoint else Path(cfg.checkpoint.save) / "eval")
     seed = cfg.rollout.seed if seed is None else seed
     meta = {
@@ -97,9 +102,15 @@ def eval_command(
         "model": cfg.model.path,
         "seed": seed,
     }
-    report = asyncio.run(
-        _run(cfg, split, out_dir, meta, resume=resume, seed=seed, progress=cfg.log.progress)
-    )
+    from agentrl.eval.runner import ResumeMismatchError
+
+    try:
+        report = asyncio.run(
+            _run(cfg, split, out_dir, meta, resume=resume, seed=seed, progress=cfg.log.progress)
+        )
+    except ResumeMismatchError as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2)
     print_report(console, report, out_dir)
 
 

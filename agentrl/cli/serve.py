@@ -6,13 +6,21 @@ import typer
 
 
 def serve_command(
-    model: str = typer.Option("smollm2-135m-instruct", "--model", help="Transformers checkpoint dir or bundled name."),
+    model: str = typer.Option(
+        "smollm2-135m-instruct", "--model", help="Transformers checkpoint dir or bundled name."
+    ),
     port: int = typer.Option(30000, "--port", help="Port (SGLang's default is 30000)."),
-    host: str = typer.Option("127.0.0.1", "--host", help="Bind address; 0.0.0.0 exposes the server to the network."),
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="Bind address; 0.0.0.0 exposes the server to the network."
+    ),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N"),
     dtype: str = typer.Option("auto", "--dtype", help="auto | float32 | bfloat16"),
-    max_batch_size: int = typer.Option(32, "--max-batch-size", help="Most sequences decoded together."),
-    seed: int = typer.Option(0, "--seed", help="Engine RNG seed for requests without sampling_seed."),
+    max_batch_size: int = typer.Option(
+        32, "--max-batch-size", help="Most sequences decoded together."
+    ),
+    seed: int = typer.Option(
+        0, "--seed", help="Engine RNG seed for requests without sampling_seed."
+    ),
     log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
     """Serve MODEL at http://HOST:PORT: /generate, weight updates, memory release, /v1/chat/completions..."""
@@ -20,10 +28,18 @@ def serve_command(
     from agentrl.engine.server import serve
 
     if host not in ("127.0.0.1", "localhost", "::1"):
-        typer.secho(f"warning: binding {host}: anyone who can reach it can generate and replace weights",
-                    fg=typer.colors.YELLOW, err=True)
-    engine = LocalEngine(model, device=device, dtype=dtype, max_batch_size=max_batch_size, seed=seed)
-    typer.echo(f"agentrl serve: {engine.model_path} on http://{host}:{port} (device {engine.device})", err=True)
+        typer.secho(
+            f"warning: binding {host}: anyone who can reach it can generate and replace weights",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
+    engine = LocalEngine(
+        model, device=device, dtype=dtype, max_batch_size=max_batch_size, seed=seed
+    )
+    typer.echo(
+        f"agentrl serve: {engine.model_path} on http://{host}:{port} (device {engine.device})",
+        err=True,
+    )
     serve(engine, host=host, port=port, log_level=log_level)
 
 

@@ -50,23 +50,55 @@ def require_module(module: str) -> None:
 
 
 def server_command(
-    model_path: str, *, host: str, port: int, tp_size: int, mem_fraction_static: float,
-    base_gpu_id: int = 0, extra_args: list[str] | None = None, python: str = sys.executable,
+    model_path: str,
+    *,
+    host: str,
+    port: int,
+    tp_size: int,
+    mem_fraction_static: float,
+    base_gpu_id: int = 0,
+    extra_args: list[str] | None = None,
+    python: str = sys.executable,
 ) -> list[str]:
-    cmd = [python, "-m", "sglang.launch_server", "--model-path", model_path, "--host", host, "--port", str(port),
-           "--tp-size", str(tp_size), "--mem-fraction-static", str(mem_fraction_static)]
+    cmd = [
+        python,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        model_path,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--tp-size",
+        str(tp_size),
+        "--mem-fraction-static",
+        str(mem_fraction_static),
+    ]
     if base_gpu_id:
         cmd += ["--base-gpu-id", str(base_gpu_id)]  # servers on one host take disjoint GPUs
     return cmd + list(extra_args or [])
 
 
-def router_command(worker_urls: list[str], *, host: str, port: int, policy: str,
-                   python: str = sys.executable) -> list[str]:
+def router_command(
+    worker_urls: list[str], *, host: str, port: int, policy: str, python: str = sys.executable
+) -> list[str]:
     """`consistent_hashing` (recent sglang-router) hashes the X-SMG-Routing-Key header, so every
     turn of an episode lands on the server that holds its prefix; older routers offer `manual`
     (same header, sticky assignment) or `cache_aware`."""
-    return [python, "-m", "sglang_router.launch_router", "--worker-urls", *worker_urls,
-            "--policy", policy, "--host", host, "--port", str(port)]
+    return [
+        python,
+        "-m",
+        "sglang_router.launch_router",
+        "--worker-urls",
+        *worker_urls,
+        "--policy",
+        policy,
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
 
 
 @dataclass
@@ -84,7 +116,9 @@ class ManagedProcess:
 
     def start(self) -> None:
         log = open(self.log_path, "ab")  # noqa: SIM115 (the child owns it for its lifetime)
-        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+        )
         log.close()
 
     def is_alive(self) -> bool:
@@ -110,7 +144,9 @@ class ManagedProcess:
         return f"{self.name} ({self.url}) exited with code {code}; last log lines ({self.log_path}):\n{self.tail()}"
 
 
-def wait_healthy(process: ManagedProcess, *, timeout_s: float, path: str = "/health_generate") -> None:
+def wait_healthy(
+    process: ManagedProcess, *, timeout_s: float, path: str = "/health_generate"
+) -> None:
     """Poll `path` until 200; a process that dies meanwhile fails at once with its last log lines."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -120,7 +156,9 @@ def wait_healthy(process: ManagedProcess, *, timeout_s: float, path: str = "/hea
             if httpx.get(f"{process.url}{path}", timeout=30.0).status_code == 200:
                 return
         time.sleep(1.0)
-    raise EngineError(f"{process.name} at {process.url} not healthy after {timeout_s}s; last log lines:\n{process.tail()}")
+    raise EngineError(
+        f"{process.name} at {process.url} not healthy after {timeout_s}s; last log lines:\n{process.tail()}"
+    )
 
 
 @dataclass
@@ -145,7 +183,9 @@ class SGLangCluster:
         return [s.url for s in self.servers]
 
     def start_monitor(self) -> None:
-        self._monitor = threading.Thread(target=self._watch, name="agentrl-sglang-monitor", daemon=True)
+        self._monitor = threading.Thread(
+            target=self._watch, name="agentrl-sglang-monitor", daemon=True
+        )
         self._monitor.start()
 
     def _watch(self) -> None:
@@ -162,8 +202,13 @@ class SGLangCluster:
             process.proc = None  # reported once; is_alive stays False
             return
         process.num_restarts += 1
-        logger.warning("restarting %s (restart %d/%d); it serves the launch checkpoint again until the next "
-                       "weight update", process.name, process.num_restarts, self.max_restarts)
+        logger.warning(
+            "restarting %s (restart %d/%d); it serves the launch checkpoint again until the next "
+            "weight update",
+            process.name,
+            process.num_restarts,
+            self.max_restarts,
+        )
         process.start()
         try:
             wait_healthy(process, timeout_s=self.health_timeout_s)
@@ -182,8 +227,14 @@ class SGLangCluster:
 
 
 def launch_servers(
-    model_path: str, engine_cfg: EngineConfig, *, host: str = "127.0.0.1", router_policy: str = "consistent_hashing",
-    log_dir: str | None = None, health_timeout_s: float = 900.0, python: str = sys.executable,
+    model_path: str,
+    engine_cfg: EngineConfig,
+    *,
+    host: str = "127.0.0.1",
+    router_policy: str = "consistent_hashing",
+    log_dir: str | None = None,
+    health_timeout_s: float = 900.0,
+    python: str = sys.executable,
     env: dict[str, str] | None = None,
 ) -> SGLangCluster:
     """Start `engine_cfg.num_servers` SGLang servers (each `tp_size` GPUs, disjoint GPU ids), wait
@@ -202,16 +253,29 @@ def launch_servers(
     ports = _ports(engine_cfg.port, num_servers + has_router, host)
     servers = [
         ManagedProcess(
-            f"sglang-server-{i}", f"http://{host}:{port}",
-            server_command(model_path, host=host, port=port, tp_size=engine_cfg.tp_size,
-                           mem_fraction_static=engine_cfg.mem_fraction_static, base_gpu_id=i * engine_cfg.tp_size,
-                           extra_args=engine_cfg.sglang_args, python=python),
-            logs / f"server-{i}.log", env,
+            f"sglang-server-{i}",
+            f"http://{host}:{port}",
+            server_command(
+                model_path,
+                host=host,
+                port=port,
+                tp_size=engine_cfg.tp_size,
+                mem_fraction_static=engine_cfg.mem_fraction_static,
+                base_gpu_id=i * engine_cfg.tp_size,
+                extra_args=engine_cfg.sglang_args,
+                python=python,
+            ),
+            logs / f"server-{i}.log",
+            env,
         )
         for i, port in enumerate(ports[has_router:])
     ]
-    cluster = SGLangCluster(servers[0].url, servers, restart_on_failure=engine_cfg.restart_on_failure,
-                            health_timeout_s=health_timeout_s)
+    cluster = SGLangCluster(
+        servers[0].url,
+        servers,
+        restart_on_failure=engine_cfg.restart_on_failure,
+        health_timeout_s=health_timeout_s,
+    )
     atexit.register(cluster.shutdown)  # never leave GPU servers behind
     try:
         for server in servers:
@@ -220,8 +284,19 @@ def launch_servers(
             wait_healthy(server, timeout_s=health_timeout_s)
         if has_router:
             url = f"http://{host}:{ports[0]}"
-            cluster.router = ManagedProcess("sglang-router", url, router_command(
-                cluster.worker_urls, host=host, port=ports[0], policy=router_policy, python=python), logs / "router.log", env)
+            cluster.router = ManagedProcess(
+                "sglang-router",
+                url,
+                router_command(
+                    cluster.worker_urls,
+                    host=host,
+                    port=ports[0],
+                    policy=router_policy,
+                    python=python,
+                ),
+                logs / "router.log",
+                env,
+            )
             cluster.router.start()
             wait_healthy(cluster.router, timeout_s=120.0, path="/health")
             cluster.url = url
@@ -229,14 +304,19 @@ def launch_servers(
         cluster.shutdown()
         raise
     cluster.start_monitor()
-    logger.info("SGLang ready at %s (workers %s; logs in %s)", cluster.url, cluster.worker_urls, logs)
+    logger.info(
+        "SGLang ready at %s (workers %s; logs in %s)", cluster.url, cluster.worker_urls, logs
+    )
     return cluster
 
 
 def _ports(base_port: int, count: int, host: str) -> list[int]:
-    if base_port != 0:
-        return [base_port + i for i in range(count)]
-    with contextlib.ExitStack() as stack:  # hold every socket so no port is handed out twice
+    return [base_port + i for i in range(count)] if base_port else free_ports(count, host)
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct free ports (every socket is held until all are chosen)."""
+    with contextlib.ExitStack() as stack:
         socks = [stack.enter_context(socket.socket()) for _ in range(count)]
         for sock in socks:
             sock.bind((host, 0))

@@ -28,8 +28,8 @@ def default_cache_dir() -> str:
 
 def resolve_model_path(path_or_name: str, cache_dir: str | None = None) -> str:
     """A checkpoint directory as is, or the bundled model's name converted once into `cache_dir`."""
-    if os.path.isdir(path_or_name):
-        return path_or_name
+    if os.path.isdir(os.path.expanduser(path_or_name)):
+        return os.path.expanduser(path_or_name)
     if path_or_name in MODEL_ALIASES:
         return _ensure_smollm2(Path(cache_dir or default_cache_dir()))
     raise ValueError(

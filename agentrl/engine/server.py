@@ -143,7 +143,9 @@ class ServerState:
     served_model_name: str
     is_running: asyncio.Event = field(default_factory=asyncio.Event)  # cleared by pause_generation
     requests: dict[str, asyncio.Future[Completion]] = field(default_factory=dict)
-    waiters: set[asyncio.Future[Any]] = field(default_factory=set)  # requests held by pause_generation
+    waiters: set[asyncio.Future[Any]] = field(
+        default_factory=set
+    )  # requests held by pause_generation
     released_tags: set[str] = field(default_factory=set)
     groups: dict[str, Any] = field(default_factory=dict)
     weight_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -181,7 +183,9 @@ class ServerState:
         finally:
             self.requests.pop(rid, None)
 
-    async def _wait_then_generate(self, input_ids: list[int], sampling: SamplingParams) -> Completion:
+    async def _wait_then_generate(
+        self, input_ids: list[int], sampling: SamplingParams
+    ) -> Completion:
         waiter = asyncio.ensure_future(self.is_running.wait())
         self.waiters.add(waiter)
         try:

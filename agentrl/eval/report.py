@@ -248,7 +248,7 @@ def plot_report(report: EvalReport, path: str | Path) -> None:
     items = [("reward", report.reward), ("pass rate", report.pass_rate)]
     items += [(f"pass@{k}", v) for k, v in report.pass_at_k.items()]
     items.append((f"maj@{report.k}", report.maj_at_k))
-    names = [name for name, _ in items]
+    names = [f"{name}\n{_fmt(iv.mean)}" for name, iv in items]
     means = [0.0 if math.isnan(iv.mean) else iv.mean for _, iv in items]
     errors = [
         [0.0 if math.isnan(iv.low) else iv.mean - iv.low for _, iv in items],

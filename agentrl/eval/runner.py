@@ -24,6 +24,10 @@ IDENTITY_KEYS = ("env", "split", "model", "step", "seed")
 """`meta` keys that must match for a rerun to reuse saved trajectories."""
 
 
+class ResumeMismatchError(ValueError):
+    """The output directory holds episodes from a different setting (k, temperature, model...)."""
+
+
 async def evaluate(
     runner: RolloutRunner,
     tasks: list[Task],
@@ -105,7 +109,7 @@ def _prepare(
 def _check_identity(saved: dict[str, Any], identity: dict[str, Any], out: Path) -> None:
     for key in sorted(saved.keys() | identity.keys()):
         if json.dumps(saved.get(key), default=str) != json.dumps(identity.get(key), default=str):
-            raise ValueError(
+            raise ResumeMismatchError(
                 f"{out / TRAJECTORIES_FILE} was written with {key}={saved.get(key)!r}, this run has "
                 f"{key}={identity.get(key)!r}; use another output directory or turn resume off "
                 "(--no-resume) to start over"
@@ -212,7 +216,10 @@ def _progress_bar(num_episodes: int, *, enabled: bool) -> Iterator[Any]:
 
         def advance() -> None:
             bar.advance(task)
-            speed = bar.tasks[0].speed
-            bar.update(task, rate=f"{speed:.2f}/s" if speed else "")
+            # The mean rate since the start: episodes of a batch often end together, so rich's
+            # windowed speed would jump.
+            state = bar.tasks[0]
+            if state.elapsed:
+                bar.update(task, rate=f"{state.completed / state.elapsed:.2f}/s")
 
         yield advance

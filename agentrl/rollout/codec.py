@@ -96,7 +96,13 @@ class ChatCodec:
 
     def encode(self, text: str) -> list[int]:
         """Tokenize text exactly as written: the template supplies BOS and role tokens itself."""
+        if self._backend is not None:  # the Rust tokenizer directly: ~3x less overhead per call
+            return self._backend.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    @functools.cached_property
+    def _backend(self) -> Any:
+        return getattr(self.tokenizer, "backend_tokenizer", None)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -152,12 +158,18 @@ class ChatCodec:
 
     def _pending_end_of_turn(self, sampled_ids: list[int]) -> str:
         """The part of the end-of-turn suffix the sampled ids do not already end with."""
-        eot_text = self.end_of_turn_text
-        eot_ids = self.encode(eot_text)
+        eot_ids, rests = self._end_of_turn_pieces
         for k in range(min(len(eot_ids), len(sampled_ids)), 0, -1):
             if sampled_ids[-k:] == eot_ids[:k]:
-                return eot_text[len(self.decode(eot_ids[:k])) :]
-        return eot_text
+                return rests[k]
+        return self.end_of_turn_text
+
+    @functools.cached_property
+    def _end_of_turn_pieces(self) -> tuple[list[int], list[str]]:
+        """The suffix's ids, and for each k the text left once its first k ids were sampled."""
+        eot_ids = self.encode(self.end_of_turn_text)
+        rests = [self.end_of_turn_text[len(self.decode(eot_ids[:k])) :] for k in range(len(eot_ids) + 1)]
+        return eot_ids, rests
 
     def _observation_text(self, messages: list[Message]) -> str:
         prefix = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _MARKER}]

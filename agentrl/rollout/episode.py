@@ -210,6 +210,8 @@ def cut_observation(messages: list[Message], codec: ChatCodec, max_tokens: int |
     head and tail. Short messages keep all of theirs; long ones share what is left."""
     if max_tokens is None or not messages:
         return messages
+    if sum(len(m.content.encode()) for m in messages) <= max_tokens:  # a token spans >= 1 byte
+        return messages
     counts = [len(codec.encode(m.content)) for m in messages]
     if sum(counts) <= max_tokens:
         return messages

@@ -4,6 +4,7 @@ Submission: an assistant message without tool calls ends the episode; its last `
 block is the solution (a full module defining the function, or just the function's body).
 Reward: hidden tests graded in a fresh sandbox (see grading.py) — 1.0 when all pass
 (`reward="all_pass"`, the default) or the fraction passed (`reward="fraction"`).
+Config: `--set env.kwargs.sandbox_backend=docker` (auto | bubblewrap | docker), `reward`, ...
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from agentrl_envs.code_sandbox.grading import grade, program_for
 from agentrl.envs import AgentEnv, StepResult
 from agentrl.envs.base import tool_info
 from agentrl.tools import tool
-from agentrl.tools.sandbox import Limits, Program, Sandbox, SandboxStatus, make_sandbox
+from agentrl.tools.sandbox import Leases, Limits, Program, Sandbox, SandboxStatus, make_sandbox
 from agentrl.types import Message, Task
 
 SYSTEM_PROMPT = (
@@ -30,14 +31,18 @@ SYSTEM_PROMPT = (
 )
 USER_TEMPLATE = "Complete this Python function:\n\n```python\n{prompt}```"
 _CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
-_SANDBOXES: dict[str, Sandbox] = {}
+_SANDBOXES: dict[tuple[str, int | None], Sandbox] = {}
 
 
-def shared_sandbox(backend: str) -> Sandbox:
-    """One sandbox per backend per process: every env instance shares its leases and pool."""
-    if backend not in _SANDBOXES:
-        _SANDBOXES[backend] = make_sandbox(backend)
-    return _SANDBOXES[backend]
+def shared_sandbox(backend: str, max_concurrency: int | None = None) -> Sandbox:
+    """One sandbox per (backend, cap) per process: every env instance shares its leases (and
+    Docker's warm pool). The cap defaults to the global one ($AGENTRL_SANDBOX_CONCURRENCY,
+    else the CPU count), separate from how many episodes run at once."""
+    key = (backend, max_concurrency)
+    if key not in _SANDBOXES:
+        leases = Leases(max_concurrency) if max_concurrency else None
+        _SANDBOXES[key] = make_sandbox(backend, leases=leases)
+    return _SANDBOXES[key]
 
 
 def extract_code(text: str) -> str | None:
@@ -71,6 +76,7 @@ class CodeSandboxEnv(AgentEnv):
         self,
         *,
         sandbox_backend: str = "auto",
+        max_concurrent_sandboxes: int | None = None,
         reward: Literal["all_pass", "fraction"] = "all_pass",
         run_limits: Limits | None = None,
         grade_limits: Limits | None = None,
@@ -80,6 +86,7 @@ class CodeSandboxEnv(AgentEnv):
         if reward not in ("all_pass", "fraction"):
             raise ValueError(f"code_sandbox reward={reward!r}: use 'all_pass' or 'fraction'")
         self.sandbox_backend = sandbox_backend
+        self.max_concurrent_sandboxes = max_concurrent_sandboxes
         self.reward_kind = reward
         self.run_limits = run_limits or Limits(
             timeout_s=10.0, memory_mb=512, max_output_bytes=64 << 10
@@ -96,7 +103,7 @@ class CodeSandboxEnv(AgentEnv):
         Args:
             code: The complete program to run; print what you want to see.
         """
-        result = await shared_sandbox(self.sandbox_backend).run(Program(code=code), self.run_limits)
+        result = await self._sandbox().run(Program(code=code), self.run_limits)
         if result.status is SandboxStatus.SANDBOX_ERROR:
             raise RuntimeError(f"the sandbox failed (not your code): {result.error}")
         cap = self.max_output_chars
@@ -108,6 +115,9 @@ class CodeSandboxEnv(AgentEnv):
             result.stderr[-cap:],
             result.truncated or cut,
         )
+
+    def _sandbox(self) -> Sandbox:
+        return shared_sandbox(self.sandbox_backend, self.max_concurrent_sandboxes)
 
     async def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -141,7 +151,7 @@ class CodeSandboxEnv(AgentEnv):
             )
         data = self.task.data
         result = await grade(
-            shared_sandbox(self.sandbox_backend),
+            self._sandbox(),
             solution=program_for(data, code),
             prompt=data["prompt"],
             test=data["test"],

@@ -29,7 +29,9 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def fake_sglang(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
     monkeypatch.syspath_prepend(str(FAKE_SGLANG))
-    path = os.pathsep.join(p for p in (str(FAKE_SGLANG), str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    path = os.pathsep.join(
+        p for p in (str(FAKE_SGLANG), str(REPO), os.environ.get("PYTHONPATH", "")) if p
+    )
     return {**os.environ, "PYTHONPATH": path, "FAKE_SGLANG_ARGV_DIR": str(tmp_path)}
 
 
@@ -39,8 +41,12 @@ def _cfg(**kw) -> EngineConfig:
 
 def test_missing_sglang_extra_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sglang" else real(name, *a))
-    with pytest.raises(SGLangNotInstalled, match=r"pip install 'agentrl\[sglang\]'.*engine.kind=http"):
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "sglang" else real(name, *a)
+    )
+    with pytest.raises(
+        SGLangNotInstalled, match=r"pip install 'agentrl\[sglang\]'.*engine.kind=http"
+    ):
         launch_servers("/models/x", _cfg())
 
 
@@ -52,19 +58,65 @@ def test_several_servers_need_sglang_router(fake_sglang: dict[str, str]) -> None
 
 
 def test_commands_use_sglang_and_router_flag_names() -> None:
-    cmd = server_command("/m", host="127.0.0.1", port=30001, tp_size=2, mem_fraction_static=0.7,
-                         base_gpu_id=2, extra_args=["--context-length", "8192"], python="py")
-    assert cmd == ["py", "-m", "sglang.launch_server", "--model-path", "/m", "--host", "127.0.0.1", "--port", "30001",
-                   "--tp-size", "2", "--mem-fraction-static", "0.7", "--base-gpu-id", "2", "--context-length", "8192"]
-    router = router_command(["http://a:1", "http://b:2"], host="127.0.0.1", port=30000, policy="consistent_hashing",
-                            python="py")
-    assert router == ["py", "-m", "sglang_router.launch_router", "--worker-urls", "http://a:1", "http://b:2",
-                      "--policy", "consistent_hashing", "--host", "127.0.0.1", "--port", "30000"]
+    cmd = server_command(
+        "/m",
+        host="127.0.0.1",
+        port=30001,
+        tp_size=2,
+        mem_fraction_static=0.7,
+        base_gpu_id=2,
+        extra_args=["--context-length", "8192"],
+        python="py",
+    )
+    assert cmd == [
+        "py",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "/m",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "30001",
+        "--tp-size",
+        "2",
+        "--mem-fraction-static",
+        "0.7",
+        "--base-gpu-id",
+        "2",
+        "--context-length",
+        "8192",
+    ]
+    router = router_command(
+        ["http://a:1", "http://b:2"],
+        host="127.0.0.1",
+        port=30000,
+        policy="consistent_hashing",
+        python="py",
+    )
+    assert router == [
+        "py",
+        "-m",
+        "sglang_router.launch_router",
+        "--worker-urls",
+        "http://a:1",
+        "http://b:2",
+        "--policy",
+        "consistent_hashing",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "30000",
+    ]
 
 
-def test_server_that_dies_at_startup_fails_the_launch_with_its_log(fake_sglang: dict[str, str]) -> None:
+def test_server_that_dies_at_startup_fails_the_launch_with_its_log(
+    fake_sglang: dict[str, str],
+) -> None:
     env = {**fake_sglang, "FAKE_SGLANG_FAIL_AT_START": "1"}
-    with pytest.raises(EngineError, match="(?s)failed to start.*exited with code 1.*Not enough memory"):
+    with pytest.raises(
+        EngineError, match="(?s)failed to start.*exited with code 1.*Not enough memory"
+    ):
         launch_servers("/models/x", _cfg(), env=env, health_timeout_s=60)
 
 
@@ -75,7 +127,9 @@ async def test_launch_generate_crash_report_restart_and_shutdown(
     trigger = tmp_path / "crash-now"
     env = {**fake_sglang, "FAKE_SGLANG_CRASH_TRIGGER": str(trigger)}
     cfg = _cfg(sglang_args=["--context-length", "512"], restart_on_failure=True)
-    cluster = launch_servers(tiny_model_path, cfg, env=env, log_dir=str(tmp_path / "logs"), health_timeout_s=120)
+    cluster = launch_servers(
+        tiny_model_path, cfg, env=env, log_dir=str(tmp_path / "logs"), health_timeout_s=120
+    )
     cluster.poll_interval_s = 0.2
     engine = SGLangEngine(cluster.url, max_retries=0)
     engine.cluster = cluster  # as make_engine does: the engine shuts the cluster down
@@ -92,7 +146,11 @@ async def test_launch_generate_crash_report_restart_and_shutdown(
         while not cluster.failures and time.monotonic() < deadline:
             time.sleep(0.1)
         report = cluster.failure_report()
-        assert report is not None and "exited with code 3" in report and "simulated CUDA error" in report
+        assert (
+            report is not None
+            and "exited with code 3" in report
+            and "simulated CUDA error" in report
+        )
         with pytest.raises(EngineError, match="simulated CUDA error"):
             await engine.generate([1, 2], SamplingParams(max_new_tokens=2))
         await engine.wait_healthy(timeout_s=120, interval_s=0.2)  # the monitor restarted it

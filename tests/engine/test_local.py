@@ -90,6 +90,23 @@ async def test_logprobs_equal_a_teacher_forced_pass(
         assert torch.allclose(torch.tensor(c.logprobs), expected, atol=1e-4)
 
 
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingParams(temperature=1.0, top_k=1, max_new_tokens=12, seed=5),
+        SamplingParams(temperature=1.0, top_p=1e-6, max_new_tokens=12, seed=5),
+    ],
+)
+async def test_top_k_1_and_tiny_top_p_reduce_to_greedy(
+    engine: LocalEngine, sampling: SamplingParams
+) -> None:
+    greedy = await engine.generate(PROMPTS[1], SamplingParams(temperature=0.0, max_new_tokens=12))
+    sampled = await engine.generate(PROMPTS[1], sampling)
+    assert sampled.ids == greedy.ids
+    # Logprobs are not renormalised by the filter: at T=1 they equal the greedy ones.
+    assert torch.allclose(torch.tensor(sampled.logprobs), torch.tensor(greedy.logprobs), atol=1e-5)
+
+
 async def test_seeded_sampling_ignores_batch_composition(engine: LocalEngine) -> None:
     seeded = SamplingParams(temperature=1.0, max_new_tokens=20, seed=1234)
     unseeded = SamplingParams(temperature=1.0, max_new_tokens=30)
@@ -313,17 +330,23 @@ async def test_smollm2_answers_and_stops_at_eos(smollm2_path: str) -> None:
 
 
 @pytest.mark.gpu
-async def test_cuda_bfloat16_and_release_memory(tiny_model_path: str) -> None:
+async def test_cuda_batching_invariance_bfloat16_and_release_memory(tiny_model_path: str) -> None:
+    fp32 = LocalEngine(tiny_model_path, device="cuda", dtype="float32")
+    alone = [await fp32.generate(p, GREEDY) for p in PROMPTS]
+    together = await asyncio.gather(*[fp32.generate(p, GREEDY) for p in PROMPTS])
+    await fp32.close()
+    for a, b in zip(alone, together, strict=True):
+        assert a.ids == b.ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-3
     eng = LocalEngine(tiny_model_path, device="cuda", dtype="auto")
     assert eng.model.dtype == torch.bfloat16
-    first = await eng.generate(
-        PROMPTS[1], SamplingParams(temperature=1.0, max_new_tokens=16, seed=3)
-    )
+    seeded = SamplingParams(temperature=1.0, max_new_tokens=16, seed=3)
+    first = await eng.generate(PROMPTS[1], seeded)
+    batch = await asyncio.gather(*[eng.generate(p, seeded) for p in PROMPTS])
+    assert all(torch.isfinite(torch.tensor(c.logprobs)).all() for c in batch)
     await eng.release_memory()
     assert next(eng.model.parameters()).device.type == "cpu"
     await eng.resume_memory()
-    again = await eng.generate(
-        PROMPTS[1], SamplingParams(temperature=1.0, max_new_tokens=16, seed=3)
-    )
+    again = await eng.generate(PROMPTS[1], seeded)
     await eng.close()
     assert first.ids == again.ids

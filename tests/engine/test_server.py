@@ -43,7 +43,9 @@ def _sampling(i: int, **kw: Any) -> SamplingParams:
     return SamplingParams(temperature=1.0, max_new_tokens=12, seed=1000 + i, **kw)
 
 
-async def _both(local: LocalEngine, http: SGLangEngine, sampling: SamplingParams, prompt: list[int]):
+async def _both(
+    local: LocalEngine, http: SGLangEngine, sampling: SamplingParams, prompt: list[int]
+):
     return await local.generate(prompt, sampling), await http.generate(prompt, sampling)
 
 
@@ -64,10 +66,14 @@ async def test_concurrent_http_requests_are_batched_and_match(served, local) -> 
     http = SGLangEngine(url)
     before = engine.stats.max_running_batch_size
     got = await asyncio.gather(*(http.generate(p, _sampling(i)) for i, p in enumerate(PROMPTS * 2)))
-    want = await asyncio.gather(*(local.generate(p, _sampling(i)) for i, p in enumerate(PROMPTS * 2)))
+    want = await asyncio.gather(
+        *(local.generate(p, _sampling(i)) for i, p in enumerate(PROMPTS * 2))
+    )
     assert [c.ids for c in got] == [c.ids for c in want]
     for g, w in zip(got, want, strict=True):
-        assert g.logprobs == pytest.approx(w.logprobs, abs=1e-4)  # batch mates may move the last bits
+        assert g.logprobs == pytest.approx(
+            w.logprobs, abs=1e-4
+        )  # batch mates may move the last bits
     assert max(before, engine.stats.max_running_batch_size) > 1
     await http.close()
 
@@ -79,11 +85,20 @@ async def test_generate_response_has_sglangs_shape(served) -> None:
         out = (await client.post(f"{url}/generate", json=request)).json()
     fixture = GENERATE["responses"]["stop_token"]
     assert set(fixture) <= set(out)
-    required = {"id", "finish_reason", "prompt_tokens", "weight_version", "completion_tokens", "cached_tokens",
-                "output_token_logprobs"}
+    required = {
+        "id",
+        "finish_reason",
+        "prompt_tokens",
+        "weight_version",
+        "completion_tokens",
+        "cached_tokens",
+        "output_token_logprobs",
+    }
     assert required <= set(out["meta_info"])
     pairs = out["meta_info"]["output_token_logprobs"]
-    assert [p[1] for p in pairs] == out["output_ids"] and all(isinstance(p[0], float) and p[2] is None for p in pairs)
+    assert [p[1] for p in pairs] == out["output_ids"] and all(
+        isinstance(p[0], float) and p[2] is None for p in pairs
+    )
     assert out["meta_info"]["finish_reason"]["type"] in ("stop", "length")
     assert out["meta_info"]["prompt_tokens"] == len(request["input_ids"])
 
@@ -93,8 +108,14 @@ async def test_bad_input_is_a_400_in_sglangs_error_shape(served) -> None:
     async with httpx.AsyncClient() as client:
         r = await client.post(f"{url}/generate", json={"input_ids": [10**9], "sampling_params": {}})
         both = await client.post(f"{url}/generate", json={"input_ids": [1], "text": "hi"})
-    assert r.status_code == 400 and r.json()["object"] == "error" and "vocabulary" in r.json()["message"]
-    assert both.status_code == 400 and "cannot be provided at the same time" in both.json()["message"]
+    assert (
+        r.status_code == 400
+        and r.json()["object"] == "error"
+        and "vocabulary" in r.json()["message"]
+    )
+    assert (
+        both.status_code == 400 and "cannot be provided at the same time" in both.json()["message"]
+    )
     http = SGLangEngine(url, max_retries=3)
     with pytest.raises(EngineError, match="HTTP 400 \\(not retried\\)"):
         await http.generate([10**9], SamplingParams())
@@ -121,7 +142,9 @@ async def test_weight_update_from_tensor_matches_in_process_update(served, tiny_
     await asyncio.gather(local.close(), http.close())
 
 
-async def test_weight_update_from_disk_matches_in_process_update(served, tiny_model_path, tmp_path) -> None:
+async def test_weight_update_from_disk_matches_in_process_update(
+    served, tiny_model_path, tmp_path
+) -> None:
     url, _ = served
     local = LocalEngine(tiny_model_path, device="cpu", seed=0)
     await local.update_weights(_perturbed(local, 0.25), weight_version="ckpt")
@@ -194,16 +217,21 @@ def test_official_openai_client_chats_with_agentrl_serve(served) -> None:
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
     model = client.models.list().data[0].id
     chat = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "What is 2+2?"}], max_tokens=6, temperature=0.0,
-        logprobs=True, extra_body={"return_token_ids": True},
+        model=model,
+        messages=[{"role": "user", "content": "What is 2+2?"}],
+        max_tokens=6,
+        temperature=0.0,
+        logprobs=True,
+        extra_body={"return_token_ids": True},
     )
     choice = chat.choices[0]
     assert isinstance(choice.message.content, str) and choice.finish_reason in ("stop", "length")
     token_ids = choice.model_extra["token_ids"]
     assert len(choice.logprobs.content) == len(token_ids) == chat.usage.completion_tokens
     assert all(item.logprob <= 0 for item in choice.logprobs.content)
-    completion = client.completions.create(model=model, prompt="The capital of France is", max_tokens=5,
-                                           temperature=0.0, logprobs=1)
+    completion = client.completions.create(
+        model=model, prompt="The capital of France is", max_tokens=5, temperature=0.0, logprobs=1
+    )
     assert len(completion.choices[0].logprobs.token_logprobs) == completion.usage.completion_tokens
     assert completion.usage.prompt_tokens > 0
 
@@ -217,8 +245,12 @@ async def _rollouts(engine, codec, *, temperature: float, max_concurrent_episode
     from agentrl.envs.calculator import CalculatorEnv
     from agentrl.rollout import RolloutRunner
 
-    cfg = RolloutConfig(rollout_max_response_len=12, max_turns=2, max_concurrent_episodes=max_concurrent_episodes,
-                        seed=5)
+    cfg = RolloutConfig(
+        rollout_max_response_len=12,
+        max_turns=2,
+        max_concurrent_episodes=max_concurrent_episodes,
+        seed=5,
+    )
     runner = RolloutRunner(engine, CalculatorEnv, cfg, codec=codec)
     tasks = CalculatorEnv.load_tasks("train", num_tasks=2)
     groups = await runner.run_groups(tasks, 2, temperature=temperature)
@@ -226,7 +258,9 @@ async def _rollouts(engine, codec, *, temperature: float, max_concurrent_episode
 
 
 @pytest.mark.slow
-async def test_rollout_and_eval_through_http_give_the_in_process_trajectories(served, local) -> None:
+async def test_rollout_and_eval_through_http_give_the_in_process_trajectories(
+    served, local
+) -> None:
     from agentrl.rollout import ChatCodec
 
     url, _ = served
@@ -247,25 +281,45 @@ async def test_rollout_and_eval_through_http_give_the_in_process_trajectories(se
 
 
 @pytest.mark.slow
-async def test_distributed_weight_update_into_agentrl_serve_subprocess(tiny_model_path, tmp_path) -> None:
+async def test_distributed_weight_update_into_agentrl_serve_subprocess(
+    tiny_model_path, tmp_path
+) -> None:
     """`agentrl serve` as a real process joins a gloo group with this process (rank 0) and
     receives a broadcast update; it then generates like an in-process engine with the same weights."""
     import os
     import subprocess
     import sys
 
-    from agentrl.engine.launcher import _ports
+    from agentrl.engine.launcher import free_ports
     from agentrl.engine.sglang import DistributedWeightSender
 
-    (port,) = _ports(0, 1, "127.0.0.1")
+    (port,) = free_ports(1)
     repo = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
-    log = open(tmp_path / "serve.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from agentrl.cli import main; main()", "serve", "--model", tiny_model_path,
-         "--port", str(port), "--device", "cpu", "--log-level", "warning"],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])),
+    }
+    with open(tmp_path / "serve.log", "wb") as log:  # the child keeps its own copy
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "from agentrl.cli import main; main()",
+                "serve",
+                "--model",
+                tiny_model_path,
+                "--port",
+                str(port),
+                "--device",
+                "cpu",
+                "--log-level",
+                "warning",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
     http = SGLangEngine(f"http://127.0.0.1:{port}")
     local = LocalEngine(tiny_model_path, device="cpu", seed=0)
     try:
@@ -282,5 +336,4 @@ async def test_distributed_weight_update_into_agentrl_serve_subprocess(tiny_mode
     finally:
         proc.terminate()
         proc.wait(30)
-        log.close()
         await asyncio.gather(local.close(), http.close())

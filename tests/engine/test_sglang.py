@@ -53,7 +53,9 @@ class Replay:
             self.requests.append(("/generate", body, dict(request.headers)))
             if self.generate_statuses:
                 status = self.generate_statuses.pop(0)
-                return JSONResponse({"object": "error", "message": "boom", "code": status}, status_code=status)
+                return JSONResponse(
+                    {"object": "error", "message": "boom", "code": status}, status_code=status
+                )
             if self.is_held:  # until abort_request, like a long generation
                 self.num_running += 1
                 await self.release.wait()
@@ -130,7 +132,9 @@ def test_load_shapes_of_every_sglang_version_count_requests() -> None:
 async def test_generate_sends_sglangs_request_shape_and_routing_header(replay: Replay) -> None:
     engine = _engine(replay.url)
     sent = GENERATE["request"]
-    sampling = SamplingParams(temperature=1.0, max_new_tokens=8, stop=["</answer>"], stop_token_ids=[2])
+    sampling = SamplingParams(
+        temperature=1.0, max_new_tokens=8, stop=["</answer>"], stop_token_ids=[2]
+    )
     c = await engine.generate(sent["input_ids"], sampling, routing_key="episode-7")
     (path, body, headers) = replay.requests[0]
     assert body["input_ids"] == sent["input_ids"]
@@ -190,7 +194,9 @@ async def test_server_down_raises_engine_error_after_retries() -> None:
     await engine.close()
 
 
-async def test_abort_returns_abort_to_waiting_episodes_and_aborts_the_server(replay: Replay) -> None:
+async def test_abort_returns_abort_to_waiting_episodes_and_aborts_the_server(
+    replay: Replay,
+) -> None:
     replay.is_held = True
     engine = _engine(replay.url)
     episodes = [asyncio.create_task(engine.generate([1, 2], SamplingParams())) for _ in range(3)]
@@ -219,13 +225,17 @@ async def test_control_calls_send_sglangs_bodies(replay: Replay) -> None:
         CONTROL["resume_memory_occupation_weights"]["request"],
         CONTROL["resume_memory_occupation_rest"]["request"],
     ]
-    assert replay.bodies("/update_weights_from_disk") == [{"model_path": "/ckpt/hf", "weight_version": "10"}]
+    assert replay.bodies("/update_weights_from_disk") == [
+        {"model_path": "/ckpt/hf", "weight_version": "10"}
+    ]
     assert engine.weight_version == "10"
     assert await engine.get_weight_version() == "default"
     await engine.close()
 
 
-async def test_update_weights_sends_flattened_buckets_with_version_on_the_last(replay: Replay) -> None:
+async def test_update_weights_sends_flattened_buckets_with_version_on_the_last(
+    replay: Replay,
+) -> None:
     engine = _engine(replay.url, max_bucket_bytes=48)
     named = [("a", torch.ones(8)), ("b", torch.zeros(8)), ("c", torch.arange(4, dtype=torch.int64))]
     await engine.update_weights(named, weight_version="3")

@@ -128,6 +128,18 @@ def test_eval_command_runs_writes_reports_and_resumes(fakes, tmp_path) -> None:
     assert fakes["runners"][1].run_task_ids == [["t3"]]
 
 
+def test_eval_command_refuses_to_resume_another_setting(fakes, tmp_path) -> None:
+    args = ["eval", "--env", "calculator", "-k", "1", "--num-tasks", "1", "--out", str(tmp_path)]
+    assert CliRunner().invoke(_app(), [*args, "--set", "log.progress=false"]).exit_code == 0
+    result = CliRunner().invoke(
+        _app(), [*args, "--temperature", "0.9", "--set", "log.progress=false"]
+    )
+    assert result.exit_code == 2
+    assert "--no-resume" in result.output
+    rerun = [*args, "--temperature", "0.9", "--no-resume", "--set", "log.progress=false"]
+    assert CliRunner().invoke(_app(), rerun).exit_code == 0
+
+
 def test_eval_command_reports_bad_flags_without_a_traceback(fakes, tmp_path) -> None:
     result = CliRunner().invoke(
         _app(), ["eval", "--env", "calculator", "--set", "eval.n_samples=zero"]

@@ -279,9 +279,13 @@ class DockerSandbox:
     def _remove_all(self) -> None:
         with self._lock:
             self._idle.clear()
-        for c in self.client.containers.list(
-            all=True, filters={"label": f"{LABEL}.owner={self.owner}"}
-        ):
+        try:
+            mine = self.client.containers.list(
+                all=True, filters={"label": f"{LABEL}.owner={self.owner}"}
+            )
+        except Exception:  # the daemon is gone (e.g. at interpreter exit): nothing to reach
+            return
+        for c in mine:
             with contextlib.suppress(Exception):
                 c.remove(force=True)
 

@@ -141,7 +141,7 @@ async def run_process(
         asyncio.create_task(budget.drain(proc.stderr, err)),  # type: ignore[arg-type]
     ]
     feeder = asyncio.create_task(_feed(proc, stdin))
-    waiter = asyncio.create_task(proc.wait())
+    waiter = asyncio.create_task(_exited(proc))
     tripwire = asyncio.create_task(budget.exceeded.wait())
     try:
         await asyncio.wait(
@@ -165,6 +165,15 @@ async def run_process(
     return RawRun(
         proc.returncode, bytes(out), bytes(err), cut[0], cut[1], is_timeout, is_output_limit, wall_s
     )
+
+
+async def _exited(proc: asyncio.subprocess.Process) -> None:
+    """Returns once the child has exited. Not `proc.wait()`: that also waits for stdout and
+    stderr to close, which a daemonized grandchild holding them would put off forever."""
+    delay = 0.001
+    while proc.returncode is None:
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.05)
 
 
 async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:

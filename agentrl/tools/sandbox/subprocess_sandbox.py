@@ -4,9 +4,12 @@ least drops to an unused uid per slot), so it refuses to exist unless asked for 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import shutil
 import sys
+import threading
 import time
 
 from agentrl.tools.sandbox.base import Limits, Program, SandboxResult
@@ -20,9 +23,33 @@ from agentrl.tools.sandbox.process import (
 )
 from agentrl.tools.sandbox.workdir import WorkDir, reap_stale
 
-RUN_UID_BASE = 300_000
-"""Run as root, each lease slot gets its own unused uid: RLIMIT_NPROC counts per uid, so a
-shared uid (nobody) would count other sandboxes' and containers' processes too."""
+MAX_RUNS_PER_PROCESS = 1000
+
+
+class _RunUids:
+    """Run as root, each concurrent run gets an unused uid of its own: RLIMIT_NPROC counts per
+    uid (a shared `nobody` would count other sandboxes' and containers' processes too), and
+    after the run `kill -9 -1` as that uid sweeps every process it left, daemons included.
+    The range depends on our pid so that two agentrl processes do not share uids."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free = list(range(MAX_RUNS_PER_PROCESS))
+
+    def take(self) -> int:
+        with self._lock:
+            if not self._free:
+                raise RuntimeError(
+                    f"more than {MAX_RUNS_PER_PROCESS} concurrent subprocess sandbox runs"
+                )
+            return 1_000_000 + (os.getpid() % 100_000) * MAX_RUNS_PER_PROCESS + self._free.pop()
+
+    def give_back(self, uid: int) -> None:
+        with self._lock:
+            self._free.append((uid - 1_000_000) % MAX_RUNS_PER_PROCESS)
+
+
+_RUN_UIDS = _RunUids()
 _ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
 
 
@@ -44,8 +71,12 @@ class SubprocessSandbox:
 
     async def run(self, program: Program, limits: Limits | None = None) -> SandboxResult:
         limits = limits or Limits()
-        async with self.leases.lease() as slot:
-            return await self._run(program, limits, RUN_UID_BASE + slot)
+        async with self.leases.lease():
+            uid = _RUN_UIDS.take()
+            try:
+                return await self._run(program, limits, uid)
+            finally:
+                _RUN_UIDS.give_back(uid)
 
     async def close(self) -> None:
         return None
@@ -70,6 +101,7 @@ class SubprocessSandbox:
                     rlimits(limits, address_space_bytes=limits.memory_bytes, with_nproc=True),
                     run_as_uid=run_uid if is_root else None,
                 ),
+                on_kill=(lambda: _kill_uid(run_uid)) if is_root else None,
             )
             files = work.read_files(program.fetch_files, limits.max_file_size_bytes)
             return to_result(raw, backend=self.name, files=files)
@@ -92,3 +124,22 @@ def _is_world_executable(path: str) -> bool:
     parts = path.split("/")
     dirs = ["/".join(parts[:i]) or "/" for i in range(1, len(parts))]
     return all(os.stat(d).st_mode & 0o001 for d in dirs) and bool(os.stat(path).st_mode & 0o001)
+
+
+async def _kill_uid(uid: int) -> None:
+    """SIGKILL every process of `uid` (kill(-1) sent as that uid): a setsid'd daemon escapes
+    the process-group kill, never this. Repeated because a fork bomb forks while we kill."""
+    for _ in range(3):
+        with contextlib.suppress(OSError):
+            proc = await asyncio.create_subprocess_exec(
+                "kill",
+                "-9",
+                "--",
+                "-1",
+                user=uid,
+                group=uid,
+                extra_groups=[],
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+            )
+            await proc.wait()
