@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 from agentrl.engine.base import Engine, SamplingParams  # noqa: E402
 from agentrl.engine.launcher import free_ports  # noqa: E402
 from agentrl.engine.local import LocalEngine  # noqa: E402
-from agentrl.engine.sglang import SGLangEngine  # noqa: E402
+from agentrl.engine.sglang import SGLangEngine, completion_from_sglang  # noqa: E402
 
 QUESTIONS = [
     "What is 17 * 23?",
@@ -79,6 +79,24 @@ async def throughput(
         "tokens_per_s": num_tokens / elapsed,
         "ids": [c.ids for c in completions],
     }
+
+
+async def overhead_us(http: SGLangEngine, prompt: list[int], num_calls: int) -> float:
+    """Median (client wall time - server's own meta_info.e2e_latency) of one /generate: the cost
+    of HTTP, JSON both ways and parsing, without the model time (immune to its noise)."""
+    payload = {
+        "input_ids": prompt,
+        "sampling_params": SamplingParams(temperature=0.0, max_new_tokens=1).to_sglang(),
+        "return_logprob": True,
+    }
+    samples = []
+    for _ in range(num_calls):
+        start = time.perf_counter()
+        response = await http._request("POST", f"{http.base_url}/generate", json=payload)
+        out = response.json()
+        completion_from_sglang(out)
+        samples.append((time.perf_counter() - start - out["meta_info"]["e2e_latency"]) * 1e6)
+    return statistics.median(samples)
 
 
 async def latency_us(call, num_calls: int) -> float:
@@ -148,6 +166,7 @@ async def run(args: argparse.Namespace) -> dict:
         )
         http_us = await latency_us(lambda: http.generate(short, one_token), args.num_latency_calls)
         ping_us = await latency_us(http.get_weight_version, args.num_latency_calls)
+        http_overhead_us = await overhead_us(http, short, args.num_latency_calls)
     finally:
         await http.close()
         await local.close()
@@ -165,7 +184,7 @@ async def run(args: argparse.Namespace) -> dict:
         "http_vs_in_process_throughput": over["tokens_per_s"] / base["tokens_per_s"],
         "identical_completions": f"{same}/{len(prompts)}",
         "one_token_generate_us": {"in_process": local_us, "http": http_us},
-        "http_overhead_per_request_us": http_us - local_us,
+        "http_overhead_per_request_us": http_overhead_us,
         "http_round_trip_no_model_us": ping_us,
     }
     table = Table(title=f"bench_http: {Path(local.model_path).name} on {args.device}")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import sys
 import time
 from collections import defaultdict
@@ -33,9 +32,14 @@ from agentrl.rollout import ChatCodec, RolloutRunner  # noqa: E402
 from agentrl.types import Message, Task  # noqa: E402
 
 QUESTIONS = [
-    "What is 17 * 23?", "Name three primary colors.", "Explain recursion in one sentence.",
-    "What is the capital of Japan?", "Write a haiku about rain.", "Why is the sky blue?",
-    "List the planets of the solar system.", "What does HTTP stand for?",
+    "What is 17 * 23?",
+    "Name three primary colors.",
+    "Explain recursion in one sentence.",
+    "What is the capital of Japan?",
+    "Write a haiku about rain.",
+    "Why is the sky blue?",
+    "List the planets of the solar system.",
+    "What does HTTP stand for?",
 ]
 
 
@@ -44,10 +48,14 @@ QUESTIONS = [
 
 def build_prompts(tokenizer: Any, num: int) -> list[list[int]]:
     codec = ChatCodec(tokenizer)
-    return [codec.render_prompt([Message("user", QUESTIONS[i % len(QUESTIONS)])]) for i in range(num)]
+    return [
+        codec.render_prompt([Message("user", QUESTIONS[i % len(QUESTIONS)])]) for i in range(num)
+    ]
 
 
-async def engine_tokens_per_s(engine: Any, prompts: list[list[int]], concurrency: int, max_new_tokens: int) -> dict:
+async def engine_tokens_per_s(
+    engine: Any, prompts: list[list[int]], concurrency: int, max_new_tokens: int
+) -> dict:
     limit = asyncio.Semaphore(concurrency)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
 
@@ -62,12 +70,16 @@ async def engine_tokens_per_s(engine: Any, prompts: list[list[int]], concurrency
     return {"tokens": num_tokens, "seconds": elapsed, "tokens_per_s": num_tokens / elapsed}
 
 
-def generate_tokens_per_s(model: Any, tokenizer: Any, prompts: list[list[int]], batch_size: int, max_new_tokens: int) -> dict:
+def generate_tokens_per_s(
+    model: Any, tokenizer: Any, prompts: list[list[int]], batch_size: int, max_new_tokens: int
+) -> dict:
     """Plain `model.generate` on left-padded batches; counts tokens up to and including EOS
     per row (the padding a static batch keeps decoding is its cost, not its output)."""
     import torch
 
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = (
+        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    )
     num_tokens, start = 0, time.perf_counter()
     for b in range(0, len(prompts), batch_size):
         batch = prompts[b : b + batch_size]
@@ -76,11 +88,17 @@ def generate_tokens_per_s(model: Any, tokenizer: Any, prompts: list[list[int]], 
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
         with torch.inference_mode():
             out = model.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                pad_token_id=pad_id, eos_token_id=tokenizer.eos_token_id,
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=pad_id,
+                eos_token_id=tokenizer.eos_token_id,
             )
         for row in out[:, width:].tolist():
-            num_tokens += row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)
+            num_tokens += (
+                row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)
+            )
     elapsed = time.perf_counter() - start
     return {"tokens": num_tokens, "seconds": elapsed, "tokens_per_s": num_tokens / elapsed}
 
@@ -92,19 +110,35 @@ async def bench_engine(args: argparse.Namespace, console: Console) -> list[dict]
 
     torch.set_num_threads(args.threads)
     with console.status(f"loading {args.model}"):
-        engine = LocalEngine(args.model, device="cpu", dtype="float32", max_batch_size=args.batch_size, seed=0)
+        engine = LocalEngine(
+            args.model, device="cpu", dtype="float32", max_batch_size=args.batch_size, seed=0
+        )
     rows = []
     try:
         with Progress(console=console) as progress:
             task = progress.add_task("engine tokens/s", total=4)
-            for batch, num_prompts in ((1, args.num_prompts_b1), (args.batch_size, args.batch_size)):
+            for batch, num_prompts in (
+                (1, args.num_prompts_b1),
+                (args.batch_size, args.batch_size),
+            ):
                 prompts = build_prompts(engine.tokenizer, num_prompts)
-                await engine_tokens_per_s(engine, prompts[:1], 1, 4)  # warm-up
+                # warm-up both paths at this batch size (thread pools, allocator) before timing
+                await engine_tokens_per_s(engine, prompts, batch, 4)
+                generate_tokens_per_s(engine.model, engine.tokenizer, prompts[:batch], batch, 4)
                 local = await engine_tokens_per_s(engine, prompts, batch, args.max_new_tokens)
                 progress.advance(task)
-                plain = generate_tokens_per_s(engine.model, engine.tokenizer, prompts, batch, args.max_new_tokens)
+                plain = generate_tokens_per_s(
+                    engine.model, engine.tokenizer, prompts, batch, args.max_new_tokens
+                )
                 progress.advance(task)
-                rows.append({"batch": batch, "num_prompts": num_prompts, "local_engine": local, "model_generate": plain})
+                rows.append(
+                    {
+                        "batch": batch,
+                        "num_prompts": num_prompts,
+                        "local_engine": local,
+                        "model_generate": plain,
+                    }
+                )
     finally:
         await engine.close()
     return rows
@@ -121,12 +155,17 @@ class InstantEngine:
 
     def __init__(self, tokenizer: Any, replies: list[str]) -> None:
         self.tokenizer = tokenizer
-        self.replies = [tokenizer.encode(r, add_special_tokens=False) + [tokenizer.eos_token_id] for r in replies]
+        self.replies = [
+            tokenizer.encode(r, add_special_tokens=False) + [tokenizer.eos_token_id]
+            for r in replies
+        ]
         self.num_calls: dict[str, int] = defaultdict(int)
         self.returned_at: dict[str, float] = {}
         self.gaps_s: list[float] = []
 
-    async def generate(self, input_ids: list[int], sampling: SamplingParams, *, routing_key: str | None = None) -> Completion:
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams, *, routing_key: str | None = None
+    ) -> Completion:
         now = time.perf_counter()
         key = routing_key or ""
         if key in self.returned_at:
@@ -153,7 +192,9 @@ def percentile(values: list[float], q: float) -> float:
 
 async def overhead_run(tokenizer: Any, tasks: list[Task], n: int, concurrency: int) -> dict:
     engine = InstantEngine(tokenizer, REPLIES)
-    cfg = RolloutConfig(max_turns=len(REPLIES), max_concurrent_episodes=concurrency, rollout_max_context_len=8192)
+    cfg = RolloutConfig(
+        max_turns=len(REPLIES), max_concurrent_episodes=concurrency, rollout_max_context_len=8192
+    )
     runner = RolloutRunner(engine, lambda: make("calculator"), cfg, codec=ChatCodec(tokenizer))  # type: ignore[arg-type]
     await runner.run_group(tasks[0], 1)  # codec check and warm caches outside the timing
     engine.gaps_s.clear()
@@ -163,9 +204,13 @@ async def overhead_run(tokenizer: Any, tasks: list[Task], n: int, concurrency: i
     num_turns = sum(t.num_turns for g in groups for t in g)
     gaps_us = [g * 1e6 for g in engine.gaps_s]
     return {
-        "episodes": len(tasks) * n, "concurrency": concurrency, "turns": num_turns, "seconds": elapsed,
+        "episodes": len(tasks) * n,
+        "concurrency": concurrency,
+        "turns": num_turns,
+        "seconds": elapsed,
         "us_per_turn": elapsed * 1e6 / num_turns,
-        "gap_p50_us": percentile(gaps_us, 0.5), "gap_p99_us": percentile(gaps_us, 0.99),
+        "gap_p50_us": percentile(gaps_us, 0.5),
+        "gap_p99_us": percentile(gaps_us, 0.99),
         "completed": sum(t.status.value == "completed" for g in groups for t in g),
     }
 
@@ -185,7 +230,12 @@ async def env_alone(tokenizer: Any, tasks: list[Task], n: int) -> dict:
                 num_turns += 1
             await env.close()
     elapsed = time.perf_counter() - start
-    return {"episodes": len(tasks) * n, "turns": num_turns, "seconds": elapsed, "us_per_turn": elapsed * 1e6 / num_turns}
+    return {
+        "episodes": len(tasks) * n,
+        "turns": num_turns,
+        "seconds": elapsed,
+        "us_per_turn": elapsed * 1e6 / num_turns,
+    }
 
 
 async def bench_overhead(args: argparse.Namespace, tokenizer: Any) -> dict:
@@ -193,11 +243,16 @@ async def bench_overhead(args: argparse.Namespace, tokenizer: Any) -> dict:
 
     n = 4
     tasks = CalculatorEnv.load_tasks("train", num_tasks=max(args.episodes // n, 1))
-    return {
+    result = {
         "concurrent": await overhead_run(tokenizer, tasks, n, args.episodes),
         "sequential": await overhead_run(tokenizer, tasks[: max(len(tasks) // 8, 1)], n, 1),
         "env_alone": await env_alone(tokenizer, tasks[: max(len(tasks) // 8, 1)], n),
     }
+    # what the rollout layer (codec, engine call, trajectory) adds to each turn over the env
+    result["rollout_layer_us_per_turn"] = (
+        result["sequential"]["us_per_turn"] - result["env_alone"]["us_per_turn"]
+    )
+    return result
 
 
 # ---------------------------------------------------------------- report
@@ -205,31 +260,63 @@ async def bench_overhead(args: argparse.Namespace, tokenizer: Any) -> dict:
 
 def report(result: dict, console: Console) -> None:
     if result.get("engine"):
-        table = Table(title=f"LocalEngine vs model.generate, CPU, greedy, {result['args']['max_new_tokens']} new tokens")
+        table = Table(
+            title=f"LocalEngine vs model.generate, CPU, greedy, {result['args']['max_new_tokens']} new tokens"
+        )
         for col in ("batch", "prompts", "LocalEngine tok/s", "model.generate tok/s", "ratio"):
             table.add_column(col, justify="right")
         for row in result["engine"]:
-            local, plain = row["local_engine"]["tokens_per_s"], row["model_generate"]["tokens_per_s"]
-            table.add_row(str(row["batch"]), str(row["num_prompts"]), f"{local:.1f}", f"{plain:.1f}", f"{local / plain:.2f}x")
+            local, plain = (
+                row["local_engine"]["tokens_per_s"],
+                row["model_generate"]["tokens_per_s"],
+            )
+            table.add_row(
+                str(row["batch"]),
+                str(row["num_prompts"]),
+                f"{local:.1f}",
+                f"{plain:.1f}",
+                f"{local / plain:.2f}x",
+            )
         console.print(table)
     o = result["overhead"]
-    table = Table(title="Orchestration overhead per turn (instant engine, calculator env, 4 turns/episode)")
+    table = Table(
+        title="Orchestration overhead per turn (instant engine, calculator env, 4 turns/episode)"
+    )
     for col in ("run", "episodes", "concurrency", "turns", "µs/turn", "gap p50 µs", "gap p99 µs"):
         table.add_column(col, justify="right")
     for name in ("concurrent", "sequential"):
         r = o[name]
-        table.add_row(f"run_groups ({name})", str(r["episodes"]), str(r["concurrency"]), str(r["turns"]),
-                      f"{r['us_per_turn']:.0f}", f"{r['gap_p50_us']:.0f}", f"{r['gap_p99_us']:.0f}")
+        table.add_row(
+            f"run_groups ({name})",
+            str(r["episodes"]),
+            str(r["concurrency"]),
+            str(r["turns"]),
+            f"{r['us_per_turn']:.0f}",
+            f"{r['gap_p50_us']:.0f}",
+            f"{r['gap_p99_us']:.0f}",
+        )
     b = o["env_alone"]
-    table.add_row("env.step alone (baseline)", str(b["episodes"]), "1", str(b["turns"]), f"{b['us_per_turn']:.0f}", "-", "-")
+    table.add_row(
+        "env.step alone (baseline)",
+        str(b["episodes"]),
+        "1",
+        str(b["turns"]),
+        f"{b['us_per_turn']:.0f}",
+        "-",
+        "-",
+    )
     console.print(table)
-    console.print("gap = time from an engine reply to the same episode's next request (parse, env.step, "
-                  "observation render, and at 256 concurrent the wait for the other episodes' work)")
+    console.print(
+        "gap = time from an engine reply to the same episode's next request (parse, env.step, "
+        "observation render, and when concurrent the wait for the other episodes' work); "
+        f"rollout layer over the env alone: {o['rollout_layer_us_per_turn']:.0f} µs/turn"
+    )
 
 
 async def run(args: argparse.Namespace, console: Console) -> dict:
-    from agentrl.engine.model_store import resolve_model_path
     from transformers import AutoTokenizer
+
+    from agentrl.engine.model_store import resolve_model_path
 
     args.model = resolve_model_path(args.model)
     result: dict = {"args": vars(args)}
@@ -247,8 +334,12 @@ def main() -> None:
     parser.add_argument("--num-prompts-b1", type=int, default=3, help="prompts run one at a time")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    parser.add_argument("--episodes", type=int, default=256, help="concurrent episodes for the overhead run")
-    parser.add_argument("--skip-engine", action="store_true", help="only the orchestration overhead")
+    parser.add_argument(
+        "--episodes", type=int, default=256, help="concurrent episodes for the overhead run"
+    )
+    parser.add_argument(
+        "--skip-engine", action="store_true", help="only the orchestration overhead"
+    )
     parser.add_argument("--out", default="benchmarks/bench_rollout.json")
     args = parser.parse_args()
     console = Console()

@@ -4,7 +4,7 @@ per line (JSONL), flushed as each group ends."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -20,9 +20,15 @@ def rollout_command(
     out: str = typer.Option(..., "--out", help="Output JSONL file, one trajectory per line."),
     split: str = typer.Option("train", help="Task split (train, test, ...)."),
     n_samples: int = typer.Option(1, "--n-samples", help="Episodes per task (a group)."),
-    model: Optional[str] = typer.Option(None, help="Transformers checkpoint dir (default: bundled SmolLM2-135M)."),
-    temperature: Optional[float] = typer.Option(None, help="Sampling temperature (default: the recipe's)."),
-    set_: list[str] = typer.Option([], "--set", help="Override any config field: --set section.field=value"),
+    model: str | None = typer.Option(
+        None, help="Transformers checkpoint dir (default: bundled SmolLM2-135M)."
+    ),
+    temperature: float | None = typer.Option(
+        None, help="Sampling temperature (default: the recipe's)."
+    ),
+    set_: list[str] = typer.Option(
+        [], "--set", help="Override any config field: --set section.field=value"
+    ),
 ) -> None:
     """Run NUM_TASKS tasks x N_SAMPLES episodes and write their trajectories to OUT."""
     import logging
@@ -33,7 +39,9 @@ def rollout_command(
 
     console = Console(stderr=True)
     if num_tasks < 1 or n_samples < 1:
-        console.print(f"[red]--num-tasks={num_tasks} and --n-samples={n_samples} must both be at least 1")
+        console.print(
+            f"[red]--num-tasks={num_tasks} and --n-samples={n_samples} must both be at least 1"
+        )
         raise typer.Exit(2)
     try:
         cfg = recipe_for_env(env)
@@ -49,7 +57,13 @@ def rollout_command(
 
 
 async def _rollout(
-    cfg: RunConfig, split: str, num_tasks: int, n_samples: int, temperature: float | None, out: str, console: Console
+    cfg: RunConfig,
+    split: str,
+    num_tasks: int,
+    n_samples: int,
+    temperature: float | None,
+    out: str,
+    console: Console,
 ) -> str:
     from collections import Counter
 
@@ -68,17 +82,27 @@ async def _rollout(
     open(out, "w").close()  # start a fresh file; groups are appended as they finish
     try:
         runner = build_runner(cfg, engine)
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+        )
         with Progress(*columns, console=console) as progress:
             bar = progress.add_task("episodes", total=len(tasks) * n_samples)
 
             def on_episode(traj: Trajectory) -> None:
                 statuses[f"{traj.status.value}/{traj.status_reason.value}"] += 1
                 rewards.append(traj.reward)
-                progress.update(bar, advance=1, description=f"episodes (mean reward {sum(rewards) / len(rewards):.2f})")
+                progress.update(
+                    bar,
+                    advance=1,
+                    description=f"episodes (mean reward {sum(rewards) / len(rewards):.2f})",
+                )
 
             groups = [
-                runner.run_group(task, n_samples, temperature=temperature, on_episode=on_episode) for task in tasks
+                runner.run_group(task, n_samples, temperature=temperature, on_episode=on_episode)
+                for task in tasks
             ]
             for finished in asyncio.as_completed(groups):
                 write_jsonl(out, await finished, append=True)

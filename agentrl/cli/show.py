@@ -3,7 +3,7 @@ on a green background and masked tokens (prompt, observations) dimmed."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -17,9 +17,15 @@ MASKED_STYLE = "dim"
 
 
 def show_command(
-    path: str = typer.Argument(..., help="A trajectories JSONL file (agentrl rollout --out, or a run's rollouts/)."),
-    index: Optional[int] = typer.Option(None, "--index", "-i", help="Show only the trajectory on this line (0-based)."),
-    model: str = typer.Option("smollm2-135m-instruct", help="Model whose tokenizer decodes the ids."),
+    path: str = typer.Argument(
+        ..., help="A trajectories JSONL file (agentrl rollout --out, or a run's rollouts/)."
+    ),
+    index: int | None = typer.Option(
+        None, "--index", "-i", help="Show only the trajectory on this line (0-based)."
+    ),
+    model: str = typer.Option(
+        "smollm2-135m-instruct", help="Model whose tokenizer decodes the ids."
+    ),
     show_prompt: bool = typer.Option(True, "--prompt/--no-prompt", help="Show the prompt tokens."),
 ) -> None:
     """Show each trajectory turn by turn with its status, reason and reward."""
@@ -35,18 +41,24 @@ def show_command(
         raise typer.Exit(2)
     if index is not None:
         if not -len(trajectories) <= index < len(trajectories):
-            console.print(f"[red]--index {index} is out of range: {path} holds {len(trajectories)} trajectories")
+            console.print(
+                f"[red]--index {index} is out of range: {path} holds {len(trajectories)} trajectories"
+            )
             raise typer.Exit(2)
         selected = [(index % len(trajectories), trajectories[index])]
     else:
         selected = list(enumerate(trajectories))
     decode = _decoder(model, console)
-    console.print(f"Legend: [{TRAINED_STYLE}] trained (loss_mask 1) [/] [{MASKED_STYLE}]masked (loss_mask 0)[/]")
+    console.print(
+        f"Legend: [{TRAINED_STYLE}] trained (loss_mask 1) [/] [{MASKED_STYLE}]masked (loss_mask 0)[/]"
+    )
     for i, traj in selected:
         render_trajectory(console, i, traj, decode, show_prompt=show_prompt)
 
 
-def render_trajectory(console: Console, index: int, traj: Trajectory, decode: Any, *, show_prompt: bool = True) -> None:
+def render_trajectory(
+    console: Console, index: int, traj: Trajectory, decode: Any, *, show_prompt: bool = True
+) -> None:
     from rich.rule import Rule
     from rich.text import Text
 
@@ -70,7 +82,9 @@ def render_trajectory(console: Console, index: int, traj: Trajectory, decode: An
         )
         text = Text(decode(traj.token_ids[turn.start : end], turn.text), style=TRAINED_STYLE)
         if turn.num_observation:
-            text.append(decode(traj.token_ids[end : end + turn.num_observation], None), style=MASKED_STYLE)
+            text.append(
+                decode(traj.token_ids[end : end + turn.num_observation], None), style=MASKED_STYLE
+            )
         console.print(text)
     if "error" in traj.info:
         console.print(Text(str(traj.info["error"]).rstrip(), style="red"))
@@ -86,7 +100,9 @@ def _decoder(model: str, console: Console) -> Any:
 
         tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(model))
     except Exception as e:  # still useful without a tokenizer
-        console.print(f"[yellow]no tokenizer for {model!r} ({e}); showing stored text only[/yellow]")
+        console.print(
+            f"[yellow]no tokenizer for {model!r} ({e}); showing stored text only[/yellow]"
+        )
 
         def fallback(ids: list[int], text: str | None) -> str:
             return text if text is not None else f"[{len(ids)} masked tokens]"

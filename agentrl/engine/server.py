@@ -270,9 +270,8 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(
-            f"invalid request body: {exc.errors()}"
-        )  # SGLang answers 400, not 422
+        # SGLang answers a malformed body with 400, not FastAPI's 422.
+        return error_response(f"invalid request body: {exc.errors()}")
 
     _add_generate_routes(app, state)
     _add_control_routes(app, state)
@@ -337,7 +336,9 @@ def _add_generate_routes(app: FastAPI, state: Any) -> None:
             )
             for c, ids, p, r in zip(completions, batch, params_list, rids, strict=False)
         ]
-        return outs if is_batch else outs[0]
+        # JSONResponse directly: FastAPI's encoder walk over every logprob pair costs more than the
+        # model step for short generations.
+        return JSONResponse(outs if is_batch else outs[0])
 
     @app.get("/health")
     @app.get("/health_generate")
@@ -448,8 +449,8 @@ def _add_control_routes(app: FastAPI, state: Any) -> None:
         tags = set(obj.tags if obj and obj.tags is not None else MEMORY_TAGS)
         if unknown := tags - set(MEMORY_TAGS):
             return error_response(f"unknown memory tags {sorted(unknown)}; use {list(MEMORY_TAGS)}")
-        if not s.released_tags:
-            await s.engine.release_memory()
+        if "weights" in tags and "weights" not in s.released_tags:
+            await s.engine.release_memory()  # the transformers engine has no standing KV pool
         s.released_tags |= tags
         return None
 
@@ -457,13 +458,8 @@ def _add_control_routes(app: FastAPI, state: Any) -> None:
     async def resume_memory_occupation(obj: MemoryOccupationReqInput | None = None) -> Any:
         s: ServerState = state()
         tags = set(obj.tags if obj and obj.tags is not None else MEMORY_TAGS)
-        if (
-            "weights" in tags
-            and "weights" in s.released_tags
-            or (s.released_tags and s.released_tags <= tags)
-        ):
-            await s.engine.resume_memory()  # one call brings the whole transformers model back
-            s.released_tags.clear()
+        if "weights" in tags and "weights" in s.released_tags:
+            await s.engine.resume_memory()
         s.released_tags -= tags
         return None
 

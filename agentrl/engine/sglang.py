@@ -154,6 +154,7 @@ class SGLangEngine:
         self._client: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._pending: set[asyncio.Future[Any]] = set()
+        self._background: set[asyncio.Future[Any]] = set()
         self._is_aborting = False
         self._weight_version = DEFAULT_WEIGHT_VERSION
         self._tp_size: int | None = None
@@ -289,13 +290,14 @@ class SGLangEngine:
         try:
             response = await asyncio.shield(request)
         except asyncio.CancelledError:
-            if (
-                not request.cancelled()
-            ):  # our caller was cancelled, not abort(): free the server's work
-                request.cancel()
-                asyncio.ensure_future(self._abort_rid(payload["rid"]))
-                raise
-            return aborted_completion(self._weight_version)
+            if request.cancelled():  # abort() cancelled it: the episode sees ABORT
+                return aborted_completion(self._weight_version)
+            # Our caller was cancelled (an episode timeout): free the server's work too.
+            request.cancel()
+            cleanup = asyncio.ensure_future(self._abort_rid(payload["rid"]))
+            self._background.add(cleanup)
+            cleanup.add_done_callback(self._background.discard)
+            raise
         finally:
             self._pending.discard(request)
         completion = completion_from_sglang(response.json())

@@ -238,7 +238,9 @@ class CalculatorEnv(AgentEnv):
     """Arithmetic word problems with a `calculate` tool; reward 1.0 for the exact answer.
 
     An assistant message with tool calls gets the tool results back; one without tool
-    calls is the final answer and ends the episode (terminated).
+    calls is the final answer and ends the episode (terminated). The answer is the number
+    in the last `<answer>` block or, leniently, the last number in that message;
+    `info["correct"]` and `info["has_answer_tag"]` hold the reward's components.
     """
 
     reward_range: ClassVar[tuple[float, float]] = (0.0, 1.0)

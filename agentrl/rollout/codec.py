@@ -39,7 +39,11 @@ class ChatCodec:
     """
 
     def __init__(
-        self, tokenizer: Any, *, tool_call_format: ToolCallFormat = "hermes", chat_template: str | None = None
+        self,
+        tokenizer: Any,
+        *,
+        tool_call_format: ToolCallFormat = "hermes",
+        chat_template: str | None = None,
     ) -> None:
         if tool_call_format not in ("hermes", "tags"):
             raise ValueError(f"tool_call_format={tool_call_format!r} is not one of: hermes, tags")
@@ -54,7 +58,11 @@ class ChatCodec:
 
     @classmethod
     def from_pretrained(
-        cls, path: str, *, tool_call_format: ToolCallFormat = "hermes", chat_template: str | None = None
+        cls,
+        path: str,
+        *,
+        tool_call_format: ToolCallFormat = "hermes",
+        chat_template: str | None = None,
     ) -> ChatCodec:
         from transformers import AutoTokenizer
 
@@ -105,7 +113,9 @@ class ChatCodec:
         return getattr(self.tokenizer, "backend_tokenizer", None)
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return self.tokenizer.decode(
+            ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
 
     def render_text(
         self, messages: list[Message], tools: Any = None, *, add_generation_prompt: bool = False
@@ -126,9 +136,15 @@ class ChatCodec:
 
     @functools.cached_property
     def _template_renders_tools(self) -> bool:
-        probe = {"type": "function", "function": {"name": _MARKER, "description": "", "parameters": {}}}
+        probe = {
+            "type": "function",
+            "function": {"name": _MARKER, "description": "", "parameters": {}},
+        }
         text = self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": "hi"}], tools=[probe], chat_template=self.chat_template, tokenize=False
+            [{"role": "user", "content": "hi"}],
+            tools=[probe],
+            chat_template=self.chat_template,
+            tokenize=False,
         )
         return _MARKER in text
 
@@ -138,7 +154,9 @@ class ChatCodec:
         """Prompt ids: the template's rendering with the generation prompt, tokenized once."""
         return self.encode(self.render_text(messages, tools, add_generation_prompt=True))
 
-    def render_observation(self, messages: list[Message], *, sampled_ids: list[int] | None = None) -> list[int]:
+    def render_observation(
+        self, messages: list[Message], *, sampled_ids: list[int] | None = None
+    ) -> list[int]:
         """Ids to append after `sampled_ids` so the sequence reads as the template would render
         the conversation with `messages` added, up to the next generation prompt.
 
@@ -148,12 +166,16 @@ class ChatCodec:
         """
         if self.tool_call_format == "tags":
             return self.encode("".join(m.content for m in messages)) if messages else []
-        return self.encode(self._pending_end_of_turn(sampled_ids or []) + self._observation_text(messages))
+        return self.encode(
+            self._pending_end_of_turn(sampled_ids or []) + self._observation_text(messages)
+        )
 
     @functools.cached_property
     def end_of_turn_text(self) -> str:
         """What the template writes after an assistant message's content (`<|im_end|>\\n`)."""
-        text = self._render_dicts([{"role": "user", "content": "hi"}, {"role": "assistant", "content": _MARKER}])
+        text = self._render_dicts(
+            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _MARKER}]
+        )
         return text[text.rindex(_MARKER) + len(_MARKER) :]
 
     def _pending_end_of_turn(self, sampled_ids: list[int]) -> str:
@@ -168,12 +190,16 @@ class ChatCodec:
     def _end_of_turn_pieces(self) -> tuple[list[int], list[str]]:
         """The suffix's ids, and for each k the text left once its first k ids were sampled."""
         eot_ids = self.encode(self.end_of_turn_text)
-        rests = [self.end_of_turn_text[len(self.decode(eot_ids[:k])) :] for k in range(len(eot_ids) + 1)]
+        rests = [
+            self.end_of_turn_text[len(self.decode(eot_ids[:k])) :] for k in range(len(eot_ids) + 1)
+        ]
         return eot_ids, rests
 
     def _observation_text(self, messages: list[Message]) -> str:
         prefix = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _MARKER}]
-        text = self._render_dicts(prefix + [_template_dict(m) for m in messages], add_generation_prompt=True)
+        text = self._render_dicts(
+            prefix + [_template_dict(m) for m in messages], add_generation_prompt=True
+        )
         anchor = _MARKER + self.end_of_turn_text
         if anchor not in text:
             raise CodecCheckError(
@@ -184,9 +210,14 @@ class ChatCodec:
             )
         return text[text.index(anchor) + len(anchor) :]
 
-    def _render_dicts(self, conversation: list[dict[str, Any]], *, add_generation_prompt: bool = False) -> str:
+    def _render_dicts(
+        self, conversation: list[dict[str, Any]], *, add_generation_prompt: bool = False
+    ) -> str:
         return self.tokenizer.apply_chat_template(
-            conversation, chat_template=self.chat_template, add_generation_prompt=add_generation_prompt, tokenize=False
+            conversation,
+            chat_template=self.chat_template,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
         )
 
     # ------------------------------------------------------------ parsing
@@ -238,10 +269,13 @@ def _template_dict(message: Message) -> dict[str, Any]:
     return d
 
 
-def _with_tools_in_system(conversation: list[dict[str, Any]], schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    block = _HERMES_TOOLS_PROMPT.format(schemas="".join("\n" + json.dumps(s, ensure_ascii=False) for s in schemas))
+def _with_tools_in_system(
+    conversation: list[dict[str, Any]], schemas: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    block = _HERMES_TOOLS_PROMPT.format(
+        schemas="".join("\n" + json.dumps(s, ensure_ascii=False) for s in schemas)
+    )
     if conversation and conversation[0]["role"] == "system":
         first = dict(conversation[0], content=conversation[0]["content"] + "\n\n" + block)
         return [first, *conversation[1:]]
     return [{"role": "system", "content": block}, *conversation]
-

@@ -59,7 +59,9 @@ def run_check(codec: ChatCodec, tools: list[dict[str, Any]] | None) -> CheckRepo
         else:
             report.num_conversations += 1
     if not report.num_conversations:
-        raise CodecCheckError(f"{codec.template_id} rendered none of the check conversations: {report.skipped}")
+        raise CodecCheckError(
+            f"{codec.template_id} rendered none of the check conversations: {report.skipped}"
+        )
     return report
 
 
@@ -88,8 +90,13 @@ def _replay(codec: ChatCodec, conv: _Conversation, tools: Any, *, stopped_on_eos
     return len(full)
 
 
-def _mismatch_message(codec: ChatCodec, name: str, stopped_on_eos: bool, ids: list[int], full: list[int]) -> str:
-    i = next((k for k, (a, b) in enumerate(zip(ids, full)) if a != b), min(len(ids), len(full)))
+def _mismatch_message(
+    codec: ChatCodec, name: str, stopped_on_eos: bool, ids: list[int], full: list[int]
+) -> str:
+    i = next(
+        (k for k, (a, b) in enumerate(zip(ids, full, strict=False)) if a != b),
+        min(len(ids), len(full)),
+    )
 
     def token(seq: list[int]) -> str:
         return repr(codec.decode([seq[i]])) if i < len(seq) else "<end of sequence>"
@@ -126,27 +133,41 @@ def _assistant(content: str, calls: list[ToolCall], renders_tool_calls: bool) ->
     if renders_tool_calls or not calls:
         return Message("assistant", content, tool_calls=calls)
     blocks = "".join(
-        f'\n<tool_call>\n{{"name": "{c.name}", "arguments": {c.arguments}}}\n</tool_call>' for c in calls
+        f'\n<tool_call>\n{{"name": "{c.name}", "arguments": {c.arguments}}}\n</tool_call>'
+        for c in calls
     )
     return Message("assistant", (content + blocks).lstrip("\n"))
 
 
-def _conversations(tools: list[dict[str, Any]] | None, *, renders_tool_calls: bool) -> list[_Conversation]:
+def _conversations(
+    tools: list[dict[str, Any]] | None, *, renders_tool_calls: bool
+) -> list[_Conversation]:
     def a(content: str, *calls: ToolCall) -> Message:
         return _assistant(content, list(calls), renders_tool_calls)
 
     def tool(content: str, call: ToolCall) -> Message:
         return Message("tool", content, tool_call_id=call.id, name=call.name)
 
-    c1, c2, c3, c4 = (_call(tools, v, i) for i, v in enumerate(["12 * 7", "2 + 2", "3 + 3", "√2 ≈ ?"]))
+    c1, c2, c3, c4 = (
+        _call(tools, v, i) for i, v in enumerate(["12 * 7", "2 + 2", "3 + 3", "√2 ≈ ?"])
+    )
     return [
         _Conversation(
             "tool call, then a user hint",
-            [Message("system", "You solve problems step by step."), Message("user", "What is 12 * 7?")],
+            [
+                Message("system", "You solve problems step by step."),
+                Message("user", "What is 12 * 7?"),
+            ],
             [
                 (a("<think>\nI should use the tool.\n</think>\n\n", c1), [tool("84", c1)]),
-                (a("<think>\nThe tool says 84.\n</think>\n\nThe answer is 84."), [Message("user", "Are you sure?")]),
-                (a("<think>\nYes, 12 * 7 = 84.\n</think>\n\nYes: 84."), [Message("user", "Thanks.")]),
+                (
+                    a("<think>\nThe tool says 84.\n</think>\n\nThe answer is 84."),
+                    [Message("user", "Are you sure?")],
+                ),
+                (
+                    a("<think>\nYes, 12 * 7 = 84.\n</think>\n\nYes: 84."),
+                    [Message("user", "Thanks.")],
+                ),
             ],
         ),
         _Conversation(

@@ -61,7 +61,13 @@ class _Recorder:
         """Record the exception being handled (traceback into info, and the log)."""
         self.info["error"] = traceback.format_exc()
         self.info["error_where"] = where
-        logger.warning("episode %s: %s raised; status ERROR/%s\n%s", self.episode_id, where, reason.value, self.info["error"])
+        logger.warning(
+            "episode %s: %s raised; status ERROR/%s\n%s",
+            self.episode_id,
+            where,
+            reason.value,
+            self.info["error"],
+        )
         return EpisodeStatus.ERROR, reason
 
     def finish(self, ending: _Ending) -> Trajectory:
@@ -122,7 +128,12 @@ async def run_episode(
 
 
 async def _play(
-    rec: _Recorder, env: AgentEnv, engine: Engine, codec: ChatCodec, sampling: SamplingParams, limits: _Limits
+    rec: _Recorder,
+    env: AgentEnv,
+    engine: Engine,
+    codec: ChatCodec,
+    sampling: SamplingParams,
+    limits: _Limits,
 ) -> _Ending:
     try:
         env.bind_tokenizer(codec.tokenizer)
@@ -141,13 +152,18 @@ async def _play(
         if room <= 0:
             return EpisodeStatus.TRUNCATED, StatusReason.CONTEXT
         try:
-            completion = await engine.generate(rec.token_ids, _turn_sampling(base, turn_index, room), routing_key=rec.episode_id)
+            completion = await engine.generate(
+                rec.token_ids, _turn_sampling(base, turn_index, room), routing_key=rec.episode_id
+            )
         except Exception:
             return rec.fail(StatusReason.ENGINE, "engine.generate")
         if completion.finish_reason == FinishReason.ABORT:
             return EpisodeStatus.ABORTED, StatusReason.CANCELLED
         turn = rec.add_sampled(completion, codec.decode(completion.ids))
-        if completion.finish_reason == FinishReason.LENGTH and len(rec.token_ids) >= limits.max_context_len:
+        if (
+            completion.finish_reason == FinishReason.LENGTH
+            and len(rec.token_ids) >= limits.max_context_len
+        ):
             return EpisodeStatus.TRUNCATED, StatusReason.LENGTH
         try:
             result = await env.step(codec.parse(completion.ids, tools))
@@ -198,14 +214,18 @@ def _step_ending(result: StepResult, *, is_last_turn: bool) -> _Ending | None:
         try:
             return EpisodeStatus.TRUNCATED, StatusReason(reason)
         except ValueError:
-            logger.warning("env gave truncated_reason=%r, not a StatusReason; recording max_turns", reason)
+            logger.warning(
+                "env gave truncated_reason=%r, not a StatusReason; recording max_turns", reason
+            )
             return EpisodeStatus.TRUNCATED, StatusReason.MAX_TURNS
     if is_last_turn:
         return EpisodeStatus.TRUNCATED, StatusReason.MAX_TURNS
     return None
 
 
-def cut_observation(messages: list[Message], codec: ChatCodec, max_tokens: int | None) -> list[Message]:
+def cut_observation(
+    messages: list[Message], codec: ChatCodec, max_tokens: int | None
+) -> list[Message]:
     """Cut message texts so together they hold about `max_tokens` tokens, keeping each one's
     head and tail. Short messages keep all of theirs; long ones share what is left."""
     if max_tokens is None or not messages:
@@ -220,7 +240,9 @@ def cut_observation(messages: list[Message], codec: ChatCodec, max_tokens: int |
         budgets[i] = min(counts[i], remaining // (len(messages) - rank))
         remaining -= budgets[i]
     return [
-        dataclasses.replace(m, content=_head_and_tail(m.content, codec, budgets[i])) if counts[i] > budgets[i] else m
+        dataclasses.replace(m, content=_head_and_tail(m.content, codec, budgets[i]))
+        if counts[i] > budgets[i]
+        else m
         for i, m in enumerate(messages)
     ]
 

@@ -47,7 +47,9 @@ class RolloutRunner:
         codec: ChatCodec | None = None,
     ) -> None:
         if cfg.max_concurrent_episodes < 1:
-            raise ValueError(f"rollout.max_concurrent_episodes={cfg.max_concurrent_episodes}: use an int >= 1")
+            raise ValueError(
+                f"rollout.max_concurrent_episodes={cfg.max_concurrent_episodes}: use an int >= 1"
+            )
         self.engine = engine
         self.env_factory = env_factory
         self.cfg = cfg
@@ -71,7 +73,9 @@ class RolloutRunner:
         group_id = f"{task.id}#{self._num_groups}"
         self._num_groups += 1
         seed = self.cfg.seed if seed is None else seed
-        episodes = [self._run_one(task, i, group_id, temperature, seed, on_episode) for i in range(n)]
+        episodes = [
+            self._run_one(task, i, group_id, temperature, seed, on_episode) for i in range(n)
+        ]
         return list(await asyncio.gather(*episodes))
 
     async def run_groups(
@@ -86,10 +90,15 @@ class RolloutRunner:
         """`run_group` for every task at once (the global limit still applies); results in task
         order. `on_episode(trajectory)` is called as each episode ends (progress bars)."""
         await self._prepare()
-        groups = (self.run_group(t, n, temperature=temperature, seed=seed, on_episode=on_episode) for t in tasks)
+        groups = (
+            self.run_group(t, n, temperature=temperature, seed=seed, on_episode=on_episode)
+            for t in tasks
+        )
         return list(await asyncio.gather(*groups))
 
-    def sampling(self, *, temperature: float | None = None, seed: int | None = None) -> SamplingParams:
+    def sampling(
+        self, *, temperature: float | None = None, seed: int | None = None
+    ) -> SamplingParams:
         cfg = self.cfg
         return SamplingParams(
             temperature=cfg.rollout_temperature if temperature is None else temperature,
@@ -119,7 +128,13 @@ class RolloutRunner:
                     "ChatCodec.from_pretrained(model_path, tool_call_format=...)) or use build_runner(cfg, engine)"
                 )
             self.codec = ChatCodec(tokenizer, tool_call_format=env.tool_call_format)
-        self.codec.check(env.tools.schemas())
+        report = self.codec.check(env.tools.schemas())
+        logger.info(
+            "chat codec check passed for %s: %d conversations, %d tokens compared",
+            self.codec.template_id,
+            report.num_conversations,
+            report.num_tokens,
+        )
 
     def _limit(self) -> asyncio.Semaphore:
         """The global episode limit, one semaphore per event loop (asyncio primitives bind to one)."""
@@ -171,7 +186,6 @@ class RolloutRunner:
             return _error_trajectory(task, group_id, episode_id, "run_episode")
 
 
-
 def _notify(on_episode: Callable[[Trajectory], Any] | None, traj: Trajectory) -> None:
     if on_episode is None:
         return
@@ -214,6 +228,8 @@ def build_runner(cfg: RunConfig, engine: Engine) -> RolloutRunner:
     else:
         from agentrl.engine.model_store import resolve_model_path
 
-        path = getattr(engine, "model_path", None) or resolve_model_path(cfg.model.path, cfg.model.cache_dir)
+        path = getattr(engine, "model_path", None) or resolve_model_path(
+            cfg.model.path, cfg.model.cache_dir
+        )
         codec = ChatCodec.from_pretrained(path, tool_call_format=tool_call_format)
     return RolloutRunner(engine, env_factory, cfg.rollout, codec=codec)

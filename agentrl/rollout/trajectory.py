@@ -61,14 +61,20 @@ class Trajectory:
     def check(self) -> None:
         """Raise ValueError if the invariants above do not hold."""
         if len(self.loss_mask) != len(self.token_ids):
-            raise ValueError(f"loss_mask has {len(self.loss_mask)} entries for {len(self.token_ids)} token ids")
+            raise ValueError(
+                f"loss_mask has {len(self.loss_mask)} entries for {len(self.token_ids)} token ids"
+            )
         if sum(self.loss_mask) != len(self.logprobs):
-            raise ValueError(f"{sum(self.loss_mask)} tokens are trained but {len(self.logprobs)} logprobs are stored")
+            raise ValueError(
+                f"{sum(self.loss_mask)} tokens are trained but {len(self.logprobs)} logprobs are stored"
+            )
         if any(self.loss_mask[: self.prompt_len]):
             raise ValueError("a prompt token is marked trainable")
         for turn in self.turns:
             span = self.loss_mask[turn.start : turn.start + turn.num_sampled]
-            obs = self.loss_mask[turn.start + turn.num_sampled : turn.start + turn.num_sampled + turn.num_observation]
+            obs = self.loss_mask[
+                turn.start + turn.num_sampled : turn.start + turn.num_sampled + turn.num_observation
+            ]
             if not all(span) or any(obs):
                 raise ValueError(f"turn at {turn.start} does not match loss_mask")
 

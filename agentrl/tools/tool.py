@@ -71,6 +71,8 @@ class Tool:
     max_output_tokens: int | None = None
     """Overrides the registry's output cap for this tool."""
     accepts_extra: bool = False
+    is_method: bool = False
+    """Defined in a class body with `self` first: bound to the instance on attribute access."""
     limit: ConcurrencyLimit = field(default_factory=lambda: ConcurrencyLimit(None), repr=False)
 
     def __post_init__(self) -> None:
@@ -101,7 +103,7 @@ class Tool:
 
     def __get__(self, obj: Any, objtype: type | None = None) -> Tool:
         """`@tool` on a method: `instance.method` is a Tool bound to the instance (same limits)."""
-        if obj is None:
+        if obj is None or not self.is_method:
             return self
         return replace(self, fn=self.fn.__get__(obj, objtype), limit=self.limit)
 
@@ -118,16 +120,11 @@ class Tool:
 
     def bind(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """Validated keyword arguments for `fn`, or ArgumentError naming what is wrong."""
-        known = {} if self.accepts_extra else {p.name: p.annotation for p in self.params.values()}
+        annotations = {p.name: p.annotation for p in self.params.values()}
         required = [p.name for p in self.params.values() if p.is_required]
-        if self.accepts_extra:
-            missing = [n for n in required if n not in arguments]
-            if missing:
-                check_keys(
-                    {}, {n: self.params[n].annotation for n in missing}, path=None, required=missing
-                )
-        else:
-            check_keys(arguments, known, path=None, required=required)
+        check_keys(
+            arguments, annotations, path=None, required=required, allow_extra=self.accepts_extra
+        )
         kwargs = {
             name: coerce(value, self.params[name].annotation, name)
             if name in self.params
@@ -216,7 +213,8 @@ def make_tool(
     if not tool_name or tool_name == "<lambda>":
         raise ValueError(f"cannot name the tool {fn!r}: pass @tool(name=...)")
     description, param_docs = parse_docstring(inspect.getdoc(target) or "")
-    params, accepts_extra = _signature_params(fn, tool_name)
+    is_method = _is_unbound_method(fn)
+    params, accepts_extra = _signature_params(fn, tool_name, skip_first=is_method)
     parameters = object_schema(
         [
             (p.name, p.annotation, p.is_required, p.default, param_docs.get(p.name))
@@ -235,18 +233,29 @@ def make_tool(
         max_concurrency=max_concurrency,
         max_output_tokens=max_output_tokens,
         accepts_extra=accepts_extra,
+        is_method=is_method,
     )
 
 
-def _signature_params(fn: Callable[..., Any], tool_name: str) -> tuple[dict[str, Param], bool]:
+def _is_unbound_method(fn: Callable[..., Any]) -> bool:
+    """`@tool` on a method in a class body sees a plain function whose first parameter is self."""
+    if not inspect.isfunction(fn):
+        return False
+    first = next(iter(inspect.signature(fn).parameters), None)
+    return first in ("self", "cls")
+
+
+def _signature_params(
+    fn: Callable[..., Any], tool_name: str, *, skip_first: bool
+) -> tuple[dict[str, Param], bool]:
     signature = inspect.signature(fn)
     target = fn.func if isinstance(fn, functools.partial) else fn
     hints = resolve_hints(target) if inspect.isfunction(target) or inspect.ismethod(target) else {}
     params: dict[str, Param] = {}
     accepts_extra = False
     for i, p in enumerate(signature.parameters.values()):
-        if i == 0 and p.name in ("self", "cls") and not inspect.ismethod(fn):
-            continue  # @tool on a method in a class body: the instance is bound later
+        if i == 0 and skip_first:
+            continue  # the instance is bound later, on attribute access
         if p.kind is p.VAR_KEYWORD:
             accepts_extra = True
             continue

@@ -195,7 +195,12 @@ def _coerce_pydantic(value: Any, cls: type, path: str) -> Any:
 
 
 def check_keys(
-    value: dict[str, Any], known: dict[str, Any], *, path: str | None, required: list[str]
+    value: dict[str, Any],
+    known: dict[str, Any],
+    *,
+    path: str | None,
+    required: list[str],
+    allow_extra: bool = False,
 ) -> None:
     """Unknown or missing keys -> ArgumentError naming the key, its type, and the accepted keys.
 
@@ -203,7 +208,7 @@ def check_keys(
     """
     prefix = f"{path}." if path else ""
     extra = [k for k in value if k not in known]
-    if extra:
+    if extra and not allow_extra:
         accepted = ", ".join(known) if known else "none"
         raise ArgumentError(
             f"unexpected argument '{prefix}{extra[0]}'; accepted arguments: {accepted}"

@@ -212,6 +212,22 @@ async def test_abort_returns_abort_to_waiting_episodes_and_aborts_the_server(
     await engine.close()
 
 
+async def test_a_cancelled_episode_aborts_its_own_request_on_the_server(replay: Replay) -> None:
+    replay.is_held = True
+    engine = _engine(replay.url)
+    episode = asyncio.create_task(engine.generate([1, 2], SamplingParams()))
+    while replay.num_running < 1:
+        await asyncio.sleep(0.01)
+    episode.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await episode
+    while not replay.bodies("/abort_request"):
+        await asyncio.sleep(0.01)
+    (sent,) = replay.bodies("/generate")
+    assert replay.bodies("/abort_request") == [{"rid": sent["rid"]}]
+    await engine.close()
+
+
 async def test_control_calls_send_sglangs_bodies(replay: Replay) -> None:
     engine = _engine(replay.url)
     await engine.release_memory()

@@ -22,7 +22,14 @@ LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-LLAMA3_SPECIAL = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"]
+LLAMA3_SPECIAL = [
+    "<|begin_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|python_tag|>",
+]
 
 
 def load_tokenizer(path: str, template: str | None = None) -> Any:
@@ -64,7 +71,9 @@ class ScriptedEngine:
     or a Completion. Logprobs are distinct made-up numbers. Records every call.
     """
 
-    def __init__(self, tokenizer: Any, replies: list[Any], *, eos: bool = True, delay_s: float = 0.0) -> None:
+    def __init__(
+        self, tokenizer: Any, replies: list[Any], *, eos: bool = True, delay_s: float = 0.0
+    ) -> None:
         self.tokenizer = tokenizer
         self.replies = replies
         self.eos = eos
@@ -81,7 +90,9 @@ class ScriptedEngine:
     def spell(self, text: str) -> list[int]:
         return [i for ch in text for i in self.tokenizer.encode(ch, add_special_tokens=False)]
 
-    async def generate(self, input_ids: list[int], sampling: SamplingParams, *, routing_key: str | None = None) -> Completion:
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams, *, routing_key: str | None = None
+    ) -> Completion:
         self.calls.append((list(input_ids), sampling))
         reply = self.replies[min(len(self.calls) - 1, len(self.replies) - 1)]
         self.num_in_flight += 1
@@ -104,7 +115,9 @@ class ScriptedEngine:
         if len(ids) > sampling.max_new_tokens:
             ids, finish = ids[: sampling.max_new_tokens], FinishReason.LENGTH
         base = -0.001 * (len(self.completions) + 1)
-        return Completion(ids, [base - 1e-6 * i for i in range(len(ids))], finish, self.weight_version)
+        return Completion(
+            ids, [base - 1e-6 * i for i in range(len(ids))], finish, self.weight_version
+        )
 
 
 # ---------------------------------------------------------------- a scripted env
@@ -176,7 +189,10 @@ class ToolEnv(AgentEnv):
             raise RuntimeError("reset failed on purpose")
         task: Task = (options or {})["task"]
         self.answer = str(task.data.get("answer", ""))
-        return [Message("system", "Use the tools."), Message("user", task.data.get("question", "2 + 3?"))], {"seed": seed}
+        return [
+            Message("system", "Use the tools."),
+            Message("user", task.data.get("question", "2 + 3?")),
+        ], {"seed": seed}
 
     async def step(self, action: Message) -> StepResult:
         self.events.append("step")
@@ -188,7 +204,9 @@ class ToolEnv(AgentEnv):
             return StepResult([r.message for r in results], info=tool_info(results))
         if "<answer>" in action.content:
             is_correct = f"<answer>{self.answer}</answer>" in action.content
-            return StepResult(reward=1.0 if is_correct else 0.0, terminated=True, info={"correct": is_correct})
+            return StepResult(
+                reward=1.0 if is_correct else 0.0, terminated=True, info={"correct": is_correct}
+            )
         return StepResult([Message("user", "Call a tool or give <answer>N</answer>.")])
 
     async def close(self) -> None:

@@ -17,7 +17,11 @@ CALC_SCHEMA = {
     "function": {
         "name": "calculate",
         "description": "Evaluate an arithmetic expression.",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string"}},
+            "required": ["expression"],
+        },
     },
 }
 SEARCH_SCHEMA = {
@@ -25,7 +29,11 @@ SEARCH_SCHEMA = {
     "function": {
         "name": "search",
         "description": "Search Wikipedia.",
-        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string"}},
+            "required": ["query"],
+        },
     },
 }
 
@@ -42,7 +50,9 @@ def smol_codec(smollm2_path: str) -> ChatCodec:
 
 
 @pytest.mark.parametrize("tools", [None, [CALC_SCHEMA]], ids=["no-tools", "tools"])
-def test_check_passes_for_prefix_preserving_families(family_codec: ChatCodec, tools: list | None) -> None:
+def test_check_passes_for_prefix_preserving_families(
+    family_codec: ChatCodec, tools: list | None
+) -> None:
     report = family_codec.check(tools)
     assert report.num_conversations >= 2
     assert report.num_tokens > 500
@@ -66,15 +76,21 @@ def test_llama3_check_skips_conversations_the_template_refuses(smollm2_path: str
     assert any("single tool-calls" in s for s in report.skipped)
 
 
-def test_observation_delta_completes_the_turn_whether_or_not_eos_was_sampled(family_codec: ChatCodec) -> None:
+def test_observation_delta_completes_the_turn_whether_or_not_eos_was_sampled(
+    family_codec: ChatCodec,
+) -> None:
     prompt = [Message("system", "Be brief."), Message("user", "2 + 2?")]
     reply = Message("assistant", "It is 4.")
     hint = [Message("user", "Sure?")]
     before = family_codec.render_text(prompt, add_generation_prompt=True)
-    content = family_codec.render_text([*prompt, reply])[len(before) :].removesuffix(family_codec.end_of_turn_text)
+    content = family_codec.render_text([*prompt, reply])[len(before) :].removesuffix(
+        family_codec.end_of_turn_text
+    )
     sampled = family_codec.encode(content)
     eos = family_codec.stop_token_ids[-1]
-    full = family_codec.encode(family_codec.render_text([*prompt, reply, *hint], add_generation_prompt=True))
+    full = family_codec.encode(
+        family_codec.render_text([*prompt, reply, *hint], add_generation_prompt=True)
+    )
 
     with_eos = family_codec.render_observation(hint, sampled_ids=[*sampled, eos])
     without_eos = family_codec.render_observation(hint, sampled_ids=sampled)
@@ -86,7 +102,9 @@ def test_observation_delta_completes_the_turn_whether_or_not_eos_was_sampled(fam
 
 
 def test_templates_without_tool_support_still_show_the_schemas(smol_codec: ChatCodec) -> None:
-    text = smol_codec.render_text([Message("user", "hi")], [CALC_SCHEMA], add_generation_prompt=True)
+    text = smol_codec.render_text(
+        [Message("user", "hi")], [CALC_SCHEMA], add_generation_prompt=True
+    )
     assert json.dumps(CALC_SCHEMA) in text
     assert "<tool_call>" in text and text.endswith("<|im_start|>assistant\n")
 
@@ -117,13 +135,17 @@ def test_parse_hermes_tool_calls_and_content(smol_codec: ChatCodec) -> None:
         ('["calculate"]', ""),  # JSON, wrong shape
     ],
 )
-def test_parse_malformed_tool_call_keeps_raw_text_for_the_registry(smol_codec: ChatCodec, block: str, name: str) -> None:
+def test_parse_malformed_tool_call_keeps_raw_text_for_the_registry(
+    smol_codec: ChatCodec, block: str, name: str
+) -> None:
     message = smol_codec.parse(smol_codec.encode(f"<tool_call>{block}</tool_call>"))
     assert message.tool_calls == [ToolCall(name=name, arguments=block, id="call_0")]
 
 
 def test_parse_unclosed_tool_call_at_the_token_limit(smol_codec: ChatCodec) -> None:
-    message = smol_codec.parse(smol_codec.encode('Let me see.\n<tool_call>\n{"name": "calculate", "argu'))
+    message = smol_codec.parse(
+        smol_codec.encode('Let me see.\n<tool_call>\n{"name": "calculate", "argu')
+    )
     assert message.content == "Let me see."
     assert message.tool_calls[0].name == "calculate"
 
@@ -135,12 +157,19 @@ def test_parse_strips_end_of_turn_and_keeps_plain_answers(smol_codec: ChatCodec)
     assert message.tool_calls == []
 
 
-def test_tags_format_parses_search_r1_actions_and_appends_raw_observations(smollm2_path: str) -> None:
+def test_tags_format_parses_search_r1_actions_and_appends_raw_observations(
+    smollm2_path: str,
+) -> None:
     codec = ChatCodec(load_tokenizer(smollm2_path), tool_call_format="tags")
     text = "<think>who?</think><search> capital of France </search>"
     message = codec.parse(codec.encode(text), [SEARCH_SCHEMA])
-    assert message.tool_calls == [ToolCall("search", json.dumps({"query": "capital of France"}), id="call_0")]
-    assert codec.parse(codec.encode("<answer> Paris </answer>"), [SEARCH_SCHEMA]).content == "<answer> Paris </answer>"
+    assert message.tool_calls == [
+        ToolCall("search", json.dumps({"query": "capital of France"}), id="call_0")
+    ]
+    assert (
+        codec.parse(codec.encode("<answer> Paris </answer>"), [SEARCH_SCHEMA]).content
+        == "<answer> Paris </answer>"
+    )
 
     observation = "\n\n<information>Doc 1(Title: Paris) Paris is the capital.</information>\n\n"
     assert codec.render_observation([Message("user", observation)]) == codec.encode(observation)

@@ -59,7 +59,9 @@ def sampled_spans(traj: Trajectory) -> list[list[int]]:
 
 
 async def test_multi_turn_ids_and_logprobs_are_the_engines_verbatim(codec: ChatCodec) -> None:
-    traj, engine, env = await play(codec, [call("add", '{"a": 2, "b": 3}'), "<think>ok</think> <answer>5</answer>"])
+    traj, engine, env = await play(
+        codec, [call("add", '{"a": 2, "b": 3}'), "<think>ok</think> <answer>5</answer>"]
+    )
 
     assert (traj.status, traj.status_reason, traj.reward, traj.num_turns) == (
         EpisodeStatus.COMPLETED,
@@ -77,23 +79,35 @@ async def test_multi_turn_ids_and_logprobs_are_the_engines_verbatim(codec: ChatC
     # the spelled-out ids are not what tokenizing the text would give: nothing was re-tokenized
     assert codec.encode(codec.decode(engine.completions[0].ids)) != engine.completions[0].ids
     assert traj.token_ids[: traj.prompt_len] == codec.render_prompt(
-        [Message("system", "Use the tools."), Message("user", "What is 2 + 3?")], env.tools.schemas()
+        [Message("system", "Use the tools."), Message("user", "What is 2 + 3?")],
+        env.tools.schemas(),
     )
     first = traj.turns[0]
     observation = traj.token_ids[first.start + first.num_sampled : traj.turns[1].start]
     assert "<tool_response>" not in codec.decode(observation)  # SmolLM2 renders role "tool"
     assert codec.decode(observation) == "\n<|im_start|>tool\n5<|im_end|>\n<|im_start|>assistant\n"
-    assert (first.num_tool_calls, first.num_tool_errors, first.weight_version, first.finish_reason) == (1, 0, "v7", "stop")
+    assert (
+        first.num_tool_calls,
+        first.num_tool_errors,
+        first.weight_version,
+        first.finish_reason,
+    ) == (1, 0, "v7", "stop")
     assert env.events == ["bind_tokenizer", "reset", "step", "step", "close"]
     assert traj.info["correct"] is True and traj.task["id"] == "t0" and traj.episode_id == "g/0"
 
 
-async def test_turn_without_eos_gets_end_of_turn_appended_masked(codec: ChatCodec, smol_tokenizer: Any) -> None:
-    engine = ScriptedEngine(smol_tokenizer, [call("add", '{"a": 1, "b": 1}'), "<answer>2</answer>"], eos=False)
+async def test_turn_without_eos_gets_end_of_turn_appended_masked(
+    codec: ChatCodec, smol_tokenizer: Any
+) -> None:
+    engine = ScriptedEngine(
+        smol_tokenizer, [call("add", '{"a": 1, "b": 1}'), "<answer>2</answer>"], eos=False
+    )
     traj, engine, _ = await play(codec, [], engine=engine)
     first = traj.turns[0]
     eot = traj.token_ids[first.start + first.num_sampled]
-    assert eot == smol_tokenizer.eos_token_id and traj.loss_mask[first.start + first.num_sampled] == 0
+    assert (
+        eot == smol_tokenizer.eos_token_id and traj.loss_mask[first.start + first.num_sampled] == 0
+    )
     assert sampled_spans(traj) == [c.ids for c in engine.completions]
 
 
@@ -114,13 +128,17 @@ async def test_tool_failures_become_observations_and_the_episode_continues(
     traj, _, _ = await play(codec, [bad_call, "<answer>5</answer>"])
     assert (traj.status, traj.num_turns, traj.reward) == (EpisodeStatus.COMPLETED, 2, 1.0)
     first = traj.turns[0]
-    observation = codec.decode(traj.token_ids[first.start + first.num_sampled : traj.turns[1].start])
+    observation = codec.decode(
+        traj.token_ids[first.start + first.num_sampled : traj.turns[1].start]
+    )
     assert error_kind_text in observation
     assert (first.num_tool_calls, first.num_tool_errors) == (1, 1)
 
 
 @pytest.mark.parametrize("where", ["reset", "step"])
-async def test_env_exception_ends_the_episode_with_error(codec: ChatCodec, where: str, caplog: Any) -> None:
+async def test_env_exception_ends_the_episode_with_error(
+    codec: ChatCodec, where: str, caplog: Any
+) -> None:
     env = ToolEnv(fail_on=where)
     traj, _, _ = await play(codec, ["<answer>5</answer>"], env=env)
     assert (traj.status, traj.status_reason) == (EpisodeStatus.ERROR, StatusReason.ENV)
@@ -132,23 +150,40 @@ async def test_env_exception_ends_the_episode_with_error(codec: ChatCodec, where
 
 async def test_engine_error_gives_error_engine(codec: ChatCodec) -> None:
     traj, _, env = await play(codec, [call("add", '{"a": 2, "b": 3}'), EngineError("server down")])
-    assert (traj.status, traj.status_reason, traj.num_turns) == (EpisodeStatus.ERROR, StatusReason.ENGINE, 1)
+    assert (traj.status, traj.status_reason, traj.num_turns) == (
+        EpisodeStatus.ERROR,
+        StatusReason.ENGINE,
+        1,
+    )
     assert "server down" in traj.info["error"] and env.events[-1] == "close"
 
 
 async def test_max_turns_truncates(codec: ChatCodec) -> None:
     traj, engine, _ = await play(codec, ["thinking..."], max_turns=3)
-    assert (traj.status, traj.status_reason, traj.num_turns) == (EpisodeStatus.TRUNCATED, StatusReason.MAX_TURNS, 3)
+    assert (traj.status, traj.status_reason, traj.num_turns) == (
+        EpisodeStatus.TRUNCATED,
+        StatusReason.MAX_TURNS,
+        3,
+    )
     assert traj.turns[-1].num_observation == 0 and len(engine.calls) == 3
 
 
 async def test_max_turns_wrapper_reason_is_kept(codec: ChatCodec) -> None:
     traj, _, _ = await play(codec, ["thinking..."], env=MaxTurns(ToolEnv(), 2), max_turns=10)  # type: ignore[arg-type]
-    assert (traj.status, traj.status_reason, traj.num_turns) == (EpisodeStatus.TRUNCATED, StatusReason.MAX_TURNS, 2)
+    assert (traj.status, traj.status_reason, traj.num_turns) == (
+        EpisodeStatus.TRUNCATED,
+        StatusReason.MAX_TURNS,
+        2,
+    )
 
 
 async def test_context_overflow_truncates_and_never_exceeds_the_window(codec: ChatCodec) -> None:
-    prompt_len = len(codec.render_prompt([Message("system", "Use the tools."), Message("user", "What is 2 + 3?")], ToolEnv().tools))
+    prompt_len = len(
+        codec.render_prompt(
+            [Message("system", "Use the tools."), Message("user", "What is 2 + 3?")],
+            ToolEnv().tools,
+        )
+    )
     engine = ScriptedEngine(codec.tokenizer, [call("add", '{"a": 2, "b": 3}')])
     num_sampled = len(engine.spell(call("add", '{"a": 2, "b": 3}'))) + 1  # + eos
     limit = prompt_len + num_sampled + 5  # the turn fits, its observation does not
@@ -160,21 +195,30 @@ async def test_context_overflow_truncates_and_never_exceeds_the_window(codec: Ch
 
 
 async def test_length_cut_on_the_last_budget_truncates_with_length(codec: ChatCodec) -> None:
-    prompt_len = len(codec.render_prompt([Message("system", "Use the tools."), Message("user", "What is 2 + 3?")], ToolEnv().tools))
+    prompt_len = len(
+        codec.render_prompt(
+            [Message("system", "Use the tools."), Message("user", "What is 2 + 3?")],
+            ToolEnv().tools,
+        )
+    )
     traj, engine, _ = await play(codec, ["x" * 50], max_context_len=prompt_len + 20)
     assert (traj.status, traj.status_reason) == (EpisodeStatus.TRUNCATED, StatusReason.LENGTH)
     assert engine.calls[0][1].max_new_tokens == 20 and len(traj.token_ids) == prompt_len + 20
     assert traj.turns[0].finish_reason == FinishReason.LENGTH.value
 
 
-async def test_wall_clock_truncates_and_closes_the_env(codec: ChatCodec, smol_tokenizer: Any) -> None:
+async def test_wall_clock_truncates_and_closes_the_env(
+    codec: ChatCodec, smol_tokenizer: Any
+) -> None:
     engine = ScriptedEngine(smol_tokenizer, [call("add", '{"a": 2, "b": 3}')], delay_s=0.02)
     traj, _, env = await play(codec, [], engine=engine, timeout_s=0.1, max_turns=100)
     assert (traj.status, traj.status_reason) == (EpisodeStatus.TRUNCATED, StatusReason.WALL_CLOCK)
     assert traj.num_turns >= 1 and env.events[-1] == "close"
 
 
-async def test_cancellation_aborts_and_keeps_what_was_sampled(codec: ChatCodec, smol_tokenizer: Any) -> None:
+async def test_cancellation_aborts_and_keeps_what_was_sampled(
+    codec: ChatCodec, smol_tokenizer: Any
+) -> None:
     engine = ScriptedEngine(smol_tokenizer, ["thinking..."], delay_s=0.02)
     env = ToolEnv()
     task = asyncio.ensure_future(play(codec, [], engine=engine, env=env, max_turns=100))
@@ -204,7 +248,9 @@ async def test_sampling_gets_env_stop_strings_eos_and_per_turn_seeds(codec: Chat
 
 
 async def test_long_observations_are_cut_keeping_head_and_tail(codec: ChatCodec) -> None:
-    traj, _, _ = await play(codec, [call("dump", '{"size": 400}'), "<answer>5</answer>"], max_observation_tokens=60)
+    traj, _, _ = await play(
+        codec, [call("dump", '{"size": 400}'), "<answer>5</answer>"], max_observation_tokens=60
+    )
     first = traj.turns[0]
     text = codec.decode(traj.token_ids[first.start + first.num_sampled : traj.turns[1].start])
     assert "line 0" in text and "line 399" in text and "line 200" not in text

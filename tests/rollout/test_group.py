@@ -17,7 +17,9 @@ from .conftest import ScriptedEngine, ToolEnv, call, load_tokenizer
 TASKS = [Task(id=f"t{i}", data={"question": f"{i} + 3?", "answer": i + 3}) for i in range(5)]
 
 
-def runner_with(engine: ScriptedEngine, *, envs: list[ToolEnv] | None = None, **cfg: Any) -> RolloutRunner:
+def runner_with(
+    engine: ScriptedEngine, *, envs: list[ToolEnv] | None = None, **cfg: Any
+) -> RolloutRunner:
     def factory() -> ToolEnv:
         env = ToolEnv()
         if envs is not None:
@@ -28,7 +30,9 @@ def runner_with(engine: ScriptedEngine, *, envs: list[ToolEnv] | None = None, **
     return RolloutRunner(engine, factory, rollout)
 
 
-async def test_run_group_gives_n_episodes_with_their_own_envs_and_seeds(smol_tokenizer: Any) -> None:
+async def test_run_group_gives_n_episodes_with_their_own_envs_and_seeds(
+    smol_tokenizer: Any,
+) -> None:
     envs: list[ToolEnv] = []
     engine = ScriptedEngine(smol_tokenizer, ["<answer>5</answer>"])
     group = await runner_with(engine, envs=envs, seed=3).run_group(Task("t0", {"answer": 5}), 4)
@@ -83,7 +87,9 @@ async def test_a_failing_episode_never_fails_the_batch(smol_tokenizer: Any) -> N
 async def test_episode_timeout_comes_from_the_config(smol_tokenizer: Any) -> None:
     engine = ScriptedEngine(smol_tokenizer, [call("add", '{"a": 1, "b": 1}')], delay_s=0.05)
     group = await runner_with(engine, episode_timeout_s=0.02).run_group(TASKS[0], 2)
-    assert {(t.status, t.status_reason) for t in group} == {(EpisodeStatus.TRUNCATED, StatusReason.WALL_CLOCK)}
+    assert {(t.status, t.status_reason) for t in group} == {
+        (EpisodeStatus.TRUNCATED, StatusReason.WALL_CLOCK)
+    }
 
 
 async def test_temperature_override_and_config_sampling(smol_tokenizer: Any) -> None:
@@ -96,7 +102,9 @@ async def test_temperature_override_and_config_sampling(smol_tokenizer: Any) -> 
     assert second.temperature == 0.0
 
 
-async def test_runner_checks_the_codec_before_any_episode(smol_tokenizer: Any, smollm2_path: str) -> None:
+async def test_runner_checks_the_codec_before_any_episode(
+    smol_tokenizer: Any, smollm2_path: str
+) -> None:
     engine = ScriptedEngine(smol_tokenizer, ["<answer>5</answer>"])
     codec = ChatCodec(load_tokenizer(smollm2_path, "drops_think"))
     runner = RolloutRunner(engine, ToolEnv, RolloutConfig(), codec=codec)
@@ -109,7 +117,9 @@ async def test_build_runner_makes_envs_from_the_registry(smol_tokenizer: Any) ->
     cfg = RunConfig()
     cfg.env.id = "calculator"
     cfg.rollout.max_turns = 2
-    engine = ScriptedEngine(smol_tokenizer, [call("calculate", '{"expression": "2 + 3"}'), "<answer>5</answer>"])
+    engine = ScriptedEngine(
+        smol_tokenizer, [call("calculate", '{"expression": "2 + 3"}'), "<answer>5</answer>"]
+    )
     runner = build_runner(cfg, engine)  # type: ignore[arg-type]
     assert runner.codec is not None and runner.codec.tool_call_format == "hermes"
     (traj,) = await runner.run_group(Task("c0", {"question": "What is 2 + 3?", "answer": 5}), 1)

@@ -34,7 +34,9 @@ async def test_calculator_group_on_the_local_engine(tiny_model_path: str) -> Non
         await engine.close()
 
     assert {t.status for t in group} <= {EpisodeStatus.COMPLETED, EpisodeStatus.TRUNCATED}
-    spans = [t.token_ids[turn.start : turn.start + turn.num_sampled] for t in group for turn in t.turns]
+    spans = [
+        t.token_ids[turn.start : turn.start + turn.num_sampled] for t in group for turn in t.turns
+    ]
     assert sorted(spans) == sorted(sampled)
     for traj in group:
         traj.check()

@@ -281,3 +281,21 @@ def test_schemas_in_registration_order_and_duplicate_names_rejected() -> None:
 
     with pytest.raises(ValueError, match="already registered"):
         reg.register(other)
+
+
+async def test_var_keyword_tool_accepts_extra_arguments_but_checks_its_own() -> None:
+    @tool
+    def tag(name: str, **labels: str) -> dict:
+        return {"name": name, **labels}
+
+    reg = ToolRegistry([tag])
+    assert tag.parameters["additionalProperties"] is True
+    assert json.loads((await call(reg, "tag", '{"name": "a", "color": "red"}')).content) == {
+        "name": "a",
+        "color": "red",
+    }
+    r = await call(reg, "tag", '{"color": "red"}')
+    assert (
+        r.error_kind == "invalid_arguments"
+        and "missing required argument 'name' (string)" in r.content
+    )

@@ -42,3 +42,10 @@ async def test_method_tool_pickles_bound_to_the_unpickled_owner() -> None:
     assert result.content == "101"
     assert copy.tools["add"].limit is Counter.add.limit  # one concurrency limit per process
     assert (await original.tools.call(ToolCall("add", '{"x": 1}', "c"))).content == "11"
+
+
+def test_function_tool_stored_on_a_class_is_not_bound() -> None:
+    class Env:
+        loud = shout  # a plain-function tool kept as a class attribute
+
+    assert Env().loud is shout and Env().loud("a") == "A"

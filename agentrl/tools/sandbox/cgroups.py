@@ -163,3 +163,11 @@ def reap_stale() -> int:
                     d.rmdir()
                     removed += 1
     return removed
+
+
+def live_run_cgroups() -> list[Path]:
+    """This process's run cgroups that still exist (empty after every run has ended)."""
+    prefix = f"{os.getpid()}-"
+    return [
+        d for p in _parents() or [] for d in p.iterdir() if d.is_dir() and d.name.startswith(prefix)
+    ]

@@ -154,12 +154,15 @@ async def run_process(
         kill_group(proc.pid)
         if on_kill is not None:
             await on_kill()
-        await proc.wait()
+        await _exited(proc)
         tripwire.cancel()
         feeder.cancel()
         _, pending = await asyncio.wait(readers, timeout=_DRAIN_GRACE_S)
-        for task in pending:
+        for task in pending:  # something outside our reach still holds a pipe open
             task.cancel()
+        if pending:
+            with contextlib.suppress(Exception):
+                proc._transport.close()  # type: ignore[attr-defined]
     wall_s = time.monotonic() - start
     cut = [t.result() if t.done() and not t.cancelled() else True for t in readers]
     return RawRun(

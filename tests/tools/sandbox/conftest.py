@@ -64,13 +64,9 @@ def work_dirs() -> set[str]:
 
 
 def own_cgroups() -> list[Path]:
-    prefix = f"{os.getpid()}-"
-    roots = [Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup/pids")]
-    return (
-        [d for r in roots for d in r.rglob(f"agentrl-sandbox/{prefix}*")]
-        if Path("/sys/fs/cgroup").exists()
-        else []
-    )
+    from agentrl.tools.sandbox.cgroups import live_run_cgroups
+
+    return live_run_cgroups()
 
 
 def assert_host_clean(marker: str | None, dirs_before: set[str]) -> None:
