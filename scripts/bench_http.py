@@ -206,8 +206,8 @@ async def run(args: argparse.Namespace) -> dict:
     )
     console.print(table)
     console.print(
-        f"HTTP overhead per request: {result['http_overhead_per_request_us']:.0f} µs "
-        f"(round trip without the model: {ping_us:.0f} µs); throughput ratio "
+        f"HTTP overhead per request: {http_overhead_us:.0f} µs (client wall time minus the server's "
+        f"e2e_latency; a GET round trip: {ping_us:.0f} µs); throughput ratio "
         f"{result['http_vs_in_process_throughput']:.2f}; identical completions {result['identical_completions']}"
     )
     return result

@@ -1,10 +1,12 @@
 """Rollout benchmark, in one run: (1) LocalEngine tokens/s on CPU at batch 1 and 16 against plain
 `model.generate` on the same model and prompts (greedy, so both produce the same tokens);
 (2) per-turn orchestration overhead of `run_groups` at 256 concurrent episodes with an engine
-that answers instantly, against calling the env alone.
+that answers instantly, on a minimal in-loop env (the rollout layer alone) and on the real
+calculator env (tool registry included), each against driving the env alone.
 
-    python scripts/bench_rollout.py                      # SmolLM2-135M, ~2-4 min on 2 cores
-    python scripts/bench_rollout.py --max-new-tokens 32 --skip-engine   # overhead only
+    python scripts/bench_rollout.py                    # SmolLM2-135M, ~3 min on 2 busy cores
+    python scripts/bench_rollout.py --skip-engine      # overhead only, ~20 s
+    python scripts/bench_rollout.py --max-new-tokens 128 --batch-size 32 --episodes 1024
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from agentrl.config import RolloutConfig  # noqa: E402
 from agentrl.engine.base import Completion, FinishReason, SamplingParams  # noqa: E402
-from agentrl.envs import make  # noqa: E402
+from agentrl.envs import AgentEnv, StepResult, make  # noqa: E402
 from agentrl.rollout import ChatCodec, RolloutRunner  # noqa: E402
 from agentrl.types import Message, Task  # noqa: E402
 
@@ -185,17 +188,42 @@ REPLIES = [
 ]
 
 
+class EchoEnv(AgentEnv):
+    """The thinnest env: every tool call is answered at once, in-loop (no registry, no thread),
+    so a run measures the rollout layer alone. An answer ends the episode."""
+
+    async def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        task = (options or {})["task"]
+        return [Message("system", "Use the tools."), Message("user", task.data["question"])], {}
+
+    async def step(self, action: Message) -> StepResult:
+        if action.tool_calls:
+            replies = [
+                Message("tool", "42", tool_call_id=c.id, name=c.name) for c in action.tool_calls
+            ]
+            return StepResult(replies, info={"num_tool_calls": len(replies), "num_tool_errors": 0})
+        return StepResult(reward=1.0, terminated=True)
+
+
+ENVS: dict[str, Callable[[], AgentEnv]] = {
+    "echo": EchoEnv,
+    "calculator": lambda: make("calculator"),
+}
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-async def overhead_run(tokenizer: Any, tasks: list[Task], n: int, concurrency: int) -> dict:
+async def overhead_run(
+    tokenizer: Any, env_name: str, tasks: list[Task], n: int, concurrency: int
+) -> dict:
     engine = InstantEngine(tokenizer, REPLIES)
     cfg = RolloutConfig(
         max_turns=len(REPLIES), max_concurrent_episodes=concurrency, rollout_max_context_len=8192
     )
-    runner = RolloutRunner(engine, lambda: make("calculator"), cfg, codec=ChatCodec(tokenizer))  # type: ignore[arg-type]
+    runner = RolloutRunner(engine, ENVS[env_name], cfg, codec=ChatCodec(tokenizer))  # type: ignore[arg-type]
     await runner.run_group(tasks[0], 1)  # codec check and warm caches outside the timing
     engine.gaps_s.clear()
     start = time.perf_counter()
@@ -204,6 +232,7 @@ async def overhead_run(tokenizer: Any, tasks: list[Task], n: int, concurrency: i
     num_turns = sum(t.num_turns for g in groups for t in g)
     gaps_us = [g * 1e6 for g in engine.gaps_s]
     return {
+        "env": env_name,
         "episodes": len(tasks) * n,
         "concurrency": concurrency,
         "turns": num_turns,
@@ -215,15 +244,15 @@ async def overhead_run(tokenizer: Any, tasks: list[Task], n: int, concurrency: i
     }
 
 
-async def env_alone(tokenizer: Any, tasks: list[Task], n: int) -> dict:
-    """Baseline: the same env and tool calls driven directly, no codec, engine or trajectory."""
+async def env_alone(env_name: str, tasks: list[Task], n: int) -> dict:
+    """Baseline: the same env and actions driven directly, no codec, engine or trajectory."""
     from agentrl.rollout.tool_parser import parse_hermes
 
     actions = [parse_hermes(r) for r in REPLIES]
     num_turns, start = 0, time.perf_counter()
     for task in tasks:
         for _ in range(n):
-            env = make("calculator")
+            env = ENVS[env_name]()
             await env.reset(options={"task": task})
             for action in actions:
                 await env.step(action)
@@ -231,6 +260,7 @@ async def env_alone(tokenizer: Any, tasks: list[Task], n: int) -> dict:
             await env.close()
     elapsed = time.perf_counter() - start
     return {
+        "env": env_name,
         "episodes": len(tasks) * n,
         "turns": num_turns,
         "seconds": elapsed,
@@ -243,15 +273,19 @@ async def bench_overhead(args: argparse.Namespace, tokenizer: Any) -> dict:
 
     n = 4
     tasks = CalculatorEnv.load_tasks("train", num_tasks=max(args.episodes // n, 1))
-    result = {
-        "concurrent": await overhead_run(tokenizer, tasks, n, args.episodes),
-        "sequential": await overhead_run(tokenizer, tasks[: max(len(tasks) // 8, 1)], n, 1),
-        "env_alone": await env_alone(tokenizer, tasks[: max(len(tasks) // 8, 1)], n),
-    }
-    # what the rollout layer (codec, engine call, trajectory) adds to each turn over the env
-    result["rollout_layer_us_per_turn"] = (
-        result["sequential"]["us_per_turn"] - result["env_alone"]["us_per_turn"]
-    )
+    few = tasks[: max(len(tasks) // 8, 1)]
+    result: dict[str, Any] = {}
+    for env_name in ENVS:
+        r = {
+            "concurrent": await overhead_run(tokenizer, env_name, tasks, n, args.episodes),
+            "sequential": await overhead_run(tokenizer, env_name, few, n, 1),
+            "env_alone": await env_alone(env_name, few, n),
+        }
+        # what the rollout layer (codec, engine call, trajectory) adds to each turn over the env
+        r["rollout_layer_us_per_turn"] = (
+            r["sequential"]["us_per_turn"] - r["env_alone"]["us_per_turn"]
+        )
+        result[env_name] = r
     return result
 
 
@@ -278,38 +312,39 @@ def report(result: dict, console: Console) -> None:
                 f"{local / plain:.2f}x",
             )
         console.print(table)
-    o = result["overhead"]
-    table = Table(
-        title="Orchestration overhead per turn (instant engine, calculator env, 4 turns/episode)"
-    )
-    for col in ("run", "episodes", "concurrency", "turns", "µs/turn", "gap p50 µs", "gap p99 µs"):
+    table = Table(title="Orchestration overhead per turn (instant engine, 4 turns per episode)")
+    for col in ("env", "run", "episodes", "concurrency", "µs/turn", "gap p50 µs", "gap p99 µs"):
         table.add_column(col, justify="right")
-    for name in ("concurrent", "sequential"):
-        r = o[name]
+    for env_name, o in result["overhead"].items():
+        for name in ("concurrent", "sequential"):
+            r = o[name]
+            table.add_row(
+                env_name,
+                f"run_groups, {name}",
+                str(r["episodes"]),
+                str(r["concurrency"]),
+                f"{r['us_per_turn']:.0f}",
+                f"{r['gap_p50_us']:.0f}",
+                f"{r['gap_p99_us']:.0f}",
+            )
+        b = o["env_alone"]
         table.add_row(
-            f"run_groups ({name})",
-            str(r["episodes"]),
-            str(r["concurrency"]),
-            str(r["turns"]),
-            f"{r['us_per_turn']:.0f}",
-            f"{r['gap_p50_us']:.0f}",
-            f"{r['gap_p99_us']:.0f}",
+            env_name,
+            "env.step alone (baseline)",
+            str(b["episodes"]),
+            "1",
+            f"{b['us_per_turn']:.0f}",
+            "-",
+            "-",
         )
-    b = o["env_alone"]
-    table.add_row(
-        "env.step alone (baseline)",
-        str(b["episodes"]),
-        "1",
-        str(b["turns"]),
-        f"{b['us_per_turn']:.0f}",
-        "-",
-        "-",
-    )
     console.print(table)
+    layer = ", ".join(
+        f"{k} {o['rollout_layer_us_per_turn']:.0f}" for k, o in result["overhead"].items()
+    )
     console.print(
-        "gap = time from an engine reply to the same episode's next request (parse, env.step, "
-        "observation render, and when concurrent the wait for the other episodes' work); "
-        f"rollout layer over the env alone: {o['rollout_layer_us_per_turn']:.0f} µs/turn"
+        "µs/turn = wall time / turns. gap = time from an engine reply to the same episode's next "
+        "request (parse, env.step, observation render; when concurrent, also the wait for the "
+        f"other episodes' work). Rollout layer over the env alone, µs/turn: {layer}"
     )
 
 

@@ -113,6 +113,7 @@ class ManagedProcess:
     env: dict[str, str] | None = None
     proc: subprocess.Popen[bytes] | None = None
     num_restarts: int = 0
+    is_ready: bool = False  # healthy since its last (re)start
 
     def start(self) -> None:
         log = open(self.log_path, "ab")  # noqa: SIM115 (the child owns it for its lifetime)
@@ -191,10 +192,12 @@ class SGLangCluster:
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_interval_s):
             for process in [*self.servers, *([self.router] if self.router else [])]:
-                if not process.is_alive() and not self._stop.is_set():
+                # proc None: already reported and not restarted; report a death once.
+                if process.proc is not None and not process.is_alive() and not self._stop.is_set():
                     self._handle_death(process)
 
     def _handle_death(self, process: ManagedProcess) -> None:
+        process.is_ready = False
         report = process.report()
         logger.error("SGLang process died: %s", report)
         self.failures.append(report)
@@ -212,11 +215,16 @@ class SGLangCluster:
         process.start()
         try:
             wait_healthy(process, timeout_s=self.health_timeout_s)
+            process.is_ready = True
         except EngineError as e:
             self.failures.append(str(e))
 
     def failure_report(self) -> str | None:
-        return self.failures[-1] if self.failures else None
+        """The last death report while some process is down or restarting (None once healthy)."""
+        processes = [*self.servers, *([self.router] if self.router else [])]
+        if self.failures and not all(p.is_ready and p.is_alive() for p in processes):
+            return self.failures[-1]
+        return None
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -282,6 +290,7 @@ def launch_servers(
             server.start()
         for server in servers:
             wait_healthy(server, timeout_s=health_timeout_s)
+            server.is_ready = True
         if has_router:
             url = f"http://{host}:{ports[0]}"
             cluster.router = ManagedProcess(
@@ -299,6 +308,7 @@ def launch_servers(
             )
             cluster.router.start()
             wait_healthy(cluster.router, timeout_s=120.0, path="/health")
+            cluster.router.is_ready = True
             cluster.url = url
     except BaseException:
         cluster.shutdown()

@@ -134,7 +134,10 @@ class TorchBackend:
         """An id for padding rows. Pads are never attended to by real tokens nor trained, so any
         valid id works: the config's pad, else eos, else 0."""
         config = self.model.config
-        for candidate in (config.pad_token_id, config.eos_token_id, 0):
+        for candidate in (
+            getattr(config, "pad_token_id", None),
+            getattr(config, "eos_token_id", None),
+        ):
             if isinstance(candidate, list):
                 candidate = candidate[0] if candidate else None
             if candidate is not None:
@@ -197,8 +200,9 @@ class TorchBackend:
             from transformers.masking_utils import find_packed_sequence_indices  # noqa: F401
         except ImportError:
             raise RuntimeError(
-                "this transformers version cannot attend within packed sequences; upgrade "
-                "transformers (>= 4.56) or build the batch with is_packed=False"
+                "this transformers version cannot find packed-sequence boundaries from position_ids "
+                "(no transformers.masking_utils.find_packed_sequence_indices); upgrade transformers "
+                "or build the batch with is_packed=False"
             )
 
     def _token_logprobs(self, model: torch.nn.Module, mb: MicroBatch) -> tuple[Tensor, Tensor]:

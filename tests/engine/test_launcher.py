@@ -15,6 +15,8 @@ import pytest
 from agentrl.config import EngineConfig
 from agentrl.engine.base import EngineError, SamplingParams
 from agentrl.engine.launcher import (
+    ManagedProcess,
+    SGLangCluster,
     SGLangNotInstalled,
     launch_servers,
     router_command,
@@ -118,6 +120,32 @@ def test_server_that_dies_at_startup_fails_the_launch_with_its_log(
         EngineError, match="(?s)failed to start.*exited with code 1.*Not enough memory"
     ):
         launch_servers("/models/x", _cfg(), env=env, health_timeout_s=60)
+
+
+def test_a_dead_server_without_restart_is_reported_once_with_its_log(tmp_path: Path) -> None:
+    import sys
+
+    crash = "print('torch.OutOfMemoryError: CUDA out of memory', flush=True); raise SystemExit(3)"
+    process = ManagedProcess(
+        "sglang-server-0", "http://127.0.0.1:9", [sys.executable, "-c", crash], tmp_path / "s.log"
+    )
+    process.start()
+    process.is_ready = True
+    cluster = SGLangCluster(process.url, [process], restart_on_failure=False, poll_interval_s=0.05)
+    cluster.start_monitor()
+    try:
+        deadline = time.monotonic() + 30
+        while not cluster.failures and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # several more polls: still one report
+        assert len(cluster.failures) == 1
+        report = cluster.failure_report()
+        assert (
+            report is not None and "exited with code 3" in report and "CUDA out of memory" in report
+        )
+        assert process.num_restarts == 0
+    finally:
+        cluster.shutdown()
 
 
 @pytest.mark.slow

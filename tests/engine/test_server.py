@@ -337,3 +337,35 @@ async def test_distributed_weight_update_into_agentrl_serve_subprocess(
         proc.terminate()
         proc.wait(30)
         await asyncio.gather(local.close(), http.close())
+
+
+@pytest.mark.slow
+async def test_evaluate_through_http_reports_what_the_in_process_engine_reports(
+    served, local, tmp_path
+) -> None:
+    from agentrl.config import RolloutConfig
+    from agentrl.envs.calculator import CalculatorEnv
+    from agentrl.eval.runner import TRAJECTORIES_FILE, evaluate
+    from agentrl.rollout import ChatCodec, RolloutRunner, read_jsonl
+
+    url, _ = served
+    http = SGLangEngine(url)
+    codec = ChatCodec(local.tokenizer, tool_call_format="hermes")
+    cfg = RolloutConfig(rollout_max_response_len=12, max_turns=2, max_concurrent_episodes=1)
+    tasks = CalculatorEnv.load_tasks("test", num_tasks=2)
+    reports, saved = [], []
+    for name, engine in (("local", local), ("http", http)):
+        runner = RolloutRunner(engine, CalculatorEnv, cfg, codec=codec)
+        out = tmp_path / name
+        reports.append(
+            await evaluate(runner, tasks, k=1, temperature=0.0, out_dir=out, progress=False)
+        )
+        saved.append(
+            sorted((_trajectory_key(t) for t in read_jsonl(out / TRAJECTORIES_FILE)), key=repr)
+        )
+    assert saved[0] == saved[1] and len(saved[0]) == 2
+    assert (
+        reports[0].reward == reports[1].reward
+        and reports[0].status_counts == reports[1].status_counts
+    )
+    await http.close()

@@ -293,6 +293,12 @@ def test_unpickler_refuses_code_execution_payloads() -> None:
         deserialize_named_tensors(payload, "flattened_bucket")
 
 
+def test_sglang_engine_implements_the_engine_protocol() -> None:
+    from agentrl.engine.base import Engine
+
+    assert isinstance(SGLangEngine("http://127.0.0.1:30000"), Engine)
+
+
 def test_constructor_errors_name_the_field() -> None:
     with pytest.raises(ValueError, match="base_url='localhost:30000'"):
         SGLangEngine("localhost:30000")
