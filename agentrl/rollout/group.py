@@ -68,7 +68,7 @@ class RolloutRunner:
         on_episode: Callable[[Trajectory], Any] | None = None,
     ) -> list[Trajectory]:
         """n episodes of `task`, concurrently; one failing episode never fails the others.
-        Episode i gets the seed `episode_seed(seed or cfg.seed, task.id, i)`."""
+        Episode i gets the seed `episode_seed(seed, task.id, i)` (seed defaults to cfg.seed)."""
         await self._prepare()
         group_id = f"{task.id}#{self._num_groups}"
         self._num_groups += 1

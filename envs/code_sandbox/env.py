@@ -1,11 +1,6 @@
-"""`code_sandbox`: write a Python function, try code in a sandbox with `run_python`, submit.
-
-Submission: an assistant message without tool calls ends the episode; its last ```python
-block is the solution (a full module defining the function, or just the function's body).
-Reward: hidden tests graded in a fresh sandbox (see grading.py) — 1.0 when all pass
-(`reward="all_pass"`, the default) or the fraction passed (`reward="fraction"`).
-Config: `--set env.kwargs.sandbox_backend=docker` (auto | bubblewrap | docker), `reward`, ...
-"""
+"""`code_sandbox`: write a Python function, try code with the sandboxed `run_python` tool, then
+submit it (a message without tool calls; its last ```python block). Hidden tests set the reward:
+1.0 if all pass (`reward="all_pass"`) or the fraction passed (`reward="fraction"`)."""
 
 from __future__ import annotations
 
@@ -65,7 +60,13 @@ def format_run(
 
 
 class CodeSandboxEnv(AgentEnv):
-    """HumanEval-style coding with a sandboxed `run_python` tool and hidden-test grading."""
+    """HumanEval-style coding with a sandboxed `run_python` tool and hidden-test grading.
+
+    A solution may be a whole module defining the function or just its body (appended to the
+    prompt). Pick the backend in config: `--set env.kwargs.sandbox_backend=docker` (auto |
+    bubblewrap | docker); `max_concurrent_sandboxes` caps sandboxes apart from episodes. A
+    broken sandbox raises (an infrastructure ERROR episode), never a reward of 0.
+    """
 
     reward_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
     metadata: ClassVar[dict[str, Any]] = {
