@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from agentrl.metrics import MetricsLogger, Timer, rollout_metrics
 from agentrl.rollout import RolloutRunner, build_runner
 from agentrl.rollout.trajectory import write_jsonl
 from agentrl.trainer.batch import build_train_batch, filter_zero_variance_groups
-from agentrl.trainer.checkpoint import find_latest, save_checkpoint
+from agentrl.trainer.checkpoint import capture_rng_state, find_latest, restore_rng_state, save_checkpoint
 from agentrl.trainer.torch_backend import TorchBackend
 
 log = logging.getLogger(__name__)
@@ -47,7 +46,7 @@ async def _train(cfg: RunConfig) -> TrainResult:
     runner = build_runner(cfg, engine)
     backend = TorchBackend(
         _model_path(cfg), cfg.train, cfg.algo, device=cfg.model.device, dtype=cfg.model.dtype,
-        temperature=cfg.rollout.rollout_temperature,
+        temperature=cfg.rollout.rollout_temperature, num_optimizer_steps=_num_optimizer_steps(cfg),
     )
     source = TaskSource(load_tasks(cfg.env, "train"), seed=cfg.rollout.seed)
     eval_tasks = load_tasks(cfg.env, "test")[: cfg.eval.num_eval_tasks]
@@ -81,6 +80,13 @@ async def _train(cfg: RunConfig) -> TrainResult:
     return TrainResult(run_dir, steps, state.evals, last)
 
 
+def _num_optimizer_steps(cfg: RunConfig) -> int:
+    """The learning-rate schedule's horizon: optimizer steps over the whole run."""
+    per_rollout = cfg.rollout.rollout_batch_size * cfg.rollout.n_samples_per_prompt
+    gbs = cfg.train.global_batch_size or per_rollout
+    return cfg.train.num_rollout * -(-per_rollout // gbs)
+
+
 def _model_path(cfg: RunConfig) -> str:
     from agentrl.engine.model_store import resolve_model_path
 
@@ -107,7 +113,7 @@ class _State:
         with timer("train"):
             batch = build_train_batch(
                 groups, self.cfg.algo, max_tokens_per_micro_batch=self.cfg.train.max_tokens_per_micro_batch,
-                pad_id=self.backend.pad_id,
+                pad_id=self.backend.pad_id, global_batch_size=self.cfg.train.global_batch_size,
             )
             train_metrics = self.backend.train_step(batch)
         with timer("weight_sync"):
@@ -170,7 +176,7 @@ class _State:
             "data": self.source.state(),
             "evals": self.evals,
             "config": self.cfg.to_dict(),
-            "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
+            "rng": capture_rng_state(),
         }
 
         def write(tmp_dir: Path) -> None:
@@ -190,8 +196,7 @@ async def _maybe_resume(cfg: RunConfig, backend, engine, source: TaskSource) -> 
     backend.load(ckpt)
     extra = torch.load(ckpt / "loop_state.pt", weights_only=False)
     source.load_state(extra["data"])
-    random.setstate(extra["rng"]["python"])
-    torch.set_rng_state(extra["rng"]["torch"])
+    restore_rng_state(extra["rng"])
     version = str(extra["step"])
     for bucket in backend.export_weights():
         await engine.update_weights(bucket, weight_version=version)

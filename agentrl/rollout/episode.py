@@ -152,8 +152,10 @@ async def _play(
         if room <= 0:
             return EpisodeStatus.TRUNCATED, StatusReason.CONTEXT
         try:
-            completion = await engine.generate(
-                rec.token_ids, _turn_sampling(base, turn_index, room), routing_key=rec.episode_id
+            completion = await engine.generate(  # a copy: the engine may keep what it is given
+                list(rec.token_ids),
+                _turn_sampling(base, turn_index, room),
+                routing_key=rec.episode_id,
             )
         except Exception:
             return rec.fail(StatusReason.ENGINE, "engine.generate")
