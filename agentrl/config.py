@@ -92,7 +92,9 @@ class RolloutConfig:
 
 @dataclass
 class AlgoConfig:
-    advantage_estimator: Literal["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"] = "grpo"
+    advantage_estimator: Literal[
+        "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"
+    ] = "grpo"
     normalize_advantage_std: bool = True
     """False with grpo = Dr. GRPO (no std normalisation)."""
     policy_loss: Literal["ppo", "gspo", "cispo"] = "ppo"
@@ -208,9 +210,9 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
-            if type(None) in args:
-                return None
+        is_none = value is None or (isinstance(value, str) and value.lower() in ("none", "null"))
+        if is_none and type(None) in args:
+            return None
         errors = []
         for arg in args:
             if arg is type(None):
@@ -223,7 +225,9 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     if origin is Literal:
         if value in args:
             return value
-        raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, args))}")
+        raise ConfigError(
+            f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, args))}"
+        )
     if hint is bool:
         if isinstance(value, bool):
             return value
@@ -254,7 +258,9 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
                 if origin is list:
                     value = [v for v in value.split(",") if v]
                 else:
-                    raise ConfigError(f"{key}={value!r} is not a JSON object; e.g. {key}='{{\"a\": 1}}'")
+                    raise ConfigError(
+                        f"{key}={value!r} is not a JSON object; e.g. {key}='{{\"a\": 1}}'"
+                    )
         if not isinstance(value, origin):
             raise ConfigError(f"{key}={value!r} is not a {origin.__name__}")
         return value
@@ -269,7 +275,9 @@ def set_field(cfg: RunConfig, key: str, value: Any) -> None:
     """Set `section.field` (or `section.dict_field.key`) on `cfg`, checking name and type."""
     parts = key.split(".")
     if len(parts) < 2:
-        raise ConfigError(f"override {key!r} must look like section.field=value, e.g. train.lr=1e-6")
+        raise ConfigError(
+            f"override {key!r} must look like section.field=value, e.g. train.lr=1e-6"
+        )
     _check_section(cfg, parts[0])
     section = getattr(cfg, parts[0])
     hints = typing.get_type_hints(type(section))
@@ -280,7 +288,9 @@ def set_field(cfg: RunConfig, key: str, value: Any) -> None:
     if len(parts) > 2:
         target = getattr(section, name)
         if not isinstance(target, dict):
-            raise ConfigError(f"{parts[0]}.{name} is not a mapping, so {key!r} cannot set a key in it")
+            raise ConfigError(
+                f"{parts[0]}.{name} is not a mapping, so {key!r} cannot set a key in it"
+            )
         target[".".join(parts[2:])] = _parse_scalar(value)
         return
     setattr(section, name, _coerce(key, value, hints[name]))

@@ -30,7 +30,9 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}); each line must be one JSON object")
+                raise ValueError(
+                    f"{path}:{lineno}: not valid JSON ({e.msg}); each line must be one JSON object"
+                )
     return rows
 
 
@@ -45,7 +47,9 @@ def load_tasks(env_cfg: EnvConfig, split: str) -> list[Task]:
         return env_cls.load_tasks(split, **env_cfg.kwargs)
     tasks = []
     for index, row in enumerate(read_rows(path)):
-        task = env_cls.task_from_row(row, index=index, input_key=env_cfg.input_key, label_key=env_cfg.label_key)
+        task = env_cls.task_from_row(
+            row, index=index, input_key=env_cfg.input_key, label_key=env_cfg.label_key
+        )
         task.split = split
         tasks.append(task)
     if not tasks:
@@ -85,7 +89,12 @@ class TaskSource:
         return out
 
     def state(self) -> dict[str, int]:
-        return {"seed": self.seed, "epoch": self.epoch, "cursor": self.cursor, "num_tasks": len(self.tasks)}
+        return {
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "cursor": self.cursor,
+            "num_tasks": len(self.tasks),
+        }
 
     def load_state(self, state: dict[str, int]) -> None:
         if state.get("num_tasks", len(self.tasks)) != len(self.tasks):

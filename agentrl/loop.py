@@ -19,7 +19,12 @@ from agentrl.metrics import MetricsLogger, Timer, rollout_metrics
 from agentrl.rollout import RolloutRunner, build_runner
 from agentrl.rollout.trajectory import write_jsonl
 from agentrl.trainer.batch import build_train_batch, filter_zero_variance_groups
-from agentrl.trainer.checkpoint import capture_rng_state, find_latest, restore_rng_state, save_checkpoint
+from agentrl.trainer.checkpoint import (
+    capture_rng_state,
+    find_latest,
+    restore_rng_state,
+    save_checkpoint,
+)
 from agentrl.trainer.torch_backend import TorchBackend
 
 log = logging.getLogger(__name__)
@@ -45,13 +50,23 @@ async def _train(cfg: RunConfig) -> TrainResult:
     engine = make_engine(cfg)
     runner = build_runner(cfg, engine)
     backend = TorchBackend(
-        _model_path(cfg), cfg.train, cfg.algo, device=cfg.model.device, dtype=cfg.model.dtype,
-        temperature=cfg.rollout.rollout_temperature, num_optimizer_steps=_num_optimizer_steps(cfg),
+        _model_path(cfg),
+        cfg.train,
+        cfg.algo,
+        device=cfg.model.device,
+        dtype=cfg.model.dtype,
+        temperature=cfg.rollout.rollout_temperature,
+        num_optimizer_steps=_num_optimizer_steps(cfg),
     )
     source = TaskSource(load_tasks(cfg.env, "train"), seed=cfg.rollout.seed)
     eval_tasks = load_tasks(cfg.env, "test")[: cfg.eval.num_eval_tasks]
-    logger = MetricsLogger(run_dir, use_tensorboard=cfg.log.use_tensorboard, use_wandb=cfg.log.use_wandb,
-                           wandb_project=cfg.log.wandb_project, config=cfg.to_dict())
+    logger = MetricsLogger(
+        run_dir,
+        use_tensorboard=cfg.log.use_tensorboard,
+        use_wandb=cfg.log.use_wandb,
+        wandb_project=cfg.log.wandb_project,
+        config=cfg.to_dict(),
+    )
     start_step, evals = await _maybe_resume(cfg, backend, engine, source)
     state = _State(cfg, run_dir, backend, engine, runner, source, eval_tasks, logger, evals)
     try:
@@ -62,7 +77,11 @@ async def _train(cfg: RunConfig) -> TrainResult:
                 metrics = await state.train_step(step)
                 bar.advance(metrics)
                 done = step + 1
-                if cfg.eval.eval_interval and done % cfg.eval.eval_interval == 0 and done < cfg.train.num_rollout:
+                if (
+                    cfg.eval.eval_interval
+                    and done % cfg.eval.eval_interval == 0
+                    and done < cfg.train.num_rollout
+                ):
                     await state.run_eval(step=done)
                 if done % cfg.checkpoint.save_interval == 0 and done < cfg.train.num_rollout:
                     state.save(done)
@@ -96,7 +115,18 @@ def _model_path(cfg: RunConfig) -> str:
 class _State:
     """What one run carries between steps; each method is one box of DESIGN §1."""
 
-    def __init__(self, cfg, run_dir, backend, engine, runner: RolloutRunner, source, eval_tasks, logger, evals):
+    def __init__(
+        self,
+        cfg,
+        run_dir,
+        backend,
+        engine,
+        runner: RolloutRunner,
+        source,
+        eval_tasks,
+        logger,
+        evals,
+    ):
         self.cfg, self.run_dir, self.backend, self.engine = cfg, run_dir, backend, engine
         self.runner, self.source, self.eval_tasks, self.logger = runner, source, eval_tasks, logger
         self.evals: list[dict[str, Any]] = evals
@@ -109,11 +139,17 @@ class _State:
         with timer("rollout"):
             groups, num_dropped = await self.collect_groups(step)
         # Every trajectory trained on is kept, flushed, for `agentrl show` and post-mortems.
-        write_jsonl(str(self.run_dir / "rollouts" / f"step_{step + 1:06d}.jsonl"), [t for g in groups for t in g])
+        write_jsonl(
+            str(self.run_dir / "rollouts" / f"step_{step + 1:06d}.jsonl"),
+            [t for g in groups for t in g],
+        )
         with timer("train"):
             batch = build_train_batch(
-                groups, self.cfg.algo, max_tokens_per_micro_batch=self.cfg.train.max_tokens_per_micro_batch,
-                pad_id=self.backend.pad_id, global_batch_size=self.cfg.train.global_batch_size,
+                groups,
+                self.cfg.algo,
+                max_tokens_per_micro_batch=self.cfg.train.max_tokens_per_micro_batch,
+                pad_id=self.backend.pad_id,
+                global_batch_size=self.cfg.train.global_batch_size,
             )
             train_metrics = self.backend.train_step(batch)
         with timer("weight_sync"):
@@ -159,13 +195,20 @@ class _State:
     async def run_eval(self, step: int) -> dict[str, Any]:
         out_dir = self.run_dir / "eval" / f"step_{step:06d}"
         report = await evaluate(
-            self.runner, self.eval_tasks, k=self.cfg.eval.n_samples, temperature=self.cfg.eval.temperature,
-            out_dir=out_dir, progress=self.cfg.log.progress, resume=self.is_resumed,
+            self.runner,
+            self.eval_tasks,
+            k=self.cfg.eval.n_samples,
+            temperature=self.cfg.eval.temperature,
+            out_dir=out_dir,
+            progress=self.cfg.log.progress,
+            resume=self.is_resumed,
             meta={"env": self.cfg.env.id, "model": self.cfg.model.path, "step": step},
         )
         summary = {"step": step, **report.summary()}
         self.evals.append(summary)
-        self.logger.log(step, {f"eval/{k}": v for k, v in summary.items() if isinstance(v, (int, float))})
+        self.logger.log(
+            step, {f"eval/{k}": v for k, v in summary.items() if isinstance(v, (int, float))}
+        )
         (self.run_dir / "eval_history.json").write_text(json.dumps(_finite(self.evals), indent=2))
         plot_eval_history(self.evals, self.run_dir / "eval_history.png")
         return summary
@@ -183,16 +226,26 @@ class _State:
             self.backend.save(tmp_dir)
             torch.save(extra, tmp_dir / "loop_state.pt")
 
-        return save_checkpoint(self.run_dir / "checkpoints", step, write, keep_last=self.cfg.checkpoint.keep_last)
+        return save_checkpoint(
+            self.run_dir / "checkpoints", step, write, keep_last=self.cfg.checkpoint.keep_last
+        )
 
 
-async def _maybe_resume(cfg: RunConfig, backend, engine, source: TaskSource) -> tuple[int, list[dict[str, Any]]]:
+async def _maybe_resume(
+    cfg: RunConfig, backend, engine, source: TaskSource
+) -> tuple[int, list[dict[str, Any]]]:
     if not cfg.checkpoint.resume:
         return 0, []
     root = Path(cfg.checkpoint.resume)
-    ckpt = find_latest(root / "checkpoints") or find_latest(root) or (root if (root / "loop_state.pt").exists() else None)
+    ckpt = (
+        find_latest(root / "checkpoints")
+        or find_latest(root)
+        or (root if (root / "loop_state.pt").exists() else None)
+    )
     if ckpt is None:
-        raise FileNotFoundError(f"--resume {str(root)!r}: no complete checkpoint found there (looked for step_* dirs)")
+        raise FileNotFoundError(
+            f"--resume {str(root)!r}: no complete checkpoint found there (looked for step_* dirs)"
+        )
     backend.load(ckpt)
     extra = torch.load(ckpt / "loop_state.pt", weights_only=False)
     source.load_state(extra["data"])
@@ -226,14 +279,28 @@ class _progress:
         self.cfg, self.start = cfg, start_step
 
     def __enter__(self) -> _progress:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         self.progress = Progress(
-            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(), TimeRemainingColumn(), disable=not self.cfg.log.progress,
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            disable=not self.cfg.log.progress,
         )
         self.progress.__enter__()
-        self.task = self.progress.add_task("train", total=self.cfg.train.num_rollout, completed=self.start, info="")
+        self.task = self.progress.add_task(
+            "train", total=self.cfg.train.num_rollout, completed=self.start, info=""
+        )
         return self
 
     def advance(self, metrics: dict[str, float]) -> None:

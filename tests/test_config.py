@@ -6,7 +6,9 @@ from agentrl.config import ConfigError, RunConfig, apply_overrides, recipe_for_e
 
 
 def test_override_sets_typed_values():
-    cfg = apply_overrides(RunConfig(), ["train.lr=3e-6", "rollout.n_samples_per_prompt=8", "algo.use_kl_loss=true"])
+    cfg = apply_overrides(
+        RunConfig(), ["train.lr=3e-6", "rollout.n_samples_per_prompt=8", "algo.use_kl_loss=true"]
+    )
     assert cfg.train.lr == 3e-6
     assert cfg.rollout.n_samples_per_prompt == 8
     assert cfg.algo.use_kl_loss is True
@@ -21,7 +23,9 @@ def test_optional_and_literal_fields():
 
 
 def test_dict_and_list_fields():
-    cfg = apply_overrides(RunConfig(), ["env.kwargs.max_turns=3", 'engine.sglang_args=["--context-length", "4096"]'])
+    cfg = apply_overrides(
+        RunConfig(), ["env.kwargs.max_turns=3", 'engine.sglang_args=["--context-length", "4096"]']
+    )
     assert cfg.env.kwargs == {"max_turns": 3}
     assert cfg.engine.sglang_args == ["--context-length", "4096"]
 

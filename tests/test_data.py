@@ -38,7 +38,10 @@ def test_task_source_rejects_changed_data():
 
 
 def test_read_rows_jsonl_and_parquet(tmp_path):
-    rows = [{"question": "a?", "golden_answers": ["x"]}, {"question": "b?", "golden_answers": ["y", "z"]}]
+    rows = [
+        {"question": "a?", "golden_answers": ["x"]},
+        {"question": "b?", "golden_answers": ["y", "z"]},
+    ]
     jl = tmp_path / "d.jsonl"
     jl.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
     assert read_rows(jl) == rows

@@ -34,7 +34,11 @@ def _config(model_path: str, save: Path):
 
 
 def _metrics(run_dir: Path) -> dict[int, dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = [
+        json.loads(line)
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
     return {r["step"]: r for r in rows if "train/loss" in r}
 
 
@@ -62,5 +66,7 @@ def test_train_two_steps_then_resume_reproduces_step_two(tiny_model_path, tmp_pa
     traj_b = read_jsonl(str(run_b / "rollouts" / "step_000002.jsonl"))
     assert [t.task["id"] for t in traj_a] == [t.task["id"] for t in traj_b]
     assert [t.token_ids for t in traj_a] == [t.token_ids for t in traj_b]
-    assert _metrics(run_b)[2]["train/loss"] == pytest.approx(_metrics(run_a)[2]["train/loss"], rel=1e-5, abs=1e-7)
+    assert _metrics(run_b)[2]["train/loss"] == pytest.approx(
+        _metrics(run_a)[2]["train/loss"], rel=1e-5, abs=1e-7
+    )
     assert not (run_b / "rollouts" / "step_000001.jsonl").exists()

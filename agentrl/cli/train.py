@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -50,27 +49,37 @@ def build_config(env: str, flags: dict[str, object], overrides: list[str], resum
 
 def train_command(
     env: str = typer.Option("calculator", "--env", help="Registered env id (agentrl env list)."),
-    model: Optional[str] = typer.Option(None, help="Transformers checkpoint dir (default: bundled SmolLM2-135M)."),
-    save: Optional[str] = typer.Option(None, help="Run directory for checkpoints, metrics and evals."),
-    num_rollout: Optional[int] = typer.Option(None, help="Train steps."),
-    rollout_batch_size: Optional[int] = typer.Option(None, help="Tasks per train step."),
-    n_samples_per_prompt: Optional[int] = typer.Option(None, help="Episodes per task (group size)."),
-    global_batch_size: Optional[int] = typer.Option(None, help="Trajectories per optimizer step."),
-    advantage_estimator: Optional[str] = typer.Option(None, help="grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline"),
-    use_kl_loss: Optional[bool] = typer.Option(None, "--use-kl-loss/--no-use-kl-loss", help="Add KL to the reference policy."),
-    kl_loss_coef: Optional[float] = typer.Option(None),
-    eps_clip: Optional[float] = typer.Option(None),
-    eps_clip_high: Optional[float] = typer.Option(None),
-    rollout_temperature: Optional[float] = typer.Option(None),
-    rollout_max_response_len: Optional[int] = typer.Option(None, help="Most new tokens per turn."),
-    save_interval: Optional[int] = typer.Option(None),
-    eval_interval: Optional[int] = typer.Option(None),
-    prompt_data: Optional[str] = typer.Option(None, help="JSONL/parquet training tasks (default: the env's train split)."),
-    input_key: Optional[str] = typer.Option(None),
-    label_key: Optional[str] = typer.Option(None),
-    lr: Optional[float] = typer.Option(None),
-    resume: Optional[str] = typer.Option(None, help="Continue the run saved in this directory."),
-    set_: list[str] = typer.Option([], "--set", help="Override any config field: --set section.field=value"),
+    model: str | None = typer.Option(
+        None, help="Transformers checkpoint dir (default: bundled SmolLM2-135M)."
+    ),
+    save: str | None = typer.Option(None, help="Run directory for checkpoints, metrics and evals."),
+    num_rollout: int | None = typer.Option(None, help="Train steps."),
+    rollout_batch_size: int | None = typer.Option(None, help="Tasks per train step."),
+    n_samples_per_prompt: int | None = typer.Option(None, help="Episodes per task (group size)."),
+    global_batch_size: int | None = typer.Option(None, help="Trajectories per optimizer step."),
+    advantage_estimator: str | None = typer.Option(
+        None, help="grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline"
+    ),
+    use_kl_loss: bool | None = typer.Option(
+        None, "--use-kl-loss/--no-use-kl-loss", help="Add KL to the reference policy."
+    ),
+    kl_loss_coef: float | None = typer.Option(None),
+    eps_clip: float | None = typer.Option(None),
+    eps_clip_high: float | None = typer.Option(None),
+    rollout_temperature: float | None = typer.Option(None),
+    rollout_max_response_len: int | None = typer.Option(None, help="Most new tokens per turn."),
+    save_interval: int | None = typer.Option(None),
+    eval_interval: int | None = typer.Option(None),
+    prompt_data: str | None = typer.Option(
+        None, help="JSONL/parquet training tasks (default: the env's train split)."
+    ),
+    input_key: str | None = typer.Option(None),
+    label_key: str | None = typer.Option(None),
+    lr: float | None = typer.Option(None),
+    resume: str | None = typer.Option(None, help="Continue the run saved in this directory."),
+    set_: list[str] = typer.Option(
+        [], "--set", help="Override any config field: --set section.field=value"
+    ),
     show_config: bool = typer.Option(False, help="Print the resolved config and exit."),
 ) -> None:
     """Train a policy on an env with GRPO-family RL; runs on CPU with the embedded defaults."""

@@ -23,16 +23,22 @@ def make_engine(cfg: RunConfig) -> Engine:
         from agentrl.engine.sglang import SGLangEngine
 
         return SGLangEngine(
-            cfg.engine.url, request_timeout_s=cfg.engine.request_timeout_s, max_retries=cfg.engine.max_retries
+            cfg.engine.url,
+            request_timeout_s=cfg.engine.request_timeout_s,
+            max_retries=cfg.engine.max_retries,
         )
     if kind == "sglang":
         from agentrl.engine.launcher import launch_servers
         from agentrl.engine.model_store import resolve_model_path
         from agentrl.engine.sglang import SGLangEngine
 
-        cluster = launch_servers(resolve_model_path(cfg.model.path, cfg.model.cache_dir), cfg.engine)
+        cluster = launch_servers(
+            resolve_model_path(cfg.model.path, cfg.model.cache_dir), cfg.engine
+        )
         engine = SGLangEngine(
-            cluster.url, request_timeout_s=cfg.engine.request_timeout_s, max_retries=cfg.engine.max_retries
+            cluster.url,
+            request_timeout_s=cfg.engine.request_timeout_s,
+            max_retries=cfg.engine.max_retries,
         )
         engine.cluster = cluster  # shut down with the engine
         return engine

@@ -12,9 +12,29 @@ runner = CliRunner()
 def test_slime_flags_map_to_config():
     result = runner.invoke(
         app,
-        ["train", "--env", "calculator", "--rollout-batch-size", "3", "--n-samples-per-prompt", "6",
-         "--advantage-estimator", "rloo", "--use-kl-loss", "--kl-loss-coef", "0.01", "--eps-clip-high", "0.28",
-         "--lr", "2e-6", "--save", "/tmp/x", "--set", "rollout.max_turns=2", "--show-config"],
+        [
+            "train",
+            "--env",
+            "calculator",
+            "--rollout-batch-size",
+            "3",
+            "--n-samples-per-prompt",
+            "6",
+            "--advantage-estimator",
+            "rloo",
+            "--use-kl-loss",
+            "--kl-loss-coef",
+            "0.01",
+            "--eps-clip-high",
+            "0.28",
+            "--lr",
+            "2e-6",
+            "--save",
+            "/tmp/x",
+            "--set",
+            "rollout.max_turns=2",
+            "--show-config",
+        ],
     )
     assert result.exit_code == 0, result.output
     cfg = json.loads(result.output)
