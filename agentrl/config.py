@@ -319,16 +319,20 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
 
 
 def recipe_calculator() -> RunConfig:
-    """A CPU-sized run on the built-in calculator env with the bundled SmolLM2-135M."""
+    """A CPU-sized run on the built-in calculator env with the bundled SmolLM2-135M.
+    Temperature 0.8: at 1.0 a 135M model's samples are mostly noise, so groups carry little signal."""
     cfg = RunConfig()
     cfg.env.id = "calculator"
     cfg.rollout.rollout_batch_size = 8
     cfg.rollout.n_samples_per_prompt = 4
-    cfg.rollout.rollout_max_response_len = 96
-    cfg.rollout.max_turns = 3
-    cfg.train.num_rollout = 10
-    cfg.train.lr = 2e-6
-    cfg.eval.num_eval_tasks = 48
+    cfg.rollout.rollout_max_response_len = 64
+    cfg.rollout.rollout_temperature = 0.8
+    cfg.rollout.max_turns = 2
+    cfg.train.num_rollout = 12
+    cfg.train.lr = 5e-6
+    cfg.checkpoint.save = "runs/calculator"
+    cfg.checkpoint.save_interval = 4
+    cfg.eval.num_eval_tasks = 64
     return cfg
 
 
@@ -346,6 +350,7 @@ def recipe_search_r1() -> RunConfig:
     cfg.algo.kl_loss_coef = 0.001
     cfg.train.num_rollout = 10
     cfg.train.lr = 1e-6
+    cfg.checkpoint.save = "runs/search_r1"
     cfg.eval.num_eval_tasks = 32
     return cfg
 
@@ -359,6 +364,7 @@ def recipe_code_sandbox() -> RunConfig:
     cfg.rollout.rollout_max_context_len = 2048
     cfg.rollout.max_turns = 3
     cfg.train.num_rollout = 5
+    cfg.checkpoint.save = "runs/code_sandbox"
     cfg.eval.num_eval_tasks = 16
     return cfg
 

@@ -313,14 +313,14 @@ def report(result: dict, console: Console) -> None:
             )
         console.print(table)
     table = Table(title="Orchestration overhead per turn (instant engine, 4 turns per episode)")
-    for col in ("env", "run", "episodes", "concurrency", "µs/turn", "gap p50 µs", "gap p99 µs"):
+    for col in ("env", "run", "episodes", "conc.", "µs/turn", "gap p50 µs", "gap p99 µs"):
         table.add_column(col, justify="right")
     for env_name, o in result["overhead"].items():
         for name in ("concurrent", "sequential"):
             r = o[name]
             table.add_row(
                 env_name,
-                f"run_groups, {name}",
+                {"concurrent": "parallel", "sequential": "serial"}[name],
                 str(r["episodes"]),
                 str(r["concurrency"]),
                 f"{r['us_per_turn']:.0f}",
@@ -329,13 +329,7 @@ def report(result: dict, console: Console) -> None:
             )
         b = o["env_alone"]
         table.add_row(
-            env_name,
-            "env.step alone (baseline)",
-            str(b["episodes"]),
-            "1",
-            f"{b['us_per_turn']:.0f}",
-            "-",
-            "-",
+            env_name, "env alone", str(b["episodes"]), "1", f"{b['us_per_turn']:.0f}", "-", "-"
         )
     console.print(table)
     layer = ", ".join(

@@ -39,6 +39,16 @@ def served(tiny_model_path: str):
     asyncio.run(engine.close())
 
 
+@pytest.fixture
+def fresh_served(tiny_model_path: str):
+    """A server of its own, for tests that change its weights."""
+    engine = LocalEngine(tiny_model_path, device="cpu", seed=0)
+    thread = start_server_thread(engine)
+    yield thread.url, engine
+    thread.stop()
+    asyncio.run(engine.close())
+
+
 def _sampling(i: int, **kw: Any) -> SamplingParams:
     return SamplingParams(temperature=1.0, max_new_tokens=12, seed=1000 + i, **kw)
 
@@ -129,8 +139,10 @@ def _perturbed(engine: LocalEngine, scale: float) -> list[tuple[str, torch.Tenso
     return [(n, state[n] + scale * torch.randn(state[n].shape, generator=gen)) for n in names]
 
 
-async def test_weight_update_from_tensor_matches_in_process_update(served, tiny_model_path) -> None:
-    url, engine = served
+async def test_weight_update_from_tensor_matches_in_process_update(
+    fresh_served, tiny_model_path
+) -> None:
+    url, _ = fresh_served
     local = LocalEngine(tiny_model_path, device="cpu", seed=0)
     http = SGLangEngine(url)
     named = _perturbed(local, 0.5)
@@ -143,9 +155,9 @@ async def test_weight_update_from_tensor_matches_in_process_update(served, tiny_
 
 
 async def test_weight_update_from_disk_matches_in_process_update(
-    served, tiny_model_path, tmp_path
+    fresh_served, tiny_model_path, tmp_path
 ) -> None:
-    url, _ = served
+    url, _ = fresh_served
     local = LocalEngine(tiny_model_path, device="cpu", seed=0)
     await local.update_weights(_perturbed(local, 0.25), weight_version="ckpt")
     local.model.save_pretrained(tmp_path, safe_serialization=True)
@@ -369,3 +381,48 @@ async def test_evaluate_through_http_reports_what_the_in_process_engine_reports(
         and reports[0].status_counts == reports[1].status_counts
     )
     await http.close()
+
+
+async def test_control_and_weight_responses_have_sglangs_shapes(served) -> None:
+    url, _ = served
+    control = json.loads((FIXTURES / "sglang_control.json").read_text())
+    weights = json.loads((FIXTURES / "sglang_weights.json").read_text())
+    async with httpx.AsyncClient(base_url=url) as client:
+        assert (await client.post("/pause_generation", json={})).json() == control[
+            "pause_generation"
+        ]["response"]
+        assert (await client.post("/continue_generation", json={})).json() == control[
+            "continue_generation"
+        ]["response"]
+        assert (await client.get("/flush_cache")).text == control["flush_cache"]["response_text"]
+        release = await client.post(
+            "/release_memory_occupation", json=control["release_memory_occupation"]["request"]
+        )
+        resume = [
+            await client.post("/resume_memory_occupation", json=control[key]["request"])
+            for key in ("resume_memory_occupation_weights", "resume_memory_occupation_rest")
+        ]
+        assert release.json() is None and all(
+            r.status_code == 200 and r.json() is None for r in resume
+        )
+        assert set((await client.get("/get_weight_version")).json()) == set(
+            control["get_weight_version"]["response"]
+        )
+        assert set((await client.get("/get_model_info")).json()) == set(
+            control["get_model_info"]["response"]
+        )
+        bad_disk = await client.post("/update_weights_from_disk", json={"model_path": "/nope"})
+        assert bad_disk.status_code == 400 and set(bad_disk.json()) == set(
+            weights["failure_response"]
+        )
+        assert bad_disk.json()["success"] is False and "/nope" in bad_disk.json()["message"]
+        no_group = await client.post(
+            "/update_weights_from_distributed",
+            json=weights["update_weights_from_distributed"]["request"],
+        )
+        assert (
+            no_group.status_code == 400
+            and "init_weights_update_group first" in no_group.json()["message"]
+        )
+        abort = await client.post("/abort_request", json=control["abort_request"]["request"])
+        assert abort.status_code == control["abort_request"]["response_status"]
