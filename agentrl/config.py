@@ -45,6 +45,11 @@ class EngineConfig:
     sglang_args: list[str] = field(default_factory=list)
     """Passed verbatim to `sglang.launch_server`, e.g. ["--context-length", "8192"]."""
     restart_on_failure: bool = False
+    router_policy: str = "consistent_hashing"
+    """sglang-router policy when num_servers > 1 (older routers: "manual" or "cache_aware")."""
+    weight_update_path: Literal["tensor", "distributed"] = "tensor"
+    """How SGLangEngine pushes weights: tensor = same host (CUDA IPC / shared memory);
+    distributed = a torch.distributed broadcast from the trainer (NCCL on GPU, gloo on CPU)."""
 
 
 @dataclass

@@ -20,26 +20,26 @@ def make_engine(cfg: RunConfig) -> Engine:
                 "engine.kind=http needs engine.url, e.g. --set engine.url=http://127.0.0.1:30000 "
                 "(start one with `agentrl serve --model PATH` or a real SGLang server)"
             )
-        from agentrl.engine.sglang import SGLangEngine
-
-        return SGLangEngine(
-            cfg.engine.url,
-            request_timeout_s=cfg.engine.request_timeout_s,
-            max_retries=cfg.engine.max_retries,
-        )
+        return _client(cfg, cfg.engine.url)
     if kind == "sglang":
         from agentrl.engine.launcher import launch_servers
         from agentrl.engine.model_store import resolve_model_path
-        from agentrl.engine.sglang import SGLangEngine
 
-        cluster = launch_servers(
-            resolve_model_path(cfg.model.path, cfg.model.cache_dir), cfg.engine
-        )
-        engine = SGLangEngine(
-            cluster.url,
-            request_timeout_s=cfg.engine.request_timeout_s,
-            max_retries=cfg.engine.max_retries,
-        )
+        model_path = resolve_model_path(cfg.model.path, cfg.model.cache_dir)
+        cluster = launch_servers(model_path, cfg.engine, router_policy=cfg.engine.router_policy)
+        engine = _client(cfg, cluster.url)
         engine.cluster = cluster  # shut down with the engine
         return engine
     raise ValueError(f"engine.kind={kind!r} is not one of: local, http, sglang")
+
+
+def _client(cfg: RunConfig, url: str):
+    from agentrl.engine.sglang import SGLangEngine
+
+    return SGLangEngine(
+        url,
+        request_timeout_s=cfg.engine.request_timeout_s,
+        max_retries=cfg.engine.max_retries,
+        max_connections=max(1, cfg.rollout.max_concurrent_episodes),  # one connection per episode
+        weight_update_path=cfg.engine.weight_update_path,
+    )

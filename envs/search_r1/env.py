@@ -221,6 +221,8 @@ class SearchR1Env(AgentEnv):
             "num_searches": ep.num_searches,
             "num_invalid_actions": ep.num_invalid_actions,
             "answer": breakdown.answer,
+            # EM decides pass rate whatever the training reward (em, f1 or format) is.
+            "correct": bool(breakdown.em),
             "golden_answers": ep.golden_answers,
             "reward_components": breakdown.to_dict(),
         }

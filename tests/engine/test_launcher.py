@@ -149,18 +149,30 @@ def test_a_dead_server_without_restart_is_reported_once_with_its_log(tmp_path: P
 
 
 @pytest.mark.slow
-async def test_launch_generate_crash_report_restart_and_shutdown(
-    fake_sglang: dict[str, str], tiny_model_path: str, tmp_path: Path
+async def test_make_engine_launches_generates_reports_a_crash_restarts_and_shuts_down(
+    fake_sglang: dict[str, str],
+    tiny_model_path: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from agentrl.config import RunConfig
+    from agentrl.engine.factory import make_engine
+
     trigger = tmp_path / "crash-now"
-    env = {**fake_sglang, "FAKE_SGLANG_CRASH_TRIGGER": str(trigger)}
-    cfg = _cfg(sglang_args=["--context-length", "512"], restart_on_failure=True)
-    cluster = launch_servers(
-        tiny_model_path, cfg, env=env, log_dir=str(tmp_path / "logs"), health_timeout_s=120
+    for key in ("PYTHONPATH", "FAKE_SGLANG_ARGV_DIR"):
+        monkeypatch.setenv(key, fake_sglang[key])
+    monkeypatch.setenv("FAKE_SGLANG_CRASH_TRIGGER", str(trigger))
+    cfg = RunConfig()
+    cfg.model.path = tiny_model_path
+    cfg.engine = _cfg(
+        sglang_args=["--context-length", "512"], restart_on_failure=True, max_retries=0
     )
+    engine = make_engine(
+        cfg
+    )  # kind=sglang: launch_servers(path, cfg.engine), then SGLangEngine(cluster.url)
+    assert isinstance(engine, SGLangEngine)
+    cluster = engine.cluster
     cluster.poll_interval_s = 0.2
-    engine = SGLangEngine(cluster.url, max_retries=0)
-    engine.cluster = cluster  # as make_engine does: the engine shuts the cluster down
     try:
         completion = await engine.generate([1, 2, 3], SamplingParams(max_new_tokens=4, seed=0))
         assert len(completion.ids) == len(completion.logprobs) > 0
