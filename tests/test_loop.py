@@ -70,3 +70,45 @@ def test_train_two_steps_then_resume_reproduces_step_two(tiny_model_path, tmp_pa
         _metrics(run_a)[2]["train/loss"], rel=1e-5, abs=1e-7
     )
     assert not (run_b / "rollouts" / "step_000001.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_train_through_http_engine_matches_in_process(tiny_model_path, tmp_path):
+    """engine.kind=http: rollouts go over real HTTP to `agentrl serve`, weights are pushed
+    back after the step, and the trajectories equal the in-process engine's."""
+    import asyncio
+
+    import torch
+
+    from agentrl.engine.local import LocalEngine
+    from agentrl.engine.server import start_server_thread
+
+    local_cfg = _config(tiny_model_path, tmp_path / "local")
+    local_cfg.train.num_rollout = 1
+    train(local_cfg)
+
+    served = LocalEngine(tiny_model_path, device="cpu", seed=0)
+    thread = start_server_thread(served)
+    try:
+        http_cfg = _config(tiny_model_path, tmp_path / "http")
+        http_cfg.train.num_rollout = 1
+        http_cfg.engine.kind = "http"
+        http_cfg.engine.url = thread.url
+        train(http_cfg)
+        assert served.weight_version == "1"
+        from safetensors.torch import load_file
+
+        ckpt = next((tmp_path / "http" / "checkpoints" / "step_000001").rglob("*.safetensors"))
+        trained = load_file(str(ckpt))
+        name = next(n for n in trained if n.endswith("embed_tokens.weight"))
+        assert torch.equal(served.model.state_dict()[name].cpu(), trained[name])
+    finally:
+        thread.stop()
+        asyncio.run(served.close())
+
+    local = read_jsonl(str(tmp_path / "local" / "rollouts" / "step_000001.jsonl"))
+    http = read_jsonl(str(tmp_path / "http" / "rollouts" / "step_000001.jsonl"))
+    assert [t.token_ids for t in http] == [t.token_ids for t in local]
+    assert [t.loss_mask for t in http] == [t.loss_mask for t in local]
+    for a, b in zip(http, local, strict=True):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
