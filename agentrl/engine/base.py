@@ -64,7 +64,9 @@ class Completion:
 
     def __post_init__(self) -> None:
         if len(self.ids) != len(self.logprobs):
-            raise ValueError(f"Completion has {len(self.ids)} ids but {len(self.logprobs)} logprobs")
+            raise ValueError(
+                f"Completion has {len(self.ids)} ids but {len(self.logprobs)} logprobs"
+            )
 
 
 class EngineError(RuntimeError):

@@ -1,0 +1,123 @@
+"""Control routes of `agentrl serve`: model/server info and load, flush, abort, pause/continue, and
+releasing/resuming memory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import Response
+
+from agentrl.engine.server_protocol import AbortReq, MemoryOccupationReqInput, error_response
+from agentrl.engine.server_state import ServerState
+
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
+SERVER_VERSION = "agentrl-serve/0.1"
+
+
+def add_control_routes(app: FastAPI, state: Any) -> None:
+    @app.get("/get_model_info")
+    async def get_model_info() -> dict[str, Any]:
+        s: ServerState = state()
+        return {
+            "model_path": s.model_path,
+            "tokenizer_path": s.model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": s.weight_version,
+        }
+
+    @app.get("/get_weight_version")
+    async def get_weight_version() -> dict[str, Any]:
+        return {"weight_version": state().weight_version}
+
+    @app.get("/get_server_info")
+    async def get_server_info() -> dict[str, Any]:
+        s: ServerState = state()
+        return {
+            "model_path": s.model_path,
+            "served_model_name": s.served_model_name,
+            "tp_size": 1,
+            "dp_size": 1,
+            "weight_version": s.weight_version,
+            "version": SERVER_VERSION,
+            "internal_states": [
+                {
+                    "num_running_reqs": s.num_running,
+                    "num_waiting_reqs": s.num_waiting,
+                    "released_tags": sorted(s.released_tags),
+                }
+            ],
+        }
+
+    @app.get("/get_load")
+    async def get_load() -> list[dict[str, Any]]:
+        s: ServerState = state()
+        return [
+            {
+                "dp_rank": 0,
+                "num_reqs": len(s.requests),
+                "num_waiting_reqs": s.num_waiting,
+            }
+        ]
+
+    @app.get("/v1/loads")
+    async def v1_loads() -> dict[str, Any]:
+        s: ServerState = state()
+        return {
+            "loads": [
+                {
+                    "dp_rank": 0,
+                    "num_running_reqs": s.num_running,
+                    "num_waiting_reqs": s.num_waiting,
+                }
+            ]
+        }
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> Response:
+        s: ServerState = state()  # the transformers engine keeps no prefix cache: nothing to flush
+        return Response(
+            "Cache flushed.\nPlease check backend logs for more details. (When there are running or "
+            "waiting requests, the operation will not be performed.)\n",
+            status_code=400 if s.requests else 200,
+        )
+
+    @app.post("/abort_request")
+    async def abort_request(obj: AbortReq) -> Response:
+        s: ServerState = state()
+        if obj.abort_all:
+            await s.abort_all()
+        elif obj.rid in s.requests:
+            s.requests[obj.rid].cancel()
+        return Response(status_code=200)
+
+    @app.post("/pause_generation")
+    async def pause_generation() -> dict[str, str]:
+        state().is_running.clear()  # new requests wait; running ones finish
+        return {"message": "Generation paused successfully.", "status": "ok"}
+
+    @app.post("/continue_generation")
+    async def continue_generation() -> dict[str, str]:
+        state().is_running.set()
+        return {"message": "Generation continued successfully.", "status": "ok"}
+
+    @app.api_route("/release_memory_occupation", methods=["GET", "POST"])
+    async def release_memory_occupation(obj: MemoryOccupationReqInput | None = None) -> Any:
+        s: ServerState = state()
+        tags = set(obj.tags if obj and obj.tags is not None else MEMORY_TAGS)
+        if unknown := tags - set(MEMORY_TAGS):
+            return error_response(f"unknown memory tags {sorted(unknown)}; use {list(MEMORY_TAGS)}")
+        if "weights" in tags and "weights" not in s.released_tags:
+            await s.engine.release_memory()  # the transformers engine has no standing KV pool
+        s.released_tags |= tags
+        return None
+
+    @app.api_route("/resume_memory_occupation", methods=["GET", "POST"])
+    async def resume_memory_occupation(obj: MemoryOccupationReqInput | None = None) -> Any:
+        s: ServerState = state()
+        tags = set(obj.tags if obj and obj.tags is not None else MEMORY_TAGS)
+        if "weights" in tags and "weights" in s.released_tags:
+            await s.engine.resume_memory()
+        s.released_tags -= tags
+        return None

@@ -1,0 +1,102 @@
+"""SGLang's wire shapes on the server side of `agentrl serve`: the `io_struct.py` request bodies,
+`sampling_params` parsing, and the finish-reason and error JSON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from agentrl.engine.base import Completion, FinishReason, SamplingParams
+
+# ---------------------------------------------------------------- request bodies (io_struct.py)
+
+
+class UpdateWeightFromDiskReqInput(BaseModel):
+    model_path: str
+    load_format: str | None = None
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+
+
+class UpdateWeightsFromTensorReqInput(BaseModel):
+    serialized_named_tensors: list[str]
+    load_format: str | None = None
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+
+
+class InitWeightsUpdateGroupReqInput(BaseModel):
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str = "weight_update_group"
+    backend: str = "nccl"
+
+
+class DestroyWeightsUpdateGroupReqInput(BaseModel):
+    group_name: str = "weight_update_group"
+
+
+class UpdateWeightsFromDistributedReqInput(BaseModel):
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+
+
+class MemoryOccupationReqInput(BaseModel):
+    tags: list[str] | None = None
+
+
+class AbortReq(BaseModel):
+    rid: str = ""
+    abort_all: bool = False
+
+
+class UpdateWeightVersionReqInput(BaseModel):
+    new_version: str
+    abort_all_requests: bool = False
+
+
+# ---------------------------------------------------------------- conversions
+
+
+def sampling_from_sglang(params: dict[str, Any] | None) -> SamplingParams:
+    """SGLang `sampling_params` -> SamplingParams (the inverse of `SamplingParams.to_sglang`)."""
+    p = params or {}
+    defaults = SamplingParams()
+    stop = p.get("stop") or []
+    return SamplingParams(
+        temperature=float(p.get("temperature", defaults.temperature)),
+        top_p=float(p.get("top_p", defaults.top_p)),
+        top_k=int(p.get("top_k", defaults.top_k)),
+        max_new_tokens=int(p.get("max_new_tokens", 128)),  # SGLang's default
+        stop=[stop] if isinstance(stop, str) else list(stop),
+        stop_token_ids=list(p.get("stop_token_ids") or []),
+        seed=p.get("sampling_seed"),
+    )
+
+
+def finish_reason_json(completion: Completion) -> dict[str, Any]:
+    """schedule_batch.py FINISH_*.to_json shapes."""
+    if completion.finish_reason is FinishReason.LENGTH:
+        return {"type": "length", "length": len(completion.ids)}
+    if completion.finish_reason is FinishReason.ABORT:
+        return {"type": "abort", "message": "Aborted by abort_request"}
+    return {"type": "stop", "matched": completion.matched_stop}
+
+
+def error_response(message: str, status_code: int = 400) -> JSONResponse:
+    """http_server.py `_create_error_response` / ErrorResponse shape."""
+    kind = "Bad Request" if status_code == 400 else "Internal Server Error"
+    return JSONResponse(
+        {"object": "error", "message": message, "type": kind, "param": None, "code": status_code},
+        status_code=status_code,
+    )

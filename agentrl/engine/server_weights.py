@@ -1,0 +1,154 @@
+"""Weight routes of `agentrl serve`: updates from disk, from tensors (same host), and by broadcast
+over a torch.distributed group, plus the weight-version bump."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from agentrl.engine.base import Engine
+from agentrl.engine.server_protocol import (
+    DestroyWeightsUpdateGroupReqInput,
+    InitWeightsUpdateGroupReqInput,
+    UpdateWeightFromDiskReqInput,
+    UpdateWeightsFromDistributedReqInput,
+    UpdateWeightsFromTensorReqInput,
+    UpdateWeightVersionReqInput,
+)
+from agentrl.engine.server_state import ServerState
+from agentrl.engine.weight_transport import (
+    deserialize_named_tensors,
+    destroy_process_group,
+    init_weights_update_process_group,
+    load_checkpoint_tensors,
+    receive_broadcast,
+)
+
+
+def _weight_result(success: bool, message: str, **extra: Any) -> JSONResponse:
+    return JSONResponse(
+        {"success": success, "message": message, **extra}, status_code=200 if success else 400
+    )
+
+
+def add_weight_routes(app: FastAPI, state: Any) -> None:
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(obj: UpdateWeightFromDiskReqInput) -> JSONResponse:
+        s: ServerState = state()
+        try:
+            named = await asyncio.to_thread(load_checkpoint_tensors, obj.model_path)
+            await s.update_weights(named, obj.weight_version)
+        except Exception as e:
+            return _weight_result(
+                False, f"Failed to update weights from {obj.model_path}: {e}", num_paused_requests=0
+            )
+        return _weight_result(
+            True,
+            _succeeded("Succeeded to update model weights.", obj.weight_version),
+            num_paused_requests=0,
+        )
+
+    @app.post("/update_weights_from_tensor")
+    async def update_weights_from_tensor(obj: UpdateWeightsFromTensorReqInput) -> JSONResponse:
+        s: ServerState = state()
+        if not obj.serialized_named_tensors:
+            return _weight_result(False, "serialized_named_tensors is empty")
+        try:  # one entry per TP rank; this server is one rank
+            named = await asyncio.to_thread(
+                deserialize_named_tensors, obj.serialized_named_tensors[0], obj.load_format
+            )
+            await s.update_weights(named, obj.weight_version)
+        except Exception as e:
+            return _weight_result(
+                False, f"Failed to update weights from tensor: {type(e).__name__}: {e}"
+            )
+        return _weight_result(
+            True, _succeeded("Succeeded to update model weights.", obj.weight_version)
+        )
+
+    @app.post("/init_weights_update_group")
+    async def init_weights_update_group(obj: InitWeightsUpdateGroupReqInput) -> JSONResponse:
+        s: ServerState = state()
+        try:
+            s.groups[obj.group_name] = await asyncio.to_thread(
+                init_weights_update_process_group,
+                backend=obj.backend,
+                master_address=obj.master_address,
+                master_port=obj.master_port,
+                world_size=obj.world_size,
+                rank=obj.rank_offset,
+                group_name=obj.group_name,
+            )
+        except Exception as e:
+            return _weight_result(
+                False, f"Failed to initialize custom process group: {type(e).__name__}: {e}"
+            )
+        return _weight_result(True, "Succeeded to initialize custom process group.")
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_weights_update_group(obj: DestroyWeightsUpdateGroupReqInput) -> JSONResponse:
+        pg = state().groups.pop(obj.group_name, None)
+        if pg is None:
+            return _weight_result(False, f"no weight update group named {obj.group_name!r}")
+        destroy_process_group(pg)
+        return _weight_result(True, "Succeeded to destroy custom process group.")
+
+    @app.post("/update_weights_from_distributed")
+    async def update_weights_from_distributed(
+        obj: UpdateWeightsFromDistributedReqInput,
+    ) -> JSONResponse:
+        s: ServerState = state()
+        pg = s.groups.get(obj.group_name)
+        if pg is None:
+            return _weight_result(
+                False,
+                f"no weight update group {obj.group_name!r}; call /init_weights_update_group first",
+            )
+        try:
+            named = await asyncio.to_thread(
+                receive_broadcast,
+                pg,
+                obj.names,
+                obj.dtypes,
+                obj.shapes,
+                _broadcast_device(pg, s.engine),
+            )
+            await s.update_weights(named, obj.weight_version)
+        except Exception as e:
+            return _weight_result(
+                False, f"Failed to update parameter online: {type(e).__name__}: {e}"
+            )
+        return _weight_result(
+            True, _succeeded("Succeeded to update parameter online.", obj.weight_version)
+        )
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(obj: UpdateWeightVersionReqInput) -> JSONResponse:
+        await state().update_weights([], obj.new_version)
+        return JSONResponse(
+            {
+                "success": True,
+                "message": f"Weight version updated to {obj.new_version}",
+                "new_version": obj.new_version,
+            }
+        )
+
+
+def _succeeded(message: str, weight_version: str | None) -> str:
+    return (
+        f"{message} Weight version updated to {weight_version}."
+        if weight_version is not None
+        else message
+    )
+
+
+def _broadcast_device(pg: Any, engine: Engine) -> Any:
+    import torch.distributed as dist
+
+    model = getattr(engine, "model", None)
+    if "nccl" in str(dist.get_backend(pg)).lower() and model is not None:
+        return next(model.parameters()).device  # NCCL receives straight into GPU memory
+    return "cpu"

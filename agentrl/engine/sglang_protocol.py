@@ -1,0 +1,87 @@
+"""SGLang's native HTTP shapes on the client side: the `/generate` request body, `meta_info` ->
+`Completion` (finish-reason mapping included), and request counts from `/v1/loads` or `/get_load`."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from agentrl.engine.base import Completion, EngineError, FinishReason, SamplingParams
+
+ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
+"""sglang-router (SGLang Model Gateway) reads this header for its `consistent_hashing` and
+`manual` policies; slime sends the episode's session id in it."""
+
+DEFAULT_WEIGHT_VERSION = "default"  # SGLang ServerArgs.weight_version before any update
+
+
+# ---------------------------------------------------------------- request bodies
+
+
+def generate_payload(input_ids: list[int], sampling: SamplingParams) -> dict[str, Any]:
+    """A `/generate` body (io_struct.py GenerateReqInput) under a fresh `rid`, asking for the
+    output tokens' logprobs (which carry the ids too: see `completion_from_sglang`)."""
+    return {
+        "rid": uuid.uuid4().hex,
+        "input_ids": list(input_ids),
+        "sampling_params": sampling.to_sglang(),
+        "return_logprob": True,
+        "logprob_start_len": -1,  # GenerateReqInput: -1 = logprobs of output tokens only
+    }
+
+
+# ---------------------------------------------------------------- response parsing
+
+
+def completion_from_sglang(out: dict[str, Any]) -> Completion:
+    """A `/generate` response -> Completion. Ids AND logprobs both come from
+    `meta_info.output_token_logprobs` ([logprob, token_id, text] per sampled token), so they
+    can never disagree with each other."""
+    meta = out.get("meta_info")
+    if not isinstance(meta, dict):
+        raise EngineError(f"/generate response has no meta_info: {str(out)[:300]}")
+    pairs = meta.get("output_token_logprobs")
+    if pairs is None:
+        raise EngineError(
+            "/generate response lacks meta_info.output_token_logprobs; send return_logprob=true"
+        )
+    reason = meta.get("finish_reason") or {}
+    kind = reason.get("type") if isinstance(reason, dict) else str(reason)
+    try:
+        finish = FinishReason(kind)
+    except ValueError:
+        finish = FinishReason.ABORT  # unknown kinds (e.g. an error) must not be trained on
+    return Completion(
+        ids=[int(p[1]) for p in pairs],
+        logprobs=[float(p[0]) for p in pairs],
+        finish_reason=finish,
+        weight_version=str(meta.get("weight_version", DEFAULT_WEIGHT_VERSION)),
+        matched_stop=reason.get("matched") if isinstance(reason, dict) else None,
+        prompt_tokens=int(meta.get("prompt_tokens") or 0),
+        cached_tokens=int(meta.get("cached_tokens") or 0),
+    )
+
+
+def aborted_completion(weight_version: str) -> Completion:
+    return Completion(
+        ids=[], logprobs=[], finish_reason=FinishReason.ABORT, weight_version=weight_version
+    )
+
+
+def num_requests_from_load(load: Any) -> int:
+    """Running + waiting requests from `/v1/loads` or `/get_load` (shapes differ across SGLang
+    versions; same tolerance as slime's server_control.num_requests_from_load)."""
+    if isinstance(load, list):
+        return sum(num_requests_from_load(item) for item in load)
+    if not isinstance(load, dict):
+        return 0
+    if "loads" in load:
+        return num_requests_from_load(load["loads"])
+    for key in ("num_reqs", "num_total_reqs", "total_reqs"):
+        if isinstance(load.get(key), int):
+            return load[key]
+    running = load.get("num_running_reqs", load.get("total_running_reqs"))
+    waiting = load.get("num_waiting_reqs", load.get("total_waiting_reqs"))
+    return (running if isinstance(running, int) else 0) + (
+        waiting if isinstance(waiting, int) else 0
+    )
