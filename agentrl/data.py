@@ -13,11 +13,17 @@ from agentrl.config import EnvConfig
 from agentrl.types import Task
 
 
+class DataError(ValueError):
+    """A data file or one of its rows is unusable; the message names the file, row and field."""
+
+
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """Rows of a JSONL (`.jsonl`, `.json` with one object per line) or parquet file."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"data file {str(path)!r} does not exist")
+        raise DataError(
+            f"data file {str(path)!r} does not exist; pass an existing JSONL or parquet file"
+        )
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -47,13 +53,16 @@ def load_tasks(env_cfg: EnvConfig, split: str) -> list[Task]:
         return env_cls.load_tasks(split, **env_cfg.kwargs)
     tasks = []
     for index, row in enumerate(read_rows(path)):
-        task = env_cls.task_from_row(
-            row, index=index, input_key=env_cfg.input_key, label_key=env_cfg.label_key
-        )
+        try:
+            task = env_cls.task_from_row(
+                row, index=index, input_key=env_cfg.input_key, label_key=env_cfg.label_key
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise DataError(f"{path}: {e}") from e
         task.split = split
         tasks.append(task)
     if not tasks:
-        raise ValueError(f"data file {path!r} has no rows")
+        raise DataError(f"data file {path!r} has no rows")
     return tasks
 
 

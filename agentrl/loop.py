@@ -46,9 +46,12 @@ async def _train(cfg: RunConfig) -> TrainResult:
     run_dir = Path(cfg.checkpoint.save)
     (run_dir / "rollouts").mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-
+    # Data first: a bad row should fail in a second, not after the model loads.
+    source = TaskSource(load_tasks(cfg.env, "train"), seed=cfg.rollout.seed)
+    eval_tasks = load_tasks(cfg.env, "test")[: cfg.eval.num_eval_tasks]
     engine = make_engine(cfg)
     runner = build_runner(cfg, engine)
+
     backend = TorchBackend(
         _model_path(cfg),
         cfg.train,
@@ -58,8 +61,6 @@ async def _train(cfg: RunConfig) -> TrainResult:
         temperature=cfg.rollout.rollout_temperature,
         num_optimizer_steps=_num_optimizer_steps(cfg),
     )
-    source = TaskSource(load_tasks(cfg.env, "train"), seed=cfg.rollout.seed)
-    eval_tasks = load_tasks(cfg.env, "test")[: cfg.eval.num_eval_tasks]
     logger = MetricsLogger(
         run_dir,
         use_tensorboard=cfg.log.use_tensorboard,

@@ -102,13 +102,14 @@ def eval_command(
         "model": cfg.model.path,
         "seed": seed,
     }
+    from agentrl.data import DataError
     from agentrl.eval.runner import ResumeMismatchError
 
     try:
         report = asyncio.run(
             _run(cfg, split, out_dir, meta, resume=resume, seed=seed, progress=cfg.log.progress)
         )
-    except ResumeMismatchError as e:
+    except (ResumeMismatchError, DataError) as e:
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(2)
     print_report(console, report, out_dir)

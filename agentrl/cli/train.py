@@ -101,9 +101,14 @@ def train_command(
         console.print_json(json.dumps(cfg.to_dict()))
         return
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from agentrl.data import DataError
     from agentrl.loop import train
 
-    result = train(cfg)
+    try:
+        result = train(cfg)
+    except DataError as e:
+        console.print(f"[red]data error:[/red] {e}")
+        raise typer.Exit(2)
     last = result.evals[-1] if result.evals else {}
     first = result.evals[0] if result.evals else {}
     console.print(

@@ -58,3 +58,17 @@ def test_bad_set_names_field():
     result = runner.invoke(app, ["train", "--set", "train.nope=1", "--show-config"])
     assert result.exit_code == 2
     assert "train.nope" in result.output
+
+
+def test_bad_prompt_data_row_is_named_before_any_model_loads(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(
+        '{"question": "Who wrote Hamlet?", "golden_answers": ["Shakespeare"]}\n{"question": "Capital of France?"}\n'
+    )
+    result = runner.invoke(
+        app,
+        ["train", "--env", "search_r1", "--prompt-data", str(bad), "--save", str(tmp_path / "run")],
+    )
+    assert result.exit_code == 2, result.output
+    assert "row 1" in result.output and "golden_answers" in result.output
+    assert str(bad) in result.output.replace("\n", "")
