@@ -45,7 +45,7 @@ def train(cfg: RunConfig) -> TrainResult:
 async def _train(cfg: RunConfig) -> TrainResult:
     run_dir = Path(cfg.checkpoint.save)
     (run_dir / "rollouts").mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    (run_dir / "run_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     # Data first: a bad row should fail in a second, not after the model loads.
     source = TaskSource(load_tasks(cfg.env, "train"), seed=cfg.rollout.seed)
     eval_tasks = load_tasks(cfg.env, "test")[: cfg.eval.num_eval_tasks]

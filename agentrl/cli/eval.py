@@ -157,11 +157,17 @@ def build_config(
 
 
 def checkpoint_model_dir(checkpoint: Path) -> Path:
-    """A checkpoint keeps its transformers model in model/; a bare model dir works too."""
+    """A run dir, its checkpoints/ dir (newest complete checkpoint), a step_* checkpoint, or a
+    bare transformers model dir; a checkpoint keeps its model in model/ when it has one."""
+    from agentrl.trainer.checkpoint import find_latest
+
     if not checkpoint.is_dir():
         raise FileNotFoundError(
-            f"--checkpoint {checkpoint} is not a directory; pass a checkpoint or model directory"
+            f"--checkpoint {checkpoint} is not a directory; pass a run, checkpoint or model directory"
         )
+    if not (checkpoint / "config.json").is_file():
+        found = find_latest(checkpoint / "checkpoints") or find_latest(checkpoint)
+        checkpoint = found or checkpoint
     return checkpoint / "model" if (checkpoint / "model").is_dir() else checkpoint
 
 

@@ -4,8 +4,6 @@ data and rollout are fakes (the test is about the command, not about inference).
 from __future__ import annotations
 
 import json
-import sys
-import types
 
 import pytest
 import typer
@@ -79,7 +77,7 @@ def fakes(monkeypatch):
         seen["runners"].append(FakeRunner())
         return seen["runners"][-1]
 
-    monkeypatch.setitem(sys.modules, "agentrl.data", types.SimpleNamespace(load_tasks=load_tasks))
+    monkeypatch.setattr("agentrl.data.load_tasks", load_tasks)
     monkeypatch.setattr("agentrl.engine.factory.make_engine", make_engine)
     monkeypatch.setattr("agentrl.rollout.build_runner", build_runner, raising=False)
     return seen
@@ -146,3 +144,18 @@ def test_eval_command_reports_bad_flags_without_a_traceback(fakes, tmp_path) -> 
     )
     assert result.exit_code == 2
     assert "eval.n_samples='zero' is not an integer" in result.output
+
+
+def test_checkpoint_accepts_a_run_dir_and_picks_the_newest_checkpoint(tmp_path) -> None:
+    for step in ("step_000001", "step_000002"):
+        (tmp_path / "checkpoints" / step).mkdir(parents=True)
+        (tmp_path / "checkpoints" / step / "config.json").write_text("{}")
+    (tmp_path / "checkpoints" / "latest").write_text("step_000002")
+    (tmp_path / "run_config.json").write_text("{}")
+    newest = tmp_path / "checkpoints" / "step_000002"
+    assert checkpoint_model_dir(tmp_path) == newest
+    assert checkpoint_model_dir(tmp_path / "checkpoints") == newest
+    assert (
+        checkpoint_model_dir(tmp_path / "checkpoints" / "step_000001")
+        == tmp_path / "checkpoints" / "step_000001"
+    )
