@@ -70,6 +70,7 @@ async def _train(cfg: RunConfig) -> TrainResult:
     )
     start_step, evals = await _maybe_resume(cfg, backend, engine, source)
     state = _State(cfg, run_dir, backend, engine, runner, source, eval_tasks, logger, evals)
+    state.step = start_step
     try:
         if start_step == 0 and cfg.eval.eval_at_start:
             await state.run_eval(step=0)
@@ -133,9 +134,11 @@ class _State:
         self.evals: list[dict[str, Any]] = evals
         self.is_resumed = bool(cfg.checkpoint.resume)
         self.step = 0
+        # What a checkpoint records: both advance together, only once a step's update is done,
+        # so a checkpoint taken on Ctrl-C mid-step replays that step's tasks on resume.
+        self.data_state = source.state()
 
     async def train_step(self, step: int) -> dict[str, float]:
-        self.step = step
         timer = Timer()
         with timer("rollout"):
             groups, num_dropped = await self.collect_groups(step)
@@ -153,9 +156,9 @@ class _State:
                 global_batch_size=self.cfg.train.global_batch_size,
             )
             train_metrics = self.backend.train_step(batch)
+        self.step, self.data_state = step + 1, self.source.state()
         with timer("weight_sync"):
             await self.sync_weights(version=str(step + 1))
-        self.step = step + 1
         metrics = {**rollout_metrics(groups), **{f"train/{k}": v for k, v in train_metrics.items()}}
         metrics["rollout/num_zero_variance_groups_dropped"] = float(num_dropped)
         metrics.update({f"time/{k}_s": v for k, v in timer.totals.items()})
@@ -217,7 +220,7 @@ class _State:
     def save(self, step: int) -> Path:
         extra = {
             "step": step,
-            "data": self.source.state(),
+            "data": self.data_state,
             "evals": self.evals,
             "config": self.cfg.to_dict(),
             "rng": capture_rng_state(),

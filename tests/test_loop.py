@@ -112,3 +112,57 @@ def test_train_through_http_engine_matches_in_process(tiny_model_path, tmp_path)
     assert [t.loss_mask for t in http] == [t.loss_mask for t in local]
     for a, b in zip(http, local, strict=True):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_a_checkpoint_that_resumes(tiny_model_path, tmp_path):
+    """SIGINT during training writes a complete checkpoint of the last finished step."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        "-m",
+        "agentrl.cli",
+        "train",
+        "--env",
+        "calculator",
+        "--model",
+        tiny_model_path,
+        "--save",
+        str(run),
+        "--num-rollout",
+        "200",
+        "--save-interval",
+        "1000",
+        "--rollout-batch-size",
+        "2",
+        "--n-samples-per-prompt",
+        "2",
+        "--rollout-max-response-len",
+        "8",
+        "--set",
+        "eval.eval_at_start=false",
+        "--set",
+        "log.progress=false",
+        "--set",
+        "log.use_tensorboard=false",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    while not (run / "rollouts" / "step_000002.jsonl").exists():
+        assert proc.poll() is None, proc.stdout.read().decode()
+        assert time.monotonic() < deadline, "training never reached step 2"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=300)[0].decode()
+    assert proc.returncode != 0
+    from agentrl.trainer.checkpoint import checkpoint_step, find_latest
+
+    ckpt = find_latest(run / "checkpoints")
+    assert ckpt is not None, out
+    assert checkpoint_step(ckpt) >= 1 and (ckpt / "loop_state.pt").exists()
+    assert "saving a checkpoint" in out
