@@ -24,30 +24,12 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench_prompts import build_prompts  # noqa: E402
+
 from agentrl.engine.base import Engine, SamplingParams  # noqa: E402
 from agentrl.engine.launcher import free_ports  # noqa: E402
 from agentrl.engine.local import LocalEngine  # noqa: E402
 from agentrl.engine.sglang import SGLangEngine, completion_from_sglang  # noqa: E402
-
-QUESTIONS = [
-    "What is 17 * 23?",
-    "Name three primary colors.",
-    "Explain recursion in one sentence.",
-    "What is the capital of Japan?",
-    "Write a haiku about rain.",
-    "Why is the sky blue?",
-    "List the planets of the solar system.",
-    "What does HTTP stand for?",
-]
-
-
-def build_prompts(tokenizer, num_prompts: int) -> list[list[int]]:
-    prompts = []
-    for i in range(num_prompts):
-        messages = [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        prompts.append(tokenizer.encode(text, add_special_tokens=False))
-    return prompts
 
 
 async def throughput(

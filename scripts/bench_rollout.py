@@ -28,32 +28,15 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench_prompts import build_prompts  # noqa: E402
+
 from agentrl.config import RolloutConfig  # noqa: E402
 from agentrl.engine.base import Completion, FinishReason, SamplingParams  # noqa: E402
 from agentrl.envs import AgentEnv, StepResult, make  # noqa: E402
 from agentrl.rollout import ChatCodec, RolloutRunner  # noqa: E402
 from agentrl.types import Message, Task  # noqa: E402
 
-QUESTIONS = [
-    "What is 17 * 23?",
-    "Name three primary colors.",
-    "Explain recursion in one sentence.",
-    "What is the capital of Japan?",
-    "Write a haiku about rain.",
-    "Why is the sky blue?",
-    "List the planets of the solar system.",
-    "What does HTTP stand for?",
-]
-
-
 # ---------------------------------------------------------------- (1) engine tokens/s
-
-
-def build_prompts(tokenizer: Any, num: int) -> list[list[int]]:
-    codec = ChatCodec(tokenizer)
-    return [
-        codec.render_prompt([Message("user", QUESTIONS[i % len(QUESTIONS)])]) for i in range(num)
-    ]
 
 
 async def engine_tokens_per_s(
