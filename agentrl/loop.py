@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from agentrl.config import RunConfig
+from agentrl.config import ConfigError, RunConfig
 from agentrl.data import TaskSource, load_tasks
 from agentrl.engine.factory import make_engine
 from agentrl.eval import evaluate, plot_eval_history
@@ -43,6 +43,11 @@ def train(cfg: RunConfig) -> TrainResult:
 
 
 async def _train(cfg: RunConfig) -> TrainResult:
+    if cfg.train.backend != "torch":
+        raise ConfigError(
+            f"train.backend={cfg.train.backend!r}: only the torch backend exists so far; "
+            "use --set train.backend=torch"
+        )
     run_dir = Path(cfg.checkpoint.save)
     (run_dir / "rollouts").mkdir(parents=True, exist_ok=True)
     (run_dir / "run_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))

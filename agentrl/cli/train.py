@@ -106,8 +106,8 @@ def train_command(
 
     try:
         result = train(cfg)
-    except DataError as e:
-        console.print(f"[red]data error:[/red] {e}")
+    except (DataError, ConfigError) as e:
+        console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2)
     last = result.evals[-1] if result.evals else {}
     first = result.evals[0] if result.evals else {}
