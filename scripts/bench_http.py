@@ -9,10 +9,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,8 +25,8 @@ sys.path.insert(0, str(REPO))
 from bench_prompts import build_prompts  # noqa: E402
 
 from agentrl.engine.base import Engine, SamplingParams  # noqa: E402
-from agentrl.engine.launcher import free_ports  # noqa: E402
 from agentrl.engine.local import LocalEngine  # noqa: E402
+from agentrl.engine.server_thread import serve_subprocess  # noqa: E402
 from agentrl.engine.sglang import SGLangEngine, completion_from_sglang  # noqa: E402
 
 
@@ -91,45 +89,17 @@ async def latency_us(call, num_calls: int) -> float:
     return statistics.median(samples)
 
 
-def start_server(
-    model_path: str, device: str, port: int, log_path: Path
-) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-    }
-    with open(log_path, "wb") as log:
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                "from agentrl.cli import main; main()",
-                "serve",
-                "--model",
-                model_path,
-                "--port",
-                str(port),
-                "--device",
-                device,
-                "--log-level",
-                "warning",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
-
-
 async def run(args: argparse.Namespace) -> dict:
     console = Console()
     local = LocalEngine(args.model, device=args.device, seed=0)
     prompts = build_prompts(local.tokenizer, args.num_prompts)
-    (port,) = free_ports(1)
-    server = start_server(
-        local.model_path, args.device, port, Path(args.out).with_suffix(".server.log")
-    )
-    http = SGLangEngine(f"http://127.0.0.1:{port}", max_connections=args.concurrency)
+    log_path = Path(args.out).with_suffix(".server.log")
+    with serve_subprocess(local.model_path, log_path, device=args.device) as url:
+        return await measure(args, console, local, prompts, url)
+
+
+async def measure(args, console, local, prompts, url) -> dict:
+    http = SGLangEngine(url, max_connections=args.concurrency)
     try:
         await http.wait_healthy(timeout_s=300, interval_s=0.5)
         short = prompts[0][:8]
@@ -152,8 +122,6 @@ async def run(args: argparse.Namespace) -> dict:
     finally:
         await http.close()
         await local.close()
-        server.terminate()
-        server.wait(30)
     same = sum(a == b for a, b in zip(base["ids"], over["ids"], strict=True))
     result = {
         "model": local.model_path,

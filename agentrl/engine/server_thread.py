@@ -1,12 +1,18 @@
-"""Any ASGI app (`agentrl serve`'s, or a test's fake) under uvicorn in a background thread, for
-tests and benchmarks: `run_app_in_thread` -> `ServerThread` (`.url`, `.stop()`)."""
+"""`agentrl serve` in the background, for tests and benchmarks: any ASGI app under uvicorn in a
+thread (`run_app_in_thread` -> `ServerThread`), or the real CLI as its own process (`serve_subprocess`)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -41,3 +47,32 @@ def run_app_in_thread(app: Any, *, host: str = "127.0.0.1", port: int = 0) -> Se
             raise RuntimeError(f"server thread did not start on {host}:{sock.getsockname()[1]}")
         time.sleep(0.01)
     return ServerThread(f"http://{host}:{sock.getsockname()[1]}", server, thread)
+
+
+@contextlib.contextmanager
+def serve_subprocess(
+    model_path: str, log_path: str | Path, *, device: str = "cpu", env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """`agentrl serve` as its own process, as in production; yields its URL (the caller waits for
+    health) and terminates it on exit. Output goes to `log_path`."""
+    from agentrl.engine.launcher import free_ports
+
+    (port,) = free_ports(1)
+    # The child imports this same agentrl, installed or not.
+    package_root = str(Path(__file__).resolve().parents[2])
+    python_path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
+    cmd = [sys.executable, "-m", "agentrl.cli", "serve", "--model", model_path,
+           "--port", str(port), "--device", device, "--log-level", "warning"]  # fmt: skip
+    with open(log_path, "wb") as log:  # the child keeps its own copy
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {}), "PYTHONPATH": python_path},
+            start_new_session=True,
+        )
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -5,12 +5,7 @@ SGLang's shapes (fixtures); pause, abort, memory release and the official `opena
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +16,7 @@ import torch
 from agentrl.engine.base import EngineError, FinishReason, SamplingParams
 from agentrl.engine.local import LocalEngine
 from agentrl.engine.server import start_server_thread
+from agentrl.engine.server_thread import serve_subprocess
 from agentrl.engine.sglang import SGLangEngine
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -296,45 +292,6 @@ async def test_rollout_and_eval_through_http_give_the_in_process_trajectories(
     await http.close()
 
 
-@contextlib.contextmanager
-def serve_subprocess(
-    model_path: str, device: str, log_path: Path, env: dict[str, str] | None = None
-) -> Iterator[str]:
-    """`agentrl serve` as its own process (as in production); yields its URL."""
-    from agentrl.engine.launcher import free_ports
-
-    (port,) = free_ports(1)
-    repo = Path(__file__).resolve().parents[2]
-    path = os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))
-    cmd = [
-        sys.executable,
-        "-c",
-        "from agentrl.cli import main; main()",
-        "serve",
-        "--model",
-        model_path,
-        "--port",
-        str(port),
-        "--device",
-        device,
-        "--log-level",
-        "warning",
-    ]
-    with open(log_path, "wb") as log:  # the child keeps its own copy
-        proc = subprocess.Popen(
-            cmd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {}), "PYTHONPATH": path},
-            start_new_session=True,
-        )
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(30)
-
-
 @pytest.mark.slow
 async def test_distributed_weight_update_into_agentrl_serve_subprocess(
     tiny_model_path, tmp_path
@@ -343,7 +300,7 @@ async def test_distributed_weight_update_into_agentrl_serve_subprocess(
     receives a broadcast update; it then generates like an in-process engine with the same weights."""
     from agentrl.engine.weight_transport import DistributedWeightSender
 
-    with serve_subprocess(tiny_model_path, "cpu", tmp_path / "serve.log") as url:
+    with serve_subprocess(tiny_model_path, tmp_path / "serve.log") as url:
         http = SGLangEngine(url)
         local = LocalEngine(tiny_model_path, device="cpu", seed=0)
         try:
@@ -373,7 +330,7 @@ async def test_gpu_weight_update_paths_into_a_cuda_server(tiny_model_path, tmp_p
     if path == "nccl" and torch.cuda.device_count() < 2:
         pytest.skip("NCCL between two ranks needs two GPUs")
     env = {"CUDA_VISIBLE_DEVICES": "1"} if path == "nccl" else {}
-    with serve_subprocess(tiny_model_path, "cuda", tmp_path / "serve.log", env) as url:
+    with serve_subprocess(tiny_model_path, tmp_path / "serve.log", device="cuda", env=env) as url:
         http = SGLangEngine(url)
         local = LocalEngine(tiny_model_path, device="cuda", seed=0)
         try:
