@@ -173,6 +173,43 @@ class LogConfig:
 
 
 @dataclass
+class ClusterConfig:
+    """Placement on Ray, with slime's flag names. Default: everything in this one process."""
+
+    use_ray: bool | None = None
+    """None = auto: Ray when `ray_address`/RAY_ADDRESS is set or any placement flag below asks for
+    more than one process (`--colocate`, `--rollout-num-gpus`, more than one trainer GPU)."""
+    ray_address: str | None = None
+    """An existing Ray cluster to join (`ray start --head` on the head node); None = RAY_ADDRESS,
+    else a local Ray started for this run."""
+    actor_num_nodes: int = 1
+    """Nodes for the trainer group."""
+    actor_num_gpus_per_node: int = 1
+    """Trainer ranks per node (one GPU each; one CPU process each on a machine without CUDA)."""
+    rollout_num_gpus: int | None = None
+    """GPUs for all engines together; None = the trainer's GPUs when colocated, else 1."""
+    rollout_num_gpus_per_engine: int = 1
+    """GPUs of one engine server (its tensor-parallel size)."""
+    colocate: bool = False
+    """Engines share the trainer's GPUs and release their memory while the trainer steps."""
+    update_weight_transport: Literal["auto", "tensor", "distributed", "disk"] = "auto"
+    """auto = tensor (CUDA IPC / shared memory) when colocated, distributed (NCCL / gloo broadcast)
+    when disaggregated; disk = `update_weights_from_disk` through a checkpoint directory."""
+    update_weight_buffer_size: int = 512 * 2**20
+    """Bytes per weight bucket sent to the engines (slime: --update-weight-buffer-size)."""
+    engine_server: Literal["auto", "sglang", "agentrl"] = "auto"
+    """Engine servers: auto = SGLang when installed and CUDA is present, else `agentrl serve`."""
+    use_sglang_router: bool = False
+    """Put `sglang_router` (consistent hashing) in front of the engines instead of agentrl's own
+    client-side consistent hashing (needs the sglang-router package)."""
+    max_engine_restarts: int = 3
+    """Restarts per engine server before the run stops with its last log lines."""
+    max_rerun_rounds: int = 2
+    """Times a step re-runs the tasks whose episodes a dead engine aborted."""
+    engine_start_timeout_s: float = 900.0
+
+
+@dataclass
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -183,6 +220,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import signal
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,19 +17,19 @@ import torch
 
 from agentrl.config import ConfigError, RunConfig
 from agentrl.data import TaskSource, load_tasks
-from agentrl.engine.factory import make_engine
 from agentrl.eval import evaluate, plot_eval_history
 from agentrl.metrics import MetricsLogger, Timer, rollout_metrics
 from agentrl.rollout import RolloutRunner, build_runner
+from agentrl.rollout.collect import collect_groups
 from agentrl.rollout.trajectory import write_jsonl
-from agentrl.trainer.batch import build_train_batch, filter_zero_variance_groups
+from agentrl.runtime import Runtime, make_runtime
+from agentrl.trainer.batch import build_train_batches
 from agentrl.trainer.checkpoint import (
     capture_rng_state,
     find_latest,
     restore_rng_state,
     save_checkpoint,
 )
-from agentrl.trainer.torch_backend import TorchBackend
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +43,12 @@ class TrainResult:
 
 
 def train(cfg: RunConfig) -> TrainResult:
-    return asyncio.run(_train(cfg))
+    """Run `cfg` to the end. Ctrl-C or SIGTERM save the last completed step, stop every worker
+    and raise KeyboardInterrupt."""
+    try:
+        return asyncio.run(_train(cfg))
+    except asyncio.CancelledError:  # SIGTERM cancelled the run
+        raise KeyboardInterrupt from None
 
 
 async def _train(cfg: RunConfig) -> TrainResult:
@@ -54,18 +63,7 @@ async def _train(cfg: RunConfig) -> TrainResult:
     # Data first: a bad row should fail in a second, not after the model loads.
     source = TaskSource(load_tasks(cfg.env, "train"), seed=cfg.rollout.seed)
     eval_tasks = load_tasks(cfg.env, "test")[: cfg.eval.num_eval_tasks]
-    engine = make_engine(cfg)
-    runner = build_runner(cfg, engine)
-
-    backend = TorchBackend(
-        _model_path(cfg),
-        cfg.train,
-        cfg.algo,
-        device=cfg.model.device,
-        dtype=cfg.model.dtype,
-        temperature=cfg.rollout.rollout_temperature,
-        num_optimizer_steps=_num_optimizer_steps(cfg),
-    )
+    runtime = await make_runtime(cfg, _model_path(cfg), _num_optimizer_steps(cfg))
     logger = MetricsLogger(
         run_dir,
         use_tensorboard=cfg.log.use_tensorboard,
@@ -73,37 +71,62 @@ async def _train(cfg: RunConfig) -> TrainResult:
         wandb_project=cfg.log.wandb_project,
         config=cfg.to_dict(),
     )
-    start_step, evals = await _maybe_resume(cfg, backend, engine, source)
-    state = _State(cfg, run_dir, backend, engine, runner, source, eval_tasks, logger, evals)
-    state.step = start_step
+    try:
+        runner = build_runner(cfg, runtime.engine)
+        start_step, evals = await _maybe_resume(cfg, runtime, source)
+        state = _State(cfg, run_dir, runtime, runner, source, eval_tasks, logger, evals)
+        state.step = start_step
+        with _stop_on_sigterm():
+            return await _run(state, start_step)
+    finally:
+        logger.close()
+        await runtime.close()
+
+
+async def _run(state: _State, start_step: int) -> TrainResult:
+    """eval at start -> per step: collect groups, build batch, train, sync weights, eval / save
+    when due -> final eval and save. Ctrl-C or SIGTERM saves the last completed step."""
+    cfg = state.cfg
     try:
         if start_step == 0 and cfg.eval.eval_at_start:
             await state.run_eval(step=0)
         with _progress(cfg, start_step) as bar:
             for step in range(start_step, cfg.train.num_rollout):
-                metrics = await state.train_step(step)
-                bar.advance(metrics)
+                bar.advance(await state.train_step(step))
                 done = step + 1
-                if (
-                    cfg.eval.eval_interval
-                    and done % cfg.eval.eval_interval == 0
-                    and done < cfg.train.num_rollout
-                ):
+                if done < cfg.train.num_rollout and _is_due(cfg.eval.eval_interval, done):
                     await state.run_eval(step=done)
-                if done % cfg.checkpoint.save_interval == 0 and done < cfg.train.num_rollout:
-                    state.save(done)
+                if done < cfg.train.num_rollout and _is_due(cfg.checkpoint.save_interval, done):
+                    await state.save(done)
         steps = max(cfg.train.num_rollout, start_step)
         if not state.evals or state.evals[-1]["step"] != steps:
             await state.run_eval(step=steps)
-        last = state.save(steps)
+        last = await state.save(steps)
     except (KeyboardInterrupt, asyncio.CancelledError):
         log.warning("interrupted: saving a checkpoint at step %d before exiting", state.step)
-        state.save(state.step)
+        await state.save(state.step)
         raise
+    return TrainResult(state.run_dir, steps, state.evals, last)
+
+
+def _is_due(interval: int | None, done: int) -> bool:
+    return bool(interval) and done % interval == 0
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm() -> Iterator[None]:
+    """SIGTERM (a scheduler's preemption) stops the run the way Ctrl-C does: the current task is
+    cancelled, the last completed step is saved, and every worker is stopped."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    if task is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        yield
     finally:
-        logger.close()
-        await engine.close()
-    return TrainResult(run_dir, steps, state.evals, last)
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 def _num_optimizer_steps(cfg: RunConfig) -> int:
@@ -124,17 +147,16 @@ class _State:
 
     def __init__(
         self,
-        cfg,
-        run_dir,
-        backend,
-        engine,
+        cfg: RunConfig,
+        run_dir: Path,
+        runtime: Runtime,
         runner: RolloutRunner,
-        source,
-        eval_tasks,
-        logger,
-        evals,
+        source: TaskSource,
+        eval_tasks: list[Any],
+        logger: MetricsLogger,
+        evals: list[dict[str, Any]],
     ):
-        self.cfg, self.run_dir, self.backend, self.engine = cfg, run_dir, backend, engine
+        self.cfg, self.run_dir, self.runtime = cfg, run_dir, runtime
         self.runner, self.source, self.eval_tasks, self.logger = runner, source, eval_tasks, logger
         self.evals: list[dict[str, Any]] = evals
         self.is_resumed = bool(cfg.checkpoint.resume)
@@ -144,65 +166,58 @@ class _State:
         self.data_state = source.state()
 
     async def train_step(self, step: int) -> dict[str, float]:
-        timer = Timer()
+        cfg, timer = self.cfg, Timer()
         with timer("rollout"):
-            groups, num_dropped = await self.collect_groups(step)
+            collected = await collect_groups(
+                self.runner,
+                self.source,
+                cfg.rollout,
+                seed_for_round=lambda r: _rollout_seed(cfg.rollout.seed, step, r),
+                max_rerun_rounds=cfg.cluster.max_rerun_rounds,
+                heal=self.runtime.heal_engines,
+            )
+        groups = collected.groups
+        if not groups:
+            raise RuntimeError(
+                f"step {step}: every group had zero reward variance after "
+                f"{cfg.rollout.max_sampling_rounds} extra rounds; raise rollout.max_sampling_rounds "
+                "or turn off rollout.dynamic_sampling"
+            )
         # Every trajectory trained on is kept, flushed, for `agentrl show` and post-mortems.
         write_jsonl(
             str(self.run_dir / "rollouts" / f"step_{step + 1:06d}.jsonl"),
             [t for g in groups for t in g],
         )
         with timer("train"):
-            batch = build_train_batch(
+            batches = build_train_batches(
                 groups,
-                self.cfg.algo,
-                max_tokens_per_micro_batch=self.cfg.train.max_tokens_per_micro_batch,
-                pad_id=self.backend.pad_id,
-                global_batch_size=self.cfg.train.global_batch_size,
+                cfg.algo,
+                max_tokens_per_micro_batch=cfg.train.max_tokens_per_micro_batch,
+                pad_id=self.runtime.pad_id,
+                global_batch_size=cfg.train.global_batch_size,
+                dp_size=self.runtime.dp_size,
             )
-            train_metrics = self.backend.train_step(batch)
+            train_metrics = await self.runtime.train_step(batches)
         self.step, self.data_state = step + 1, self.source.state()
         with timer("weight_sync"):
-            await self.sync_weights(version=str(step + 1))
-        metrics = {**rollout_metrics(groups), **{f"train/{k}": v for k, v in train_metrics.items()}}
-        metrics["rollout/num_zero_variance_groups_dropped"] = float(num_dropped)
+            sync_metrics = await self.runtime.sync_weights(version=str(step + 1))
+        metrics = {**rollout_metrics(groups), **_prefixed("train/", train_metrics), **sync_metrics}
+        metrics.update(
+            {
+                "rollout/num_zero_variance_groups_dropped": float(collected.num_zero_variance_dropped),
+                "rollout/num_engine_reruns": float(collected.num_engine_reruns),
+                "engine/num_restarts": float(collected.num_engine_restarts),
+            }
+        )
         metrics.update({f"time/{k}_s": v for k, v in timer.totals.items()})
         num_tokens = sum(len(t.token_ids) for g in groups for t in g)
         metrics["perf/tokens_per_s"] = num_tokens / max(timer.totals.get("rollout", 0.0), 1e-9)
         self.logger.log(step + 1, metrics)
         return metrics
 
-    async def collect_groups(self, step: int) -> tuple[list[list[Any]], int]:
-        """One rollout batch; with dynamic sampling, zero-variance groups are dropped and more
-        tasks are sampled (up to `max_sampling_rounds` extra rounds) to refill the batch."""
-        rc = self.cfg.rollout
-        want = rc.rollout_batch_size
-        kept: list[list[Any]] = []
-        num_dropped = 0
-        for round_index in range(1 + (rc.max_sampling_rounds if rc.dynamic_sampling else 0)):
-            tasks = self.source.next_batch(want - len(kept))
-            groups = await self.runner.run_groups(
-                tasks, rc.n_samples_per_prompt, seed=_rollout_seed(rc.seed, step, round_index)
-            )
-            if rc.dynamic_sampling:
-                groups, dropped = filter_zero_variance_groups(groups)
-                num_dropped += dropped
-            kept.extend(groups)
-            if len(kept) >= want:
-                break
-        if not kept:
-            raise RuntimeError(
-                f"step {step}: every group had zero reward variance after {rc.max_sampling_rounds} extra rounds; "
-                "raise rollout.max_sampling_rounds or turn off rollout.dynamic_sampling"
-            )
-        return kept[:want], num_dropped
-
-    async def sync_weights(self, version: str) -> None:
-        for bucket in self.backend.export_weights():
-            await self.engine.update_weights(bucket, weight_version=version)
-
     async def run_eval(self, step: int) -> dict[str, Any]:
         out_dir = self.run_dir / "eval" / f"step_{step:06d}"
+        await self.runtime.heal_engines()
         report = await evaluate(
             self.runner,
             self.eval_tasks,
@@ -222,7 +237,7 @@ class _State:
         plot_eval_history(self.evals, self.run_dir / "eval_history.png")
         return summary
 
-    def save(self, step: int) -> Path:
+    async def save(self, step: int) -> Path:
         extra = {
             "step": step,
             "data": self.data_state,
@@ -230,18 +245,27 @@ class _State:
             "config": self.cfg.to_dict(),
             "rng": capture_rng_state(),
         }
+        loop = asyncio.get_running_loop()
 
-        def write(tmp_dir: Path) -> None:
-            self.backend.save(tmp_dir)
+        def write(tmp_dir: Path) -> None:  # on a worker thread; the trainer saves on the loop
+            asyncio.run_coroutine_threadsafe(self.runtime.save(tmp_dir), loop).result()
             torch.save(extra, tmp_dir / "loop_state.pt")
 
-        return save_checkpoint(
-            self.run_dir / "checkpoints", step, write, keep_last=self.cfg.checkpoint.keep_last
+        return await asyncio.to_thread(
+            save_checkpoint,
+            self.run_dir / "checkpoints",
+            step,
+            write,
+            keep_last=self.cfg.checkpoint.keep_last,
         )
 
 
+def _prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:
+    return {k if k.startswith(("time/", "weight_sync/")) else prefix + k: v for k, v in metrics.items()}
+
+
 async def _maybe_resume(
-    cfg: RunConfig, backend, engine, source: TaskSource
+    cfg: RunConfig, runtime: Runtime, source: TaskSource
 ) -> tuple[int, list[dict[str, Any]]]:
     if not cfg.checkpoint.resume:
         return 0, []
@@ -255,13 +279,11 @@ async def _maybe_resume(
         raise FileNotFoundError(
             f"--resume {str(root)!r}: no complete checkpoint found there (looked for step_* dirs)"
         )
-    backend.load(ckpt)
+    await runtime.load(ckpt)
     extra = torch.load(ckpt / "loop_state.pt", weights_only=False)
     source.load_state(extra["data"])
     restore_rng_state(extra["rng"])
-    version = str(extra["step"])
-    for bucket in backend.export_weights():
-        await engine.update_weights(bucket, weight_version=version)
+    await runtime.sync_weights(version=str(extra["step"]))
     log.info("resumed from %s at step %d", ckpt, extra["step"])
     return int(extra["step"]), list(extra.get("evals", []))
 

@@ -28,7 +28,16 @@ SLIME_FLAGS: dict[str, str] = {
     "input_key": "env.input_key",
     "label_key": "env.label_key",
     "lr": "train.lr",
+    "ray_address": "cluster.ray_address",
+    "actor_num_nodes": "cluster.actor_num_nodes",
+    "actor_num_gpus_per_node": "cluster.actor_num_gpus_per_node",
+    "rollout_num_gpus": "cluster.rollout_num_gpus",
+    "rollout_num_gpus_per_engine": "cluster.rollout_num_gpus_per_engine",
+    "colocate": "cluster.colocate",
+    "update_weight_transport": "cluster.update_weight_transport",
+    "update_weight_buffer_size": "cluster.update_weight_buffer_size",
 }
+PLACEMENT = "Placement (Ray; any of these runs trainer and engines as Ray actors)"
 
 
 def build_config(env: str, flags: dict[str, object], overrides: list[str], resume: str | None):
@@ -76,6 +85,41 @@ def train_command(
     input_key: str | None = typer.Option(None),
     label_key: str | None = typer.Option(None),
     lr: float | None = typer.Option(None),
+    ray_address: str | None = typer.Option(
+        None,
+        help="Join this Ray cluster (default: RAY_ADDRESS, else start a local Ray).",
+        rich_help_panel=PLACEMENT,
+    ),
+    actor_num_nodes: int | None = typer.Option(
+        None, help="Nodes for the trainer ranks.", rich_help_panel=PLACEMENT
+    ),
+    actor_num_gpus_per_node: int | None = typer.Option(
+        None,
+        help="Trainer ranks per node, one GPU each (FSDP2 data parallel).",
+        rich_help_panel=PLACEMENT,
+    ),
+    rollout_num_gpus: int | None = typer.Option(
+        None,
+        help="GPUs for all engine servers (default: the trainer's when colocated, else 1).",
+        rich_help_panel=PLACEMENT,
+    ),
+    rollout_num_gpus_per_engine: int | None = typer.Option(
+        None, help="GPUs of one engine server (its TP size).", rich_help_panel=PLACEMENT
+    ),
+    colocate: bool | None = typer.Option(
+        None,
+        "--colocate/--no-colocate",
+        help="Engines share the trainer's GPUs, releasing memory while it steps.",
+        rich_help_panel=PLACEMENT,
+    ),
+    update_weight_transport: str | None = typer.Option(
+        None,
+        help="auto | tensor (CUDA IPC, same host) | distributed (NCCL broadcast) | disk",
+        rich_help_panel=PLACEMENT,
+    ),
+    update_weight_buffer_size: int | None = typer.Option(
+        None, help="Bytes per weight bucket sent to the engines.", rich_help_panel=PLACEMENT
+    ),
     resume: str | None = typer.Option(None, help="Continue the run saved in this directory."),
     set_: list[str] = typer.Option(
         [], "--set", help="Override any config field: --set section.field=value"
@@ -109,6 +153,13 @@ def train_command(
     except (DataError, ConfigError) as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2)
+    except KeyboardInterrupt:
+        run_dir = Path(cfg.checkpoint.save)
+        console.print(
+            f"[yellow]stopped[/yellow]: the last completed step is saved in {run_dir / 'checkpoints'}; "
+            f"continue with: agentrl train --resume {run_dir}"
+        )
+        raise typer.Exit(130)
     last = result.evals[-1] if result.evals else {}
     first = result.evals[0] if result.evals else {}
     console.print(

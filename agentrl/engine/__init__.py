@@ -1,5 +1,12 @@
 """Inference engines: the `Engine` protocol, the in-process transformers engine, the SGLang client."""
 
-from agentrl.engine.base import Completion, Engine, EngineError, FinishReason, SamplingParams
+from agentrl.engine.base import (
+    Completion,
+    Engine,
+    EngineError,
+    EngineUnavailable,
+    FinishReason,
+    SamplingParams,
+)
 
-__all__ = ["Completion", "Engine", "EngineError", "FinishReason", "SamplingParams"]
+__all__ = ["Completion", "Engine", "EngineError", "EngineUnavailable", "FinishReason", "SamplingParams"]

@@ -70,7 +70,13 @@ class Completion:
 
 
 class EngineError(RuntimeError):
-    """The engine failed (server down, 5xx after retries, timeout). Episodes end with ERROR/engine."""
+    """The engine failed (5xx after retries, timeout, a bad request). Episodes end ERROR/engine."""
+
+
+class EngineUnavailable(EngineError):
+    """The server cannot be reached (it died or is restarting) or no longer serves the policy's
+    weights (a restarted server). Not the episode's fault: it ends ABORTED/engine, is never scored
+    or trained on, and the step runs its task again once the engine group is healed."""
 
 
 @runtime_checkable

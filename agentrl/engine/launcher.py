@@ -114,11 +114,17 @@ class ManagedProcess:
     proc: subprocess.Popen[bytes] | None = None
     num_restarts: int = 0
     is_ready: bool = False  # healthy since its last (re)start
+    die_with_parent: bool = False  # SIGKILL the child when its parent dies (Ray actors)
 
     def start(self) -> None:
         log = open(self.log_path, "ab")  # noqa: SIM115 (the child owns it for its lifetime)
         self.proc = subprocess.Popen(
-            self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+            self.cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            start_new_session=True,
+            preexec_fn=_kill_with_parent if self.die_with_parent else None,
         )
         log.close()
 
@@ -143,6 +149,15 @@ class ManagedProcess:
     def report(self) -> str:
         code = self.proc.returncode if self.proc is not None else None
         return f"{self.name} ({self.url}) exited with code {code}; last log lines ({self.log_path}):\n{self.tail()}"
+
+
+def _kill_with_parent() -> None:
+    """In the child, before exec: Linux sends SIGKILL when the parent dies, so a server never
+    outlives the actor that started it (a killed actor runs no cleanup)."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def wait_healthy(

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
-from agentrl.engine.base import Completion, EngineError, SamplingParams
+from agentrl.engine.base import Completion, EngineError, EngineUnavailable, SamplingParams
 from agentrl.engine.sglang_control import SGLangControl
 from agentrl.engine.sglang_protocol import (
     DEFAULT_WEIGHT_VERSION,
@@ -61,7 +61,8 @@ class SGLangEngine(SGLangControl):
 
     `update_weights` path: "tensor" (default) sends flattened buckets through
     `/update_weights_from_tensor` -- same host only (CUDA IPC for GPU tensors, shared memory for
-    CPU tensors); "distributed" broadcasts over a torch.distributed group (gloo on CPU, NCCL on
+    CPU tensors), one flattened bucket per dtype of what it is given (the trainer's exporter
+    already cut the weights into buckets); "distributed" broadcasts over a torch.distributed group (gloo on CPU, NCCL on
     GPU) and works across hosts.
     """
 
@@ -74,7 +75,7 @@ class SGLangEngine(SGLangControl):
         max_retries: int = 3,
         retry_backoff_s: float = 0.5,
         weight_update_path: Literal["tensor", "distributed"] = "tensor",
-        max_bucket_bytes: int = 1 << 30,
+        worker_urls: list[str] | None = None,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(
@@ -95,7 +96,7 @@ class SGLangEngine(SGLangControl):
         self.max_retries = max_retries
         self.retry_backoff_s = retry_backoff_s
         self.weight_update_path = weight_update_path
-        self.max_bucket_bytes = max_bucket_bytes
+        self._worker_urls = list(worker_urls) if worker_urls else None
         self.cluster: SGLangCluster | None = None  # set by make_engine for launched servers
         self._client: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
@@ -112,6 +113,8 @@ class SGLangEngine(SGLangControl):
 
     @property
     def worker_urls(self) -> list[str]:
+        if self._worker_urls is not None:  # servers behind a router this client did not launch
+            return list(self._worker_urls)
         return list(self.cluster.worker_urls) if self.cluster is not None else [self.base_url]
 
     # -- HTTP plumbing
@@ -139,6 +142,7 @@ class SGLangEngine(SGLangControl):
     ) -> httpx.Response:
         timeout = httpx.Timeout(timeout_s or self.request_timeout_s)
         last_error = ""
+        is_unreachable = False
         for attempt in range(self.max_retries + 1):
             if attempt:
                 await asyncio.sleep(
@@ -155,6 +159,7 @@ class SGLangEngine(SGLangControl):
                 httpx.ReadError,
             ) as e:
                 last_error = f"{type(e).__name__}: {e}"
+                is_unreachable = True
                 continue
             except httpx.TimeoutException as e:
                 raise EngineError(
@@ -163,13 +168,15 @@ class SGLangEngine(SGLangControl):
                 ) from e
             if response.status_code in _RETRYABLE_STATUS:
                 last_error = f"HTTP {response.status_code}: {response.text[:300]}"
+                is_unreachable = False
                 continue
             if response.status_code >= 400:
                 raise EngineError(
                     f"{method} {url} -> HTTP {response.status_code} (not retried): {response.text[:500]}"
                 )
             return response
-        raise EngineError(
+        error_cls = EngineUnavailable if is_unreachable else EngineError
+        raise error_cls(
             f"{method} {url} failed after {self.max_retries + 1} attempts; last error: {last_error}"
             + self._cluster_note()
         )

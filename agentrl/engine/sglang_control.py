@@ -14,8 +14,8 @@ from agentrl.engine.base import EngineError
 from agentrl.engine.sglang_protocol import num_requests_from_load
 from agentrl.engine.weight_transport import (
     DistributedWeightSender,
-    bucket_named_tensors,
     flatten_bucket,
+    group_by_dtype,
     serialize_for_ipc,
 )
 
@@ -28,7 +28,6 @@ class SGLangControl:
 
     base_url: str
     weight_update_path: str
-    max_bucket_bytes: int
     _pending: set[asyncio.Future[Any]]
     _is_aborting: bool
     _weight_version: str
@@ -260,6 +259,8 @@ class SGLangControl:
     async def update_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, weight_version: str
     ) -> None:
+        """Push one bucket of weights (the trainer's exporter cuts the buckets; call once per
+        bucket, `weight_version` takes effect with the call)."""
         if self.weight_update_path == "distributed":
             if self._sender is None:
                 self._sender = DistributedWeightSender([self])
@@ -267,7 +268,7 @@ class SGLangControl:
             await self._sender.send(list(named_tensors), weight_version=weight_version)
             return
         tp_size = await self.tp_size()
-        buckets = bucket_named_tensors(named_tensors, self.max_bucket_bytes)
+        buckets = group_by_dtype(named_tensors)  # the caller's bucket, one flat tensor per dtype
         for i, bucket in enumerate(buckets):
             flat = flatten_bucket(bucket)  # stays referenced until the server has copied it
             is_last = i == len(buckets) - 1

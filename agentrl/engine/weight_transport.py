@@ -114,22 +114,15 @@ def serialize_for_ipc(obj: Any) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def bucket_named_tensors(
-    named_tensors: Iterable[tuple[str, torch.Tensor]], max_bucket_bytes: int
+def group_by_dtype(
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
 ) -> list[list[tuple[str, torch.Tensor]]]:
-    """Group by dtype, then cut into buckets of at most `max_bucket_bytes` (a bigger tensor gets its
-    own bucket). Few big buckets: the per-handle cost dominates small tensors (slime)."""
-    by_dtype: dict[Any, list[list[tuple[str, torch.Tensor]]]] = {}
-    sizes: dict[Any, int] = {}
+    """One list per dtype, in first-seen order: a flattened bucket holds one dtype. Sizing the
+    buckets is the trainer's exporter's job (`agentrl.trainer.weights`), not the transport's."""
+    by_dtype: dict[Any, list[tuple[str, torch.Tensor]]] = {}
     for name, t in named_tensors:
-        nbytes = t.numel() * t.element_size()
-        buckets = by_dtype.setdefault(t.dtype, [[]])
-        if buckets[-1] and sizes[t.dtype] + nbytes > max_bucket_bytes:
-            buckets.append([])
-            sizes[t.dtype] = 0
-        buckets[-1].append((name, t))
-        sizes[t.dtype] = sizes.get(t.dtype, 0) + nbytes
-    return [b for buckets in by_dtype.values() for b in buckets if b]
+        by_dtype.setdefault(t.dtype, []).append((name, t))
+    return list(by_dtype.values())
 
 
 # ---------------------------------------------------------------- weight-update process group
@@ -334,8 +327,10 @@ class DistributedWeightSender:
         self.backend = backend
 
     async def send(
-        self, named_tensors: list[tuple[str, torch.Tensor]], *, weight_version: str
+        self, named_tensors: list[tuple[str, torch.Tensor]], *, weight_version: str | None
     ) -> None:
+        """Broadcast one bucket; `weight_version` (pass it with the last bucket) takes effect
+        on the engines with this call."""
         if self._pg is None:
             raise EngineError("DistributedWeightSender.send before connect()")
         names = [n for n, _ in named_tensors]
@@ -355,8 +350,9 @@ class DistributedWeightSender:
         await asyncio.gather(
             asyncio.to_thread(self._broadcast, [t for _, t in named_tensors]), *posts
         )
-        for engine in self.engines:
-            engine._weight_version = weight_version
+        if weight_version is not None:
+            for engine in self.engines:
+                engine._weight_version = weight_version
 
     def _broadcast(self, tensors: list[torch.Tensor]) -> None:
         import torch.distributed as dist

@@ -10,7 +10,7 @@ import time
 import traceback
 from typing import Any
 
-from agentrl.engine.base import Completion, Engine, FinishReason, SamplingParams
+from agentrl.engine.base import Completion, Engine, EngineUnavailable, FinishReason, SamplingParams
 from agentrl.envs.base import AgentEnv, StepResult
 from agentrl.rollout.codec import ChatCodec
 from agentrl.rollout.trajectory import Trajectory, Turn
@@ -157,6 +157,9 @@ async def _play(
                 _turn_sampling(base, turn_index, room),
                 routing_key=rec.episode_id,
             )
+        except EngineUnavailable:  # a dead or restarted server: infrastructure, run again later
+            rec.info.update(error=traceback.format_exc(limit=1), error_where="engine.generate")
+            return EpisodeStatus.ABORTED, StatusReason.ENGINE
         except Exception:
             return rec.fail(StatusReason.ENGINE, "engine.generate")
         if completion.finish_reason == FinishReason.ABORT:

@@ -24,7 +24,7 @@ from agentrl.engine.sglang import (
     num_requests_from_load,
 )
 from agentrl.engine.weight_transport import (
-    bucket_named_tensors,
+    group_by_dtype,
     deserialize_named_tensors,
     flatten_bucket,
     serialize_for_ipc,
@@ -252,22 +252,21 @@ async def test_control_calls_send_sglangs_bodies(replay: Replay) -> None:
 async def test_update_weights_sends_flattened_buckets_with_version_on_the_last(
     replay: Replay,
 ) -> None:
-    engine = _engine(replay.url, max_bucket_bytes=48)
+    engine = _engine(replay.url)
     named = [("a", torch.ones(8)), ("b", torch.zeros(8)), ("c", torch.arange(4, dtype=torch.int64))]
     await engine.update_weights(named, weight_version="3")
     bodies = replay.bodies("/update_weights_from_tensor")
-    assert len(bodies) == 3  # a, b split by the 48-byte cap; c has its own dtype
+    assert len(bodies) == 2  # one flattened tensor per dtype: (a, b) and (c)
     assert all(b["load_format"] == "flattened_bucket" for b in bodies)
-    assert [b.get("weight_version") for b in bodies] == [None, None, "3"]
+    assert [b.get("weight_version") for b in bodies] == [None, "3"]
     assert engine.weight_version == "3"
     await engine.close()
 
 
-def test_buckets_group_by_dtype_and_respect_the_byte_cap() -> None:
+def test_group_by_dtype_keeps_first_seen_order() -> None:
     named = [("a", torch.ones(4)), ("b", torch.ones(4, dtype=torch.bfloat16)), ("c", torch.ones(4))]
-    buckets = bucket_named_tensors(named, max_bucket_bytes=1 << 20)
-    assert [[n for n, _ in b] for b in buckets] == [["a", "c"], ["b"]]
-    assert len(bucket_named_tensors(named, max_bucket_bytes=8)) == 3
+    groups = group_by_dtype(named)
+    assert [[n for n, _ in g] for g in groups] == [["a", "c"], ["b"]]
 
 
 def test_flattened_bucket_roundtrips_through_ipc_serialization() -> None:

@@ -1,0 +1,166 @@
+"""The engine group: one inference server per `rollout_num_gpus_per_engine` GPUs, each launched
+from a Ray actor on its bundle -- real SGLang when installed, else `agentrl serve` (the same HTTP
+API) -- health-waited at start, restarted when it dies, and reached through one `RoutedEngine`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentrl.config import RunConfig
+from agentrl.engine.launcher import ManagedProcess, free_ports, server_command, wait_healthy
+from agentrl.engine.router import RoutedEngine
+from agentrl.engine.sglang import SGLangEngine
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerSpec:
+    """What one engine actor launches: the command line follows from it."""
+
+    index: int
+    model_path: str
+    device_ids: list[int]
+    use_gpu: bool
+    use_sglang: bool
+    host: str
+    dtype: str
+    max_batch_size: int
+    mem_fraction_static: float
+    sglang_args: list[str]
+    log_dir: str
+    health_timeout_s: float
+
+
+def server_cmd(spec: ServerSpec, port: int) -> list[str]:
+    if spec.use_sglang:
+        return server_command(
+            spec.model_path,
+            host=spec.host,
+            port=port,
+            tp_size=len(spec.device_ids),
+            mem_fraction_static=spec.mem_fraction_static,
+            extra_args=spec.sglang_args,
+        )
+    return [sys.executable, "-m", "agentrl.cli", "serve", "--model", spec.model_path,
+            "--host", spec.host, "--port", str(port), "--device", "cuda" if spec.use_gpu else "cpu",
+            "--dtype", spec.dtype, "--max-batch-size", str(spec.max_batch_size),
+            "--log-level", "warning"]  # fmt: skip
+
+
+def server_env(spec: ServerSpec) -> dict[str, str]:
+    env = dict(os.environ)
+    if spec.use_gpu:  # the actor chose the physical GPUs of its bundles (Ray does not set them)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.device_ids))
+    else:  # one CPU "GPU" per worker: threads beyond that only fight each other
+        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    return env
+
+
+class EngineServer:
+    """Ray actor body: owns one server process on its bundle's node."""
+
+    def __init__(self, spec: ServerSpec) -> None:
+        self.spec = spec
+        self.process: ManagedProcess | None = None
+
+    def start(self) -> str:
+        """Launch (or relaunch on a fresh port) and wait for `/health_generate`; returns the URL."""
+        if self.process is not None:
+            self.process.stop()
+        (port,) = free_ports(1, self.spec.host)
+        self.process = ManagedProcess(
+            f"engine-{self.spec.index}",
+            f"http://{self.spec.host}:{port}",
+            server_cmd(self.spec, port),
+            Path(self.spec.log_dir) / f"engine-{self.spec.index}.log",
+            server_env(self.spec),
+            die_with_parent=True,
+        )
+        self.process.start()
+        wait_healthy(self.process, timeout_s=self.spec.health_timeout_s)
+        self.process.is_ready = True
+        return self.process.url
+
+    def is_alive(self) -> bool:
+        return self.process is not None and self.process.is_alive()
+
+    def pid(self) -> int | None:
+        proc = self.process.proc if self.process is not None else None
+        return proc.pid if proc is not None else None
+
+    def report(self) -> str:
+        return self.process.report() if self.process is not None else "never started"
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+
+class EngineGroup:
+    """Driver side: the actors, their URLs, and the `RoutedEngine` that rollouts talk to."""
+
+    def __init__(self, actors: list[Any], urls: list[str], cfg: RunConfig) -> None:
+        self.actors, self.urls, self.cfg = actors, urls, cfg
+        self.num_restarts = [0] * len(actors)
+        self.engine = RoutedEngine([self._client(u) for u in urls])
+
+    def _client(self, url: str) -> SGLangEngine:
+        return SGLangEngine(
+            url,
+            request_timeout_s=self.cfg.engine.request_timeout_s,
+            max_retries=self.cfg.engine.max_retries,
+            max_connections=max(1, self.cfg.rollout.max_concurrent_episodes),
+        )
+
+    @classmethod
+    async def start(cls, actors: list[Any], cfg: RunConfig) -> EngineGroup:
+        urls = await asyncio.gather(*(a.start.remote() for a in actors))
+        group = cls(actors, list(urls), cfg)
+        versions = {await c.get_weight_version() for c in group.engine.clients}
+        if len(versions) != 1:
+            raise RuntimeError(f"engine servers started with different weight versions {versions}")
+        group.engine.set_weight_version(versions.pop())
+        log.info("engine group ready: %s", group.urls)
+        return group
+
+    async def heal(self) -> list[int]:
+        """Restart every server that died (up to `cluster.max_engine_restarts` each); returns the
+        indices restarted, which serve the launch weights until the caller syncs them."""
+        alive = await asyncio.gather(*(a.is_alive.remote() for a in self.actors))
+        dead = [i for i, ok in enumerate(alive) if not ok]
+        for i in dead:
+            if self.num_restarts[i] >= self.cfg.cluster.max_engine_restarts:
+                report = await self.actors[i].report.remote()
+                raise RuntimeError(
+                    f"engine {i} died {self.num_restarts[i] + 1} times (cluster.max_engine_restarts="
+                    f"{self.cfg.cluster.max_engine_restarts}); {report}"
+                )
+            self.num_restarts[i] += 1
+            log.warning("engine %d at %s died; restarting (%d)", i, self.urls[i], self.num_restarts[i])
+        urls = await asyncio.gather(*(self.actors[i].start.remote() for i in dead))
+        for i, url in zip(dead, urls, strict=True):
+            await self.engine.clients[i].close()
+            self.urls[i] = url
+            self.engine.clients[i] = self._client(url)
+        return dead
+
+    def servers_down(self) -> list[int]:
+        return [i for i, up in enumerate(self.engine.is_up) if not up]
+
+    def mark_all_up(self) -> None:
+        for i in range(len(self.urls)):
+            self.engine.mark_up(i)
+
+    async def pids(self) -> list[int | None]:
+        return list(await asyncio.gather(*(a.pid.remote() for a in self.actors)))
+
+    async def close(self) -> None:
+        await self.engine.close()
+        await asyncio.gather(*(a.stop.remote() for a in self.actors), return_exceptions=True)

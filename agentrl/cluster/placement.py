@@ -1,0 +1,180 @@
+"""Where the trainer ranks and the engine servers live: a plan from slime's placement flags
+(pure, checked before anything starts) and the one Ray placement group that realises it.
+
+Semantics follow THUDM/slime `slime/ray/placement_group.py`: one PACK placement group of
+`{"GPU": 1, "CPU": 1}` bundles, sorted by (node IP, GPU id); colocated = the engines sit on the
+trainer's bundles (offset 0, fractional requests); disaggregated = trainer bundles first, then the
+rollout bundles. On a machine without CUDA each "GPU" is one CPU worker process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from agentrl.config import ClusterConfig, ConfigError
+
+if TYPE_CHECKING:
+    from ray.util.placement_group import PlacementGroup
+
+# Fractions of a bundle's GPU (or CPU) each actor asks for: both fit on one bundle when colocated.
+TRAINER_SHARE_COLOCATED = 0.4
+ENGINE_SHARE_COLOCATED = 0.2
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Bundle indices (after sorting) of every trainer rank and every engine server."""
+
+    num_bundles: int
+    trainer_bundles: list[int]  # rank r -> bundle
+    engine_bundles: list[list[int]]  # engine e -> its bundles (its first one hosts the actor)
+    is_colocated: bool
+    use_gpu: bool
+
+    @property
+    def num_trainer_ranks(self) -> int:
+        return len(self.trainer_bundles)
+
+    @property
+    def num_engines(self) -> int:
+        return len(self.engine_bundles)
+
+    @property
+    def trainer_share(self) -> float:
+        return TRAINER_SHARE_COLOCATED if self.is_colocated else 1.0
+
+    @property
+    def engine_share(self) -> float:
+        return ENGINE_SHARE_COLOCATED if self.is_colocated else 1.0
+
+    def colocated_rank(self, engine_index: int) -> int | None:
+        """The trainer rank that shares the engine's first bundle (None when disaggregated)."""
+        if not self.is_colocated:
+            return None
+        first = self.engine_bundles[engine_index][0]
+        return self.trainer_bundles.index(first) if first in self.trainer_bundles else None
+
+
+def plan_placement(cfg: ClusterConfig, *, use_gpu: bool) -> Placement:
+    """The layout the flags describe, or a ConfigError that names the flags and the numbers."""
+    for name in ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus_per_engine"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')}={getattr(cfg, name)} must be >= 1")
+    num_trainer = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node
+    num_rollout = rollout_gpus(cfg)
+    per_engine = cfg.rollout_num_gpus_per_engine
+    if num_rollout < 1:
+        raise ConfigError(f"--rollout-num-gpus={num_rollout} must be >= 1")
+    if num_rollout % per_engine:
+        raise ConfigError(
+            f"--rollout-num-gpus={num_rollout} is not a multiple of --rollout-num-gpus-per-engine="
+            f"{per_engine}: every engine needs exactly {per_engine} GPUs"
+        )
+    if cfg.colocate and num_rollout > num_trainer:
+        raise ConfigError(
+            f"--colocate puts the engines on the trainer's GPUs, but --rollout-num-gpus={num_rollout} > "
+            f"--actor-num-nodes x --actor-num-gpus-per-node = {num_trainer}; lower --rollout-num-gpus "
+            "or drop --colocate"
+        )
+    offset = 0 if cfg.colocate else num_trainer
+    num_bundles = num_trainer if cfg.colocate else num_trainer + num_rollout
+    engines = [
+        list(range(offset + e * per_engine, offset + (e + 1) * per_engine))
+        for e in range(num_rollout // per_engine)
+    ]
+    return Placement(num_bundles, list(range(num_trainer)), engines, cfg.colocate, use_gpu)
+
+
+def rollout_gpus(cfg: ClusterConfig) -> int:
+    if cfg.rollout_num_gpus is not None:
+        return cfg.rollout_num_gpus
+    return cfg.actor_num_nodes * cfg.actor_num_gpus_per_node if cfg.colocate else 1
+
+
+def check_capacity(placement: Placement, cfg: ClusterConfig, available: float) -> None:
+    """Refuse a layout the Ray cluster cannot hold, before any actor starts."""
+    if placement.num_bundles <= available:
+        return
+    unit = "GPUs" if placement.use_gpu else "CPU worker slots"
+    layout = (
+        f"--colocate: max(trainer, rollout) = {placement.num_bundles}"
+        if placement.is_colocated
+        else f"trainer {placement.num_trainer_ranks} + rollout {rollout_gpus(cfg)} = "
+        f"{placement.num_bundles}"
+    )
+    raise ConfigError(
+        f"the layout needs {placement.num_bundles} {unit} ({layout}; --actor-num-nodes="
+        f"{cfg.actor_num_nodes}, --actor-num-gpus-per-node={cfg.actor_num_gpus_per_node}, "
+        f"--rollout-num-gpus={rollout_gpus(cfg)}, --rollout-num-gpus-per-engine="
+        f"{cfg.rollout_num_gpus_per_engine}) but the Ray cluster has {available:g}; "
+        "ask for fewer or add nodes"
+    )
+
+
+# ---------------------------------------------------------------- Ray
+
+
+@dataclass
+class BundleInfo:
+    """Where a bundle landed: its node and its physical device id on that node."""
+
+    index: int  # index in the placement group as created
+    node_ip: str
+    device_id: int
+
+
+def bundle_resources(use_gpu: bool) -> dict[str, float]:
+    return {"GPU": 1, "CPU": 1} if use_gpu else {"CPU": 1}
+
+
+def create_placement_group(
+    placement: Placement, *, timeout_s: float = 120.0
+) -> tuple[PlacementGroup, list[BundleInfo]]:
+    """One PACK placement group; returns it with its bundles sorted by (node IP, device id), so
+    bundle k of the plan is `sorted_bundles[k]`."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    bundles = [bundle_resources(placement.use_gpu) for _ in range(placement.num_bundles)]
+    pg = placement_group(bundles, strategy="PACK")
+    if not pg.wait(timeout_s):
+        remove_placement_group(pg)
+        raise ConfigError(
+            f"Ray could not reserve {placement.num_bundles} bundles of {bundles[0]} within "
+            f"{timeout_s:g}s (cluster resources: {ray.cluster_resources()}); lower the placement "
+            "flags or add nodes"
+        )
+    infos = ray.get([_probe(pg, i, placement.use_gpu) for i in range(placement.num_bundles)])
+    return pg, sorted(infos, key=lambda b: (b.node_ip, b.device_id, b.index))
+
+
+def _probe(pg: Any, index: int, use_gpu: bool) -> Any:
+    import ray
+
+    return (
+        ray.remote(_bundle_info)
+        .options(
+            num_cpus=0.01,
+            num_gpus=0.01 if use_gpu else 0,
+            scheduling_strategy=bundle_strategy(pg, index),
+        )
+        .remote(index, use_gpu)
+    )
+
+
+def _bundle_info(index: int, use_gpu: bool) -> BundleInfo:
+    import ray
+
+    ip = ray.util.get_node_ip_address()
+    return BundleInfo(index, ip, int(ray.get_gpu_ids()[0]) if use_gpu else index)
+
+
+def bundle_strategy(pg: Any, bundle_index: int) -> Any:
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return PlacementGroupSchedulingStrategy(
+        placement_group=pg,
+        placement_group_bundle_index=bundle_index,
+        placement_group_capture_child_tasks=True,
+    )

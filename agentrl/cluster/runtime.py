@@ -1,0 +1,325 @@
+"""`RayRuntime`: the trainer group and the engine group on one Ray placement group, driven by
+the loop through the `Runtime` interface. Step order as slime's `train.py`: generate ->
+(colocated) engines release memory -> train -> engines resume {weights} -> update weights ->
+engines resume {kv_cache, cuda_graph}."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from agentrl.cluster.engine_group import EngineGroup, EngineServer, ServerSpec
+from agentrl.cluster.placement import (
+    BundleInfo,
+    Placement,
+    bundle_strategy,
+    check_capacity,
+    create_placement_group,
+    plan_placement,
+)
+from agentrl.cluster.trainer_group import RankSpec, TrainerRank
+from agentrl.config import RunConfig
+
+log = logging.getLogger(__name__)
+
+# Ray must not pick CUDA_VISIBLE_DEVICES for fractional actors: each picks its bundle's GPU itself.
+_WORKER_ENV = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def init_ray(cfg: RunConfig, num_bundles: int) -> bool:
+    """Join `cluster.ray_address` / RAY_ADDRESS, else start a local Ray for this run. Returns
+    whether this process started it (and so shuts it down)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    address = cfg.cluster.ray_address or os.environ.get("RAY_ADDRESS")
+    runtime_env = {"env_vars": _WORKER_ENV}
+    if address:
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+        return True
+    # Logical CPUs: a CPU-only layout runs one worker per "GPU" even on a 2-core machine.
+    ray.init(
+        num_cpus=max(os.cpu_count() or 1, num_bundles + 1),
+        include_dashboard=False,
+        runtime_env=runtime_env,
+        log_to_driver=True,
+        configure_logging=False,
+    )
+    return True
+
+
+def _cluster_has_gpus() -> bool:
+    import ray
+
+    return ray.cluster_resources().get("GPU", 0) > 0
+
+
+class RayRuntime:
+    """Trainer ranks and engine servers as Ray actors. Build with `await RayRuntime.start(...)`."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        placement: Placement,
+        pg: Any,
+        ranks: list[Any],
+        engines: EngineGroup,
+        *,
+        owns_ray: bool,
+    ) -> None:
+        self.cfg, self.placement, self.pg, self.ranks = cfg, placement, pg, ranks
+        self.engines, self.owns_ray = engines, owns_ray
+        self.engine = engines.engine
+        self.dp_size = len(ranks)
+        self.pad_id = 0
+        self.num_engine_restarts = 0
+        self.transport = _transport(cfg, placement)
+
+    # ------------------------------------------------------------ start
+
+    @classmethod
+    async def start(cls, cfg: RunConfig, model_path: str, num_optimizer_steps: int) -> RayRuntime:
+        import ray
+        import torch
+
+        address = cfg.cluster.ray_address or os.environ.get("RAY_ADDRESS")
+        guess = plan_placement(cfg.cluster, use_gpu=torch.cuda.is_available() and not address)
+        owns_ray = init_ray(cfg, guess.num_bundles)
+        try:
+            use_gpu = _cluster_has_gpus()
+            placement = plan_placement(cfg.cluster, use_gpu=use_gpu)
+            unit = "GPU" if use_gpu else "CPU"
+            available = ray.available_resources().get(unit, 0) - (0 if use_gpu else 1)
+            check_capacity(placement, cfg.cluster, available)
+            pg, bundles = create_placement_group(placement)
+            ranks = await _start_ranks(cfg, placement, pg, bundles, model_path, num_optimizer_steps)
+            engines = await EngineGroup.start(
+                _start_engine_actors(cfg, placement, pg, bundles, model_path, owns_ray), cfg
+            )
+        except BaseException:
+            if owns_ray:
+                ray.shutdown()
+            raise
+        runtime = cls(cfg, placement, pg, ranks, engines, owns_ray=owns_ray)
+        runtime.pad_id = await ranks[0].pad_id.remote()
+        await runtime._connect_weights()
+        log.info(
+            "Ray runtime: %d trainer ranks, %d engines (%s, weights by %s) at %s",
+            placement.num_trainer_ranks,
+            placement.num_engines,
+            "colocated" if placement.is_colocated else "disaggregated",
+            runtime.transport,
+            engines.urls,
+        )
+        return runtime
+
+    async def _connect_weights(self) -> None:
+        urls = self.engines.urls
+        per_rank: list[list[str]] = [[] for _ in self.ranks]
+        if self.transport == "tensor" and self.placement.is_colocated:
+            for e, url in enumerate(urls):
+                rank = self.placement.colocated_rank(e)
+                per_rank[rank if rank is not None else 0].append(url)
+        else:  # rank 0 reaches every engine (broadcast group, disk, or same-host tensors)
+            per_rank[0] = list(urls)
+        await asyncio.gather(
+            *(r.connect_engines.remote(u, self.transport) for r, u in zip(self.ranks, per_rank, strict=True))
+        )
+
+    # ------------------------------------------------------------ the Runtime interface
+
+    async def heal_engines(self) -> int:
+        restarted = await self.engines.heal()
+        down = self.engines.servers_down()
+        if not restarted and not down:
+            return 0
+        self.num_engine_restarts += len(restarted)
+        # New servers (new ports) join a new weight group; every engine gets the policy again.
+        await self._connect_weights()
+        await self._sync(self.engine.weight_version)
+        self.engines.mark_all_up()
+        return len(restarted)
+
+    async def train_step(self, batches: list[Any]) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        if self.placement.is_colocated:
+            t0 = time.perf_counter()
+            await self.engine.release_memory_occupation(None)
+            metrics["time/release_memory_s"] = time.perf_counter() - t0
+        results = await asyncio.gather(
+            *(r.train_step.remote(b) for r, b in zip(self.ranks, batches, strict=True))
+        )
+        return {**results[0], **metrics}
+
+    async def sync_weights(self, version: str) -> dict[str, float]:
+        timings: dict[str, float] = {}
+        t0 = time.perf_counter()
+        if self.placement.is_colocated:
+            await self.engine.resume_memory_occupation(["weights"])
+            timings["time/resume_weights_s"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        num_bytes = await self._sync(version)
+        timings["time/update_weights_s"] = time.perf_counter() - t1
+        if self.placement.is_colocated:
+            t2 = time.perf_counter()
+            await self.engine.resume_memory_occupation(["kv_cache", "cuda_graph"])
+            timings["time/resume_kv_cache_s"] = time.perf_counter() - t2
+        timings["weight_sync/bytes"] = num_bytes
+        timings["engine/num_restarts_total"] = float(self.num_engine_restarts)
+        return timings
+
+    async def _sync(self, version: str) -> float:
+        is_paused = not self.placement.is_colocated
+        if is_paused:  # nothing new starts while the weights change under it
+            await asyncio.gather(*(c.pause_generation() for c in self.engine.clients))
+        try:
+            sizes = await asyncio.gather(*(r.sync_weights.remote(version) for r in self.ranks))
+        finally:
+            if is_paused:
+                await asyncio.gather(*(c.continue_generation() for c in self.engine.clients))
+        self.engine.set_weight_version(version)
+        return float(sizes[0])
+
+    async def save(self, directory: Path) -> None:
+        await asyncio.gather(*(r.save.remote(str(directory)) for r in self.ranks))
+
+    async def load(self, directory: Path) -> None:
+        await asyncio.gather(*(r.load.remote(str(directory)) for r in self.ranks))
+
+    async def policy_logprobs(self, token_ids: list[int], start: int) -> list[float]:
+        """The trainer's logprobs of `token_ids[start:]` (collective over the ranks)."""
+        results = await asyncio.gather(
+            *(r.sequence_logprobs.remote(token_ids, start) for r in self.ranks)
+        )
+        return results[0]
+
+    async def memory_allocated_bytes(self) -> list[int]:
+        return list(await asyncio.gather(*(r.memory_allocated_bytes.remote() for r in self.ranks)))
+
+    async def close(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        with contextlib.suppress(Exception):
+            await self.engines.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(
+                asyncio.gather(*(r.shutdown.remote() for r in self.ranks)), timeout=60
+            )
+        for actor in [*self.ranks, *self.engines.actors]:
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+        with contextlib.suppress(Exception):
+            remove_placement_group(self.pg)
+        if self.owns_ray:
+            ray.shutdown()
+
+
+def _transport(cfg: RunConfig, placement: Placement) -> str:
+    chosen = cfg.cluster.update_weight_transport
+    if chosen != "auto":
+        return chosen
+    return "tensor" if placement.is_colocated else "distributed"
+
+
+async def _start_ranks(
+    cfg: RunConfig,
+    placement: Placement,
+    pg: Any,
+    bundles: list[BundleInfo],
+    model_path: str,
+    num_optimizer_steps: int,
+) -> list[Any]:
+    import ray
+
+    first = bundles[placement.trainer_bundles[0]]
+    master_port = await ray.remote(_free_port).options(
+        num_cpus=0.01, scheduling_strategy=bundle_strategy(pg, first.index)
+    ).remote()
+    actor_cls = ray.remote(TrainerRank)
+    ranks = []
+    for rank, b in enumerate(placement.trainer_bundles):
+        spec = RankSpec(
+            rank=rank,
+            world_size=placement.num_trainer_ranks,
+            device_id=bundles[b].device_id,
+            use_gpu=placement.use_gpu,
+            master_addr=first.node_ip,
+            master_port=master_port,
+            model_path=model_path,
+            num_optimizer_steps=num_optimizer_steps,
+        )
+        ranks.append(
+            actor_cls.options(
+                num_cpus=placement.trainer_share if not placement.use_gpu else 0.1,
+                num_gpus=placement.trainer_share if placement.use_gpu else 0,
+                scheduling_strategy=bundle_strategy(pg, bundles[b].index),
+                name=None,
+            ).remote(spec, cfg)
+        )
+    await asyncio.gather(*(r.pad_id.remote() for r in ranks))  # every rank built its model
+    return ranks
+
+
+def _start_engine_actors(
+    cfg: RunConfig,
+    placement: Placement,
+    pg: Any,
+    bundles: list[BundleInfo],
+    model_path: str,
+    is_local: bool,
+) -> list[Any]:
+    import ray
+
+    from agentrl.engine.launcher import require_module
+
+    use_sglang = cfg.cluster.engine_server == "sglang" or (
+        cfg.cluster.engine_server == "auto"
+        and placement.use_gpu
+        and importlib.util.find_spec("sglang") is not None
+    )
+    if use_sglang:
+        require_module("sglang")
+    log_dir = Path(cfg.checkpoint.save) / "engine_logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    actor_cls = ray.remote(EngineServer)
+    actors = []
+    for e, members in enumerate(placement.engine_bundles):
+        first = bundles[members[0]]
+        spec = ServerSpec(
+            index=e,
+            model_path=model_path,
+            device_ids=[bundles[b].device_id for b in members],
+            use_gpu=placement.use_gpu,
+            use_sglang=use_sglang,
+            # One machine: loopback only. A cluster: the node's address, for the driver to reach.
+            host="127.0.0.1" if is_local else first.node_ip,
+            dtype=cfg.model.dtype,
+            max_batch_size=cfg.engine.max_batch_size,
+            mem_fraction_static=cfg.engine.mem_fraction_static,
+            sglang_args=list(cfg.engine.sglang_args),
+            log_dir=str(log_dir if is_local else tempfile.gettempdir()),
+            health_timeout_s=cfg.cluster.engine_start_timeout_s,
+        )
+        actors.append(
+            actor_cls.options(
+                num_cpus=placement.engine_share if not placement.use_gpu else 0.1,
+                num_gpus=placement.engine_share if placement.use_gpu else 0,
+                scheduling_strategy=bundle_strategy(pg, first.index),
+            ).remote(spec)
+        )
+    return actors
+
+
+def _free_port() -> int:
+    from agentrl.engine.launcher import free_ports
+
+    return free_ports(1, "0.0.0.0")[0]

@@ -1,0 +1,195 @@
+"""The trainer group: one Ray actor per trainer rank, each holding a `TorchBackend` inside one
+torch.distributed group (NCCL on GPU, gloo on CPU; FSDP2 across the ranks), and the weight sync
+from the ranks to the engines: CUDA IPC / shared memory to the colocated engine, a broadcast from
+rank 0 to every engine rank, or a checkpoint directory on disk."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+from agentrl.config import RunConfig
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass
+class RankSpec:
+    rank: int
+    world_size: int
+    device_id: int
+    use_gpu: bool
+    master_addr: str
+    master_port: int
+    model_path: str
+    num_optimizer_steps: int
+
+
+def with_last(items: Iterable[T]) -> Iterator[tuple[T, bool]]:
+    """Each item with whether it is the last: the weight version goes with the last bucket."""
+    it = iter(items)
+    try:
+        prev = next(it)
+    except StopIteration:
+        return
+    for item in it:
+        yield prev, False
+        prev = item
+    yield prev, True
+
+
+class TrainerRank:
+    """Ray actor body for one rank. Every collective method is called on all ranks at once."""
+
+    def __init__(self, spec: RankSpec, cfg: RunConfig) -> None:
+        import torch
+        import torch.distributed as dist
+
+        from agentrl.trainer.torch_backend import TorchBackend
+
+        self.spec, self.cfg = spec, cfg
+        os.environ.update(
+            MASTER_ADDR=spec.master_addr,
+            MASTER_PORT=str(spec.master_port),
+            RANK=str(spec.rank),
+            WORLD_SIZE=str(spec.world_size),
+            LOCAL_RANK=str(spec.device_id),
+        )
+        if spec.use_gpu:
+            torch.cuda.set_device(spec.device_id)
+            device = f"cuda:{spec.device_id}"
+        else:
+            torch.set_num_threads(1)  # one CPU "GPU" per rank
+            device = "cpu"
+        dist.init_process_group(
+            "nccl" if spec.use_gpu else "gloo",
+            rank=spec.rank,
+            world_size=spec.world_size,
+            timeout=timedelta(minutes=30),
+        )
+        self.backend = TorchBackend(
+            spec.model_path,
+            cfg.train,
+            cfg.algo,
+            device=device,
+            dtype=cfg.model.dtype,
+            temperature=cfg.rollout.rollout_temperature,
+            num_optimizer_steps=spec.num_optimizer_steps,
+        )
+        self._targets: list[Any] = []  # SGLangEngine clients this rank pushes weights to
+        self._sender: Any = None  # DistributedWeightSender (rank 0, disaggregated)
+        self.transport = "tensor"
+
+    # -- training
+
+    def pad_id(self) -> int:
+        return self.backend.pad_id
+
+    def train_step(self, batch: Any) -> dict[str, float]:
+        return self.backend.train_step(batch)
+
+    def sequence_logprobs(self, token_ids: list[int], start: int) -> list[float]:
+        return self.backend.sequence_logprobs(token_ids, start)
+
+    def save(self, directory: str) -> None:
+        self.backend.save(directory)
+
+    def load(self, directory: str) -> None:
+        self.backend.load(directory)
+
+    def memory_allocated_bytes(self) -> int:
+        import torch
+
+        return int(torch.cuda.memory_allocated()) if self.spec.use_gpu else 0
+
+    # -- weight sync
+
+    def connect_engines(self, urls: list[str], transport: str) -> None:
+        """tensor: this rank pushes to the engines in `urls` (those sharing its device);
+        distributed: rank 0 joins one broadcast group with every engine rank in `urls`."""
+        from agentrl.engine.sglang import SGLangEngine
+        from agentrl.engine.weight_transport import DistributedWeightSender
+
+        self.close_engines()
+        self.transport = transport
+        self._targets = [SGLangEngine(u, request_timeout_s=600.0) for u in urls]
+        if transport == "distributed" and self._targets:
+            self._sender = DistributedWeightSender(
+                self._targets, master_address=self.spec.master_addr
+            )
+            asyncio.run(self._sender.connect())
+
+    def sync_weights(self, version: str) -> float:
+        """Every rank iterates the export (it gathers the shards); this rank sends what it owns.
+        Returns the bytes exported."""
+        size = self.cfg.cluster.update_weight_buffer_size
+        if self.transport == "disk":
+            return self._sync_from_disk(version, size)
+        num_bytes = 0
+        for bucket, is_last in with_last(self.backend.export_weights(size)):
+            num_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
+            if self._targets:
+                asyncio.run(self._send(bucket, version if is_last else None))
+        if self._targets:
+            self._flush_stale_clients()
+        return float(num_bytes)
+
+    async def _send(self, bucket: list[tuple[str, Any]], version: str | None) -> None:
+        if self._sender is not None:
+            await self._sender.send(bucket, weight_version=version)
+            return
+        # tensor: flattened per dtype, IPC handles (GPU) or shared memory (CPU), same host only.
+        for target in self._targets:
+            if version is None:  # the version changes only with the last bucket
+                await target.update_weights(bucket, weight_version=target.weight_version)
+            else:
+                await target.update_weights(bucket, weight_version=version)
+
+    def _sync_from_disk(self, version: str, size: int) -> float:
+        from safetensors.torch import save_file
+
+        num_bytes = 0
+        out = Path(tempfile.mkdtemp(prefix="agentrl-weights-"))
+        try:
+            for i, bucket in enumerate(self.backend.export_weights(size)):
+                num_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
+                if self.spec.rank == 0:
+                    tensors = {n: t.detach().cpu().contiguous() for n, t in bucket}
+                    save_file(tensors, str(out / f"model-{i:05d}.safetensors"))
+            if self.spec.rank == 0 and self._targets:
+                asyncio.run(self._post_disk(str(out), version))
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+        return float(num_bytes)
+
+    async def _post_disk(self, path: str, version: str) -> None:
+        await asyncio.gather(
+            *(t.update_weights_from_disk(path, weight_version=version) for t in self._targets)
+        )
+
+    def _flush_stale_clients(self) -> None:
+        # Each asyncio.run made a new loop; the clients reopen their pools on the next call.
+        for target in self._targets:
+            target._client = None
+
+    def close_engines(self) -> None:
+        if self._sender is not None:
+            asyncio.run(self._sender.close())
+            self._sender = None
+        self._targets = []
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        self.close_engines()
+        if dist.is_initialized():
+            dist.barrier()

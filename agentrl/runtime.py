@@ -1,0 +1,118 @@
+"""Where the trainer and the engines run, behind one narrow interface the loop drives:
+`InProcessRuntime` (the laptop default: one process, one device) or `cluster.RayRuntime`
+(trainer ranks and engine servers as Ray actors, colocated or disaggregated)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from agentrl.config import RunConfig
+
+if TYPE_CHECKING:
+    from agentrl.engine.base import Engine
+    from agentrl.trainer.batch import TrainBatch
+
+
+class Runtime(Protocol):
+    """What the loop needs of trainer and engines, wherever they live."""
+
+    engine: Engine  # what episodes generate with
+    dp_size: int  # trainer ranks: one TrainBatch each
+    pad_id: int
+
+    async def heal_engines(self) -> int:
+        """Restart dead engine servers and bring them to the policy's weights; returns how many."""
+        ...
+
+    async def train_step(self, batches: list[TrainBatch]) -> dict[str, float]: ...
+
+    async def sync_weights(self, version: str) -> dict[str, float]:
+        """Push the trainer's weights to every engine, stamped `version`; returns timings."""
+        ...
+
+    async def save(self, directory: Path) -> None: ...
+
+    async def load(self, directory: Path) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def uses_ray(cfg: RunConfig) -> bool:
+    c = cfg.cluster
+    if c.use_ray is not None:
+        return c.use_ray
+    return bool(
+        c.ray_address
+        or os.environ.get("RAY_ADDRESS")
+        or c.colocate
+        or c.rollout_num_gpus is not None
+        or c.actor_num_nodes * c.actor_num_gpus_per_node > 1
+    )
+
+
+async def make_runtime(cfg: RunConfig, model_path: str, num_optimizer_steps: int) -> Runtime:
+    if uses_ray(cfg):
+        from agentrl.cluster import RayRuntime
+
+        return await RayRuntime.start(cfg, model_path, num_optimizer_steps)
+    from agentrl.engine.factory import make_engine
+    from agentrl.trainer.torch_backend import TorchBackend
+
+    backend = TorchBackend(
+        model_path,
+        cfg.train,
+        cfg.algo,
+        device=cfg.model.device,
+        dtype=cfg.model.dtype,
+        temperature=cfg.rollout.rollout_temperature,
+        num_optimizer_steps=num_optimizer_steps,
+    )
+    return InProcessRuntime(cfg, backend, make_engine(cfg))
+
+
+class InProcessRuntime:
+    """Trainer and engine in this process. On CUDA the engine gives its memory back while the
+    trainer steps (weights first on resume, as colocated SGLang does); on CPU there is nothing
+    to give back, so nothing moves."""
+
+    dp_size = 1
+
+    def __init__(self, cfg: RunConfig, backend: Any, engine: Engine) -> None:
+        self.cfg, self.backend, self.engine = cfg, backend, engine
+        self._is_released = False
+
+    @property
+    def pad_id(self) -> int:
+        return self.backend.pad_id
+
+    async def heal_engines(self) -> int:
+        return 0
+
+    async def train_step(self, batches: list[TrainBatch]) -> dict[str, float]:
+        (batch,) = batches
+        if self.backend.device.type == "cuda":
+            await self.engine.release_memory()
+            self._is_released = True
+        return self.backend.train_step(batch)
+
+    async def sync_weights(self, version: str) -> dict[str, float]:
+        if self._is_released:
+            await self.engine.resume_memory()
+            self._is_released = False
+        size = self.cfg.cluster.update_weight_buffer_size
+        num_bytes = 0
+        for bucket in self.backend.export_weights(size):
+            num_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
+            await self.engine.update_weights(bucket, weight_version=version)
+        return {"weight_sync/bytes": float(num_bytes)}
+
+    async def save(self, directory: Path) -> None:
+        self.backend.save(directory)
+
+    async def load(self, directory: Path) -> None:
+        self.backend.load(directory)
+
+    async def close(self) -> None:
+        await self.engine.close()

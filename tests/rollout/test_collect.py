@@ -1,0 +1,86 @@
+"""collect_groups: episodes a dead engine cut end ABORTED/engine, the engines are healed and
+those tasks run again; dynamic sampling drops zero-variance groups and refills the batch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentrl.config import RolloutConfig
+from agentrl.engine.base import EngineUnavailable
+from agentrl.rollout.collect import collect_groups, filter_zero_variance_groups
+from agentrl.rollout.group import RolloutRunner
+from agentrl.types import EpisodeStatus, StatusReason, Task
+
+from .conftest import ScriptedEngine, ToolEnv
+
+
+class Tasks:
+    def __init__(self, tasks: list[Task]) -> None:
+        self.tasks, self.cursor = tasks, 0
+
+    def next_batch(self, n: int) -> list[Task]:
+        out = self.tasks[self.cursor : self.cursor + n]
+        self.cursor += n
+        return out
+
+
+def _tasks(answers: list[int]) -> Tasks:
+    return Tasks([Task(f"t{i}", {"question": "?", "answer": a}) for i, a in enumerate(answers)])
+
+
+class Heal:
+    def __init__(self) -> None:
+        self.num_calls = 0
+
+    async def __call__(self) -> int:
+        self.num_calls += 1
+        return 1 if self.num_calls == 2 else 0  # the heal after the failure restarts one server
+
+
+async def test_an_engine_death_aborts_episodes_and_their_tasks_run_again(smol_tokenizer: Any):
+    dead = EngineUnavailable("connection refused")
+    # Call 3 of 4 (one task, n=4) hits the dead server; the re-run of the task succeeds.
+    engine = ScriptedEngine(smol_tokenizer, ["<answer>5</answer>"] * 2 + [dead] + ["<answer>5</answer>"])
+    runner = RolloutRunner(engine, ToolEnv, RolloutConfig(max_turns=2))
+    cfg = RolloutConfig(rollout_batch_size=1, n_samples_per_prompt=4)
+    heal = Heal()
+
+    out = await collect_groups(runner, _tasks([5]), cfg, seed_for_round=lambda r: 0, heal=heal)
+
+    assert out.num_engine_reruns == 1 and out.num_engine_restarts == 1 and heal.num_calls == 2
+    (group,) = out.groups
+    assert [t.status for t in group] == [EpisodeStatus.COMPLETED] * 4
+    assert len(engine.calls) == 8  # 4 episodes, then all 4 again
+
+
+async def test_the_aborted_episode_is_never_scored(smol_tokenizer: Any):
+    engine = ScriptedEngine(smol_tokenizer, [EngineUnavailable("gone")])
+    runner = RolloutRunner(engine, ToolEnv, RolloutConfig(max_turns=2))
+    (traj,) = await runner.run_group(Task("t", {"answer": 1}), 1)
+    assert traj.status == EpisodeStatus.ABORTED and traj.status_reason == StatusReason.ENGINE
+    assert not EpisodeStatus(traj.status).is_trainable
+
+
+async def test_dynamic_sampling_drops_flat_groups_and_refills(smol_tokenizer: Any):
+    # Every episode answers 5: tasks whose answer is 5 get all-1 rewards, others all-0. With a
+    # flat batch nothing has variance; count what was dropped and that more tasks were drawn.
+    engine = ScriptedEngine(smol_tokenizer, ["<answer>5</answer>"])
+    runner = RolloutRunner(engine, ToolEnv, RolloutConfig(max_turns=2))
+    cfg = RolloutConfig(
+        rollout_batch_size=2, n_samples_per_prompt=2, dynamic_sampling=True, max_sampling_rounds=2
+    )
+    source = _tasks([5, 4, 5, 3, 1, 2])
+    out = await collect_groups(runner, source, cfg, seed_for_round=lambda r: r)
+    assert out.groups == [] and out.num_zero_variance_dropped == 6
+    assert source.cursor == 6  # 2 tasks in the first round, then 2 more in each extra round
+
+
+def test_filter_keeps_groups_with_reward_variance_among_trainable_episodes(smol_tokenizer: Any):
+    class T:
+        def __init__(self, reward: float, status: EpisodeStatus = EpisodeStatus.COMPLETED):
+            self.reward, self.status = reward, status
+
+    varied = [T(1.0), T(0.0)]
+    flat_with_error = [T(1.0), T(0.0, EpisodeStatus.ERROR)]
+    kept, dropped = filter_zero_variance_groups([varied, flat_with_error])
+    assert kept == [varied] and dropped == 1
