@@ -204,7 +204,9 @@ class _State:
         metrics = {**rollout_metrics(groups), **_prefixed("train/", train_metrics), **sync_metrics}
         metrics.update(
             {
-                "rollout/num_zero_variance_groups_dropped": float(collected.num_zero_variance_dropped),
+                "rollout/num_zero_variance_groups_dropped": float(
+                    collected.num_zero_variance_dropped
+                ),
                 "rollout/num_engine_reruns": float(collected.num_engine_reruns),
                 "engine/num_restarts": float(collected.num_engine_restarts),
             }
@@ -261,7 +263,9 @@ class _State:
 
 
 def _prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:
-    return {k if k.startswith(("time/", "weight_sync/")) else prefix + k: v for k, v in metrics.items()}
+    return {
+        k if k.startswith(("time/", "weight_sync/")) else prefix + k: v for k, v in metrics.items()
+    }
 
 
 async def _maybe_resume(

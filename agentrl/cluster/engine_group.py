@@ -143,7 +143,9 @@ class EngineGroup:
                     f"{self.cfg.cluster.max_engine_restarts}); {report}"
                 )
             self.num_restarts[i] += 1
-            log.warning("engine %d at %s died; restarting (%d)", i, self.urls[i], self.num_restarts[i])
+            log.warning(
+                "engine %d at %s died; restarting (%d)", i, self.urls[i], self.num_restarts[i]
+            )
         urls = await asyncio.gather(*(self.actors[i].start.remote() for i in dead))
         for i, url in zip(dead, urls, strict=True):
             await self.engine.clients[i].close()

@@ -30,7 +30,10 @@ from agentrl.config import RunConfig
 log = logging.getLogger(__name__)
 
 # Ray must not pick CUDA_VISIBLE_DEVICES for fractional actors: each picks its bundle's GPU itself.
-_WORKER_ENV = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1", "TOKENIZERS_PARALLELISM": "false"}
+_WORKER_ENV = {
+    "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
 
 
 def init_ray(cfg: RunConfig, num_bundles: int) -> bool:
@@ -131,7 +134,10 @@ class RayRuntime:
         else:  # rank 0 reaches every engine (broadcast group, disk, or same-host tensors)
             per_rank[0] = list(urls)
         await asyncio.gather(
-            *(r.connect_engines.remote(u, self.transport) for r, u in zip(self.ranks, per_rank, strict=True))
+            *(
+                r.connect_engines.remote(u, self.transport)
+                for r, u in zip(self.ranks, per_rank, strict=True)
+            )
         )
 
     # ------------------------------------------------------------ the Runtime interface
@@ -151,9 +157,12 @@ class RayRuntime:
     async def train_step(self, batches: list[Any]) -> dict[str, float]:
         metrics: dict[str, float] = {}
         if self.placement.is_colocated:
+            before = await self._engine_memory_bytes()
             t0 = time.perf_counter()
             await self.engine.release_memory_occupation(None)
             metrics["time/release_memory_s"] = time.perf_counter() - t0
+            metrics["engine/memory_before_release_gb"] = before / 1e9
+            metrics["engine/memory_after_release_gb"] = await self._engine_memory_bytes() / 1e9
         results = await asyncio.gather(
             *(r.train_step.remote(b) for r, b in zip(self.ranks, batches, strict=True))
         )
@@ -175,6 +184,12 @@ class RayRuntime:
         timings["weight_sync/bytes"] = num_bytes
         timings["engine/num_restarts_total"] = float(self.num_engine_restarts)
         return timings
+
+    async def _engine_memory_bytes(self) -> float:
+        """Accelerator memory engine 0 holds, as its server reports it (0 where it does not)."""
+        info = await self.engine.clients[0].get_server_info()
+        states = info.get("internal_states") or [{}]
+        return float(states[0].get("memory_allocated_bytes", 0))
 
     async def _sync(self, version: str) -> float:
         is_paused = not self.placement.is_colocated
@@ -241,9 +256,11 @@ async def _start_ranks(
     import ray
 
     first = bundles[placement.trainer_bundles[0]]
-    master_port = await ray.remote(_free_port).options(
-        num_cpus=0.01, scheduling_strategy=bundle_strategy(pg, first.index)
-    ).remote()
+    master_port = (
+        await ray.remote(_free_port)
+        .options(num_cpus=0.01, scheduling_strategy=bundle_strategy(pg, first.index))
+        .remote()
+    )
     actor_cls = ray.remote(TrainerRank)
     ranks = []
     for rank, b in enumerate(placement.trainer_bundles):

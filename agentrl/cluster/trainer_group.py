@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -85,6 +86,10 @@ class TrainerRank:
             temperature=cfg.rollout.rollout_temperature,
             num_optimizer_steps=spec.num_optimizer_steps,
         )
+        # HTTP and the broadcast group's handshake are async: one loop of this actor's own runs
+        # them (Ray may already run a loop on the calling thread), so the clients stay bound to it.
+        self._loop = asyncio.new_event_loop()
+        threading.Thread(target=self._loop.run_forever, name="weight-sync", daemon=True).start()
         self._targets: list[Any] = []  # SGLangEngine clients this rank pushes weights to
         self._sender: Any = None  # DistributedWeightSender (rank 0, disaggregated)
         self.transport = "tensor"
@@ -126,7 +131,7 @@ class TrainerRank:
             self._sender = DistributedWeightSender(
                 self._targets, master_address=self.spec.master_addr
             )
-            asyncio.run(self._sender.connect())
+            self._run(self._sender.connect())
 
     def sync_weights(self, version: str) -> float:
         """Every rank iterates the export (it gathers the shards); this rank sends what it owns.
@@ -138,10 +143,11 @@ class TrainerRank:
         for bucket, is_last in with_last(self.backend.export_weights(size)):
             num_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
             if self._targets:
-                asyncio.run(self._send(bucket, version if is_last else None))
-        if self._targets:
-            self._flush_stale_clients()
+                self._run(self._send(bucket, version if is_last else None))
         return float(num_bytes)
+
+    def _run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     async def _send(self, bucket: list[tuple[str, Any]], version: str | None) -> None:
         if self._sender is not None:
@@ -166,7 +172,7 @@ class TrainerRank:
                     tensors = {n: t.detach().cpu().contiguous() for n, t in bucket}
                     save_file(tensors, str(out / f"model-{i:05d}.safetensors"))
             if self.spec.rank == 0 and self._targets:
-                asyncio.run(self._post_disk(str(out), version))
+                self._run(self._post_disk(str(out), version))
         finally:
             shutil.rmtree(out, ignore_errors=True)
         return float(num_bytes)
@@ -176,14 +182,9 @@ class TrainerRank:
             *(t.update_weights_from_disk(path, weight_version=version) for t in self._targets)
         )
 
-    def _flush_stale_clients(self) -> None:
-        # Each asyncio.run made a new loop; the clients reopen their pools on the next call.
-        for target in self._targets:
-            target._client = None
-
     def close_engines(self) -> None:
         if self._sender is not None:
-            asyncio.run(self._sender.close())
+            self._run(self._sender.close())
             self._sender = None
         self._targets = []
 

@@ -46,6 +46,7 @@ def add_control_routes(app: FastAPI, state: Any) -> None:
                     "num_running_reqs": s.num_running,
                     "num_waiting_reqs": s.num_waiting,
                     "released_tags": sorted(s.released_tags),
+                    "memory_allocated_bytes": _memory_allocated(),
                 }
             ],
         }
@@ -121,3 +122,10 @@ def add_control_routes(app: FastAPI, state: Any) -> None:
             await s.engine.resume_memory()
         s.released_tags -= tags
         return None
+
+
+def _memory_allocated() -> int:
+    """Accelerator memory this server's process holds (0 on CPU): what a colocated release frees."""
+    import torch
+
+    return int(torch.cuda.memory_allocated()) if torch.cuda.is_available() else 0

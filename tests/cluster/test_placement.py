@@ -10,7 +10,9 @@ from agentrl.config import ClusterConfig, ConfigError
 
 
 def test_disaggregated_puts_trainer_bundles_first_then_engines():
-    cfg = ClusterConfig(actor_num_gpus_per_node=2, rollout_num_gpus=4, rollout_num_gpus_per_engine=2)
+    cfg = ClusterConfig(
+        actor_num_gpus_per_node=2, rollout_num_gpus=4, rollout_num_gpus_per_engine=2
+    )
     plan = plan_placement(cfg, use_gpu=True)
     assert plan.num_bundles == 6
     assert plan.trainer_bundles == [0, 1]
@@ -30,7 +32,9 @@ def test_colocated_engines_share_the_trainer_bundles():
 
 def test_rollout_gpus_must_divide_into_engines():
     cfg = ClusterConfig(rollout_num_gpus=3, rollout_num_gpus_per_engine=2)
-    with pytest.raises(ConfigError, match=r"--rollout-num-gpus=3 .*--rollout-num-gpus-per-engine=2"):
+    with pytest.raises(
+        ConfigError, match=r"--rollout-num-gpus=3 .*--rollout-num-gpus-per-engine=2"
+    ):
         plan_placement(cfg, use_gpu=True)
 
 

@@ -40,7 +40,9 @@ class Heal:
 async def test_an_engine_death_aborts_episodes_and_their_tasks_run_again(smol_tokenizer: Any):
     dead = EngineUnavailable("connection refused")
     # Call 3 of 4 (one task, n=4) hits the dead server; the re-run of the task succeeds.
-    engine = ScriptedEngine(smol_tokenizer, ["<answer>5</answer>"] * 2 + [dead] + ["<answer>5</answer>"])
+    engine = ScriptedEngine(
+        smol_tokenizer, ["<answer>5</answer>"] * 2 + [dead] + ["<answer>5</answer>"]
+    )
     runner = RolloutRunner(engine, ToolEnv, RolloutConfig(max_turns=2))
     cfg = RolloutConfig(rollout_batch_size=1, n_samples_per_prompt=4)
     heal = Heal()

@@ -1,0 +1,220 @@
+"""Weight sync speed: seconds per GB from "optimizer step done" to "every engine serves the new
+version", per placement layout, next to the raw floors measured in the same run (a broadcast of
+the same bytes between two processes -- NCCL on GPU, gloo on CPU -- and a same-device copy).
+
+    python scripts/bench_weight_sync.py --shape smollm2-1.7b          # GPU: 1.7B shape, bf16
+    python scripts/bench_weight_sync.py --shape tiny --layouts colocated,disaggregated   # CPU
+
+Colocated: trainer and engine on GPU 0; the engine has released its memory (as during a train
+step), and the timed span covers resume {weights} -> CUDA IPC buckets -> resume {kv_cache}.
+Disaggregated: trainer on GPU 0, engine on GPU 1, an NCCL broadcast per bucket. Writes JSON and
+a PNG bar chart; prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+LAYOUTS = {
+    "colocated": dict(actor_num_gpus_per_node=1, colocate=True),
+    "disaggregated": dict(actor_num_gpus_per_node=1, rollout_num_gpus=1),
+}
+
+
+def build_model(shape: str, tokenizer: str, out: str, use_gpu: bool) -> str:
+    from agentrl.engine.model_store import make_shaped_model, make_tiny_model
+
+    if shape == "tiny":
+        return make_tiny_model(out, tokenizer, num_layers=2, hidden_size=64)
+    dtype = "bfloat16" if use_gpu else "float32"
+    return make_shaped_model(
+        out, tokenizer, shape, dtype=dtype, device="cuda" if use_gpu else "cpu"
+    )
+
+
+async def time_layout(name: str, model_path: str, repeats: int, use_gpu: bool) -> dict:
+    from agentrl.cluster import RayRuntime
+    from agentrl.config import RunConfig
+
+    cfg = RunConfig()
+    cfg.model.path = model_path
+    cfg.model.dtype = "bfloat16" if use_gpu else "float32"
+    cfg.checkpoint.save = tempfile.mkdtemp(prefix=f"agentrl-bench-{name}-")
+    for key, value in LAYOUTS[name].items():
+        setattr(cfg.cluster, key, value)
+    runtime = await RayRuntime.start(cfg, model_path, num_optimizer_steps=1)
+    try:
+        await runtime.sync_weights("warmup")
+        times, num_bytes = [], 0.0
+        for i in range(repeats):
+            if runtime.placement.is_colocated:  # as after a train step: the engine gave memory back
+                await runtime.engine.release_memory_occupation(None)
+            version = f"bench-{i}"
+            t0 = time.perf_counter()
+            out = await runtime.sync_weights(version)
+            served = {await c.get_weight_version() for c in runtime.engine.clients}
+            times.append(time.perf_counter() - t0)
+            assert served == {version}, f"engines serve {served}, expected {version}"
+            num_bytes = out["weight_sync/bytes"]
+    finally:
+        await runtime.close()
+    best = min(times)
+    return {
+        "layout": name,
+        "bytes": num_bytes,
+        "seconds": times,
+        "s_per_gb": best / (num_bytes / 1e9),
+    }
+
+
+def copy_floor(num_bytes: int, use_gpu: bool, repeats: int) -> float:
+    device = "cuda:0" if use_gpu else "cpu"
+    src = torch.empty(num_bytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        if use_gpu:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        if use_gpu:
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return best / (num_bytes / 1e9)
+
+
+def _broadcast_worker(rank: int, port: int, num_bytes: int, bucket: int, use_gpu: bool, q) -> None:
+    import torch.distributed as dist
+
+    backend = "nccl" if use_gpu else "gloo"
+    if use_gpu:
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    device = f"cuda:{rank}" if use_gpu else "cpu"
+    buckets = [torch.empty(min(bucket, num_bytes - i), dtype=torch.uint8, device=device)
+               for i in range(0, num_bytes, bucket)]  # fmt: skip
+    best = float("inf")
+    for _ in range(4):
+        dist.barrier()
+        if use_gpu:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for b in buckets:
+            dist.broadcast(b, 0)
+        if use_gpu:
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    if rank == 0:
+        q.put(best / (num_bytes / 1e9))
+    dist.barrier()
+
+
+def broadcast_floor(num_bytes: int, bucket: int, use_gpu: bool) -> float | None:
+    if use_gpu and torch.cuda.device_count() < 2:
+        return None
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_broadcast_worker, args=(r, port, num_bytes, bucket, use_gpu, q))
+             for r in range(2)]  # fmt: skip
+    for p in procs:
+        p.start()
+    result = q.get(timeout=600)
+    for p in procs:
+        p.join(60)
+    return result
+
+
+def plot(results: list[dict], floors: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["layout"] for r in results] + [f"floor: {k}" for k, v in floors.items() if v]
+    values = [r["s_per_gb"] for r in results] + [v for v in floors.values() if v]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.barh(
+        names,
+        values,
+        color=["tab:blue"] * len(results) + ["tab:gray"] * (len(names) - len(results)),
+    )
+    ax.set_xlabel("seconds per GB (lower is better)")
+    ax.set_title("weight sync: optimizer step done -> engine serves new version")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--shape", default="smollm2-1.7b", help="tiny | smollm2-135m | smollm2-360m | smollm2-1.7b"
+    )
+    parser.add_argument(
+        "--tokenizer",
+        default="smollm2-135m-instruct",
+        help="dir (or bundled name) with the tokenizer",
+    )
+    parser.add_argument("--layouts", default="colocated,disaggregated")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default="benchmarks/weight_sync.json")
+    args = parser.parse_args()
+    use_gpu = torch.cuda.is_available()
+    layouts = [name for name in args.layouts.split(",") if name]
+    if use_gpu and "disaggregated" in layouts and torch.cuda.device_count() < 2:
+        print("disaggregated needs 2 GPUs; skipping it", file=sys.stderr)
+        layouts.remove("disaggregated")
+    model_dir = build_model(
+        args.shape, args.tokenizer, tempfile.mkdtemp(prefix="agentrl-shape-"), use_gpu
+    )
+    results = [asyncio.run(time_layout(name, model_dir, args.repeats, use_gpu)) for name in layouts]
+    num_bytes = int(results[0]["bytes"])
+    bucket = 512 * 2**20
+    floors = {
+        "copy (same device)": copy_floor(num_bytes, use_gpu, args.repeats),
+        f"broadcast ({'NCCL' if use_gpu else 'gloo'})": broadcast_floor(num_bytes, bucket, use_gpu),
+    }
+    device = torch.cuda.get_device_name(0) if use_gpu else f"CPU ({os.cpu_count()} cores)"
+    print(f"\nweight sync, {args.shape} ({num_bytes / 1e9:.2f} GB), {device}")
+    print(f"{'what':<28}{'s/GB':>10}{'x floor':>10}")
+    floor = (
+        floors[next(k for k in floors if k.startswith("broadcast"))] or floors["copy (same device)"]
+    )
+    for r in results:
+        print(f"{r['layout']:<28}{r['s_per_gb']:>10.4f}{r['s_per_gb'] / floor:>10.1f}")
+    for name, value in floors.items():
+        if value is not None:
+            print(f"{'floor: ' + name:<28}{value:>10.4f}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "shape": args.shape,
+        "bytes": num_bytes,
+        "device": device,
+        "layouts": results,
+        "floors_s_per_gb": floors,
+    }
+    out.write_text(json.dumps(record, indent=2))
+    plot(results, floors, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()
