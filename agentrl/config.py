@@ -207,6 +207,9 @@ class ClusterConfig:
     max_rerun_rounds: int = 2
     """Times a step re-runs the tasks whose episodes a dead engine aborted."""
     engine_start_timeout_s: float = 900.0
+    check_weight_sync: bool = True
+    """After each sync, every engine samples a few tokens of a fixed prompt and their logprobs
+    are compared with the trainer's (metric weight_sync/max_logprob_abs_diff)."""
 
 
 @dataclass

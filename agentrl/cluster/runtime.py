@@ -26,6 +26,7 @@ from agentrl.cluster.placement import (
 )
 from agentrl.cluster.trainer_group import RankSpec, TrainerRank
 from agentrl.config import RunConfig
+from agentrl.engine.base import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -182,8 +183,29 @@ class RayRuntime:
             await self.engine.resume_memory_occupation(["kv_cache", "cuda_graph"])
             timings["time/resume_kv_cache_s"] = time.perf_counter() - t2
         timings["weight_sync/bytes"] = num_bytes
+        if self.cfg.cluster.check_weight_sync:
+            timings["weight_sync/max_logprob_abs_diff"] = await self.served_weights_gap(version)
         timings["engine/num_restarts_total"] = float(self.num_engine_restarts)
         return timings
+
+    async def served_weights_gap(self, version: str, prompt_ids: list[int] | None = None) -> float:
+        """Largest |engine logprob - trainer logprob| over a few tokens each engine samples from a
+        fixed prompt; raises if an engine does not report `version`."""
+        prompt = prompt_ids or list(range(1, 9))
+        sampling = SamplingParams(
+            temperature=self.cfg.rollout.rollout_temperature, max_new_tokens=8, seed=1234
+        )
+        gap = 0.0
+        for client in self.engine.clients:
+            completion = await client.generate(prompt, sampling)
+            if completion.weight_version != version:
+                raise RuntimeError(
+                    f"{client.base_url} serves weight version {completion.weight_version!r} after "
+                    f"the sync to {version!r}"
+                )
+            ours = await self.policy_logprobs(prompt + completion.ids, len(prompt))
+            gap = max([gap, *(abs(a - b) for a, b in zip(ours, completion.logprobs, strict=True))])
+        return gap
 
     async def _engine_memory_bytes(self) -> float:
         """Accelerator memory engine 0 holds, as its server reports it (0 where it does not)."""
