@@ -145,6 +145,7 @@ def train_command(
         console.print_json(json.dumps(cfg.to_dict()))
         return
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     from agentrl.data import DataError
     from agentrl.loop import train
 
