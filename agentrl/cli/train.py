@@ -147,11 +147,12 @@ def train_command(
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     from agentrl.data import DataError
+    from agentrl.engine.launcher import SGLangNotInstalled
     from agentrl.loop import train
 
     try:
         result = train(cfg)
-    except (DataError, ConfigError) as e:
+    except (DataError, ConfigError, SGLangNotInstalled) as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2)
     except KeyboardInterrupt:

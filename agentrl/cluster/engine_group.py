@@ -12,8 +12,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from agentrl.config import RunConfig
-from agentrl.engine.launcher import ManagedProcess, free_ports, server_command, wait_healthy
+from agentrl.engine.launcher import (
+    ManagedProcess,
+    free_ports,
+    require_module,
+    router_command,
+    server_command,
+    wait_healthy,
+)
 from agentrl.engine.router import RoutedEngine
 from agentrl.engine.sglang import SGLangEngine
 
@@ -103,13 +112,33 @@ class EngineServer:
             self.process.stop()
 
 
+def start_router(urls: list[str], log_dir: Path) -> ManagedProcess:
+    """sglang-router over the engine servers, consistent hashing on the routing-key header."""
+    require_module("sglang_router")
+    (port,) = free_ports(1)
+    router = ManagedProcess(
+        "sglang-router",
+        f"http://127.0.0.1:{port}",
+        router_command(urls, host="127.0.0.1", port=port, policy="consistent_hashing"),
+        log_dir / "router.log",
+        die_with_parent=True,
+    )
+    router.start()
+    wait_healthy(router, timeout_s=120.0, path="/health")
+    return router
+
+
 class EngineGroup:
     """Driver side: the actors, their URLs, and the `RoutedEngine` that rollouts talk to."""
 
     def __init__(self, actors: list[Any], urls: list[str], cfg: RunConfig) -> None:
         self.actors, self.urls, self.cfg = actors, urls, cfg
         self.num_restarts = [0] * len(actors)
-        self.engine = RoutedEngine([self._client(u) for u in urls])
+        self.router: ManagedProcess | None = None
+        if cfg.cluster.use_sglang_router:
+            self.router = start_router(urls, Path(cfg.checkpoint.save) / "engine_logs")
+        router_client = self._client(self.router.url) if self.router else None
+        self.engine = RoutedEngine([self._client(u) for u in urls], router=router_client)
 
     def _client(self, url: str) -> SGLangEngine:
         return SGLangEngine(
@@ -149,6 +178,9 @@ class EngineGroup:
         urls = await asyncio.gather(*(self.actors[i].start.remote() for i in dead))
         for i, url in zip(dead, urls, strict=True):
             await self.engine.clients[i].close()
+            if self.router is not None:  # sglang-router's worker management API
+                httpx.post(f"{self.router.url}/remove_worker", params={"url": self.urls[i]})
+                httpx.post(f"{self.router.url}/add_worker", params={"url": url})
             self.urls[i] = url
             self.engine.clients[i] = self._client(url)
         return dead
@@ -165,4 +197,6 @@ class EngineGroup:
 
     async def close(self) -> None:
         await self.engine.close()
+        if self.router is not None:
+            self.router.stop()
         await asyncio.gather(*(a.stop.remote() for a in self.actors), return_exceptions=True)

@@ -25,7 +25,7 @@ from agentrl.cluster.placement import (
     plan_placement,
 )
 from agentrl.cluster.trainer_group import RankSpec, TrainerRank
-from agentrl.config import RunConfig
+from agentrl.config import ConfigError, RunConfig
 from agentrl.engine.base import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,7 @@ class RayRuntime:
         import ray
         import torch
 
+        _require_asked_packages(cfg)  # before anything starts
         address = cfg.cluster.ray_address or os.environ.get("RAY_ADDRESS")
         guess = plan_placement(cfg.cluster, use_gpu=torch.cuda.is_available() and not address)
         owns_ray = init_ray(cfg, guess.num_bundles)
@@ -258,6 +259,20 @@ class RayRuntime:
             remove_placement_group(self.pg)
         if self.owns_ray:
             ray.shutdown()
+
+
+def _require_asked_packages(cfg: RunConfig) -> None:
+    from agentrl.engine.launcher import require_module
+
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError(
+            "the placement flags run trainer and engines on Ray, which is not installed: "
+            "pip install 'agentrl[ray]'"
+        )
+    if cfg.cluster.engine_server == "sglang":
+        require_module("sglang")
+    if cfg.cluster.use_sglang_router:
+        require_module("sglang_router")
 
 
 def _transport(cfg: RunConfig, placement: Placement) -> str:

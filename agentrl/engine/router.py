@@ -52,10 +52,19 @@ class RoutedEngine:
     the policy's (it was restarted), is marked down: its episodes end ABORTED/engine and new keys
     go to the next server on the ring until `mark_up` after it is healed and synced."""
 
-    def __init__(self, clients: Sequence[SGLangEngine], *, weight_version: str = "0") -> None:
+    def __init__(
+        self,
+        clients: Sequence[SGLangEngine],
+        *,
+        weight_version: str = "0",
+        router: SGLangEngine | None = None,
+    ) -> None:
+        """`router`: an sglang-router in front of the same servers; generation then goes through
+        it (it hashes the routing-key header itself) and control calls still go to each server."""
         if not clients:
             raise ValueError("RoutedEngine needs at least one server client")
         self.clients = list(clients)
+        self.router = router
         self.ring = HashRing(len(self.clients))
         self.is_up = [True] * len(self.clients)
         self.num_requests = Counter[int]()
@@ -94,19 +103,23 @@ class RoutedEngine:
     async def generate(
         self, input_ids: list[int], sampling: SamplingParams, *, routing_key: str | None = None
     ) -> Completion:
-        index = self.server_for(routing_key)
+        if self.router is not None:
+            index, client = -1, self.router
+        else:
+            index = self.server_for(routing_key)
+            client = self.clients[index]
         self.num_requests[index] += 1
         try:
-            completion = await self.clients[index].generate(
-                input_ids, sampling, routing_key=routing_key
-            )
+            completion = await client.generate(input_ids, sampling, routing_key=routing_key)
         except EngineUnavailable:
-            self.mark_down(index)
+            if index >= 0:
+                self.mark_down(index)
             raise
         if completion.weight_version != self._weight_version:
-            self.mark_down(index)
+            if index >= 0:
+                self.mark_down(index)
             raise EngineUnavailable(
-                f"{self.clients[index].base_url} serves weight version "
+                f"{client.base_url} serves weight version "
                 f"{completion.weight_version!r}, the policy is at {self._weight_version!r} "
                 "(restarted without a sync)"
             )
@@ -144,3 +157,5 @@ class RoutedEngine:
 
     async def close(self) -> None:
         await self._all("close")
+        if self.router is not None:
+            await self.router.close()

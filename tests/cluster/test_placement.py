@@ -60,3 +60,19 @@ def test_non_positive_counts_are_refused_by_flag_name(field):
     cfg = ClusterConfig(**{field: 0})
     with pytest.raises(ConfigError, match=f"--{field.replace('_', '-')}=0"):
         plan_placement(cfg, use_gpu=False)
+
+
+async def test_asking_for_sglang_router_without_it_fails_before_anything_starts(tmp_path):
+    import ray
+
+    from agentrl.cluster import RayRuntime
+    from agentrl.config import RunConfig
+    from agentrl.engine.launcher import SGLangNotInstalled
+
+    cfg = RunConfig()
+    cfg.cluster.colocate = True
+    cfg.cluster.use_sglang_router = True
+    cfg.checkpoint.save = str(tmp_path)
+    with pytest.raises(SGLangNotInstalled, match="sglang_router.*pip install 'agentrl\\[sglang\\]'"):
+        await RayRuntime.start(cfg, str(tmp_path), num_optimizer_steps=1)
+    assert not ray.is_initialized()
