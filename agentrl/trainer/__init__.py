@@ -1,10 +1,13 @@
-"""The trainer: pure losses and advantages, `TrainBatch` packing, the torch backend, checkpoints."""
+"""The trainer: pure losses and advantages, `TrainBatch` packing, the `TrainerBackend` protocol and
+its torch backend (FSDP2 across ranks), weight export, checkpoints."""
 
+from agentrl.trainer.backend import TrainerBackend
 from agentrl.trainer.batch import (
     MicroBatch,
     StepBatch,
     TrainBatch,
     build_train_batch,
+    build_train_batches,
     compute_advantages,
     filter_zero_variance_groups,
 )
@@ -17,8 +20,10 @@ __all__ = [
     "StepBatch",
     "TorchBackend",
     "TrainBatch",
+    "TrainerBackend",
     "build_objective",
     "build_train_batch",
+    "build_train_batches",
     "compute_advantages",
     "filter_zero_variance_groups",
     "find_latest",

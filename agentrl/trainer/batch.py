@@ -228,17 +228,62 @@ def _rows_for(samples: list[_Sample], is_packed: bool, pad_id: int) -> MicroBatc
     )
 
 
-def _step_batch(samples: list[_Sample], budget: int, is_packed: bool, pad_id: int) -> StepBatch:
-    bins = pack_first_fit_decreasing([s.length for s in samples], budget, is_packed=is_packed)
-    micro = [_rows_for([samples[i] for i in members], is_packed, pad_id) for members in bins]
+def _empty_micro_batch(pad_id: int) -> MicroBatch:
+    """One pad token, nothing trained: it keeps a rank with less data in step with the others'
+    forward/backward collectives, and adds exactly zero to the loss and the gradients."""
+    return MicroBatch(
+        input_ids=torch.full((1, 1), pad_id, dtype=torch.long),
+        position_ids=torch.zeros((1, 1), dtype=torch.long),
+        target_ids=torch.full((1, 1), pad_id, dtype=torch.long),
+        loss_mask=torch.zeros((1, 1)),
+        advantages=torch.zeros((1, 1)),
+        rollout_logprobs=torch.zeros((1, 1)),
+        seq_index=torch.zeros((1, 1), dtype=torch.long),
+        seq_num_tokens=torch.zeros(1),  # one empty sequence, so seq_index 0 stays in range
+        sample_indices=[],
+    )
+
+
+def split_balanced(lengths: list[int], num_parts: int) -> list[list[int]]:
+    """Indices split into `num_parts` lists of similar total length: longest first onto the part
+    with the fewest tokens so far (ties: the lowest part). Each list keeps ascending order."""
+    parts: list[list[int]] = [[] for _ in range(num_parts)]
+    totals = [0] * num_parts
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        p = min(range(num_parts), key=lambda p: totals[p])
+        parts[p].append(i)
+        totals[p] += lengths[i]
+    return [sorted(part) for part in parts]
+
+
+def _step_batches(
+    samples: list[_Sample], budget: int, is_packed: bool, pad_id: int, dp_size: int
+) -> list[StepBatch]:
+    """One optimizer step as `dp_size` StepBatches (one per rank) with the step's global loss
+    denominators and equal micro-batch counts (padded with empty micro-batches)."""
+    per_rank: list[list[MicroBatch]] = []
+    for part in split_balanced([s.length for s in samples], dp_size):
+        mine = [samples[i] for i in part]
+        bins = pack_first_fit_decreasing([s.length for s in mine], budget, is_packed=is_packed)
+        per_rank.append(
+            [_rows_for([mine[i] for i in members], is_packed, pad_id) for members in bins]
+        )
+    num_micro = max(len(mbs) for mbs in per_rank)
     num_loss_tokens = int(sum(sum(s.loss_mask) for s in samples))
-    return StepBatch(micro, num_loss_tokens=num_loss_tokens, num_seqs=len(samples))
+    return [
+        StepBatch(
+            mbs + [_empty_micro_batch(pad_id) for _ in range(num_micro - len(mbs))],
+            num_loss_tokens=num_loss_tokens,
+            num_seqs=len(samples),
+        )
+        for mbs in per_rank
+    ]
 
 
 # ---------------------------------------------------------------- the batch
 
 
-def build_train_batch(
+def build_train_batches(
     groups: Sequence[Group],
     algo_cfg: AlgoConfig,
     *,
@@ -246,10 +291,14 @@ def build_train_batch(
     pad_id: int,
     global_batch_size: int | None = None,
     is_packed: bool = True,
-) -> TrainBatch:
-    """Advantages, then trainable trajectories split into optimizer steps of `global_batch_size`
-    (in order; None = one step) and packed into micro-batches of at most
-    `max_tokens_per_micro_batch` tokens. ERROR/ABORTED trajectories are counted and left out."""
+    dp_size: int = 1,
+) -> list[TrainBatch]:
+    """One `TrainBatch` per data-parallel rank. Advantages over all groups, then trainable
+    trajectories split into optimizer steps of `global_batch_size` (in order; None = one step);
+    each step's sequences split over the ranks balanced by tokens and packed into micro-batches
+    of at most `max_tokens_per_micro_batch` tokens. Every rank gets the same number of steps and
+    of micro-batches per step, and each step's global denominators, so summing the ranks'
+    gradients gives the 1-rank update. ERROR/ABORTED trajectories are counted and left out."""
     if max_tokens_per_micro_batch < 1:
         raise ValueError(
             f"train.max_tokens_per_micro_batch={max_tokens_per_micro_batch} must be >= 1"
@@ -258,6 +307,8 @@ def build_train_batch(
         raise ValueError(
             f"train.global_batch_size={global_batch_size} must be >= 1, or None for one step"
         )
+    if dp_size < 1:
+        raise ValueError(f"dp_size={dp_size} must be >= 1 (the number of trainer ranks)")
     advantages = compute_advantages(groups, algo_cfg)
     trajs = [t for group in groups for t in group]
     flat_adv = [a for group_adv in advantages for a in group_adv]
@@ -274,21 +325,53 @@ def build_train_batch(
     for i, s in enumerate(samples):
         s.index = i  # position among trained sequences, as MicroBatch.sample_indices reports it
     step_size = global_batch_size or max(len(samples), 1)
-    steps = [
-        _step_batch(samples[i : i + step_size], max_tokens_per_micro_batch, is_packed, pad_id)
+    steps = [  # [step][rank]
+        _step_batches(
+            samples[i : i + step_size], max_tokens_per_micro_batch, is_packed, pad_id, dp_size
+        )
         for i in range(0, len(samples), step_size)
     ]
     metrics = _batch_metrics(trajs, samples, steps, max_tokens_per_micro_batch, num_no_loss)
-    return TrainBatch(steps=steps, is_packed=is_packed, metrics=metrics)
+    return [
+        TrainBatch(steps=[step[rank] for step in steps], is_packed=is_packed, metrics=metrics)
+        for rank in range(dp_size)
+    ]
+
+
+def build_train_batch(
+    groups: Sequence[Group],
+    algo_cfg: AlgoConfig,
+    *,
+    max_tokens_per_micro_batch: int,
+    pad_id: int,
+    global_batch_size: int | None = None,
+    is_packed: bool = True,
+) -> TrainBatch:
+    """The batch of a single trainer rank: `build_train_batches(..., dp_size=1)[0]`."""
+    (batch,) = build_train_batches(
+        groups,
+        algo_cfg,
+        max_tokens_per_micro_batch=max_tokens_per_micro_batch,
+        pad_id=pad_id,
+        global_batch_size=global_batch_size,
+        is_packed=is_packed,
+    )
+    return batch
 
 
 def _batch_metrics(
-    trajs: list[Any], samples: list[_Sample], steps: list[StepBatch], budget: int, num_no_loss: int
+    trajs: list[Any],
+    samples: list[_Sample],
+    steps: list[list[StepBatch]],
+    budget: int,
+    num_no_loss: int,
 ) -> dict[str, float]:
+    """Over the whole batch, all ranks together; empty (rank-padding) micro-batches apart."""
     statuses = [
         t.status if isinstance(t.status, EpisodeStatus) else EpisodeStatus(t.status) for t in trajs
     ]
-    micro = [mb for step in steps for mb in step.micro_batches]
+    all_micro = [mb for step in steps for rank in step for mb in rank.micro_batches]
+    micro = [mb for mb in all_micro if mb.sample_indices]
     num_slots = sum(mb.num_tokens for mb in micro)
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float64)
     return {
@@ -297,9 +380,10 @@ def _batch_metrics(
         "batch/num_excluded_error": float(sum(s == EpisodeStatus.ERROR for s in statuses)),
         "batch/num_excluded_aborted": float(sum(s == EpisodeStatus.ABORTED for s in statuses)),
         "batch/num_without_loss_tokens": float(num_no_loss),
-        "batch/num_loss_tokens": float(sum(step.num_loss_tokens for step in steps)),
+        "batch/num_loss_tokens": float(sum(step[0].num_loss_tokens for step in steps)),
         "batch/num_tokens": float(sum(s.length for s in samples)),
         "batch/num_micro_batches": float(len(micro)),
+        "batch/num_empty_micro_batches": float(len(all_micro) - len(micro)),
         "batch/num_optimizer_steps": float(len(steps)),
         "batch/num_oversized": float(sum(s.length > budget for s in samples)),
         "batch/pad_fraction": 1.0 - sum(s.length for s in samples) / num_slots

@@ -73,3 +73,65 @@ def chunked_logprobs(
         empty = hidden.new_zeros(0, dtype=torch.float32)
         return empty, empty
     return torch.cat(logprob_parts), torch.cat(entropy_parts)
+
+
+class CausalLMLogprobs(torch.nn.Module):
+    """A causal LM whose forward returns token logprobs and entropies, [R, T] each, instead of
+    logits. FSDP2 shards it as the root module, so the embedding, final norm and (tied) output
+    head are gathered for the whole forward, vocab projection included, and their gradients
+    reduced after backward."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        chunk_size: int,
+        temperature: float,
+        autocast_dtype: torch.dtype | None,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.chunk_size = chunk_size
+        self.temperature = temperature
+        self.autocast_dtype = autocast_dtype
+        """bf16 on CUDA with fp32 weights; None = no autocast."""
+
+    def forward(
+        self,
+        input_ids: Tensor,  # [R, T]
+        position_ids: Tensor,  # [R, T], restarting at 0 for every packed sequence
+        target_ids: Tensor,  # [R, T]
+        loss_mask: Tensor,  # [R, T]
+        is_entropy_trained: bool = False,
+    ) -> tuple[Tensor, Tensor]:
+        """Logprob of each target and the entropy, 0 off the loss mask."""
+        device_type = input_ids.device.type
+        with torch.autocast(
+            device_type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
+        ):
+            # No attention mask: transformers reads packed-sequence boundaries from position_ids.
+            out = self.model.base_model(
+                input_ids=input_ids, position_ids=position_ids, use_cache=False
+            )
+        hidden = out.last_hidden_state  # [R, T, H]
+        is_loss = loss_mask > 0  # [R, T]
+        is_empty = not bool(is_loss.any())
+        if is_empty:
+            # One position goes through the head anyway, times 0 below: every parameter then gets
+            # a (zero) gradient, as the other ranks' FSDP reduce-scatters expect.
+            is_loss = torch.zeros_like(is_loss)
+            is_loss[0, 0] = True
+        head = self.model.get_output_embeddings()
+        logprobs, entropy = chunked_logprobs(
+            hidden[is_loss],  # [M, H]: only trained positions reach the vocab projection
+            head.weight,
+            target_ids[is_loss],
+            bias=getattr(head, "bias", None),
+            chunk_size=self.chunk_size,
+            temperature=self.temperature,
+            is_entropy_trained=is_entropy_trained,
+        )
+        if is_empty:
+            logprobs, entropy = logprobs * 0.0, entropy * 0.0
+        zeros = torch.zeros(is_loss.shape, dtype=torch.float32, device=hidden.device)
+        return zeros.index_put((is_loss,), logprobs), zeros.index_put((is_loss,), entropy)

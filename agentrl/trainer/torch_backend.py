@@ -1,37 +1,28 @@
-"""`TorchBackend`: a transformers causal LM trained with the objective of `losses.py` on CPU or one
-GPU — logprobs, optimizer steps with global loss denominators, weight export, save and load."""
+"""`TorchBackend`: a transformers causal LM trained with the objective of `losses.py` on CPU, one
+GPU, or data-parallel under FSDP2 over the ranks of a torch.distributed group — logprobs, optimizer
+steps with global loss denominators, weight export, sharded save and load."""
 
 from __future__ import annotations
 
-import json
 import math
-import shutil
 from collections.abc import Iterator
-from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from agentrl.config import AlgoConfig, TrainConfig
+from agentrl.trainer import sharded_checkpoint
 from agentrl.trainer.batch import MicroBatch, StepBatch, TrainBatch
-from agentrl.trainer.logprobs import chunked_logprobs
+from agentrl.trainer.fsdp import apply_fsdp, decoder_layers, dp_rank, dp_world_size, reduce_metrics
+from agentrl.trainer.logprobs import CausalLMLogprobs
 from agentrl.trainer.losses import build_objective, combine_metrics
-
-# Files copied next to the weights so a checkpoint directory loads like the source model.
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "chat_template.jinja",
-    "chat_template.json",
-    "generation_config.json",
+from agentrl.trainer.weights import (
+    DEFAULT_BUCKET_SIZE_BYTES,
+    bucket_by_dtype,
+    full_tensor,
+    unique_named_tensors,
 )
-STATE_FILE = "trainer_state.json"
 
 
 def lr_factor(
@@ -82,6 +73,11 @@ class TorchBackend:
 
     Parameters stay in `dtype` (auto = float32) and the forward pass runs under bf16 autocast on
     CUDA; logprobs are always computed in float32 as log_softmax(logits / temperature).
+
+    Data parallel: construct it in each rank of an initialised process group (world size > 1), on
+    that rank's `device`; the model is then sharded with FSDP2 over all ranks, and every method but
+    `pad_id` is collective (all ranks call it together; `train_step` each with its own batch of
+    `build_train_batches(..., dp_size=world_size)`).
     """
 
     def __init__(
@@ -116,7 +112,11 @@ class TorchBackend:
         self.optimizer_step = 0
         self.num_train_steps = 0
         self._model: torch.nn.Module | None = None
+        self._policy: CausalLMLogprobs | None = None  # the model, returning token logprobs
         self.ref_model: torch.nn.Module | None = None
+        self._ref_policy: CausalLMLogprobs | None = None
+        self.dp_size = 1
+        """Data-parallel ranks, read from the process group when the model loads."""
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
 
@@ -133,7 +133,14 @@ class TorchBackend:
     def pad_id(self) -> int:
         """An id for padding rows. Pads are never attended to by real tokens nor trained, so any
         valid id works: the config's pad, else eos, else 0."""
-        config = self.model.config
+        # Read from the config, so that asking for it never loads (collectively shards) the model.
+        if self._model is not None:
+            config = self._model.config
+        else:
+            from transformers import AutoConfig
+
+            self.model_path = _resolve_path(self.model_path)
+            config = AutoConfig.from_pretrained(self.model_path)
         for candidate in (
             getattr(config, "pad_token_id", None),
             getattr(config, "eos_token_id", None),
@@ -157,16 +164,31 @@ class TorchBackend:
         model = AutoModelForCausalLM.from_pretrained(path, **{dtype_kw: self.param_dtype})
         return model.to(self.device)
 
+    def _wrap(self, model: torch.nn.Module) -> CausalLMLogprobs:
+        is_autocast = self.device.type == "cuda" and self.param_dtype == torch.float32
+        policy = CausalLMLogprobs(
+            model,
+            chunk_size=self.train_cfg.logprob_chunk_size,
+            temperature=self.temperature,
+            autocast_dtype=torch.bfloat16 if is_autocast else None,
+        )
+        if self.dp_size > 1:
+            apply_fsdp(policy, decoder_layers(model), self.device)
+        return policy
+
     def _setup(self) -> None:
         path = _resolve_path(self.model_path)
         self.model_path = path
+        self.dp_size = dp_world_size()
         model = self._load(path)
         if self.train_cfg.gradient_checkpointing:
             _enable_activation_checkpointing(model)
         model.config.use_cache = False
+        self._policy = self._wrap(model)  # sharded before the optimizer sees the parameters
         self._model = model
         if self.uses_ref_model:
             self.ref_model = self._load(path).eval().requires_grad_(False)
+            self._ref_policy = self._wrap(self.ref_model)
         cfg = self.train_cfg
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
@@ -188,11 +210,6 @@ class TorchBackend:
 
     # ------------------------------------------------------------ logprobs
 
-    def _autocast(self) -> Any:
-        if self.device.type == "cuda" and self.param_dtype == torch.float32:
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return nullcontext()
-
     def _check_packing(self, batch: TrainBatch) -> None:
         if not batch.is_packed:
             return
@@ -205,27 +222,18 @@ class TorchBackend:
                 "or build the batch with is_packed=False"
             )
 
-    def _token_logprobs(self, model: torch.nn.Module, mb: MicroBatch) -> tuple[Tensor, Tensor]:
+    def _token_logprobs(self, policy: CausalLMLogprobs, mb: MicroBatch) -> tuple[Tensor, Tensor]:
         """Logprob of each target token and the policy entropy, [R, T] each (0 off the loss mask)."""
-        with self._autocast():
-            # No attention mask: transformers reads packed-sequence boundaries from position_ids.
-            out = model.base_model(
-                input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False
-            )
-        hidden = out.last_hidden_state  # [R, T, H]
-        is_loss = mb.loss_mask > 0  # [R, T]
-        head = model.get_output_embeddings()
-        logprobs, entropy = chunked_logprobs(
-            hidden[is_loss],  # [M, H]: only trained positions reach the vocab projection
-            head.weight,
-            mb.target_ids[is_loss],
-            bias=getattr(head, "bias", None),
-            chunk_size=self.train_cfg.logprob_chunk_size,
-            temperature=self.temperature,
-            is_entropy_trained=bool(self.objective.entropy_coef) and torch.is_grad_enabled(),
+        is_entropy_trained = bool(self.objective.entropy_coef) and torch.is_grad_enabled()
+        return policy(
+            mb.input_ids, mb.position_ids, mb.target_ids, mb.loss_mask, is_entropy_trained
         )
-        zeros = torch.zeros(is_loss.shape, dtype=torch.float32, device=hidden.device)
-        return zeros.index_put((is_loss,), logprobs), zeros.index_put((is_loss,), entropy)
+
+    def _reshard(self) -> None:
+        """Free the gathered root parameters FSDP keeps after a forward without backward."""
+        for policy in (self._policy, self._ref_policy):
+            if self.dp_size > 1 and policy is not None:
+                policy.reshard()  # type: ignore[operator]  # FSDPModule method
 
     @torch.no_grad()
     def compute_logprobs(
@@ -234,16 +242,39 @@ class TorchBackend:
         """Fill `old_logprobs` (current policy) and `ref_logprobs` (reference model, when loaded)
         of every micro-batch, before any update on this batch."""
         self._check_packing(batch)
-        model = self.model.eval()
+        self.model.eval()
+        assert self._policy is not None
         for mb in batch.micro_batches():
             dev = mb.to(self.device)
             if old:
-                mb.old_logprobs = self._token_logprobs(model, dev)[0].cpu()
-            if ref and self.ref_model is not None:
-                mb.ref_logprobs = self._token_logprobs(self.ref_model, dev)[0].cpu()
+                mb.old_logprobs = self._token_logprobs(self._policy, dev)[0].cpu()
+            if ref and self._ref_policy is not None:
+                mb.ref_logprobs = self._token_logprobs(self._ref_policy, dev)[0].cpu()
+        self._reshard()
         return batch
 
     logprobs = compute_logprobs  # the TrainerBackend protocol name (DESIGN.md section 3)
+
+    @torch.no_grad()
+    def sequence_logprobs(self, token_ids: list[int], start: int) -> list[float]:
+        """Teacher-forced logprob of token_ids[t] for each t >= start under the current weights,
+        float32 log_softmax(logits / temperature) as the engine computes it. Collective."""
+        if not 1 <= start <= len(token_ids):
+            raise ValueError(
+                f"start={start} must be in [1, {len(token_ids)}] (len(token_ids)): the first "
+                "token has no logprob"
+            )
+        if start == len(token_ids):
+            return []
+        self.model.eval()
+        assert self._policy is not None
+        ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, L]
+        positions = torch.arange(len(token_ids) - 1, device=self.device)[None]  # [1, L-1]
+        # Position t predicts token t+1, so the trained positions start at start - 1.
+        loss_mask = (positions >= start - 1).float()
+        logprobs, _ = self._policy(ids[:, :-1], positions, ids[:, 1:], loss_mask)
+        self._reshard()
+        return logprobs[0, start - 1 :].tolist()
 
     # ------------------------------------------------------------ training
 
@@ -253,7 +284,12 @@ class TorchBackend:
         train-vs-rollout logprob mismatch, grad_norm, lr) and the batch counts, unprefixed.
 
         Old logprobs are taken before the first update when there are several steps; with one
-        step the current logprobs (detached) serve, which equal them."""
+        step the current logprobs (detached) serve, which equal them.
+
+        Data parallel: every rank returns the same metrics. Loss terms, clip fractions, approx_kl,
+        entropy, ratio_mean and TIS stats are each rank's share of a global mean, summed over
+        ranks; ratio_max/min are max/min-reduced; grad_norm is the global norm. So they equal
+        the 1-rank values up to float summation order; none is a per-rank approximation."""
         self._check_packing(batch)
         model = self.model
         mbs = list(batch.micro_batches())
@@ -271,11 +307,12 @@ class TorchBackend:
 
     def _optimizer_step(self, step: StepBatch) -> dict[str, float]:
         assert self.optimizer is not None and self.scheduler is not None
+        assert self._policy is not None
         self.optimizer.zero_grad(set_to_none=True)
         parts = []
         for mb in step.micro_batches:
             dev = mb.to(self.device)
-            logprobs, entropy = self._token_logprobs(self.model, dev)
+            logprobs, entropy = self._token_logprobs(self._policy, dev)
             old = dev.old_logprobs if dev.old_logprobs is not None else logprobs.detach()
             loss, metrics = self.objective(
                 logprobs, entropy, dev.loss_inputs(step.num_loss_tokens, step.num_seqs, old)
@@ -284,96 +321,78 @@ class TorchBackend:
             parts.append(metrics)
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.train_cfg.clip_grad if self.train_cfg.clip_grad > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
+        # Under FSDP the norm is a DTensor over the ranks' shards: its full value is global.
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.zeros(())
+        grad_norm = float(full_tensor(norm))
         is_finite = math.isfinite(grad_norm)
         lr = float(self.optimizer.param_groups[0]["lr"])
         if is_finite:
             self.optimizer.step()
         self.scheduler.step()
         self.optimizer_step += 1
-        metrics = combine_metrics(parts)
+        metrics = reduce_metrics(combine_metrics(parts), self.device)
         metrics.update(grad_norm=grad_norm, lr=lr, skipped_nonfinite_grad=float(not is_finite))
         return metrics
 
     # ------------------------------------------------------------ weights out
 
-    def _unique_state(self) -> Iterator[tuple[str, Tensor]]:
-        """HF-named tensors, each storage once (a tied lm_head is left out, as save_pretrained does)."""
-        seen: set[tuple[int, tuple[int, ...]]] = set()
-        for name, tensor in self.model.state_dict().items():
-            key = (tensor.data_ptr(), tuple(tensor.shape))
-            if key in seen:
-                continue
-            seen.add(key)
-            yield name, tensor.detach()
-
     def state_dict_for_engine(self) -> dict[str, Tensor]:
-        """HF name -> tensor. The tensors share storage with the live parameters: copy them."""
-        return dict(self._unique_state())
+        """HF name -> whole tensor (collective). Unsharded, they share storage with the live
+        parameters: copy them."""
+        return dict(unique_named_tensors(self.model))
 
     def export_weights(
-        self, bucket_size_bytes: int = 512 * 2**20, *, dtype: torch.dtype | None = None
+        self,
+        bucket_size_bytes: int = DEFAULT_BUCKET_SIZE_BYTES,
+        *,
+        dtype: torch.dtype | None = None,
     ) -> Iterator[list[tuple[str, Tensor]]]:
-        """Buckets of (HF name, tensor) of about `bucket_size_bytes` each (a larger tensor alone)."""
-        bucket: list[tuple[str, Tensor]] = []
-        size = 0
-        for name, tensor in self._unique_state():
-            if dtype is not None:
-                tensor = tensor.to(dtype)
-            nbytes = tensor.numel() * tensor.element_size()
-            if bucket and size + nbytes > bucket_size_bytes:
-                yield bucket
-                bucket, size = [], 0
-            bucket.append((name, tensor))
-            size += nbytes
-        if bucket:
-            yield bucket
+        """Per-dtype buckets of (HF name, whole tensor) of at most `bucket_size_bytes` (a larger
+        tensor alone), a tied lm_head left out. Collective and lazy: every rank iterates to the
+        end together, each tensor is gathered once, and every rank receives all of them."""
+        return bucket_by_dtype(unique_named_tensors(self.model, dtype=dtype), bucket_size_bytes)
 
     # ------------------------------------------------------------ save / load
 
     def save(self, directory: str | Path) -> None:
-        """Weights as safetensors in a layout transformers loads, plus optimizer, scheduler, counters."""
+        """Collective, same `directory` on every rank (shared by them). Model and optimizer as DCP
+        shards (loadable on any number of ranks); rank 0 adds the scheduler, counters and an HF
+        copy (config, safetensors, tokenizer) that transformers loads as a model."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(str(out))
-        for name in TOKENIZER_FILES:
-            src = Path(self.model_path) / name
-            if src.is_file() and not (out / name).exists():
-                shutil.copyfile(src, out / name)
+        model = self.model
         assert self.optimizer is not None and self.scheduler is not None
-        torch.save(self.optimizer.state_dict(), out / "optimizer.pt")
-        torch.save(self.scheduler.state_dict(), out / "scheduler.pt")
-        state = {
-            "optimizer_step": self.optimizer_step,
-            "num_train_steps": self.num_train_steps,
-            "base_model_path": self.model_path,
-        }
-        (out / STATE_FILE).write_text(json.dumps(state, indent=2))
+        sharded_checkpoint.save_sharded(out, model, self.optimizer)
+        is_writer = dp_rank() == 0
+        sharded_checkpoint.save_hf_copy(
+            out,
+            model,
+            unique_named_tensors(model),
+            source_dir=self.model_path,
+            is_writer=is_writer,
+        )
+        if is_writer:
+            counters = {
+                "optimizer_step": self.optimizer_step,
+                "num_train_steps": self.num_train_steps,
+                "base_model_path": self.model_path,
+                "dp_size": self.dp_size,
+            }
+            sharded_checkpoint.write_counters(out, self.scheduler, counters)
+        _barrier()  # no rank returns (and no caller renames the directory) before rank 0 wrote
 
     def load(self, directory: str | Path) -> None:
-        """Restore weights, optimizer, scheduler and counters written by `save`."""
-        from safetensors.torch import load_file
-
+        """Collective. Restore weights, optimizer, scheduler and counters written by `save`, on
+        this run's number of ranks (DCP reshards)."""
         src = Path(directory)
-        files = sorted(src.glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(
-                f"no *.safetensors weights in {src}; is it a checkpoint written by save()?"
-            )
-        weights: dict[str, Tensor] = {}
-        for f in files:
-            weights.update(load_file(str(f)))
         model = self.model
-        missing, unexpected = model.load_state_dict(weights, strict=False)
-        tied = {n for n, _ in model.state_dict().items() if n not in dict(self._unique_state())}
-        if unexpected or set(missing) - tied:
-            raise ValueError(
-                f"checkpoint {src} does not fit the model {self.model_path}: missing "
-                f"{sorted(set(missing) - tied)[:5]}, unexpected {sorted(unexpected)[:5]}"
-            )
         assert self.optimizer is not None and self.scheduler is not None
-        self.optimizer.load_state_dict(torch.load(src / "optimizer.pt", map_location=self.device))
-        self.scheduler.load_state_dict(torch.load(src / "scheduler.pt"))
-        state = json.loads((src / STATE_FILE).read_text())
+        sharded_checkpoint.load_sharded(src, model, self.optimizer)
+        state = sharded_checkpoint.read_counters(src, self.scheduler)
         self.optimizer_step = int(state["optimizer_step"])
         self.num_train_steps = int(state["num_train_steps"])
+
+
+def _barrier() -> None:
+    if dp_world_size() > 1:
+        torch.distributed.barrier()

@@ -36,7 +36,7 @@ def test_ring_moves_only_the_removed_servers_keys():
 async def test_every_turn_of_an_episode_reaches_one_server():
     servers = [Server("a"), Server("b")]
     engine = RoutedEngine(servers)
-    for turn in range(3):
+    for _turn in range(3):
         for episode in range(20):
             await engine.generate([1, 2], SamplingParams(), routing_key=f"ep{episode}")
     for server in servers:

@@ -24,9 +24,9 @@ from agentrl.engine.sglang import (
     num_requests_from_load,
 )
 from agentrl.engine.weight_transport import (
-    group_by_dtype,
     deserialize_named_tensors,
     flatten_bucket,
+    group_by_dtype,
     serialize_for_ipc,
 )
 

@@ -7,9 +7,11 @@ import pytest
 from agentrl.config import AlgoConfig
 from agentrl.trainer.batch import (
     build_train_batch,
+    build_train_batches,
     compute_advantages,
     filter_zero_variance_groups,
     pack_first_fit_decreasing,
+    split_balanced,
 )
 from agentrl.types import EpisodeStatus
 
@@ -148,3 +150,83 @@ def test_status_may_arrive_as_a_string(traj):
     assert compute_advantages([[t]], AlgoConfig()) == [[None]]
     batch = build_train_batch([[t]], AlgoConfig(), max_tokens_per_micro_batch=8, pad_id=0)
     assert batch.steps == [] and batch.metrics["batch/num_excluded_error"] == 1.0
+
+
+def _sequence_lengths(step) -> list[int]:
+    return [
+        int((mb.seq_index[0] == k).sum())
+        for mb in step.micro_batches
+        for k in range(len(mb.sample_indices))
+    ]
+
+
+def test_one_rank_of_build_train_batches_is_build_train_batch(groups_factory):
+    groups = groups_factory(num_groups=3, group_size=4, seed=4)
+    kw = dict(max_tokens_per_micro_batch=30, pad_id=0, global_batch_size=5)
+    (many,) = build_train_batches(groups, AlgoConfig(), dp_size=1, **kw)
+    one = build_train_batch(groups, AlgoConfig(), **kw)
+    assert many.metrics == one.metrics and len(many.steps) == len(one.steps)
+    for a, b in zip(many.micro_batches(), one.micro_batches(), strict=True):
+        assert a.sample_indices == b.sample_indices
+        assert a.input_ids.equal(b.input_ids) and a.loss_mask.equal(b.loss_mask)
+
+
+def test_ranks_split_each_step_by_tokens_and_keep_its_global_denominators(groups_factory):
+    groups = groups_factory(num_groups=3, group_size=4, seed=5)
+    (whole,) = build_train_batches(
+        groups, AlgoConfig(), max_tokens_per_micro_batch=20, pad_id=0, global_batch_size=7
+    )
+    ranks = build_train_batches(
+        groups,
+        AlgoConfig(),
+        max_tokens_per_micro_batch=20,
+        pad_id=0,
+        global_batch_size=7,
+        dp_size=3,
+    )
+    assert len(ranks) == 3
+    for s, step in enumerate(whole.steps):
+        per_rank = [batch.steps[s] for batch in ranks]
+        # Every rank: the same micro-batch count (collectives stay in step), the global counts.
+        assert len({len(r.micro_batches) for r in per_rank}) == 1
+        assert {(r.num_loss_tokens, r.num_seqs) for r in per_rank} == {
+            (step.num_loss_tokens, step.num_seqs)
+        }
+        # Each sequence of the step on exactly one rank, loss tokens conserved.
+        indices = sorted(i for r in per_rank for mb in r.micro_batches for i in mb.sample_indices)
+        assert indices == sorted(i for mb in step.micro_batches for i in mb.sample_indices)
+        assert sum(float(mb.loss_mask.sum()) for r in per_rank for mb in r.micro_batches) == float(
+            step.num_loss_tokens
+        )
+        # Balanced: rank token totals differ by at most the longest sequence.
+        totals = [sum(_sequence_lengths(r)) for r in per_rank]
+        assert max(totals) - min(totals) <= max(_sequence_lengths(step))
+    assert all(batch.metrics == ranks[0].metrics for batch in ranks)  # global, on every rank
+    assert ranks[0].metrics["batch/num_trained_sequences"] == 12.0
+
+
+def test_a_rank_without_sequences_gets_an_empty_micro_batch(traj):
+    groups = [[traj([(3, 0)], reward=1.0, seed=1), traj([(2, 1)], reward=0.0, seed=2)]]
+    *busy, idle = build_train_batches(
+        groups, AlgoConfig(), max_tokens_per_micro_batch=64, pad_id=7, dp_size=3
+    )
+    assert [len(b.steps[0].micro_batches[0].sample_indices) for b in busy] == [1, 1]
+    (step,) = idle.steps
+    assert step.num_seqs == 2 and step.num_loss_tokens == 5  # the step's, not this rank's
+    (mb,) = step.micro_batches
+    assert mb.input_ids.tolist() == [[7]] and mb.loss_mask.sum() == 0
+    assert mb.sample_indices == [] and mb.seq_num_tokens.tolist() == [0.0]
+    assert idle.metrics["batch/num_micro_batches"] == 2.0
+    assert idle.metrics["batch/num_empty_micro_batches"] == 1.0
+
+
+def test_split_balanced_puts_the_longest_first_on_the_lightest_rank():
+    assert split_balanced([5, 9, 3, 7, 1], 2) == [[1, 2, 4], [0, 3]]  # 9+3+1 | 7+5
+    assert split_balanced([4], 3) == [[0], [], []]
+
+
+def test_dp_size_must_be_positive(groups_factory):
+    with pytest.raises(ValueError, match="dp_size=0 must be >= 1"):
+        build_train_batches(
+            groups_factory(1, 2), AlgoConfig(), max_tokens_per_micro_batch=8, pad_id=0, dp_size=0
+        )

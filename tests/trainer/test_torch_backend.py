@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from agentrl.config import AlgoConfig, TrainConfig
+from agentrl.trainer.backend import TrainerBackend
 from agentrl.trainer.batch import TrainBatch, build_train_batch
 from agentrl.trainer.torch_backend import TorchBackend, lr_factor
 
@@ -200,6 +201,33 @@ def test_export_weights_buckets_hf_names_without_tied_duplicates(tiny_llama_path
     assert flat == list(engine_state)
     (_, first), *_ = next(iter(backend.export_weights(dtype=torch.bfloat16)))
     assert first.dtype == torch.bfloat16
+
+
+def test_torch_backend_is_a_trainer_backend(tiny_llama_path):
+    backend = _backend(tiny_llama_path)
+    assert isinstance(backend, TrainerBackend)
+    assert backend.pad_id == 0 and backend._model is None  # pad_id never loads (or shards) it
+
+
+def test_sequence_logprobs_are_the_tempered_log_softmax_of_the_logits(tiny_llama_path):
+    backend = TorchBackend(
+        tiny_llama_path, TrainConfig(), AlgoConfig(), device="cpu", temperature=0.7
+    )
+    ids = [5, 9, 17, 33, 8, 41, 12]
+    got = backend.sequence_logprobs(ids, 2)
+    with torch.no_grad():
+        logits = backend.model(torch.tensor([ids])).logits[0].float()  # [L, V]
+    want = torch.log_softmax(logits / 0.7, dim=-1)[torch.arange(1, 6), torch.tensor(ids[2:])]
+    assert len(got) == len(ids) - 2
+    assert got == pytest.approx(want.tolist(), abs=1e-5)
+    assert backend.sequence_logprobs(ids, len(ids)) == []
+    with pytest.raises(ValueError, match="start=0 must be in \\[1, 7\\]"):
+        backend.sequence_logprobs(ids, 0)
+
+
+def test_load_tells_a_model_directory_from_a_checkpoint(tiny_llama_path):
+    with pytest.raises(FileNotFoundError, match="is a model, not a trainer checkpoint"):
+        _backend(tiny_llama_path).load(tiny_llama_path)
 
 
 def test_lr_schedule():

@@ -1,0 +1,51 @@
+"""The `TrainerBackend` protocol: what the loop and the cluster layer ask of a trainer rank."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from agentrl.trainer.batch import TrainBatch
+
+
+@runtime_checkable
+class TrainerBackend(Protocol):
+    """One trainer rank. With several ranks in a torch.distributed group, every method but
+    `pad_id` is collective: all ranks call it together, with the same arguments (for `logprobs`
+    and `train_step`, each rank its own batch of `build_train_batches(..., dp_size)`)."""
+
+    @property
+    def pad_id(self) -> int:
+        """A token id for padding rows (never attended to, never trained)."""
+        ...
+
+    def logprobs(self, batch: TrainBatch) -> TrainBatch:
+        """Fill every micro-batch's `old_logprobs` (and `ref_logprobs` with a reference model)."""
+        ...
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimizer step per `batch.steps` entry; metrics equal on every rank."""
+        ...
+
+    def export_weights(
+        self, bucket_size_bytes: int = ..., dtype: torch.dtype | None = None
+    ) -> Iterator[list[tuple[str, Tensor]]]:
+        """Per-dtype buckets of (HF name, whole tensor); every rank receives every tensor."""
+        ...
+
+    def sequence_logprobs(self, token_ids: list[int], start: int) -> list[float]:
+        """float32 log_softmax(logits / temperature) of token_ids[t] for t >= start, teacher-forced
+        under the current weights (the engine's definition, to check a weight sync)."""
+        ...
+
+    def save(self, directory: str | Path) -> None:
+        """Sharded model + optimizer state, loadable on any number of ranks, plus an HF copy."""
+        ...
+
+    def load(self, directory: str | Path) -> None:
+        """Restore what `save` wrote (possibly with another number of ranks)."""
+        ...

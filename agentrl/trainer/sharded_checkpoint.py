@@ -1,0 +1,121 @@
+"""What a `TorchBackend` writes into a checkpoint directory: model and optimizer state sharded
+with torch.distributed.checkpoint (DCP reshards on load, so any number of ranks can read it), the
+scheduler and counters, and an HF copy at the top level that transformers loads as a model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import Tensor
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from agentrl.trainer.fsdp import dp_world_size
+
+SHARDED_DIR = "sharded"  # DCP's files: one .distcp per rank and a .metadata
+SCHEDULER_FILE = "scheduler.pt"
+STATE_FILE = "trainer_state.json"
+HF_WEIGHTS_FILE = "model.safetensors"
+# Files copied next to the weights so a checkpoint directory loads like the source model.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+)
+
+
+def save_sharded(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Collective: every rank writes its shards of the model and optimizer state."""
+    model_state, optim_state = get_state_dict(model, optimizer)
+    with _single_process_is_intended():
+        dcp.save(
+            {"model": model_state, "optimizer": optim_state},
+            checkpoint_id=str(out / SHARDED_DIR),
+            no_dist=dp_world_size() == 1,  # one rank: the same format, without a process group
+        )
+
+
+def load_sharded(src: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Collective: every rank reads the pieces its own shards need."""
+    _check_is_checkpoint(src)
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optim_state}
+    with _single_process_is_intended():
+        dcp.load(state, checkpoint_id=str(src / SHARDED_DIR), no_dist=dp_world_size() == 1)
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+    )
+
+
+@contextmanager
+def _single_process_is_intended() -> Iterator[None]:
+    """Silence DCP's warning that it runs without a process group: one rank is a supported case."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _check_is_checkpoint(src: Path) -> None:
+    if (src / SHARDED_DIR / ".metadata").is_file():
+        return
+    if any(src.glob("*.safetensors")):
+        raise FileNotFoundError(
+            f"{src} holds *.safetensors weights but no trainer state ({SHARDED_DIR}/.metadata): it "
+            "is a model, not a trainer checkpoint; start a new run from it with model.path"
+        )
+    raise FileNotFoundError(
+        f"no *.safetensors weights and no trainer state ({SHARDED_DIR}/.metadata) in {src}; "
+        "is it a checkpoint directory written by TorchBackend.save()?"
+    )
+
+
+def save_hf_copy(
+    out: Path,
+    model: torch.nn.Module,
+    named_tensors: Iterable[tuple[str, Tensor]],
+    *,
+    source_dir: str,
+    is_writer: bool,
+) -> None:
+    """config.json, model.safetensors and the source's tokenizer files, written by the writer
+    rank. Every rank iterates `named_tensors` (the whole tensors, gathered one by one)."""
+    weights = {}
+    for name, tensor in named_tensors:
+        if is_writer:
+            weights[name] = tensor.detach().to("cpu", copy=True).contiguous()
+    if not is_writer:
+        return
+    from safetensors.torch import save_file
+
+    save_file(weights, str(out / HF_WEIGHTS_FILE), metadata={"format": "pt"})
+    model.config.save_pretrained(str(out))
+    generation_config = getattr(model, "generation_config", None)
+    if generation_config is not None:
+        generation_config.save_pretrained(str(out))
+    for name in TOKENIZER_FILES:
+        src = Path(source_dir) / name
+        if src.is_file() and not (out / name).exists():
+            shutil.copyfile(src, out / name)
+
+
+def write_counters(out: Path, scheduler: Any, counters: dict[str, Any]) -> None:
+    torch.save(scheduler.state_dict(), out / SCHEDULER_FILE)
+    (out / STATE_FILE).write_text(json.dumps(counters, indent=2))
+
+
+def read_counters(src: Path, scheduler: Any) -> dict[str, Any]:
+    scheduler.load_state_dict(torch.load(src / SCHEDULER_FILE))
+    return json.loads((src / STATE_FILE).read_text())
