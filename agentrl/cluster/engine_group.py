@@ -55,19 +55,23 @@ def server_cmd(spec: ServerSpec, port: int) -> list[str]:
             port=port,
             tp_size=len(spec.device_ids),
             mem_fraction_static=spec.mem_fraction_static,
+            base_gpu_id=spec.device_ids[0] if spec.use_gpu else 0,
             extra_args=spec.sglang_args,
         )
+    device = f"cuda:{spec.device_ids[0]}" if spec.use_gpu else "cpu"
     return [sys.executable, "-m", "agentrl.cli", "serve", "--model", spec.model_path,
-            "--host", spec.host, "--port", str(port), "--device", "cuda" if spec.use_gpu else "cpu",
+            "--host", spec.host, "--port", str(port), "--device", device,
             "--dtype", spec.dtype, "--max-batch-size", str(spec.max_batch_size),
             "--log-level", "warning"]  # fmt: skip
 
 
 def server_env(spec: ServerSpec) -> dict[str, str]:
+    # GPUs: every process sees every GPU of the node and picks its own by id (--device cuda:N,
+    # SGLang's --base-gpu-id), as slime does: NCCL between processes that see different device
+    # sets cannot use peer-to-peer copies.
     env = dict(os.environ)
-    if spec.use_gpu:  # the actor chose the physical GPUs of its bundles (Ray does not set them)
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.device_ids))
-    else:  # one CPU "GPU" per worker: threads beyond that only fight each other
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    if not spec.use_gpu:  # one CPU "GPU" per worker: threads beyond that only fight each other
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     return env
 

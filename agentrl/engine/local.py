@@ -1,13 +1,16 @@
 """`LocalEngine`: the Engine protocol on an in-process transformers model.
 
 An asyncio front end queues requests from many episodes; one worker thread runs the model with
-continuous batching (requests join and leave the running batch between decode steps).
+continuous batching: each step packs every running sequence's uncached tokens (prefill, continued
+prefill, decode) into one forward whose attention reads and writes a fixed KV arena. On CUDA, steps
+that only decode replay a CUDA graph; an episode's routing key keeps its slot between turns.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -16,10 +19,18 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from agentrl.engine.attention import (
+    flash_attention_supported,
+    forward_over_arena,
+    use_arena_attention,
+)
 from agentrl.engine.base import Completion, EngineError, FinishReason, SamplingParams
-from agentrl.engine.batching import DecodeBatch, Sequence, StopChecker, decode_step, prefill
+from agentrl.engine.batching import Sequence, StopChecker, pack_step
+from agentrl.engine.cuda_graphs import DecodeGraphs
+from agentrl.engine.kv_arena import KVArena
 from agentrl.engine.model_store import load_model_and_tokenizer, resolve_device, resolve_model_path
-from agentrl.engine.sampling import RowSampling, sample_next
+from agentrl.engine.sampling import SamplingRows, sample
+from agentrl.engine.scheduler import Scheduler
 
 if TYPE_CHECKING:
     from agentrl.config import EngineConfig, ModelConfig
@@ -35,6 +46,11 @@ class EngineStats:
     num_decode_steps: int = 0
     num_generated_tokens: int = 0
     max_running_batch_size: int = 0
+    num_prefill_tokens: int = 0
+    """Tokens run through the model other than decode tokens (prompts, new multi-turn tails)."""
+    num_cached_tokens: int = 0
+    """Prompt tokens reused from a routing key's slot instead of prefilled."""
+    num_graph_replays: int = 0
 
 
 @dataclass
@@ -64,7 +80,9 @@ def _resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], resul
 class LocalEngine:
     """Serves many concurrent `generate` calls from one transformers model, batched together.
 
-    Loads the model in the constructor (the engine is unusable without it) and starts the worker.
+    Loads the model and allocates the KV arena in the constructor (the engine is unusable without
+    them) and starts the worker. The arena holds `num_slots` sequences of `max_context_len` tokens
+    (default: the model's context, at most 8192); `KVArena.for_model` sizes it by default.
     """
 
     def __init__(
@@ -76,26 +94,53 @@ class LocalEngine:
         max_batch_size: int = 32,
         seed: int = 0,
         weight_version: str = "0",
+        max_context_len: int | None = None,
+        num_slots: int | None = None,
+        mem_fraction_static: float = 0.5,
+        max_prefill_tokens: int = 8192,
+        use_prefix_cache: bool = True,
+        use_cuda_graphs: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size} must be at least 1")
+        if not 0 < mem_fraction_static <= 1:
+            raise ValueError(f"mem_fraction_static={mem_fraction_static} must be in (0, 1]")
         self.model_path = resolve_model_path(model_path)
         self.device = resolve_device(device)
         self.model, self.tokenizer = load_model_and_tokenizer(
             self.model_path, device=self.device, dtype=dtype
         )
+        use_arena_attention(self.model)
         self.max_batch_size = max_batch_size
         self.stats = EngineStats()
         self._weight_version = weight_version
-        self._generator = torch.Generator(self.device).manual_seed(seed)
-        self._stop_checker = StopChecker(
-            self.tokenizer, self._eos_token_ids(), self._max_positions()
+        self._generator = torch.Generator().manual_seed(seed)
+        self._size_arena = functools.partial(
+            KVArena.for_model,
+            self.model.config,
+            self.model.dtype,
+            self.device,
+            max_batch_size=max_batch_size,
+            max_context_len=min(max_context_len or 8192, self._max_positions()),
+            num_slots=num_slots,
+            mem_fraction=mem_fraction_static,
         )
-        self._pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.arena = self._size_arena()
+        self.arena.allocate(self.device)
+        self._scheduler = Scheduler(
+            self.arena,
+            max_batch_size=max_batch_size,
+            max_prefill_tokens=max_prefill_tokens,
+            use_prefix_cache=use_prefix_cache,
+        )
+        self._use_flash = flash_attention_supported(self.device, self.model.dtype)
+        self._use_graphs = use_cuda_graphs and self._use_flash
+        self._graphs: DecodeGraphs | None = None
+        self._stop_checker = StopChecker(
+            self.tokenizer, self._eos_token_ids(), min(self._max_positions(), self.arena.max_len)
+        )
         self._vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
-        self._pending: collections.deque[Sequence] = collections.deque()
         self._commands: collections.deque[_Command] = collections.deque()
-        self._batch: DecodeBatch | None = None
         self._is_released = False
         self._is_closed = False
         self._wake = threading.Event()
@@ -130,18 +175,24 @@ class LocalEngine:
     async def generate(
         self, input_ids: list[int], sampling: SamplingParams, *, routing_key: str | None = None
     ) -> Completion:
-        """Continue `input_ids`; the returned ids exclude the prompt. `routing_key` is unused here."""
+        """Continue `input_ids`; the returned ids exclude the prompt. Requests sharing a
+        `routing_key` (one episode's turns) reuse the K/V of their common prefix."""
         if self._is_closed:
             raise EngineError("LocalEngine is closed; create a new engine")
         self._check_request(input_ids, sampling)
         loop = asyncio.get_running_loop()
         seq = Sequence(
-            list(input_ids), sampling, loop.create_future(), loop, self._row_sampling(sampling)
+            list(input_ids),
+            sampling,
+            loop.create_future(),
+            loop,
+            seed=self._request_seed(sampling),
+            routing_key=routing_key,
         )
         if sampling.max_new_tokens == 0 or len(input_ids) >= self._stop_checker.max_positions:
             seq.finish(FinishReason.LENGTH)
             return seq.to_completion(self._weight_version)
-        self._pending.append(seq)
+        self._scheduler.add(seq)
         self._wake.set()
         try:
             return await seq.future
@@ -153,22 +204,25 @@ class LocalEngine:
     async def update_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, weight_version: str
     ) -> None:
-        """Copy HF-named tensors into the model in place, between decode steps."""
+        """Copy HF-named tensors into the model in place, between steps (CUDA graphs stay valid).
+        Idle multi-turn prefixes are dropped: their K/V came from the old weights."""
         updates = list(named_tensors)
         self._check_weights(updates)
         await self._call(lambda: self._apply_weights(updates, weight_version))
 
     async def release_memory(self) -> None:
-        """Move weights and KV cache to host memory; generation pauses until `resume_memory`.
+        """Free the accelerator memory: weights move to host memory, the KV arena and CUDA graphs
+        are dropped. Running requests pause and are prefilled again after `resume_memory`.
 
         A no-op on CPU, where there is no accelerator memory to give back.
         """
         if self.device != "cpu":
-            await self._call(lambda: self._move_to("cpu", is_released=True))
+            await self._call(self._release)
 
     async def resume_memory(self) -> None:
+        """Weights back on the accelerator and a fresh KV arena; graphs are captured again."""
         if self.device != "cpu":
-            await self._call(lambda: self._move_to(self.device, is_released=False))
+            await self._call(self._resume)
 
     async def abort(self) -> None:
         """End every running and queued request now; each returns its ids so far with ABORT."""
@@ -207,12 +261,11 @@ class LocalEngine:
         if sampling.max_new_tokens < 0:
             raise ValueError(f"sampling.max_new_tokens={sampling.max_new_tokens} must be >= 0")
 
-    def _row_sampling(self, sampling: SamplingParams) -> RowSampling:
-        generator = None
+    def _request_seed(self, sampling: SamplingParams) -> int:
+        # A seeded request draws from its own noise stream: independent of its batch mates.
         if sampling.seed is not None:
-            # Its own RNG: the draws of a seeded request do not depend on its batch mates.
-            generator = torch.Generator(self.device).manual_seed(sampling.seed)
-        return RowSampling(sampling.temperature, sampling.top_p, sampling.top_k, generator)
+            return sampling.seed & ((1 << 63) - 1)
+        return int(torch.randint(0, 1 << 62, (1,), generator=self._generator))
 
     def _check_weights(self, updates: list[tuple[str, torch.Tensor]]) -> None:
         state = self.model.state_dict()
@@ -246,26 +299,31 @@ class LocalEngine:
                 target = state[name]
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
         self._weight_version = weight_version
+        self._scheduler.drop_prefixes()
 
-    def _move_to(self, device: str, *, is_released: bool) -> None:
-        self.model.to(device)
-        if self._batch is not None:
-            self._batch.to(device)
-        if is_released and torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        self._is_released = is_released
+    def _release(self) -> None:
+        self._scheduler.preempt_all()  # running requests are prefilled again on resume
+        self._graphs = None
+        self.model.to("cpu")
+        if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):  # cached per stream, not in use
+            torch._C._cuda_clearCublasWorkspaces()
+        torch.cuda.empty_cache()
+        self._is_released = True
+
+    def _resume(self) -> None:
+        self.model.to(self.device)
+        # Sized again: a colocated trainer may hold more (or less) memory than at the start.
+        self.arena = self._scheduler.arena = self._size_arena()
+        self.arena.allocate(self.device)
+        self._is_released = False  # graphs are captured again at the next decode step
 
     def _abort_all(self) -> None:
-        running = self._batch.sequences if self._batch is not None else []
-        self._batch = None
-        for seq in running + self._take_pending(len(self._pending)):
+        for seq in self._scheduler.take_all(keep_prefixes=True):
             seq.finish(FinishReason.ABORT)
             self._deliver(seq)
 
     def _fail_all(self, error: Exception) -> None:
-        running = self._batch.sequences if self._batch is not None else []
-        self._batch = None
-        for seq in running + self._take_pending(len(self._pending)):
+        for seq in self._scheduler.take_all(keep_prefixes=False):
             _resolve(seq.loop, seq.future, error)
         while self._commands:
             command = self._commands.popleft()
@@ -277,7 +335,7 @@ class LocalEngine:
         while not self._is_closed:
             self._wake.clear()
             self._run_commands()
-            if self._is_released or not (self._pending or self._batch):
+            if self._is_released or not self._scheduler.has_work():
                 self._wake.wait()
                 continue
             try:
@@ -295,77 +353,81 @@ class LocalEngine:
                 _resolve(command.loop, command.future, e)
 
     def _step(self) -> None:
-        """Admit waiting requests (prefill), then one decode step for every running row."""
-        self._drop_cancelled()
-        room = self.max_batch_size - (len(self._batch) if self._batch else 0)
-        admitted = [s for s in self._take_pending(room) if not s.is_cancelled]
-        if admitted:
-            self._admit(admitted)
-        if self._batch is not None:
-            self.stats.max_running_batch_size = max(
-                self.stats.max_running_batch_size, len(self._batch)
-            )
-            logits = decode_step(self.model, self._batch)
-            self.stats.num_decode_steps += 1
-            self._sample_into(self._batch, logits)
-            self._retire_finished()
-
-    def _take_pending(self, n: int) -> list[Sequence]:
-        taken = []
-        while self._pending and len(taken) < n:
-            taken.append(self._pending.popleft())
-        return taken
-
-    def _admit(self, sequences: list[Sequence]) -> None:
-        try:
-            joined, logits = prefill(self.model, sequences, self._pad_id)
-            self.stats.num_prefill_calls += 1
-            self._sample_into(joined, logits)
-        except Exception as e:
-            for seq in sequences:
-                _resolve(seq.loop, seq.future, EngineError(f"LocalEngine prefill failed: {e!r}"))
-            raise
-        if self._batch is None:
-            self._batch = joined
+        """Schedule (admit waiting requests into free slots) → run one forward over every running
+        sequence's uncached tokens → sample, check stops, deliver the finished."""
+        batch = self._scheduler.schedule()
+        if not batch:
+            return
+        self.stats.max_running_batch_size = max(self.stats.max_running_batch_size, len(batch))
+        num_new = [s.num_tokens - s.num_cached for s in batch]
+        is_decode_only = all(n == 1 for n in num_new) and all(s.output_ids for s in batch)
+        if is_decode_only and self._graphs_ready(len(batch)):
+            assert self._graphs is not None
+            ids, logprobs = self._graphs.run(batch, self._vocab_size)
+            self.stats.num_graph_replays += 1
         else:
-            self._batch.merge(joined)
-        self._retire_finished()
+            ids, logprobs = self._forward_eager(batch)
+        self._count_step(batch, num_new)
+        for seq in batch:
+            seq.num_cached = seq.num_tokens
+        self._append(batch, ids.tolist(), logprobs.tolist())
+        for seq in self._scheduler.retire():
+            self._deliver(seq)
 
-    def _sample_into(self, batch: DecodeBatch, logits: torch.Tensor) -> None:
-        ids, logprobs = sample_next(logits, [s.row for s in batch.sequences], self._generator)
-        batch.next_input_ids = torch.tensor(ids, device=batch.next_input_ids.device)
-        for seq, token_id, logprob in zip(batch.sequences, ids, logprobs, strict=True):
+    def _graphs_ready(self, batch_size: int) -> bool:
+        if not self._use_graphs:
+            return False
+        if self._graphs is None:
+            try:
+                self._graphs = DecodeGraphs.capture(
+                    self.model, self.arena, self.device, self.max_batch_size, self._vocab_size
+                )
+            except Exception:  # eager decode stays correct, only slower
+                logger.exception("LocalEngine: CUDA graph capture failed; decoding eagerly")
+                self._use_graphs = False
+                return False
+        return batch_size <= self._graphs.max_batch_size
+
+    @torch.inference_mode()
+    def _forward_eager(self, batch: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
+        step = pack_step(batch, self.arena, self.device, use_flash=self._use_flash)
+        if not self._use_flash:
+            for seq in batch:
+                assert seq.slot is not None
+                self.arena.ensure_clean(seq.slot, step.arena_step.max_k)
+        logits = forward_over_arena(
+            self.model, step.input_ids, step.position_ids, step.arena_step, step.last_index
+        )
+        rows = SamplingRows.empty(len(batch), self.device)
+        rows.fill([s.sampling_row() for s in batch], self._vocab_size)
+        return sample(
+            logits,
+            rows,
+            use_filter=any(s.sampling.top_k > 0 or s.sampling.top_p < 1 for s in batch),
+            use_noise=any(s.sampling.temperature > 0 for s in batch),
+        )
+
+    def _count_step(self, batch: list[Sequence], num_new: list[int]) -> None:
+        prefilled = [n for s, n in zip(batch, num_new, strict=True) if not s.output_ids]
+        if prefilled:
+            self.stats.num_prefill_calls += 1
+            self.stats.num_prefill_tokens += sum(prefilled)
+            self.stats.num_cached_tokens += sum(s.num_cached for s in batch if not s.output_ids)
+        if len(prefilled) < len(batch):
+            self.stats.num_decode_steps += 1
+
+    def _append(self, batch: list[Sequence], ids: list[int], logprobs: list[float]) -> None:
+        for seq, token_id, logprob in zip(batch, ids, logprobs, strict=True):
             seq.output_ids.append(token_id)
             seq.output_logprobs.append(logprob)
             self._stop_checker.check(seq)
         self.stats.num_generated_tokens += len(ids)
 
-    def _retire_finished(self) -> None:
-        assert self._batch is not None
-        keep = [
-            i
-            for i, s in enumerate(self._batch.sequences)
-            if not s.is_finished and not s.is_cancelled
-        ]
-        for seq in self._batch.sequences:
-            if seq.is_finished:
-                self._deliver(seq)
-        if len(keep) == len(self._batch):
-            return
-        if keep:
-            self._batch.keep(keep)
-        else:
-            self._batch = None
-
-    def _drop_cancelled(self) -> None:
-        if self._batch is not None and any(s.is_cancelled for s in self._batch.sequences):
-            self._retire_finished()
-
     def _deliver(self, seq: Sequence) -> None:
         _resolve(seq.loop, seq.future, seq.to_completion(self._weight_version))
 
     def _fail_running(self, error: Exception) -> None:
-        running = self._batch.sequences if self._batch is not None else []
-        self._batch = None
-        for seq in running:
+        for seq in self._scheduler.running:
+            self._scheduler.release_slot(seq, keep=False)
             _resolve(seq.loop, seq.future, error)
+        self._scheduler.running = []

@@ -1,7 +1,10 @@
-"""Next-token sampling for a batch of rows with their own temperature, top-k, top-p and RNG.
+"""Next-token sampling for a batch of rows, each with its own temperature, top-k, top-p and seed,
+in tensor ops only (no host sync), so the sampler runs inside a captured CUDA graph.
 
 The logprob of a sampled id is `log_softmax(logits / T)[id]` (T = 1 when greedy), with no
-top-k/top-p renormalisation: the trainer recomputes exactly this quantity.
+top-k/top-p renormalisation: the trainer recomputes exactly this quantity. A row samples by the
+Gumbel-max trick with noise hashed from (its seed, its output position, the vocabulary id), so a
+seeded request draws the same tokens whatever its batch mates are, on any batch layout.
 """
 
 from __future__ import annotations
@@ -10,51 +13,95 @@ from dataclasses import dataclass
 
 import torch
 
+_LOW_31 = (1 << 31) - 1
+_LOW_33 = (1 << 33) - 1
+_LOW_37 = (1 << 37) - 1
+
 
 @dataclass
-class RowSampling:
-    """How one row picks its next token; `generator` None = the engine's shared RNG."""
+class SamplingRows:
+    """Per-row sampling parameters as tensors, all `[B]` on the logits' device."""
 
-    temperature: float
-    top_p: float = 1.0
-    top_k: int = -1
-    generator: torch.Generator | None = None
+    temperature: torch.Tensor  # float32, 0 = greedy
+    top_p: torch.Tensor  # float32, 1 = off
+    top_k: torch.Tensor  # int64, >= vocab size = off
+    seed: torch.Tensor  # int64
+    position: torch.Tensor  # int64, tokens the row generated before this one
 
-    @property
-    def is_greedy(self) -> bool:
-        return self.temperature <= 0.0
+    @classmethod
+    def empty(cls, n: int, device: torch.device | str) -> SamplingRows:
+        return cls(
+            torch.zeros(n, device=device),
+            torch.ones(n, device=device),
+            torch.zeros(n, dtype=torch.long, device=device),
+            torch.zeros(n, dtype=torch.long, device=device),
+            torch.zeros(n, dtype=torch.long, device=device),
+        )
+
+    def fill(self, rows: list[tuple[float, float, int, int, int]], num_vocab: int) -> None:
+        """Copy (temperature, top_p, top_k, seed, position) per row into rows [0, len(rows))."""
+        n = len(rows)
+        temperature, top_p, top_k, seed, position = zip(*rows, strict=True)
+        top_k = tuple(num_vocab if k < 0 else k for k in top_k)
+        self.temperature[:n].copy_(torch.tensor(temperature), non_blocking=True)
+        self.top_p[:n].copy_(torch.tensor(top_p), non_blocking=True)
+        self.top_k[:n].copy_(torch.tensor(top_k), non_blocking=True)
+        self.seed[:n].copy_(torch.tensor(seed), non_blocking=True)
+        self.position[:n].copy_(torch.tensor(position), non_blocking=True)
+
+    def narrow(self, n: int) -> SamplingRows:
+        return SamplingRows(*(t[:n] for t in vars(self).values()))
 
 
-def filter_top_k_top_p(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Set logits outside the top-k / nucleus to -inf. `scaled`: [V] (already divided by T)."""
-    if 0 < top_k < scaled.shape[-1]:
-        kth = torch.topk(scaled, top_k).values[-1]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(scaled, descending=True)
-        sorted_probs = torch.softmax(sorted_logits, dim=-1)
-        # Drop a token once the mass before it already reaches top_p; the top token always stays.
-        drop_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= top_p
-        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
-        scaled = scaled.masked_fill(drop, float("-inf"))
-    return scaled
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser on int64 (products wrap; shifts masked to act as logical shifts)."""
+    x = x ^ ((x >> 31) & _LOW_33)
+    x = x * 0x7FB5D329728EA185
+    x = x ^ ((x >> 27) & _LOW_37)
+    x = x * 0x01A2B3C4D5E6F709
+    return x ^ ((x >> 33) & _LOW_31)
 
 
-def sample_next(
-    logits: torch.Tensor, rows: list[RowSampling], default_generator: torch.Generator | None = None
-) -> tuple[list[int], list[float]]:
-    """Pick one token per row. `logits`: [B, V] (any float dtype). Returns (ids, logprobs)."""
+def gumbel_noise(seed: torch.Tensor, position: torch.Tensor, num_vocab: int) -> torch.Tensor:
+    """Standard Gumbel noise [B, V], a pure function of (seed, position, vocabulary id)."""
+    base = _mix(seed * 0x2545F4914F6CDD1D + position)  # [B]
+    vocab = torch.arange(num_vocab, device=seed.device, dtype=torch.long)
+    bits = (_mix(base[:, None] + vocab[None, :] * 0x5851F42D4C957F2D) >> 40) & 0xFFFFFF  # [B, V]
+    uniform = (bits.float() + 0.5) / float(1 << 24)  # in (0, 1)
+    return -torch.log(-torch.log(uniform))
+
+
+def filter_top_k_top_p(
+    scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """Set logits outside each row's top-k, then outside its nucleus, to -inf. `scaled`: [B, V]."""
+    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)  # [B, V]
+    ranks = torch.arange(scaled.shape[-1], device=scaled.device)
+    sorted_logits = sorted_logits.masked_fill(ranks[None, :] >= top_k[:, None], float("-inf"))
+    probs = torch.softmax(sorted_logits, dim=-1)
+    # Drop a token once the mass before it already reaches top_p; the top token always stays.
+    drop = ((probs.cumsum(dim=-1) - probs) >= top_p[:, None]) & (top_p < 1.0)[:, None]
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(scaled).scatter_(1, order, sorted_logits)
+
+
+def sample(
+    logits: torch.Tensor, rows: SamplingRows, *, use_filter: bool = True, use_noise: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row. `logits`: [B, V]. Returns (ids [B] int64, logprobs [B] float32).
+
+    `use_filter` / `use_noise` False skip work that no row needs (every top-k/top-p off, every
+    row greedy); a captured graph keeps both on, since its rows change between replays.
+    """
     logits = logits.float()
-    temps = torch.tensor(
-        [1.0 if r.is_greedy else r.temperature for r in rows], device=logits.device
-    )
-    scaled = logits / temps[:, None]  # [B, V]
-    logprobs = torch.log_softmax(scaled, dim=-1)  # [B, V]
-    ids = torch.argmax(scaled, dim=-1)  # [B], kept for greedy rows
-    for i, row in enumerate(rows):
-        if row.is_greedy:
-            continue
-        probs = torch.softmax(filter_top_k_top_p(scaled[i], row.top_k, row.top_p), dim=-1)
-        ids[i] = torch.multinomial(probs, 1, generator=row.generator or default_generator)[0]
-    picked = logprobs.gather(1, ids[:, None])[:, 0]  # [B]
-    return ids.tolist(), picked.tolist()
+    is_greedy = rows.temperature <= 0.0
+    temperature = torch.where(is_greedy, torch.ones_like(rows.temperature), rows.temperature)
+    scaled = logits / temperature[:, None]  # [B, V]
+    logprobs = torch.log_softmax(scaled, dim=-1)
+    if use_filter:
+        scaled = filter_top_k_top_p(scaled, rows.top_k, rows.top_p)
+    if use_noise:
+        noise = gumbel_noise(rows.seed, rows.position, logits.shape[-1])
+        scaled = scaled + noise.masked_fill(is_greedy[:, None], 0.0)
+    ids = torch.argmax(scaled, dim=-1)  # [B]
+    return ids, logprobs.gather(1, ids[:, None])[:, 0]

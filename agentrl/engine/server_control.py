@@ -46,7 +46,7 @@ def add_control_routes(app: FastAPI, state: Any) -> None:
                     "num_running_reqs": s.num_running,
                     "num_waiting_reqs": s.num_waiting,
                     "released_tags": sorted(s.released_tags),
-                    "memory_allocated_bytes": _memory_allocated(),
+                    "memory_allocated_bytes": _memory_allocated(getattr(s.engine, "device", None)),
                 }
             ],
         }
@@ -124,8 +124,10 @@ def add_control_routes(app: FastAPI, state: Any) -> None:
         return None
 
 
-def _memory_allocated() -> int:
-    """Accelerator memory this server's process holds (0 on CPU): what a colocated release frees."""
+def _memory_allocated(device: Any) -> int:
+    """Accelerator memory the engine's device holds (0 on CPU): what a colocated release frees."""
     import torch
 
-    return int(torch.cuda.memory_allocated()) if torch.cuda.is_available() else 0
+    if not torch.cuda.is_available() or str(device or "cuda").startswith("cpu"):
+        return 0
+    return int(torch.cuda.memory_allocated(device))

@@ -49,9 +49,27 @@ def test_slime_flags_map_to_config():
 
 
 def test_unsupported_slime_flag_is_named():
-    result = runner.invoke(app, ["train", "--actor-num-nodes", "2"])
+    result = runner.invoke(app, ["train", "--tensor-model-parallel-size", "2"])
     assert result.exit_code != 0
-    assert "--actor-num-nodes" in result.output
+    assert "--tensor-model-parallel-size" in result.output
+
+
+def test_placement_flags_map_to_the_cluster_section():
+    flags = ["--actor-num-nodes", "2", "--actor-num-gpus-per-node", "4", "--rollout-num-gpus", "4",
+             "--rollout-num-gpus-per-engine", "2", "--colocate", "--ray-address", "head:6379",
+             "--update-weight-transport", "disk"]  # fmt: skip
+    result = runner.invoke(app, ["train", *flags, "--show-config"])
+    assert result.exit_code == 0, result.output
+    cluster = json.loads(result.output)["cluster"]
+    assert cluster["actor_num_nodes"] == 2 and cluster["actor_num_gpus_per_node"] == 4
+    assert cluster["rollout_num_gpus"] == 4 and cluster["rollout_num_gpus_per_engine"] == 2
+    assert cluster["colocate"] is True and cluster["ray_address"] == "head:6379"
+    assert cluster["update_weight_transport"] == "disk"
+
+
+def test_placement_help_is_grouped():
+    result = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "200"})
+    assert "Placement (Ray" in result.output and "--rollout-num-gpus-per-engine" in result.output
 
 
 def test_bad_set_names_field():

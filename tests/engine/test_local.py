@@ -37,9 +37,12 @@ def fresh_engine(tiny_model_path: str) -> Iterator[LocalEngine]:
 def teacher_forced_logprobs(
     model: torch.nn.Module, prompt: list[int], ids: list[int], temperature: float
 ) -> torch.Tensor:
+    device = next(model.parameters()).device
     with torch.no_grad():
         logits = (
-            model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()
+            (model(torch.tensor([prompt + ids], device=device)).logits[0, len(prompt) - 1 : -1])
+            .float()
+            .cpu()
         )  # [N, V]
     t = temperature if temperature > 0 else 1.0
     return torch.log_softmax(logits / t, dim=-1).gather(1, torch.tensor(ids)[:, None])[:, 0]
@@ -350,3 +353,138 @@ async def test_cuda_batching_invariance_bfloat16_and_release_memory(tiny_model_p
     again = await eng.generate(PROMPTS[1], seeded)
     await eng.close()
     assert first.ids == again.ids
+
+
+# ---------------------------------------------------------------------- multi-turn prefix reuse
+
+
+def next_turn(prompt: list[int], reply: list[int], turn: int) -> list[int]:
+    """The episode's next input: history + the reply + a 9-token observation."""
+    return prompt + reply + list(range(300 + 10 * turn, 309 + 10 * turn))
+
+
+async def test_turns_reuse_their_prefix_and_match_a_full_prefill(engine: LocalEngine) -> None:
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=12)
+    ids, key = list(PROMPTS[3]), "episode-reuse"
+    expected_cached = 0  # turn 1 prefills everything
+    for turn in range(3):
+        c = await engine.generate(ids, sampling, routing_key=key)
+        full = await engine.generate(ids, sampling)  # no key: prefills the whole input
+        assert c.ids == full.ids
+        assert max(abs(a - b) for a, b in zip(c.logprobs, full.logprobs, strict=True)) < 1e-4
+        expected = teacher_forced_logprobs(engine.model, ids, c.ids, 0.0)
+        assert torch.allclose(torch.tensor(c.logprobs), expected, atol=1e-4)
+        assert (c.cached_tokens, full.cached_tokens) == (expected_cached, 0)
+        # The next turn prefills only the reply's last token (never fed back) + the observation.
+        expected_cached = len(ids) + len(c.ids) - 1
+        ids = next_turn(ids, c.ids, turn)
+
+
+async def test_sampled_turns_reuse_prefix_and_logprobs_stay_exact(engine: LocalEngine) -> None:
+    sampling = SamplingParams(temperature=0.9, top_p=0.95, max_new_tokens=10, seed=11)
+    ids, key = list(PROMPTS[1]), "episode-sampled"
+    for turn in range(3):
+        c = await engine.generate(ids, sampling, routing_key=key)
+        expected = teacher_forced_logprobs(engine.model, ids, c.ids, sampling.temperature)
+        assert torch.allclose(torch.tensor(c.logprobs), expected, atol=1e-4)
+        assert (c.cached_tokens > 0) == (turn > 0)
+        ids = next_turn(ids, c.ids, turn)
+
+
+async def test_a_diverging_input_reuses_only_the_common_prefix(engine: LocalEngine) -> None:
+    first = await engine.generate(PROMPTS[1], GREEDY, routing_key="episode-diverge")
+    edited = PROMPTS[1][:10] + [7, 8, 9] + first.ids
+    c = await engine.generate(edited, GREEDY, routing_key="episode-diverge")
+    assert c.cached_tokens == 10
+    assert c.ids == (await engine.generate(edited, GREEDY)).ids
+
+
+async def test_least_recently_used_prefix_is_evicted_under_pressure(tiny_model_path: str) -> None:
+    eng = LocalEngine(tiny_model_path, device="cpu", dtype="float32", max_batch_size=1, num_slots=2)
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=4)
+    replies = {}
+    for key, prompt in zip("abc", PROMPTS, strict=False):  # c takes the slot a held longest
+        replies[key] = (prompt, (await eng.generate(prompt, sampling, routing_key=key)).ids)
+    cached = {}
+    for key in "ca":
+        prompt, reply = replies[key]
+        c = await eng.generate(next_turn(prompt, reply, 0), sampling, routing_key=key)
+        cached[key] = c.cached_tokens
+    await eng.close()
+    assert cached == {"c": len(PROMPTS[2]) + 3, "a": 0}
+
+
+async def test_update_weights_drops_cached_prefixes(fresh_engine: LocalEngine) -> None:
+    first = await fresh_engine.generate(PROMPTS[1], GREEDY, routing_key="episode-w")
+    state = fresh_engine.model.state_dict()
+    await fresh_engine.update_weights(
+        [(n, t.clone() * 1.01) for n, t in state.items()], weight_version="1"
+    )
+    c = await fresh_engine.generate(
+        next_turn(PROMPTS[1], first.ids, 0), GREEDY, routing_key="episode-w"
+    )
+    assert c.cached_tokens == 0 and c.weight_version == "1"
+
+
+async def test_prefix_reuse_can_be_turned_off(tiny_model_path: str) -> None:
+    eng = LocalEngine(tiny_model_path, device="cpu", dtype="float32", use_prefix_cache=False)
+    first = await eng.generate(PROMPTS[1], GREEDY, routing_key="k")
+    c = await eng.generate(next_turn(PROMPTS[1], first.ids, 0), GREEDY, routing_key="k")
+    await eng.close()
+    assert c.cached_tokens == 0 and eng.stats.num_cached_tokens == 0
+
+
+async def test_context_length_bounds_prompt_and_output(tiny_model_path: str) -> None:
+    eng = LocalEngine(tiny_model_path, device="cpu", dtype="float32", max_context_len=48)
+    too_long = await eng.generate(list(range(100, 160)), GREEDY)
+    capped = await eng.generate(PROMPTS[1], SamplingParams(temperature=0.0, max_new_tokens=40))
+    await eng.close()
+    assert (too_long.ids, too_long.finish_reason) == ([], FinishReason.LENGTH)
+    assert (len(PROMPTS[1]) + len(capped.ids), capped.finish_reason) == (48, FinishReason.LENGTH)
+
+
+@pytest.mark.gpu
+async def test_cuda_graph_decode_bf16_matches_teacher_forcing_across_release_and_update(
+    tiny_model_path: str,
+) -> None:
+    eng = LocalEngine(tiny_model_path, device="cuda", dtype="bfloat16", max_batch_size=8)
+    sampling = SamplingParams(temperature=1.0, top_k=40, max_new_tokens=24, seed=4)
+
+    async def run_and_check() -> list[int]:
+        results = await asyncio.gather(*[eng.generate(p, sampling) for p in PROMPTS])
+        for prompt, c in zip(PROMPTS, results, strict=True):
+            expected = teacher_forced_logprobs(eng.model, prompt, c.ids, sampling.temperature)
+            assert (torch.tensor(c.logprobs) - expected).abs().mean() <= 2e-2
+        return (await eng.generate(PROMPTS[1], sampling)).ids  # alone: a deterministic layout
+
+    first = await run_and_check()
+    assert eng.stats.num_graph_replays > 0
+    before = torch.cuda.memory_allocated()
+    held = sum(t.numel() * t.element_size() for t in eng.arena.keys + eng.arena.values)
+    held += sum(p.numel() * p.element_size() for p in eng.model.parameters())
+    await eng.release_memory()
+    assert before - torch.cuda.memory_allocated() >= held  # weights and KV arena given back
+    await eng.resume_memory()
+    replays = eng.stats.num_graph_replays
+    assert await run_and_check() == first  # graphs captured again, same seeded draws
+    assert eng.stats.num_graph_replays > replays
+    state = eng.model.state_dict()
+    await eng.update_weights([(n, t * 1.05) for n, t in state.items()], weight_version="2")
+    assert await run_and_check() != first  # the graphs read the new weights in place
+    await eng.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+async def test_cuda_prefix_reuse(tiny_model_path: str, dtype: str) -> None:
+    eng = LocalEngine(tiny_model_path, device="cuda", dtype=dtype, max_batch_size=8)
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=16)
+    ids = list(PROMPTS[3])
+    for turn in range(3):
+        c = await eng.generate(ids, sampling, routing_key="episode")
+        full = await eng.generate(ids, sampling)
+        assert (c.cached_tokens > 0) == (turn > 0)
+        if dtype == "float32":
+            assert c.ids == full.ids
+        ids = next_turn(ids, c.ids, turn)
+    await eng.close()

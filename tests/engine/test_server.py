@@ -329,8 +329,10 @@ async def test_gpu_weight_update_paths_into_a_cuda_server(tiny_model_path, tmp_p
 
     if path == "nccl" and torch.cuda.device_count() < 2:
         pytest.skip("NCCL between two ranks needs two GPUs")
-    env = {"CUDA_VISIBLE_DEVICES": "1"} if path == "nccl" else {}
-    with serve_subprocess(tiny_model_path, tmp_path / "serve.log", device="cuda", env=env) as url:
+    # The server takes GPU 1 by id, seeing both GPUs as the trainer does (NCCL peer-to-peer
+    # needs the same device set in both processes).
+    device = "cuda:1" if path == "nccl" else "cuda"
+    with serve_subprocess(tiny_model_path, tmp_path / "serve.log", device=device) as url:
         http = SGLangEngine(url)
         local = LocalEngine(tiny_model_path, device="cuda", seed=0)
         try:

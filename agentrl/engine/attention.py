@@ -1,0 +1,180 @@
+"""Attention over the KV arena, registered with transformers' `AttentionInterface` as
+"agentrl_arena": each layer writes the step's new K/V into the arena in place, then attends over
+each sequence's slot, with FlashAttention-2 as bundled in torch (varlen, `seqused_k`) on CUDA in
+bf16/fp16 and SDPA elsewhere. A forward without an `arena_step` (a plain call of the model, as
+`generate()` or a teacher-forced check makes) is transformers' own SDPA attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+ATTENTION_NAME = "agentrl_arena"
+_MODULES = ("embed_tokens", "rotary_emb", "layers", "norm")
+
+
+@dataclass
+class ArenaStep:
+    """Where one packed step's tokens go in the arena and what each of them attends to.
+
+    The step's N new tokens belong to B sequences; sequence b has `q_lens[b]` new tokens and,
+    after this step, `kv_lens[b]` tokens in its slot starting at buffer row `kv_starts[b]`.
+    """
+
+    keys: list[torch.Tensor]  # per layer [rows, kv_heads, head_dim]
+    values: list[torch.Tensor]
+    write_index: torch.Tensor  # [N] buffer row of each new token
+    use_flash: bool
+    max_q: int
+    max_k: int
+    # FlashAttention varlen: queries packed by cu_q, keys read from row cu_k[b], seqused_k[b] long.
+    cu_q: torch.Tensor | None = None  # [B + 1] int32
+    cu_k: torch.Tensor | None = None  # [B + 1] int32 (the last entry is not read)
+    seqused_k: torch.Tensor | None = None  # [B] int32
+    # SDPA: queries padded to [B, max_q], keys gathered to [B, max_k] under a causal mask.
+    gather_index: torch.Tensor | None = None  # [B, max_k] buffer rows
+    mask: torch.Tensor | None = None  # [B, 1, max_q, max_k] True = attend
+    pad_index: torch.Tensor | None = None  # [B, max_q] packed query of each padded one
+    unpad_index: torch.Tensor | None = None  # [N] padded position of each packed query
+
+    @classmethod
+    def build(
+        cls,
+        arena: Any,
+        *,
+        write_index: torch.Tensor,
+        q_lens: list[int],
+        kv_lens: list[int],
+        kv_starts: list[int],
+        cu_q: list[int],
+        device: torch.device | str,
+        use_flash: bool,
+    ) -> ArenaStep:
+        step = cls(arena.keys, arena.values, write_index, use_flash, max(q_lens), max(kv_lens))
+        if use_flash:
+            int32 = dict(dtype=torch.int32, device=device)
+            step.cu_q = torch.tensor(cu_q, **int32)
+            step.cu_k = torch.tensor(kv_starts + [kv_starts[-1]], **int32)
+            step.seqused_k = torch.tensor(kv_lens, **int32)
+            return step
+        q_len = torch.tensor(q_lens)[:, None]  # [B, 1]
+        q_pos = torch.arange(step.max_q)[None, :]  # [1, max_q]
+        query_at = torch.tensor(kv_lens)[:, None] - q_len + q_pos  # [B, max_q] absolute positions
+        key_at = torch.arange(step.max_k)
+        step.mask = (key_at[None, None, :] <= query_at[:, :, None])[:, None].to(device)
+        step.gather_index = (torch.tensor(kv_starts)[:, None] + key_at[None, :]).to(device)
+        step.pad_index = (torch.tensor(cu_q[:-1])[:, None] + torch.minimum(q_pos, q_len - 1)).to(
+            device
+        )
+        rows = torch.repeat_interleave(torch.arange(len(q_lens)), torch.tensor(q_lens))
+        within = torch.arange(len(rows)) - torch.tensor(cu_q[:-1])[rows]
+        step.unpad_index = (rows * step.max_q + within).to(device)
+        return step
+
+    def attend(
+        self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        """`query` [1, H, N, D], `key`/`value` [1, KVH, N, D] (rotated). Returns [1, N, H, D]."""
+        keys, values = self.keys[layer], self.values[layer]
+        keys.index_copy_(0, self.write_index, key[0].transpose(0, 1).to(keys.dtype))
+        values.index_copy_(0, self.write_index, value[0].transpose(0, 1).to(values.dtype))
+        q = query[0].transpose(0, 1)  # [N, H, D]
+        if self.use_flash:
+            out = torch.ops.aten._flash_attention_forward(
+                q, keys, values, self.cu_q, self.cu_k, self.max_q, self.max_k, 0.0, True, False,
+                scale=scale, seqused_k=self.seqused_k,
+            )[0]  # fmt: skip
+            return out[None]
+        assert self.gather_index is not None and self.pad_index is not None
+        k = keys[self.gather_index].transpose(1, 2)  # [B, KVH, max_k, D]
+        v = values[self.gather_index].transpose(1, 2)
+        padded_q = q[self.pad_index].transpose(1, 2)  # [B, H, max_q, D]
+        out = F.scaled_dot_product_attention(
+            padded_q, k, v, attn_mask=self.mask, scale=scale, enable_gqa=True
+        )  # [B, H, max_q, D]
+        out = out.transpose(1, 2).reshape(-1, q.shape[1], q.shape[2])[self.unpad_index]
+        return out[None]
+
+
+def arena_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    arena_step: ArenaStep | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    if arena_step is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return arena_step.attend(module.layer_idx, query, key, value, scale), None
+
+
+@torch.inference_mode()
+def forward_over_arena(
+    model: Any,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    step: ArenaStep,
+    last_index: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The model's own modules, run over one packed row `input_ids` [1, N]. Returns logits
+    [B, V] at `last_index` (or [N, V] for every token). Skips the model's `forward`, whose mask
+    building would read the packed positions back from the device (a sync, and under a CUDA
+    graph an error); the arena step already says who attends to what."""
+    inner = model.model
+    hidden = inner.embed_tokens(input_ids)  # [1, N, hidden]
+    position_embeddings = inner.rotary_emb(hidden, position_ids=position_ids)
+    for layer in inner.layers[: model.config.num_hidden_layers]:
+        out = layer(
+            hidden,
+            attention_mask=None,
+            position_embeddings=position_embeddings,
+            position_ids=position_ids,
+            past_key_values=None,
+            use_cache=False,
+            arena_step=step,
+        )
+        hidden = out[0] if isinstance(out, tuple) else out  # transformers 4 returns a tuple
+    hidden = inner.norm(hidden)[0]  # [N, hidden]
+    if last_index is not None:
+        hidden = hidden[last_index]  # [B, hidden]
+    return model.lm_head(hidden)
+
+
+def use_arena_attention(model: Any) -> None:
+    """Route the model's attention through the arena (masks as for SDPA when called plainly)."""
+    if not all(hasattr(getattr(model, "model", None), m) for m in _MODULES) or not hasattr(
+        model, "lm_head"
+    ):
+        raise ValueError(
+            f"{type(model).__name__} is not a decoder LocalEngine can run: it needs "
+            f"model.{{{', '.join(_MODULES)}}} and lm_head, as transformers' Llama/Qwen/Mistral have"
+        )
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTENTION_NAME, arena_attention)
+    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+    model.set_attn_implementation(ATTENTION_NAME)
+    if model.config._attn_implementation != ATTENTION_NAME:
+        raise RuntimeError(
+            f"{type(model).__name__} did not take attention implementation {ATTENTION_NAME!r}; "
+            "LocalEngine needs a transformers model built on AttentionInterface"
+        )
+
+
+def flash_attention_supported(device: torch.device | str, dtype: torch.dtype) -> bool:
+    """torch's bundled FlashAttention-2 runs on CUDA in half precision only."""
+    return torch.device(device).type == "cuda" and dtype in (torch.float16, torch.bfloat16)

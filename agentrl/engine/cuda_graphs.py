@@ -1,0 +1,115 @@
+"""Decode under CUDA graphs: per batch-size bucket one captured graph of the model's forward over
+the KV arena plus the sampler, replayed for steps in which every running sequence feeds one token.
+
+A graph reads static input buffers, so a step only copies its rows in (three host-to-device copies)
+and replays; rows past the real batch point at the arena's scratch slot. Weight updates copy into
+the same parameter storage and keep the graphs valid; after the weights or the arena move
+(`release_memory` / `resume_memory`) the engine captures them again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from agentrl.engine.attention import ArenaStep, forward_over_arena
+from agentrl.engine.batching import Sequence
+from agentrl.engine.kv_arena import KVArena
+from agentrl.engine.sampling import SamplingRows, sample
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+_INT_ROWS = ("input_ids", "positions", "write_index", "top_k", "seed", "sample_position")
+
+
+def buckets_up_to(max_batch_size: int) -> list[int]:
+    return [b for b in BUCKETS if b < max_batch_size] + [max_batch_size]
+
+
+class DecodeGraphs:
+    """Two CUDA graphs per bucket (with and without the top-k/top-p filter, whose sort costs a
+    step's worth of small kernels), sharing a memory pool and the static buffers."""
+
+    def __init__(self, arena: KVArena, device: str, max_batch_size: int) -> None:
+        n = max_batch_size
+        self.arena, self.max_batch_size = arena, max_batch_size
+        self.buckets = buckets_up_to(max_batch_size)
+        self.ints = torch.zeros(len(_INT_ROWS), n, dtype=torch.long, device=device)
+        self.kv = torch.ones(2, n + 1, dtype=torch.int32, device=device)  # starts, lengths
+        self.floats = torch.ones(2, n, device=device)  # temperature, top_p
+        self.cu_q = torch.arange(n + 1, dtype=torch.int32, device=device)
+        self.ids = torch.zeros(n, dtype=torch.long, device=device)
+        self.logprobs = torch.zeros(n, device=device)
+        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+
+    @classmethod
+    def capture(
+        cls, model: Any, arena: KVArena, device: str, max_batch_size: int, num_vocab: int
+    ) -> DecodeGraphs:
+        self = cls(arena, device, max_batch_size)
+        self._fill_padding(0, max_batch_size, num_vocab)
+        pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream(device)
+        for b in reversed(self.buckets):  # largest first: smaller graphs reuse its pool blocks
+            for use_filter in (True, False):
+                side.wait_stream(torch.cuda.current_stream(device))
+                with torch.cuda.stream(side):
+                    for _ in range(2):  # warm-up: cuBLAS handles, lazy inits, autotuning
+                        self._forward(model, b, use_filter)
+                torch.cuda.current_stream(device).wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self._forward(model, b, use_filter)
+                self.graphs[b, use_filter] = graph
+        torch.cuda.synchronize(device)
+        return self
+
+    @torch.inference_mode()
+    def _forward(self, model: Any, b: int, use_filter: bool) -> None:
+        row = dict(zip(_INT_ROWS, self.ints, strict=True))
+        step = ArenaStep(
+            self.arena.keys, self.arena.values, row["write_index"][:b], use_flash=True,
+            max_q=1, max_k=self.arena.max_len,
+            cu_q=self.cu_q[: b + 1], cu_k=self.kv[0, : b + 1], seqused_k=self.kv[1, :b],
+        )  # fmt: skip
+        logits = forward_over_arena(
+            model, row["input_ids"][None, :b], row["positions"][None, :b], step
+        )  # [b, V]
+        rows = SamplingRows(
+            self.floats[0, :b], self.floats[1, :b], row["top_k"][:b], row["seed"][:b],
+            row["sample_position"][:b],
+        )  # fmt: skip
+        ids, logprobs = sample(logits, rows, use_filter=use_filter)
+        self.ids[:b].copy_(ids)
+        self.logprobs[:b].copy_(logprobs)
+
+    def run(self, batch: list[Sequence], num_vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decode step for `batch` (each feeding its last sampled token): (ids, logprobs)."""
+        n = len(batch)
+        b = next(b for b in self.buckets if b >= n)
+        ints, kv, floats, use_filter = [], [], [], False
+        for seq in batch:
+            assert seq.slot is not None
+            start = self.arena.offset(seq.slot)
+            temperature, top_p, top_k, seed, sample_position = seq.sampling_row()
+            ints.append((seq.output_ids[-1], seq.num_cached, start + seq.num_cached,
+                         num_vocab if top_k < 0 else top_k, seed, sample_position))  # fmt: skip
+            kv.append((start, seq.num_cached + 1))
+            floats.append((temperature, top_p))
+            use_filter = use_filter or top_k > 0 or top_p < 1.0
+        self.ints[:, :n].copy_(torch.tensor(ints).T, non_blocking=True)
+        self.kv[:, :n].copy_(torch.tensor(kv, dtype=torch.int32).T, non_blocking=True)
+        self.floats[:, :n].copy_(torch.tensor(floats).T, non_blocking=True)
+        self._fill_padding(n, b, num_vocab)
+        self.graphs[b, use_filter].replay()
+        return self.ids[:n], self.logprobs[:n]
+
+    def _fill_padding(self, start: int, end: int, num_vocab: int) -> None:
+        """Rows [start, end) decode a dummy token into the scratch slot, greedily."""
+        if start >= end:
+            return
+        scratch = self.arena.offset(self.arena.scratch_slot)
+        self.ints[:, start:end] = torch.tensor([0, 0, scratch, num_vocab, 0, 0])[:, None]
+        self.kv[0, start:end] = scratch
+        self.kv[1, start:end] = 1
+        self.floats[:, start:end] = torch.tensor([0.0, 1.0])[:, None]

@@ -1,0 +1,151 @@
+"""The KV arena: per layer one fixed K and one fixed V buffer of `num_slots × max_len` token rows,
+and the free list of slots. A request takes a slot and gives it back; joining or leaving the running
+batch moves no data. One extra scratch slot takes the writes of CUDA-graph padding rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+class KVArena:
+    """K/V storage for `num_slots` sequences of at most `max_len` tokens each.
+
+    Slot `s` owns rows `[s * max_len, (s + 1) * max_len)` of every layer's buffers, each
+    `[(num_slots + 1) * max_len, num_kv_heads, head_dim]`; slot `num_slots` is the scratch slot.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        num_slots: int,
+        max_len: int,
+        dtype: torch.dtype,
+    ) -> None:
+        if num_slots < 1 or max_len < 2:
+            raise ValueError(
+                f"KVArena needs num_slots >= 1 and max_len >= 2, got {num_slots}, {max_len}"
+            )
+        self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
+        self.num_slots, self.max_len, self.dtype = num_slots, max_len, dtype
+        self.scratch_slot = num_slots
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self._free = list(range(num_slots - 1, -1, -1))  # pop() hands out slot 0 first
+        self._clean_len = [0] * (num_slots + 1)
+
+    @classmethod
+    def for_model(
+        cls,
+        config: Any,
+        dtype: torch.dtype,
+        device: str,
+        *,
+        max_batch_size: int,
+        max_context_len: int,
+        num_slots: int | None,
+        mem_fraction: float,
+    ) -> KVArena:
+        """An arena shaped for a transformers model config. Without `num_slots`: on CUDA as many
+        slots as `mem_fraction` of the free memory holds (at most 4 × `max_batch_size`, the
+        rest for idle multi-turn prefixes), on CPU 2 × `max_batch_size`."""
+        head_dim = (
+            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        )
+        num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        layers = config.num_hidden_layers
+        per_slot = cls.bytes_per_token(layers, num_kv_heads, head_dim, dtype) * max_context_len
+        if num_slots is None:
+            num_slots = 2 * max_batch_size
+            if device.startswith("cuda"):
+                fits = int(mem_fraction * _free_cuda_bytes(device) // per_slot) - 1  # + scratch
+                num_slots = min(4 * max_batch_size, fits)
+            if num_slots < 1:
+                raise ValueError(
+                    f"the KV arena cannot hold one sequence of max_context_len={max_context_len} "
+                    f"({per_slot / 2**30:.2f} GiB) in mem_fraction_static={mem_fraction} of the "
+                    "free memory; lower max_context_len or raise mem_fraction_static"
+                )
+            if num_slots < max_batch_size:
+                logger.warning(
+                    "KV arena: %d slots of %d tokens fit, fewer than max_batch_size=%d; "
+                    "lower max_context_len to batch more",
+                    num_slots, max_context_len, max_batch_size,
+                )  # fmt: skip
+        return cls(
+            num_layers=layers, num_kv_heads=num_kv_heads, head_dim=head_dim,
+            num_slots=num_slots, max_len=max_context_len, dtype=dtype,
+        )  # fmt: skip
+
+    @staticmethod
+    def bytes_per_token(
+        num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
+        return 2 * num_layers * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8
+
+    @property
+    def is_allocated(self) -> bool:
+        return bool(self.keys)
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self, device: torch.device | str) -> None:
+        """Create the buffers. On an accelerator they are zeroed at once; on CPU rows are zeroed
+        only as sequences grow into them (`ensure_clean`), so host memory is committed as used."""
+        rows = (self.num_slots + 1) * self.max_len
+        shape = (rows, self.num_kv_heads, self.head_dim)
+        is_cpu = torch.device(device).type == "cpu"
+        make = torch.empty if is_cpu else torch.zeros
+        self.keys = [make(shape, dtype=self.dtype, device=device) for _ in range(self.num_layers)]
+        self.values = [make(shape, dtype=self.dtype, device=device) for _ in range(self.num_layers)]
+        self._clean_len = [0 if is_cpu else self.max_len] * (self.num_slots + 1)
+
+    def free_buffers(self) -> None:
+        """Drop the buffers (their memory returns to the allocator); every slot becomes free."""
+        self.keys, self.values = [], []
+        self._free = list(range(self.num_slots - 1, -1, -1))
+
+    def take(self) -> int | None:
+        """A free slot, or None when every slot is taken."""
+        if not self._free:
+            return None
+        return self._free.pop()
+
+    def give_back(self, slot: int) -> None:
+        if not 0 <= slot < self.num_slots or slot in self._free:
+            raise ValueError(f"slot {slot} is not a taken slot of this arena")
+        self._free.append(slot)
+
+    def offset(self, slot: int) -> int:
+        """The first buffer row of `slot`."""
+        return slot * self.max_len
+
+    def ensure_clean(self, slot: int, length: int) -> None:
+        """Zero rows [.., length) of `slot` that were never written. The SDPA path reads every row
+        up to its batch's longest sequence: masked out, but NaN garbage would survive the mask
+        (0 * NaN), so never-written memory must not be read raw."""
+        start = self._clean_len[slot]
+        if start >= length:
+            return
+        rows = slice(self.offset(slot) + start, self.offset(slot) + length)
+        for k, v in zip(self.keys, self.values, strict=True):
+            k[rows].zero_()
+            v[rows].zero_()
+        self._clean_len[slot] = length
+
+
+def _free_cuda_bytes(device: str) -> int:
+    """Free device memory, counting what this process's allocator caches but does not use."""
+    index = torch.device(device)
+    cached = torch.cuda.memory_reserved(index) - torch.cuda.memory_allocated(index)
+    return torch.cuda.mem_get_info(index)[0] + cached

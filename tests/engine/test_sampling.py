@@ -1,0 +1,49 @@
+"""The tensor sampler: greedy = argmax, Gumbel draws follow the filtered distribution, seeds and
+positions decide the noise, logprobs are log_softmax(logits / T) without renormalisation."""
+
+from __future__ import annotations
+
+import torch
+
+from agentrl.engine.sampling import SamplingRows, filter_top_k_top_p, sample
+
+
+def rows(n: int, temperature: float, top_p: float = 1.0, top_k: int = 10**9, seed: int = 0):
+    r = SamplingRows.empty(n, "cpu")
+    r.fill([(temperature, top_p, top_k, seed + i, 0) for i in range(n)], num_vocab=10**9)
+    return r
+
+
+def test_greedy_rows_take_the_argmax_with_its_logprob() -> None:
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
+    ids, logprobs = sample(logits, rows(4, 0.0))
+    assert torch.equal(ids, logits.argmax(-1))
+    assert torch.allclose(logprobs, torch.log_softmax(logits, -1).gather(1, ids[:, None])[:, 0])
+
+
+def test_draws_follow_the_tempered_distribution() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).expand(4000, 4)
+    ids, logprobs = sample(logits, rows(4000, 0.7))  # 4000 rows, 4000 different seeds
+    expected = torch.softmax(logits[0] / 0.7, -1)
+    observed = torch.bincount(ids, minlength=4).float() / 4000
+    assert torch.allclose(observed, expected, atol=0.03)
+    assert torch.allclose(logprobs, expected.log()[ids])
+
+
+def test_seed_and_position_decide_the_draw() -> None:
+    logits = torch.zeros(1, 1000)
+    same = [sample(logits, rows(1, 1.0, seed=5))[0].item() for _ in range(3)]
+    assert len(set(same)) == 1
+    other = sample(logits, rows(1, 1.0, seed=6))[0].item()
+    later = SamplingRows.empty(1, "cpu")
+    later.fill([(1.0, 1.0, -1, 5, 1)], num_vocab=1000)
+    assert len({same[0], other, sample(logits, later)[0].item()}) > 1
+
+
+def test_top_k_and_top_p_filter_per_row() -> None:
+    scaled = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.5, 0.3, 0.15, 0.05]]))
+    out = filter_top_k_top_p(scaled, torch.tensor([2, 4]), torch.tensor([1.0, 0.7]))
+    assert torch.isfinite(out).tolist() == [[True, True, False, False], [True, True, False, False]]
+    ids, logprobs = sample(scaled, rows(2, 1.0, top_k=1))
+    assert ids.tolist() == [0, 0]  # top-k 1 is greedy, and the logprob is not renormalised
+    assert torch.allclose(logprobs, torch.log(torch.tensor([0.5, 0.5])))
