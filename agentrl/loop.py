@@ -263,9 +263,8 @@ class _State:
 
 
 def _prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:
-    return {
-        k if k.startswith(("time/", "weight_sync/")) else prefix + k: v for k, v in metrics.items()
-    }
+    keep = ("time/", "weight_sync/", "engine/")  # the runtime's own, already named
+    return {k if k.startswith(keep) else prefix + k: v for k, v in metrics.items()}
 
 
 async def _maybe_resume(

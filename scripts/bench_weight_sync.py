@@ -53,12 +53,13 @@ async def time_layout(name: str, model_path: str, repeats: int, use_gpu: bool) -
     cfg.model.path = model_path
     cfg.model.dtype = "bfloat16" if use_gpu else "float32"
     cfg.checkpoint.save = tempfile.mkdtemp(prefix=f"agentrl-bench-{name}-")
+    cfg.cluster.check_weight_sync = False  # time the sync alone
     for key, value in LAYOUTS[name].items():
         setattr(cfg.cluster, key, value)
     runtime = await RayRuntime.start(cfg, model_path, num_optimizer_steps=1)
     try:
         await runtime.sync_weights("warmup")
-        times, num_bytes = [], 0.0
+        times, phases, num_bytes = [], [], 0.0
         for i in range(repeats):
             if runtime.placement.is_colocated:  # as after a train step: the engine gave memory back
                 await runtime.engine.release_memory_occupation(None)
@@ -69,6 +70,7 @@ async def time_layout(name: str, model_path: str, repeats: int, use_gpu: bool) -
             times.append(time.perf_counter() - t0)
             assert served == {version}, f"engines serve {served}, expected {version}"
             num_bytes = out["weight_sync/bytes"]
+            phases.append({k: round(v, 4) for k, v in out.items() if k.startswith("time/")})
     finally:
         await runtime.close()
     best = min(times)
@@ -76,6 +78,7 @@ async def time_layout(name: str, model_path: str, repeats: int, use_gpu: bool) -
         "layout": name,
         "bytes": num_bytes,
         "seconds": times,
+        "phases_s": phases[times.index(best)],
         "s_per_gb": best / (num_bytes / 1e9),
     }
 
@@ -198,7 +201,9 @@ def main() -> None:
         floors[next(k for k in floors if k.startswith("broadcast"))] or floors["copy (same device)"]
     )
     for r in results:
-        print(f"{r['layout']:<28}{r['s_per_gb']:>10.4f}{r['s_per_gb'] / floor:>10.1f}")
+        print(
+            f"{r['layout']:<28}{r['s_per_gb']:>10.4f}{r['s_per_gb'] / floor:>10.1f}  {r['phases_s']}"
+        )
     for name, value in floors.items():
         if value is not None:
             print(f"{'floor: ' + name:<28}{value:>10.4f}")

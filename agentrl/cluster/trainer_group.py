@@ -56,6 +56,7 @@ class TrainerRank:
         import torch.distributed as dist
 
         from agentrl.trainer.torch_backend import TorchBackend
+        from agentrl.trainer.weights import serving_dtype
 
         self.spec, self.cfg = spec, cfg
         os.environ.update(
@@ -93,6 +94,7 @@ class TrainerRank:
         self._targets: list[Any] = []  # SGLangEngine clients this rank pushes weights to
         self._sender: Any = None  # DistributedWeightSender (rank 0, disaggregated)
         self.transport = "tensor"
+        self._dtype = serving_dtype(cfg.model.dtype, spec.use_gpu)
 
     # -- training
 
@@ -140,7 +142,7 @@ class TrainerRank:
         if self.transport == "disk":
             return self._sync_from_disk(version, size)
         num_bytes = 0
-        for bucket, is_last in with_last(self.backend.export_weights(size)):
+        for bucket, is_last in with_last(self.backend.export_weights(size, dtype=self._dtype)):
             num_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
             if self._targets:
                 self._run(self._send(bucket, version if is_last else None))
@@ -166,7 +168,7 @@ class TrainerRank:
         num_bytes = 0
         out = Path(tempfile.mkdtemp(prefix="agentrl-weights-"))
         try:
-            for i, bucket in enumerate(self.backend.export_weights(size)):
+            for i, bucket in enumerate(self.backend.export_weights(size, dtype=self._dtype)):
                 num_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
                 if self.spec.rank == 0:
                     tensors = {n: t.detach().cpu().contiguous() for n, t in bucket}

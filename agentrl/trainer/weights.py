@@ -65,3 +65,11 @@ def bucket_by_dtype(
         open_buckets[tensor.dtype] = (bucket, size + nbytes(tensor))
     for bucket, _ in open_buckets.values():
         yield bucket
+
+
+def serving_dtype(dtype: str, is_cuda: bool) -> torch.dtype:
+    """The dtype engines hold weights in (`model.dtype`; auto = bf16 on CUDA, fp32 on CPU):
+    what weight sync sends, so a bf16 engine never receives fp32 master weights."""
+    if dtype == "auto":
+        return torch.bfloat16 if is_cuda else torch.float32
+    return getattr(torch, dtype)
