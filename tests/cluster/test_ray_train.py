@@ -83,6 +83,32 @@ def test_train_two_steps_on_two_ranks_and_two_engines(tiny_model_path, tmp_path,
     ckpt = tmp_path / "run" / "checkpoints" / "step_000002"
     assert (ckpt / "config.json").exists() and any(ckpt.glob("*.safetensors"))  # the HF copy
     assert not _alive(_our_children() - before), "a worker or server outlived the run"
+    if layout == "colocated":
+        _resume_in_one_process_reproduces_step_two(tiny_model_path, tmp_path, steps[2])
+
+
+def _resume_in_one_process_reproduces_step_two(model_path: str, tmp_path: Path, ray_step2: dict):
+    """The 2-rank sharded checkpoint of step 1 resumes in one process (1 rank, no Ray) and step 2
+    has the same data and loss: checkpoints do not depend on the number of ranks."""
+    import shutil
+
+    from agentrl.loop import train
+
+    resumed = tmp_path / "resumed"
+    (resumed / "checkpoints").mkdir(parents=True)
+    shutil.copytree(
+        tmp_path / "run" / "checkpoints" / "step_000001", resumed / "checkpoints" / "step_000001"
+    )
+    cfg = _config(model_path, resumed, "colocated")
+    cfg.cluster.use_ray = False
+    cfg.checkpoint.resume = str(resumed)
+    train(cfg)
+    rows = [json.loads(x) for x in (resumed / "metrics.jsonl").read_text().splitlines()]
+    (step2,) = [r for r in rows if "train/loss" in r and r["step"] == 2]
+    assert step2["train/loss"] == pytest.approx(ray_step2["train/loss"], rel=1e-4, abs=1e-6)
+    a = read_jsonl(str(tmp_path / "run" / "rollouts" / "step_000002.jsonl"))
+    b = read_jsonl(str(resumed / "rollouts" / "step_000002.jsonl"))
+    assert [t.token_ids for t in a] == [t.token_ids for t in b]
 
 
 def test_a_killed_engine_is_restarted_synced_and_its_tasks_rerun(tiny_model_path, tmp_path):
