@@ -8,12 +8,13 @@ import time
 import uuid
 from typing import Any
 
-from fastapi import Body, FastAPI
+from fastapi import Body, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from agentrl.engine.base import Completion, SamplingParams
 from agentrl.engine.server_protocol import error_response, finish_reason_json, sampling_from_sglang
 from agentrl.engine.server_state import ServerState
+from agentrl.engine.sglang_protocol import ROUTING_KEY_HEADER
 
 
 def generate_response(
@@ -45,8 +46,10 @@ def generate_response(
 
 def add_generate_routes(app: FastAPI, state: Any) -> None:
     @app.api_route("/generate", methods=["POST", "PUT"])
-    async def generate(body: dict[str, Any] = Body(...)) -> Any:
+    async def generate(request: Request, body: dict[str, Any] = Body(...)) -> Any:
         s: ServerState = state()
+        # The episode's key (sglang-router's header): its turns reuse their prefix's K/V here.
+        routing_key = request.headers.get(ROUTING_KEY_HEADER)
         if body.get("stream"):
             return error_response(
                 "stream=true is not supported by agentrl serve; send stream=false"
@@ -77,7 +80,9 @@ def add_generate_routes(app: FastAPI, state: Any) -> None:
         try:
             completions = await asyncio.gather(
                 *(
-                    s.run([int(t) for t in ids], sampling_from_sglang(p), r)
+                    s.run(
+                        [int(t) for t in ids], sampling_from_sglang(p), r, routing_key=routing_key
+                    )
                     for ids, p, r in zip(batch, params_list, rids, strict=False)
                 )
             )

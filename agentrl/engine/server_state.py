@@ -39,14 +39,21 @@ class ServerState:
             else ""
         )
 
-    async def run(self, input_ids: list[int], sampling: SamplingParams, rid: str) -> Completion:
+    async def run(
+        self,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        rid: str,
+        *,
+        routing_key: str | None = None,
+    ) -> Completion:
         """One generation, honouring pause and abort. The whole request (its wait while paused, then
         the engine call) is one task under `rid`, so `abort_request {rid}` can end it anywhere."""
         if "weights" in self.released_tags:
             raise ValueError(
                 "weights are released (release_memory_occupation); call /resume_memory_occupation first"
             )
-        request = asyncio.ensure_future(self._wait_then_generate(input_ids, sampling))
+        request = asyncio.ensure_future(self._wait_then_generate(input_ids, sampling, routing_key))
         self.requests[rid] = request
         try:
             return await asyncio.shield(request)
@@ -59,7 +66,7 @@ class ServerState:
             self.requests.pop(rid, None)
 
     async def _wait_then_generate(
-        self, input_ids: list[int], sampling: SamplingParams
+        self, input_ids: list[int], sampling: SamplingParams, routing_key: str | None
     ) -> Completion:
         waiter = asyncio.ensure_future(self.is_running.wait())
         self.waiters.add(waiter)
@@ -67,7 +74,7 @@ class ServerState:
             await waiter  # cancelled by abort_all: the request task ends cancelled -> ABORT
         finally:
             self.waiters.discard(waiter)
-        return await self.engine.generate(input_ids, sampling)
+        return await self.engine.generate(input_ids, sampling, routing_key=routing_key)
 
     @property
     def num_waiting(self) -> int:
