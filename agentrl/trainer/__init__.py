@@ -9,7 +9,6 @@ from agentrl.trainer.batch import (
     build_train_batch,
     build_train_batches,
     compute_advantages,
-    filter_zero_variance_groups,
 )
 from agentrl.trainer.checkpoint import find_latest, save_checkpoint
 from agentrl.trainer.losses import build_objective
@@ -25,7 +24,6 @@ __all__ = [
     "build_train_batch",
     "build_train_batches",
     "compute_advantages",
-    "filter_zero_variance_groups",
     "find_latest",
     "save_checkpoint",
 ]

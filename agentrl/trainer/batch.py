@@ -102,16 +102,6 @@ def compute_advantages(groups: Sequence[Group], algo_cfg: AlgoConfig) -> list[li
     return out
 
 
-def filter_zero_variance_groups(groups: Sequence[Group]) -> tuple[list[Group], int]:
-    """Drop groups whose trainable rewards all match (no learning signal): (kept, num_dropped)."""
-    kept = []
-    for group in groups:
-        rewards = [float(t.reward) for t in group if is_trainable(t)]
-        if rewards and max(rewards) > min(rewards):
-            kept.append(group)
-    return kept, len(groups) - len(kept)
-
-
 # ---------------------------------------------------------------- per-sequence arrays
 
 

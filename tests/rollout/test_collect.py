@@ -77,12 +77,15 @@ async def test_dynamic_sampling_drops_flat_groups_and_refills(smol_tokenizer: An
     assert source.cursor == 6  # 2 tasks in the first round, then 2 more in each extra round
 
 
-def test_filter_keeps_groups_with_reward_variance_among_trainable_episodes(smol_tokenizer: Any):
+def test_filter_keeps_groups_with_reward_variance_among_trainable_episodes():
     class T:
         def __init__(self, reward: float, status: EpisodeStatus = EpisodeStatus.COMPLETED):
             self.reward, self.status = reward, status
 
     varied = [T(1.0), T(0.0)]
+    flat = [T(1.0), T(1.0)]
+    # The ERROR member's reward 0 must not make a flat group look varied.
     flat_with_error = [T(1.0), T(0.0, EpisodeStatus.ERROR)]
-    kept, dropped = filter_zero_variance_groups([varied, flat_with_error])
-    assert kept == [varied] and dropped == 1
+    all_error = [T(0.0, EpisodeStatus.ERROR)]
+    kept, dropped = filter_zero_variance_groups([varied, flat, flat_with_error, all_error])
+    assert kept == [varied] and dropped == 3

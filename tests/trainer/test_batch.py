@@ -9,7 +9,6 @@ from agentrl.trainer.batch import (
     build_train_batch,
     build_train_batches,
     compute_advantages,
-    filter_zero_variance_groups,
     pack_first_fit_decreasing,
     split_balanced,
 )
@@ -52,16 +51,6 @@ def test_excluded_trajectories_are_counted_and_never_trained(traj):
     assert batch.metrics["batch/num_trained_sequences"] == 2.0
     assert batch.steps[0].num_loss_tokens == 4  # 2 + 2; the 10 excluded tokens count nowhere
     assert batch.steps[0].num_seqs == 2
-
-
-def test_filter_zero_variance_groups(traj):
-    varied = [traj([(1, 0)], reward=1.0), traj([(1, 0)], reward=0.0)]
-    flat = [traj([(1, 0)], reward=1.0), traj([(1, 0)], reward=1.0)]
-    # The ERROR member's reward 0 must not make a flat group look varied.
-    flat_with_error = [traj([(1, 0)], reward=1.0), traj([(1, 0)], reward=0.0, status=ERROR)]
-    all_error = [traj([(1, 0)], status=ERROR)]
-    kept, num_dropped = filter_zero_variance_groups([varied, flat, flat_with_error, all_error])
-    assert kept == [varied] and num_dropped == 3
 
 
 def test_tensors_are_shifted_so_position_t_predicts_token_t_plus_1(traj):
