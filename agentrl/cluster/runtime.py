@@ -39,7 +39,8 @@ _WORKER_ENV = {
 
 def init_ray(cfg: RunConfig, num_bundles: int) -> bool:
     """Join `cluster.ray_address` / RAY_ADDRESS, else start a local Ray for this run. Returns
-    whether this process started it (and so shuts it down)."""
+    whether this call connected (so `ray.shutdown()` at the end: it stops a Ray started here and
+    only disconnects from a cluster that was joined)."""
     import ray
 
     if ray.is_initialized():
@@ -107,7 +108,7 @@ class RayRuntime:
             pg, bundles = create_placement_group(placement)
             ranks = await _start_ranks(cfg, placement, pg, bundles, model_path, num_optimizer_steps)
             engines = await EngineGroup.start(
-                _start_engine_actors(cfg, placement, pg, bundles, model_path, owns_ray), cfg
+                _start_engine_actors(cfg, placement, pg, bundles, model_path), cfg
             )
         except BaseException:
             if owns_ray:
@@ -329,7 +330,6 @@ def _start_engine_actors(
     pg: Any,
     bundles: list[BundleInfo],
     model_path: str,
-    is_local: bool,
 ) -> list[Any]:
     import ray
 
@@ -346,15 +346,17 @@ def _start_engine_actors(
     log_dir.mkdir(parents=True, exist_ok=True)
     actor_cls = ray.remote(EngineServer)
     actors = []
+    driver_ip = ray.util.get_node_ip_address()
     for e, members in enumerate(placement.engine_bundles):
         first = bundles[members[0]]
+        is_local = first.node_ip == driver_ip
         spec = ServerSpec(
             index=e,
             model_path=model_path,
             device_ids=[bundles[b].device_id for b in members],
             use_gpu=placement.use_gpu,
             use_sglang=use_sglang,
-            # One machine: loopback only. A cluster: the node's address, for the driver to reach.
+            # On the driver's node: loopback only. Elsewhere: the node's address, for the driver.
             host="127.0.0.1" if is_local else first.node_ip,
             dtype=cfg.model.dtype,
             max_batch_size=cfg.engine.max_batch_size,

@@ -73,6 +73,8 @@ async def test_asking_for_sglang_router_without_it_fails_before_anything_starts(
     cfg.cluster.colocate = True
     cfg.cluster.use_sglang_router = True
     cfg.checkpoint.save = str(tmp_path)
-    with pytest.raises(SGLangNotInstalled, match="sglang_router.*pip install 'agentrl\\[sglang\\]'"):
+    with pytest.raises(
+        SGLangNotInstalled, match="sglang_router.*pip install 'agentrl\\[sglang\\]'"
+    ):
         await RayRuntime.start(cfg, str(tmp_path), num_optimizer_steps=1)
     assert not ray.is_initialized()

@@ -131,7 +131,10 @@ def test_a_killed_engine_is_restarted_synced_and_its_tasks_rerun(tiny_model_path
             (victim,) = [p for p in await runtime.engines.pids()][:1]
             rollout = asyncio.ensure_future(
                 collect_groups(
-                    runner, source, cfg.rollout, seed_for_round=lambda r: r,
+                    runner,
+                    source,
+                    cfg.rollout,
+                    seed_for_round=lambda r: r,
                     heal=runtime.heal_engines,
                 )  # fmt: skip
             )
@@ -153,3 +156,53 @@ def test_a_killed_engine_is_restarted_synced_and_its_tasks_rerun(tiny_model_path
 
     asyncio.run(scenario())
     assert not _alive(_our_children() - before), "a worker or server outlived the run"
+
+
+def test_ray_address_joins_a_running_cluster_and_leaves_it_running(
+    tiny_model_path, tmp_path, monkeypatch
+):
+    """`--ray-address`: the run places its actors on an existing cluster (`ray start --head`),
+    and on close removes its own actors and servers but not the cluster."""
+    import subprocess
+
+    import ray
+
+    from agentrl.cluster import RayRuntime
+    from agentrl.engine.launcher import free_ports
+
+    (port,) = free_ports(1)
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # a throwaway loopback cluster, no token
+    start = [
+        "ray",
+        "start",
+        "--head",
+        f"--port={port}",
+        "--num-cpus=4",
+        "--include-dashboard=false",
+    ]
+    subprocess.run(start, check=True, capture_output=True, timeout=120, env=dict(os.environ))
+    try:
+        cfg = _config(tiny_model_path, tmp_path / "run", "colocated")
+        cfg.cluster.actor_num_gpus_per_node = 1
+        cfg.cluster.ray_address = f"127.0.0.1:{port}"
+
+        async def scenario() -> list[int | None]:
+            runtime = await RayRuntime.start(cfg, tiny_model_path, num_optimizer_steps=1)
+            try:
+                await runtime.sync_weights("1")
+                assert await runtime.served_weights_gap("1") < 1e-4
+                return await runtime.engines.pids()
+            finally:
+                await runtime.close()
+
+        pids = asyncio.run(scenario())
+        assert not ray.is_initialized()  # the driver disconnected
+        assert not _alive({p for p in pids if p})
+        status = subprocess.run(
+            ["ray", "status", f"--address=127.0.0.1:{port}"], capture_output=True
+        )
+        assert status.returncode == 0  # still running
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        subprocess.run(["ray", "stop", "--force"], capture_output=True, timeout=120)
