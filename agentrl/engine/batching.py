@@ -110,31 +110,26 @@ class PackedStep:
     position_ids: torch.Tensor
     arena_step: ArenaStep
     last_index: torch.Tensor
-    num_new_tokens: list[int]
 
 
-def pack_step(sequences: list[Sequence], arena: KVArena, device: torch.device | str, *,
-              use_flash: bool) -> PackedStep:  # fmt: skip
+def pack_step(
+    sequences: list[Sequence], arena: KVArena, device: torch.device | str, *, use_flash: bool
+) -> PackedStep:
     """Lay out each sequence's uncached tokens after one another in a single row."""
-    ids, positions, writes, q_lens, kv_lens, starts = [], [], [], [], [], []
+    ids, positions, writes, q_lens, kv_lens, starts, cu_q = [], [], [], [], [], [], [0]
     for seq in sequences:
         assert seq.slot is not None
-        new = seq.token_ids[seq.num_cached :]
-        first = seq.num_cached
-        offset = arena.offset(seq.slot)
+        new, first, offset = seq.token_ids[seq.num_cached :], seq.num_cached, arena.offset(seq.slot)
         ids += new
         positions += range(first, first + len(new))
         writes += range(offset + first, offset + first + len(new))
         q_lens.append(len(new))
         kv_lens.append(first + len(new))
         starts.append(offset)
-    as_tensor = _to_device(device)
-    cu_q = [0]
-    for n in q_lens:
-        cu_q.append(cu_q[-1] + n)
+        cu_q.append(cu_q[-1] + len(new))
     step = ArenaStep.build(
         arena,
-        write_index=as_tensor(writes),
+        write_index=_long(writes, device),
         q_lens=q_lens,
         kv_lens=kv_lens,
         kv_starts=starts,
@@ -143,16 +138,12 @@ def pack_step(sequences: list[Sequence], arena: KVArena, device: torch.device | 
         use_flash=use_flash,
     )
     return PackedStep(
-        input_ids=as_tensor(ids)[None],
-        position_ids=as_tensor(positions)[None],
+        input_ids=_long(ids, device)[None],
+        position_ids=_long(positions, device)[None],
         arena_step=step,
-        last_index=as_tensor([c - 1 for c in cu_q[1:]]),
-        num_new_tokens=q_lens,
+        last_index=_long([c - 1 for c in cu_q[1:]], device),
     )
 
 
-def _to_device(device: torch.device | str):  # noqa: ANN202
-    def as_tensor(values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
-
-    return as_tensor
+def _long(values: list[int], device: torch.device | str) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)

@@ -12,6 +12,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 
+_CLEAN_CHUNK = 256  # rows zeroed at a time as sequences grow (CPU)
+
 
 class KVArena:
     """K/V storage for `num_slots` sequences of at most `max_len` tokens each.
@@ -137,6 +139,7 @@ class KVArena:
         start = self._clean_len[slot]
         if start >= length:
             return
+        length = min(self.max_len, -(-length // _CLEAN_CHUNK) * _CLEAN_CHUNK)  # few, large zeroings
         rows = slice(self.offset(slot) + start, self.offset(slot) + length)
         for k, v in zip(self.keys, self.values, strict=True):
             k[rows].zero_()

@@ -81,8 +81,15 @@ class LocalEngine:
     """Serves many concurrent `generate` calls from one transformers model, batched together.
 
     Loads the model and allocates the KV arena in the constructor (the engine is unusable without
-    them) and starts the worker. The arena holds `num_slots` sequences of `max_context_len` tokens
-    (default: the model's context, at most 8192); `KVArena.for_model` sizes it by default.
+    them) and starts the worker.
+
+    - `max_context_len`: tokens (prompt + output) one sequence may reach; default the model's
+      context, at most 8192. Longer prompts finish at once with LENGTH.
+    - `num_slots`: sequences the KV arena holds (running, or idle for their next turn); default
+      sized by `KVArena.for_model` from `mem_fraction_static` of the free memory on CUDA.
+    - `max_prefill_tokens`: new tokens admitted into one step (a longer prompt still runs alone).
+    - `use_prefix_cache`: keep a routing key's slot between turns and prefill only the new tail.
+    - `use_cuda_graphs`: decode under CUDA graphs (CUDA in bf16/fp16 only; eager elsewhere).
     """
 
     def __init__(
@@ -155,6 +162,7 @@ class LocalEngine:
             device=model_cfg.device,
             dtype=model_cfg.dtype,
             max_batch_size=engine_cfg.max_batch_size,
+            mem_fraction_static=engine_cfg.mem_fraction_static,
         )
 
     def _eos_token_ids(self) -> set[int]:
@@ -332,6 +340,8 @@ class LocalEngine:
     # ------------------------------------------------------------------ worker loop
 
     def _run(self) -> None:
+        if self.device.startswith("cuda"):  # graph capture and cuBLAS follow the current device
+            torch.cuda.set_device(torch.device(self.device))
         while not self._is_closed:
             self._wake.clear()
             self._run_commands()

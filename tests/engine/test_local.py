@@ -488,3 +488,22 @@ async def test_cuda_prefix_reuse(tiny_model_path: str, dtype: str) -> None:
             assert c.ids == full.ids
         ids = next_turn(ids, c.ids, turn)
     await eng.close()
+
+
+@pytest.mark.gpu
+async def test_cuda_release_mid_generation_prefills_again_and_finishes(
+    tiny_model_path: str,
+) -> None:
+    eng = LocalEngine(tiny_model_path, device="cuda", dtype="bfloat16", max_batch_size=8)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=400, seed=9)
+    running = [asyncio.ensure_future(eng.generate(p, sampling)) for p in PROMPTS[:3]]
+    while eng.stats.num_decode_steps < 20:
+        await asyncio.sleep(0.001)
+    await eng.release_memory()
+    assert not any(task.done() for task in running)
+    await eng.resume_memory()
+    for prompt, c in zip(PROMPTS[:3], await asyncio.gather(*running), strict=True):
+        assert len(c.ids) == 400
+        expected = teacher_forced_logprobs(eng.model, prompt, c.ids, sampling.temperature)
+        assert (torch.tensor(c.logprobs) - expected).abs().mean() <= 2e-2
+    await eng.close()
