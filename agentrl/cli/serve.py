@@ -22,6 +22,12 @@ def serve_command(
         0, "--seed", help="Engine RNG seed for requests without sampling_seed."
     ),
     log_level: str = typer.Option("info", "--log-level"),
+    weights_cpu_backup: bool = typer.Option(
+        True,
+        "--weights-cpu-backup/--no-weights-cpu-backup",
+        help="On release_memory_occupation, keep a host copy of the weights (off: drop them; the "
+        "trainer must send all weights after resume, as a colocated one does).",
+    ),
 ) -> None:
     """Serve MODEL at http://HOST:PORT: /generate, weight updates, memory release, /v1/chat/completions..."""
     from agentrl.engine.local import LocalEngine
@@ -34,7 +40,12 @@ def serve_command(
             err=True,
         )
     engine = LocalEngine(
-        model, device=device, dtype=dtype, max_batch_size=max_batch_size, seed=seed
+        model,
+        device=device,
+        dtype=dtype,
+        max_batch_size=max_batch_size,
+        seed=seed,
+        weights_cpu_backup=weights_cpu_backup,
     )
     typer.echo(
         f"agentrl serve: {engine.model_path} on http://{host}:{port} (device {engine.device})",

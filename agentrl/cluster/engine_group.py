@@ -45,6 +45,7 @@ class ServerSpec:
     sglang_args: list[str]
     log_dir: str
     health_timeout_s: float
+    keep_weights_on_release: bool = True
 
 
 def server_cmd(spec: ServerSpec, port: int) -> list[str]:
@@ -62,7 +63,10 @@ def server_cmd(spec: ServerSpec, port: int) -> list[str]:
     return [sys.executable, "-m", "agentrl.cli", "serve", "--model", spec.model_path,
             "--host", spec.host, "--port", str(port), "--device", device,
             "--dtype", spec.dtype, "--max-batch-size", str(spec.max_batch_size),
-            "--log-level", "warning"]  # fmt: skip
+            "--log-level", "warning",
+            # Colocated: the trainer resends every weight after a release, no host copy needed.
+            "--weights-cpu-backup" if spec.keep_weights_on_release else "--no-weights-cpu-backup",
+            ]  # fmt: skip
 
 
 def server_env(spec: ServerSpec) -> dict[str, str]:

@@ -364,6 +364,7 @@ def _start_engine_actors(
             sglang_args=list(cfg.engine.sglang_args),
             log_dir=str(log_dir if is_local else tempfile.gettempdir()),
             health_timeout_s=cfg.cluster.engine_start_timeout_s,
+            keep_weights_on_release=not placement.is_colocated,
         )
         actors.append(
             actor_cls.options(

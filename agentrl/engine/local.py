@@ -29,6 +29,12 @@ from agentrl.engine.batching import Sequence, StopChecker, pack_step
 from agentrl.engine.cuda_graphs import DecodeGraphs
 from agentrl.engine.kv_arena import KVArena
 from agentrl.engine.model_store import load_model_and_tokenizer, resolve_device, resolve_model_path
+from agentrl.engine.param_storage import (
+    DroppedParameters,
+    drop_parameters,
+    mark_written,
+    reallocate_parameters,
+)
 from agentrl.engine.sampling import SamplingRows, sample
 from agentrl.engine.scheduler import Scheduler
 
@@ -107,7 +113,10 @@ class LocalEngine:
         max_prefill_tokens: int = 8192,
         use_prefix_cache: bool = True,
         use_cuda_graphs: bool = True,
+        weights_cpu_backup: bool = True,
     ) -> None:
+        """`weights_cpu_backup=False`: `release_memory` drops the weights instead of copying them
+        to the host (a colocated trainer sends them all again before the next request)."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size} must be at least 1")
         if not 0 < mem_fraction_static <= 1:
@@ -119,6 +128,7 @@ class LocalEngine:
         )
         use_arena_attention(self.model)
         self.max_batch_size = max_batch_size
+        self.weights_cpu_backup = weights_cpu_backup
         self.stats = EngineStats()
         self._weight_version = weight_version
         self._generator = torch.Generator().manual_seed(seed)
@@ -149,6 +159,7 @@ class LocalEngine:
         self._vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         self._commands: collections.deque[_Command] = collections.deque()
         self._is_released = False
+        self._dropped: DroppedParameters | None = None  # weights dropped by a release, not resent
         self._is_closed = False
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="agentrl-local-engine", daemon=True)
@@ -187,6 +198,11 @@ class LocalEngine:
         `routing_key` (one episode's turns) reuse the K/V of their common prefix."""
         if self._is_closed:
             raise EngineError("LocalEngine is closed; create a new engine")
+        if self._dropped is not None and not self._is_released:
+            raise EngineError(
+                f"{len(self._dropped.unsent)} weight tensors were dropped by release_memory("
+                "keep_weights=False) and not sent again; call update_weights with every weight first"
+            )
         self._check_request(input_ids, sampling)
         loop = asyncio.get_running_loop()
         seq = Sequence(
@@ -218,14 +234,17 @@ class LocalEngine:
         self._check_weights(updates)
         await self._call(lambda: self._apply_weights(updates, weight_version))
 
-    async def release_memory(self) -> None:
-        """Free the accelerator memory: weights move to host memory, the KV arena and CUDA graphs
-        are dropped. Running requests pause and are prefilled again after `resume_memory`.
+    async def release_memory(self, *, keep_weights: bool | None = None) -> None:
+        """Free the accelerator memory: weights move to host memory (or, with `keep_weights=False`,
+        are dropped: the caller sends all of them before the next request, as a colocated trainer
+        does), the KV arena and CUDA graphs are dropped. Running requests pause and are prefilled
+        again after `resume_memory`.
 
         A no-op on CPU, where there is no accelerator memory to give back.
         """
+        keep = self.weights_cpu_backup if keep_weights is None else keep_weights
         if self.device != "cpu":
-            await self._call(self._release)
+            await self._call(lambda: self._release(keep))
 
     async def resume_memory(self) -> None:
         """Weights back on the accelerator and a fresh KV arena; graphs are captured again."""
@@ -306,19 +325,27 @@ class LocalEngine:
             for name, tensor in updates:
                 target = state[name]
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+                mark_written(self._dropped, target)
+        if self._dropped is not None and not self._dropped.unsent:
+            self._dropped = None  # every dropped weight was sent again
         self._weight_version = weight_version
         self._scheduler.drop_prefixes()
 
-    def _release(self) -> None:
+    def _release(self, keep_weights: bool) -> None:
         self._scheduler.preempt_all()  # running requests are prefilled again on resume
         self._graphs = None
-        self.model.to("cpu")
+        if keep_weights:
+            self.model.to("cpu")
+        else:
+            self._dropped = drop_parameters(self.model)
         if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):  # cached per stream, not in use
             torch._C._cuda_clearCublasWorkspaces()
         torch.cuda.empty_cache()
         self._is_released = True
 
     def _resume(self) -> None:
+        if self._dropped is not None:
+            reallocate_parameters(self._dropped, self.device)
         self.model.to(self.device)
         # Sized again: a colocated trainer may hold more (or less) memory than at the start.
         self.arena = self._scheduler.arena = self._size_arena()
@@ -345,7 +372,8 @@ class LocalEngine:
         while not self._is_closed:
             self._wake.clear()
             self._run_commands()
-            if self._is_released or not self._scheduler.has_work():
+            # Dropped weights not yet sent again: nothing may run on them.
+            if self._is_released or self._dropped is not None or not self._scheduler.has_work():
                 self._wake.wait()
                 continue
             try:

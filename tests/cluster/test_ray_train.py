@@ -158,20 +158,41 @@ def test_a_killed_engine_is_restarted_synced_and_its_tasks_rerun(tiny_model_path
     assert not _alive(_our_children() - before), "a worker or server outlived the run"
 
 
+DRIVER = """
+import asyncio, json, sys
+import ray
+from agentrl.cluster import RayRuntime
+from agentrl.config import RunConfig
+
+cfg = RunConfig.from_dict(json.loads(sys.argv[1]))
+
+async def main():
+    runtime = await RayRuntime.start(cfg, cfg.model.path, num_optimizer_steps=1)
+    try:
+        await runtime.sync_weights("1")
+        gap = await runtime.served_weights_gap("1")
+        pids = await runtime.engines.pids()
+    finally:
+        await runtime.close()
+    print(json.dumps({"gap": gap, "pids": pids, "connected": ray.is_initialized()}))
+
+asyncio.run(main())
+"""
+
+
 def test_ray_address_joins_a_running_cluster_and_leaves_it_running(
     tiny_model_path, tmp_path, monkeypatch
 ):
-    """`--ray-address`: the run places its actors on an existing cluster (`ray start --head`),
-    and on close removes its own actors and servers but not the cluster."""
+    """`--ray-address`: a fresh driver places its actors on an existing cluster (`ray start
+    --head`) and on close removes its own actors and servers but not the cluster."""
     import subprocess
+    import sys
 
-    import ray
-
-    from agentrl.cluster import RayRuntime
     from agentrl.engine.launcher import free_ports
 
     (port,) = free_ports(1)
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # a throwaway loopback cluster, no token
+    env = dict(os.environ)
     start = [
         "ray",
         "start",
@@ -180,29 +201,20 @@ def test_ray_address_joins_a_running_cluster_and_leaves_it_running(
         "--num-cpus=4",
         "--include-dashboard=false",
     ]
-    subprocess.run(start, check=True, capture_output=True, timeout=120, env=dict(os.environ))
+    subprocess.run(start, check=True, capture_output=True, timeout=120, env=env)
     try:
         cfg = _config(tiny_model_path, tmp_path / "run", "colocated")
         cfg.cluster.actor_num_gpus_per_node = 1
         cfg.cluster.ray_address = f"127.0.0.1:{port}"
-
-        async def scenario() -> list[int | None]:
-            runtime = await RayRuntime.start(cfg, tiny_model_path, num_optimizer_steps=1)
-            try:
-                await runtime.sync_weights("1")
-                assert await runtime.served_weights_gap("1") < 1e-4
-                return await runtime.engines.pids()
-            finally:
-                await runtime.close()
-
-        pids = asyncio.run(scenario())
-        assert not ray.is_initialized()  # the driver disconnected
-        assert not _alive({p for p in pids if p})
-        status = subprocess.run(
-            ["ray", "status", f"--address=127.0.0.1:{port}"], capture_output=True
-        )
-        assert status.returncode == 0  # still running
+        driver = subprocess.run(
+            [sys.executable, "-c", DRIVER, json.dumps(cfg.to_dict())],
+            capture_output=True, text=True, timeout=300, env=env,
+        )  # fmt: skip
+        assert driver.returncode == 0, driver.stderr[-3000:]
+        out = json.loads(driver.stdout.strip().splitlines()[-1])
+        assert out["gap"] < 1e-4 and not out["connected"]
+        assert not _alive({p for p in out["pids"] if p})
+        status = subprocess.run(["ray", "status", f"--address=127.0.0.1:{port}"], env=env)
+        assert status.returncode == 0  # the cluster still runs: it was joined, not started
     finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        subprocess.run(["ray", "stop", "--force"], capture_output=True, timeout=120)
+        subprocess.run(["ray", "stop", "--force"], capture_output=True, timeout=120, env=env)

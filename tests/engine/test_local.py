@@ -507,3 +507,21 @@ async def test_cuda_release_mid_generation_prefills_again_and_finishes(
         expected = teacher_forced_logprobs(eng.model, prompt, c.ids, sampling.temperature)
         assert (torch.tensor(c.logprobs) - expected).abs().mean() <= 2e-2
     await eng.close()
+
+
+@pytest.mark.gpu
+async def test_cuda_release_without_host_copy_refuses_until_weights_are_sent(tiny_model_path):
+    """weights_cpu_backup=False (a colocated engine): release frees the weights without a host
+    copy; after resume nothing runs until every weight is sent again, then outputs match."""
+    eng = LocalEngine(tiny_model_path, device="cuda", dtype="float32", weights_cpu_backup=False)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    before = await eng.generate(PROMPTS[0], greedy)
+    weights = [(n, t.detach().clone()) for n, t in eng.model.state_dict().items()]
+    await eng.release_memory()
+    await eng.resume_memory()
+    with pytest.raises(EngineError, match="dropped by release_memory"):
+        await eng.generate(PROMPTS[0], greedy)
+    await eng.update_weights(weights, weight_version="1")
+    after = await eng.generate(PROMPTS[0], greedy)
+    await eng.close()
+    assert after.ids == before.ids and after.weight_version == "1"
