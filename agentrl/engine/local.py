@@ -326,8 +326,8 @@ class LocalEngine:
                 target = state[name]
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
                 mark_written(self._dropped, target)
-        if self._dropped is not None and not self._dropped.unsent:
-            self._dropped = None  # every dropped weight was sent again
+        if self._dropped is not None and not self._is_released and not self._dropped.unsent:
+            self._dropped = None  # every dropped weight was sent again after resume
         self._weight_version = weight_version
         self._scheduler.drop_prefixes()
 
