@@ -136,6 +136,11 @@ class TrainConfig:
     adam_beta2: float = 0.999
     clip_grad: float = 1.0
     gradient_checkpointing: bool = False
+    use_async: bool = False
+    """slime's train_async.py: the next step's rollout runs while this step trains (one step
+    off-policy; disaggregated placement only)."""
+    update_weights_interval: int = 1
+    """With use_async: push weights every N steps (after the in-flight rollout ends)."""
     logprob_chunk_size: int = 1024
     """Tokens per chunk when computing logprobs, so [tokens, vocab] logits never exist whole."""
     seed: int = 0

@@ -8,6 +8,7 @@ import json
 import logging
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,11 +19,11 @@ import torch
 from agentrl.config import ConfigError, RunConfig
 from agentrl.data import TaskSource, load_tasks
 from agentrl.eval import evaluate, plot_eval_history
-from agentrl.metrics import MetricsLogger, Timer, rollout_metrics
+from agentrl.metrics import MetricsLogger, rollout_metrics
 from agentrl.rollout import RolloutRunner, build_runner
-from agentrl.rollout.collect import collect_groups
+from agentrl.rollout.collect import Collected, collect_groups
 from agentrl.rollout.trajectory import write_jsonl
-from agentrl.runtime import Runtime, make_runtime
+from agentrl.runtime import Runtime, make_runtime, uses_ray
 from agentrl.trainer.batch import build_train_batches
 from agentrl.trainer.checkpoint import (
     capture_rng_state,
@@ -57,6 +58,7 @@ async def _train(cfg: RunConfig) -> TrainResult:
             f"train.backend={cfg.train.backend!r}: only the torch backend exists so far; "
             "use --set train.backend=torch"
         )
+    _check_async(cfg)
     run_dir = Path(cfg.checkpoint.save)
     (run_dir / "rollouts").mkdir(parents=True, exist_ok=True)
     (run_dir / "run_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
@@ -85,15 +87,27 @@ async def _train(cfg: RunConfig) -> TrainResult:
 
 async def _run(state: _State, start_step: int) -> TrainResult:
     """eval at start -> per step: collect groups, build batch, train, sync weights, eval / save
-    when due -> final eval and save. Ctrl-C or SIGTERM saves the last completed step."""
+    when due -> final eval and save. With `--async` the next step's groups are collected while
+    this step trains (slime's train_async.py). Ctrl-C or SIGTERM saves the last completed step."""
     cfg = state.cfg
+    ahead: asyncio.Task[_Rollout] | None = None
     try:
         if start_step == 0 and cfg.eval.eval_at_start:
             await state.run_eval(step=0)
         with _progress(cfg, start_step) as bar:
             for step in range(start_step, cfg.train.num_rollout):
-                bar.advance(await state.train_step(step))
+                rollout = await (ahead if ahead is not None else state.collect(step))
+                ahead = None
+                if cfg.train.use_async and step + 1 < cfg.train.num_rollout:
+                    ahead = asyncio.ensure_future(state.collect(step + 1))
+                metrics = await state.learn(step, rollout)
                 done = step + 1
+                if not cfg.train.use_async or _is_due(cfg.train.update_weights_interval, done):
+                    if ahead is not None:  # weights never change under a running generation
+                        await asyncio.wait({ahead})
+                    metrics.update(await state.sync(step))
+                state.logger.log(done, metrics)
+                bar.advance(metrics)
                 if done < cfg.train.num_rollout and _is_due(cfg.eval.eval_interval, done):
                     await state.run_eval(step=done)
                 if done < cfg.train.num_rollout and _is_due(cfg.checkpoint.save_interval, done):
@@ -104,9 +118,26 @@ async def _run(state: _State, start_step: int) -> TrainResult:
         last = await state.save(steps)
     except (KeyboardInterrupt, asyncio.CancelledError):
         log.warning("interrupted: saving a checkpoint at step %d before exiting", state.step)
+        if ahead is not None:
+            ahead.cancel()
         await state.save(state.step)
         raise
     return TrainResult(state.run_dir, steps, state.evals, last)
+
+
+def _check_async(cfg: RunConfig) -> None:
+    if not cfg.train.use_async:
+        return
+    if cfg.cluster.colocate or not uses_ray(cfg):
+        raise ConfigError(
+            "--async generates the next step while this one trains, so the engines need GPUs of "
+            "their own: run disaggregated (e.g. --actor-num-gpus-per-node 1 --rollout-num-gpus 1, "
+            "without --colocate)"
+        )
+    if cfg.train.update_weights_interval < 1:
+        raise ConfigError(
+            f"--update-weights-interval={cfg.train.update_weights_interval} must be >= 1"
+        )
 
 
 def _is_due(interval: int | None, done: int) -> bool:
@@ -165,43 +196,48 @@ class _State:
         # so a checkpoint taken on Ctrl-C mid-step replays that step's tasks on resume.
         self.data_state = source.state()
 
-    async def train_step(self, step: int) -> dict[str, float]:
-        cfg, timer = self.cfg, Timer()
-        with timer("rollout"):
-            collected = await collect_groups(
-                self.runner,
-                self.source,
-                cfg.rollout,
-                seed_for_round=lambda r: _rollout_seed(cfg.rollout.seed, step, r),
-                max_rerun_rounds=cfg.cluster.max_rerun_rounds,
-                heal=self.runtime.heal_engines,
-            )
-        groups = collected.groups
-        if not groups:
+    async def collect(self, step: int) -> _Rollout:
+        """The step's groups, and the data cursor just past its tasks (what a checkpoint taken
+        after this step records, even while the next step's tasks are already drawn)."""
+        cfg, t0 = self.cfg, time.perf_counter()
+        collected = await collect_groups(
+            self.runner,
+            self.source,
+            cfg.rollout,
+            seed_for_round=lambda r: _rollout_seed(cfg.rollout.seed, step, r),
+            max_rerun_rounds=cfg.cluster.max_rerun_rounds,
+            heal=self.runtime.heal_engines,
+        )
+        if not collected.groups:
             raise RuntimeError(
                 f"step {step}: every group had zero reward variance after "
                 f"{cfg.rollout.max_sampling_rounds} extra rounds; raise rollout.max_sampling_rounds "
                 "or turn off rollout.dynamic_sampling"
             )
+        return _Rollout(collected, self.source.state(), time.perf_counter() - t0)
+
+    async def learn(self, step: int, rollout: _Rollout) -> dict[str, float]:
+        """Write the step's trajectories, train on them; metrics (logged by the caller)."""
+        cfg, groups = self.cfg, rollout.collected.groups
         # Every trajectory trained on is kept, flushed, for `agentrl show` and post-mortems.
         write_jsonl(
             str(self.run_dir / "rollouts" / f"step_{step + 1:06d}.jsonl"),
             [t for g in groups for t in g],
         )
-        with timer("train"):
-            batches = build_train_batches(
-                groups,
-                cfg.algo,
-                max_tokens_per_micro_batch=cfg.train.max_tokens_per_micro_batch,
-                pad_id=self.runtime.pad_id,
-                global_batch_size=cfg.train.global_batch_size,
-                dp_size=self.runtime.dp_size,
-            )
-            train_metrics = await self.runtime.train_step(batches)
-        self.step, self.data_state = step + 1, self.source.state()
-        with timer("weight_sync"):
-            sync_metrics = await self.runtime.sync_weights(version=str(step + 1))
-        metrics = {**rollout_metrics(groups), **_prefixed("train/", train_metrics), **sync_metrics}
+        t0 = time.perf_counter()
+        batches = build_train_batches(
+            groups,
+            cfg.algo,
+            max_tokens_per_micro_batch=cfg.train.max_tokens_per_micro_batch,
+            pad_id=self.runtime.pad_id,
+            global_batch_size=cfg.train.global_batch_size,
+            dp_size=self.runtime.dp_size,
+        )
+        train_metrics = await self.runtime.train_step(batches)
+        self.step, self.data_state = step + 1, rollout.data_state
+        collected = rollout.collected
+        metrics = {**rollout_metrics(groups), **_prefixed("train/", train_metrics)}
+        metrics.update(staleness_metrics(groups, policy_version=step))
         metrics.update(
             {
                 "rollout/num_zero_variance_groups_dropped": float(
@@ -209,11 +245,23 @@ class _State:
                 ),
                 "rollout/num_engine_reruns": float(collected.num_engine_reruns),
                 "engine/num_restarts": float(collected.num_engine_restarts),
+                "time/rollout_s": rollout.seconds,
+                "time/train_s": time.perf_counter() - t0,
             }
         )
-        metrics.update({f"time/{k}_s": v for k, v in timer.totals.items()})
         num_tokens = sum(len(t.token_ids) for g in groups for t in g)
-        metrics["perf/tokens_per_s"] = num_tokens / max(timer.totals.get("rollout", 0.0), 1e-9)
+        metrics["perf/tokens_per_s"] = num_tokens / max(rollout.seconds, 1e-9)
+        return metrics
+
+    async def sync(self, step: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        metrics = await self.runtime.sync_weights(version=str(step + 1))
+        return {**metrics, "time/weight_sync_s": time.perf_counter() - t0}
+
+    async def train_step(self, step: int) -> dict[str, float]:
+        """One synchronous step: collect, learn, sync, log (tests and tools drive it directly)."""
+        metrics = await self.learn(step, await self.collect(step))
+        metrics.update(await self.sync(step))
         self.logger.log(step + 1, metrics)
         return metrics
 
@@ -260,6 +308,30 @@ class _State:
             write,
             keep_last=self.cfg.checkpoint.keep_last,
         )
+
+
+@dataclass
+class _Rollout:
+    collected: Collected
+    data_state: dict[str, int]
+    seconds: float
+
+
+def staleness_metrics(groups: list[list[Any]], *, policy_version: int) -> dict[str, float]:
+    """How many policy versions each trained turn is behind the trainer (0 when synchronous)."""
+    lags = [
+        policy_version - int(turn.weight_version)
+        for group in groups
+        for traj in group
+        for turn in traj.turns
+        if str(turn.weight_version).isdigit()
+    ]
+    if not lags:
+        return {}
+    return {
+        "rollout/staleness_max": float(max(lags)),
+        "rollout/staleness_mean": sum(lags) / len(lags),
+    }
 
 
 def _prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:

@@ -36,6 +36,8 @@ SLIME_FLAGS: dict[str, str] = {
     "colocate": "cluster.colocate",
     "update_weight_transport": "cluster.update_weight_transport",
     "update_weight_buffer_size": "cluster.update_weight_buffer_size",
+    "async_": "train.use_async",
+    "update_weights_interval": "train.update_weights_interval",
 }
 PLACEMENT = "Placement (Ray; any of these runs trainer and engines as Ray actors)"
 
@@ -119,6 +121,16 @@ def train_command(
     ),
     update_weight_buffer_size: int | None = typer.Option(
         None, help="Bytes per weight bucket sent to the engines.", rich_help_panel=PLACEMENT
+    ),
+    async_: bool | None = typer.Option(
+        None,
+        "--async/--no-async",
+        help="Generate the next step while this one trains (disaggregated only; one step "
+        "off-policy, as slime's train_async.py).",
+        rich_help_panel=PLACEMENT,
+    ),
+    update_weights_interval: int | None = typer.Option(
+        None, help="With --async: push weights every N steps.", rich_help_panel=PLACEMENT
     ),
     resume: str | None = typer.Option(None, help="Continue the run saved in this directory."),
     set_: list[str] = typer.Option(

@@ -75,6 +75,9 @@ def server_env(spec: ServerSpec) -> dict[str, str]:
     # sets cannot use peer-to-peer copies.
     env = dict(os.environ)
     env.pop("CUDA_VISIBLE_DEVICES", None)
+    # The server imports the agentrl this actor runs, installed or a checkout.
+    package_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     if not spec.use_gpu:  # one CPU "GPU" per worker: threads beyond that only fight each other
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     return env

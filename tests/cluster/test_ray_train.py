@@ -218,3 +218,45 @@ def test_ray_address_joins_a_running_cluster_and_leaves_it_running(
         assert status.returncode == 0  # the cluster still runs: it was joined, not started
     finally:
         subprocess.run(["ray", "stop", "--force"], capture_output=True, timeout=120, env=env)
+
+
+def test_async_trains_on_one_step_old_rollouts_and_syncs_between_generations(
+    tiny_model_path, tmp_path
+):
+    """--async (slime's train_async.py): step k+1's rollout runs while step k trains, with the
+    weights of version k; weights change only between generations; staleness stays <= 1."""
+    from agentrl.loop import train
+
+    cfg = _config(tiny_model_path, tmp_path / "run", "disaggregated")
+    cfg.train.num_rollout = 3
+    cfg.train.use_async = True
+    result = train(cfg)
+
+    assert result.num_steps == 3
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = {r["step"]: r for r in rows if "train/loss" in r}
+    assert [steps[s]["rollout/staleness_max"] for s in (1, 2, 3)] == [0.0, 1.0, 1.0]
+    versions = {
+        s: {
+            t.turns[0].weight_version
+            for t in read_jsonl(str(tmp_path / "run" / "rollouts" / f"step_{s:06d}.jsonl"))
+        }
+        for s in (1, 2, 3)
+    }
+    assert versions == {1: {"0"}, 2: {"0"}, 3: {"1"}}  # step 3 was generated after sync 1
+    for s in (1, 2, 3):  # every sync still leaves each engine on exactly the trainer's weights
+        assert steps[s]["weight_sync/max_logprob_abs_diff"] < 1e-4
+
+
+def test_async_is_refused_when_colocated_or_in_one_process(tiny_model_path, tmp_path):
+    from agentrl.config import ConfigError
+    from agentrl.loop import train
+
+    cfg = _config(tiny_model_path, tmp_path / "run", "colocated")
+    cfg.train.use_async = True
+    with pytest.raises(ConfigError, match="--async .* without --colocate"):
+        train(cfg)
+    cfg.cluster = type(cfg.cluster)()  # no placement flags: one process
+    with pytest.raises(ConfigError, match="disaggregated"):
+        train(cfg)
+    assert not (tmp_path / "run" / "rollouts").exists()  # refused before anything was written
