@@ -115,7 +115,9 @@ class AlgoConfig:
     use_tis: bool = False
     """Truncated importance sampling between rollout and trainer logprobs."""
     tis_cap: float = 2.0
-    loss_agg_mode: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = "token_mean"
+    loss_agg_mode: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] | None = None
+    """None = the policy loss's own: seq_mean_token_mean for gspo (its paper, verl, slime),
+    token_mean for ppo and cispo."""
 
 
 @dataclass

@@ -6,6 +6,7 @@ once. Token tensors are [B, T]; a packed row holds several sequences, told apart
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -14,6 +15,7 @@ from torch import Tensor
 
 from agentrl.config import AlgoConfig
 
+logger = logging.getLogger(__name__)
 GRPO_EPS = 1e-6  # verl/slime: std + eps in the GRPO denominator
 WHITEN_EPS = 1e-8  # verl masked_whiten: rsqrt(var + eps)
 LOG_RATIO_CLAMP = 20.0  # verl clamps log(pi/pi_old) before exp for stability
@@ -195,7 +197,8 @@ def gspo_loss(
     same ranges (the paper uses ~3e-4 / 4e-4). Gradient flows through the sequence mean (slime)."""
     seq_log_ratio = seg.seq_sum(log_probs - old_log_probs) / seg.seq_num_tokens.clamp_min(1)  # [S]
     log_ratio = seq_log_ratio[seg.seq_index].clamp(max=10.0)  # [B, T]; verl clamps at 10
-    return _clipped_surrogate(log_ratio.exp(), advantages, ClipRange(clip.low, clip.high, None))
+    # The dual clip bounds -A * (sequence ratio) for A < 0, as slime applies it to GSPO.
+    return _clipped_surrogate(log_ratio.exp(), advantages, clip)
 
 
 def cispo_loss(
@@ -338,7 +341,8 @@ def _ratio_stats(log_ratio: Tensor, seg: Segments) -> dict[str, Tensor]:
 def build_objective(cfg: AlgoConfig) -> PolicyObjective:
     """Choose the loss, aggregation and KL functions once, checking names and ranges."""
     _check_choice("algo.policy_loss", cfg.policy_loss, POLICY_LOSSES)
-    _check_choice("algo.loss_agg_mode", cfg.loss_agg_mode, AGGREGATORS)
+    agg_mode = loss_agg_mode(cfg)
+    _check_choice("algo.loss_agg_mode", agg_mode, AGGREGATORS)
     _check_choice("algo.kl_loss_type", cfg.kl_loss_type, KL_ESTIMATORS)
     if cfg.eps_clip_c is not None and cfg.eps_clip_c <= 1.0:
         raise ValueError(
@@ -350,13 +354,29 @@ def build_objective(cfg: AlgoConfig) -> PolicyObjective:
     use_kl = cfg.use_kl_loss and cfg.kl_loss_coef > 0
     return PolicyObjective(
         policy_loss=POLICY_LOSSES[cfg.policy_loss],
-        aggregate=AGGREGATORS[cfg.loss_agg_mode],
+        aggregate=AGGREGATORS[agg_mode],
         clip=ClipRange(cfg.eps_clip, high, cfg.eps_clip_c),
         kl=KL_ESTIMATORS[cfg.kl_loss_type] if use_kl else None,
         kl_loss_coef=cfg.kl_loss_coef if use_kl else 0.0,
         entropy_coef=cfg.entropy_coef,
         tis_cap=cfg.tis_cap if cfg.use_tis else None,
     )
+
+
+DEFAULT_LOSS_AGG_MODE = {"gspo": "seq_mean_token_mean"}  # GSPO: arXiv 2507.18071, eq. 5
+
+
+def loss_agg_mode(cfg: AlgoConfig) -> str:
+    """The aggregation in force: the configured one, else the policy loss's own."""
+    default = DEFAULT_LOSS_AGG_MODE.get(cfg.policy_loss, "token_mean")
+    if cfg.loss_agg_mode is None:
+        return default
+    if cfg.loss_agg_mode != default and cfg.policy_loss in DEFAULT_LOSS_AGG_MODE:
+        logger.warning(
+            "algo.loss_agg_mode=%s overrides %s's own %s: longer sequences weigh more than the "
+            "paper's objective", cfg.loss_agg_mode, cfg.policy_loss, default,
+        )  # fmt: skip
+    return cfg.loss_agg_mode
 
 
 def _check_choice(key: str, value: str, table: dict[str, object]) -> None:

@@ -270,3 +270,37 @@ def test_combine_metrics_sums_shares_and_keeps_extremes():
     assert combine_metrics(parts) == pytest.approx(
         {"loss": 0.75, "ratio_max": 1.5, "ratio_min": 0.7}
     )
+
+
+def test_gspo_without_an_aggregation_flag_averages_per_sequence(caplog):
+    """GSPO's objective (arXiv 2507.18071, eq. 5) is a mean over sequences. Two sequences of 1
+    and 3 tokens, ratio 1, advantages +1 and -1: per sequence -(+1) and -(-1), mean 0; a token
+    mean would weigh the long one 3x: (-1 + 3) / 4 = 0.5."""
+    seg = _one_row(4, seq_index=[0, 1, 1, 1])
+    zeros = torch.zeros(1, 4, dtype=torch.float64)
+    adv = _t([[1.0, -1.0, -1.0, -1.0]])
+    x = LossInputs(seg, adv, zeros, zeros)
+    loss, _ = build_objective(AlgoConfig(policy_loss="gspo"))(zeros.clone(), None, x)
+    assert loss.item() == pytest.approx(0.0)
+    with caplog.at_level("WARNING"):
+        overridden, _ = build_objective(AlgoConfig(policy_loss="gspo", loss_agg_mode="token_mean"))(
+            zeros.clone(), None, x
+        )
+    assert overridden.item() == pytest.approx(0.5)
+    assert "overrides gspo's own seq_mean_token_mean" in caplog.text
+    ppo, _ = build_objective(AlgoConfig())(zeros.clone(), None, x)
+    assert ppo.item() == pytest.approx(0.5)  # ppo keeps token_mean
+
+
+def test_gspo_applies_the_dual_clip_to_the_sequence_ratio():
+    """A < 0 with a sequence ratio of e^2 (far above 1 + eps): the PPO-clipped loss -A * r is
+    bounded by the dual clip at -c * A = 3 (it was silently dropped for GSPO before)."""
+    seg = _one_row(2, seq_index=[0, 0])
+    log_probs = _t([[2.0, 2.0]])
+    old = torch.zeros(1, 2, dtype=torch.float64)
+    adv = _t([[-1.0, -1.0]])
+    without, _ = POLICY_LOSSES["gspo"](log_probs, old, adv, seg, ClipRange(0.2, 0.2))
+    with_dual, stats = POLICY_LOSSES["gspo"](log_probs, old, adv, seg, ClipRange(0.2, 0.2, 3.0))
+    assert without[0].tolist() == pytest.approx([math.exp(2.0)] * 2)
+    assert with_dual[0].tolist() == pytest.approx([3.0, 3.0])
+    assert stats["dual_clip_frac"][0].tolist() == [1.0, 1.0]
