@@ -48,6 +48,13 @@ def with_last(items: Iterable[T]) -> Iterator[tuple[T, bool]]:
     yield prev, True
 
 
+def _copy_model_files(model_path: str, out: Path) -> None:
+    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                 "special_tokens_map.json", "chat_template.jinja"):  # fmt: skip
+        if (Path(model_path) / name).is_file():
+            shutil.copyfile(Path(model_path) / name, out / name)
+
+
 class TrainerRank:
     """Ray actor body for one rank. Every collective method is called on all ranks at once."""
 
@@ -156,11 +163,13 @@ class TrainerRank:
             await self._sender.send(bucket, weight_version=version)
             return
         # tensor: flattened per dtype, IPC handles (GPU) or shared memory (CPU), same host only.
-        for target in self._targets:
-            if version is None:  # the version changes only with the last bucket
-                await target.update_weights(bucket, weight_version=target.weight_version)
-            else:
-                await target.update_weights(bucket, weight_version=version)
+        # The version changes with the last bucket only.
+        await asyncio.gather(
+            *(
+                t.update_weights(bucket, weight_version=version or t.weight_version)
+                for t in self._targets
+            )
+        )
 
     def _sync_from_disk(self, version: str, size: int) -> float:
         from safetensors.torch import save_file
@@ -174,6 +183,7 @@ class TrainerRank:
                     tensors = {n: t.detach().cpu().contiguous() for n, t in bucket}
                     save_file(tensors, str(out / f"model-{i:05d}.safetensors"))
             if self.spec.rank == 0 and self._targets:
+                _copy_model_files(self.spec.model_path, out)  # SGLang loads a whole model dir
                 self._run(self._post_disk(str(out), version))
         finally:
             shutil.rmtree(out, ignore_errors=True)

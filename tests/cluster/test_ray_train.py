@@ -260,3 +260,23 @@ def test_async_is_refused_when_colocated_or_in_one_process(tiny_model_path, tmp_
     with pytest.raises(ConfigError, match="disaggregated"):
         train(cfg)
     assert not (tmp_path / "run" / "rollouts").exists()  # refused before anything was written
+
+
+def test_disk_transport_loads_a_full_model_dir_on_every_engine(tiny_model_path, tmp_path):
+    """--update-weight-transport disk: rank 0 writes the weights (and the model's config and
+    tokenizer, which SGLang loads too) and every engine loads them with update_weights_from_disk."""
+    from agentrl.cluster import RayRuntime
+
+    cfg = _config(tiny_model_path, tmp_path / "run", "disaggregated")
+    cfg.cluster.update_weight_transport = "disk"
+
+    async def scenario() -> None:
+        runtime = await RayRuntime.start(cfg, tiny_model_path, num_optimizer_steps=1)
+        try:
+            out = await runtime.sync_weights("7")
+            assert out["weight_sync/bytes"] > 0
+            assert await runtime.served_weights_gap("7") < 1e-4
+        finally:
+            await runtime.close()
+
+    asyncio.run(scenario())
