@@ -58,14 +58,16 @@ async def _train(cfg: RunConfig) -> TrainResult:
             f"train.backend={cfg.train.backend!r}: only the torch backend exists so far; "
             "use --set train.backend=torch"
         )
+    # Everything a user can get wrong fails first, in a second, before anything is written:
+    # flags, the env id and its data rows, the model path.
     _check_async(cfg)
+    source = TaskSource(load_tasks(cfg.env, "train"), seed=cfg.rollout.seed)
+    eval_tasks = load_tasks(cfg.env, "test")[: cfg.eval.num_eval_tasks]
+    model_path = _model_path(cfg)
     run_dir = Path(cfg.checkpoint.save)
     (run_dir / "rollouts").mkdir(parents=True, exist_ok=True)
     (run_dir / "run_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-    # Data first: a bad row should fail in a second, not after the model loads.
-    source = TaskSource(load_tasks(cfg.env, "train"), seed=cfg.rollout.seed)
-    eval_tasks = load_tasks(cfg.env, "test")[: cfg.eval.num_eval_tasks]
-    runtime = await make_runtime(cfg, _model_path(cfg), _num_optimizer_steps(cfg))
+    runtime = await make_runtime(cfg, model_path, _num_optimizer_steps(cfg))
     logger = MetricsLogger(
         run_dir,
         use_tensorboard=cfg.log.use_tensorboard,

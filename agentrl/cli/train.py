@@ -160,12 +160,21 @@ def train_command(
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     from agentrl.data import DataError
     from agentrl.engine.launcher import SGLangNotInstalled
+    from agentrl.engine.model_store import ModelPathError
+    from agentrl.envs.registry import EnvLoadError, UnknownEnvError
     from agentrl.loop import train
 
     try:
         result = train(cfg)
-    except (DataError, ConfigError, SGLangNotInstalled) as e:
-        console.print(f"[red]error:[/red] {e}")
+    except (
+        DataError,
+        ConfigError,
+        SGLangNotInstalled,
+        UnknownEnvError,
+        EnvLoadError,
+        ModelPathError,
+    ) as e:
+        console.print(f"[red]error:[/red] {e}", soft_wrap=True)
         raise typer.Exit(2)
     except KeyboardInterrupt:
         run_dir = Path(cfg.checkpoint.save)

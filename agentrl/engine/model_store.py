@@ -26,13 +26,17 @@ def default_cache_dir() -> str:
     return os.environ.get("AGENTRL_CACHE") or str(Path("~/.cache/agentrl").expanduser())
 
 
+class ModelPathError(ValueError):
+    """`--model` names neither a checkpoint directory nor a bundled model."""
+
+
 def resolve_model_path(path_or_name: str, cache_dir: str | None = None) -> str:
     """A checkpoint directory as is, or the bundled model's name converted once into `cache_dir`."""
     if os.path.isdir(os.path.expanduser(path_or_name)):
         return os.path.expanduser(path_or_name)
     if path_or_name in MODEL_ALIASES:
         return _ensure_smollm2(Path(cache_dir or default_cache_dir()))
-    raise ValueError(
+    raise ModelPathError(
         f"model path {path_or_name!r} is neither an existing directory nor a known model name; "
         f"use a transformers checkpoint directory or one of: {', '.join(MODEL_ALIASES)}"
     )

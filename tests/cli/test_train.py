@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from agentrl.cli import app
@@ -90,3 +91,19 @@ def test_bad_prompt_data_row_is_named_before_any_model_loads(tmp_path):
     assert result.exit_code == 2, result.output
     assert "row 1" in result.output and "golden_answers" in result.output
     assert str(bad) in result.output.replace("\n", "")
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--env", "nope"], "unknown env id 'nope'"),
+        (["--model", "/does/not/exist"], "model path '/does/not/exist'"),
+    ],
+)
+def test_a_user_error_is_one_line_and_writes_nothing(tmp_path, flags, named):
+    run_dir = tmp_path / "run"
+    result = runner.invoke(app, ["train", *flags, "--save", str(run_dir)])
+    assert result.exit_code == 2, result.output
+    assert named in result.output and "Traceback" not in result.output
+    assert len([line for line in result.output.splitlines() if line.strip()]) == 1
+    assert not run_dir.exists()
