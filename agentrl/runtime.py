@@ -98,7 +98,7 @@ class InProcessRuntime:
         return self.backend.train_step(batch)
 
     async def sync_weights(self, version: str) -> dict[str, float]:
-        from agentrl.trainer.weights import serving_dtype
+        from agentrl.trainer.weights import nbytes, serving_dtype
 
         if self._is_released:
             await self.engine.resume_memory()
@@ -107,7 +107,7 @@ class InProcessRuntime:
         num_bytes = 0
         dtype = serving_dtype(self.cfg.model.dtype, self.backend.device.type == "cuda")
         for bucket in self.backend.export_weights(size, dtype=dtype):
-            num_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
+            num_bytes += sum(nbytes(t) for _, t in bucket)
             await self.engine.update_weights(bucket, weight_version=version)
         return {"weight_sync/bytes": float(num_bytes)}
 

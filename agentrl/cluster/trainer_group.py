@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from agentrl.config import RunConfig
+from agentrl.trainer.weights import nbytes
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -150,7 +151,7 @@ class TrainerRank:
             return self._sync_from_disk(version, size)
         num_bytes = 0
         for bucket, is_last in with_last(self.backend.export_weights(size, dtype=self._dtype)):
-            num_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
+            num_bytes += sum(nbytes(t) for _, t in bucket)
             if self._targets:
                 self._run(self._send(bucket, version if is_last else None))
         return float(num_bytes)
@@ -178,7 +179,7 @@ class TrainerRank:
         out = Path(tempfile.mkdtemp(prefix="agentrl-weights-"))
         try:
             for i, bucket in enumerate(self.backend.export_weights(size, dtype=self._dtype)):
-                num_bytes += sum(t.numel() * t.element_size() for _, t in bucket)
+                num_bytes += sum(nbytes(t) for _, t in bucket)
                 if self.spec.rank == 0:
                     tensors = {n: t.detach().cpu().contiguous() for n, t in bucket}
                     save_file(tensors, str(out / f"model-{i:05d}.safetensors"))

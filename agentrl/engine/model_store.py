@@ -177,36 +177,15 @@ def make_tiny_model(
     seed: int = 0,
 ) -> str:
     """Save a random-init LlamaForCausalLM with the source tokenizer (vocab + chat template)."""
-    import torch
-    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
-
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(tokenizer_source_dir))
     num_heads = max(1, hidden_size // 16)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
+    shape = dict(
         hidden_size=hidden_size,
         intermediate_size=hidden_size * 2,
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         num_key_value_heads=max(1, num_heads // 2),
-        max_position_embeddings=8192,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(config).eval()
-    model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
-    return out_dir
+    return _save_random_llama(out_dir, tokenizer_source_dir, shape, dtype="float32", seed=seed)
 
 
 # Real SmolLM2 shapes (they share one tokenizer), for random-init speed work.
@@ -231,24 +210,39 @@ def make_shaped_model(
 ) -> str:
     """Save a random-init Llama of a real SmolLM2 shape with the source tokenizer (speed work:
     the numbers depend on the shape, not on trained weights)."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
     if shape not in SHAPES:
         raise ValueError(f"shape={shape!r} is not one of {sorted(SHAPES)}")
+    return _save_random_llama(
+        out_dir, tokenizer_source_dir, SHAPES[shape], dtype=dtype, device=device, seed=seed
+    )
+
+
+def _save_random_llama(
+    out_dir: str,
+    tokenizer_source_dir: str,
+    shape: dict[str, int],
+    *,
+    dtype: str,
+    device: str = "cpu",
+    seed: int = 0,
+) -> str:
+    import torch
+    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(tokenizer_source_dir))
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        max_position_embeddings=8192,
-        tie_word_embeddings=True,
+    special = dict(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        **SHAPES[shape],
     )
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), max_position_embeddings=8192, tie_word_embeddings=True,
+        **special, **shape,
+    )  # fmt: skip
     with torch.random.fork_rng(devices=[]), torch.device(device):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config).to(getattr(torch, dtype)).eval()
+    model.generation_config = GenerationConfig(**special)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
