@@ -123,6 +123,17 @@ class AlgoConfig:
 @dataclass
 class TrainConfig:
     backend: Literal["torch", "megatron"] = "torch"
+    """torch (FSDP2 data parallel) or megatron (Megatron-core: the `megatron` extra, CUDA)."""
+    tensor_model_parallel_size: int = 1
+    """Megatron: GPUs each layer's weights are split over (slime's --tensor-model-parallel-size)."""
+    pipeline_model_parallel_size: int = 1
+    """Megatron: pipeline stages the layers are split into."""
+    sequence_parallel: bool = False
+    """Megatron: split norms and dropout activations over the tensor-parallel ranks too."""
+    recompute_granularity: Literal["full", "selective"] | None = None
+    """Megatron activation recompute: full layers, or only core attention; None = off."""
+    use_distributed_optimizer: bool = False
+    """Megatron: shard optimizer state and fp32 master weights over the data-parallel ranks."""
     num_rollout: int = 20
     """Train steps (each: one rollout batch, then optimizer updates)."""
     global_batch_size: int | None = None

@@ -1,0 +1,12 @@
+"""The Megatron-core trainer backend (`train.backend=megatron`, the `megatron` extra): tensor,
+pipeline and data parallel training of Llama / Qwen2 / Qwen3 checkpoints with packed sequences.
+
+Only this package imports `megatron.core`, and only its `backend`, `model`, `parallel` and
+`checkpoint` modules do; the rest (config and weight mapping, packing, vocab-parallel logprobs,
+packed attention) is plain torch and runs on any machine."""
+
+from __future__ import annotations
+
+from agentrl.trainer.megatron.requirements import MegatronUnavailable, check_megatron_usable
+
+__all__ = ["MegatronUnavailable", "check_megatron_usable"]
