@@ -1,0 +1,78 @@
+"""Causal self-attention over packed sequences (THD with `cu_seqlens`), for the core-attention
+slot of Megatron's local layer spec, whose own DotProductAttention takes no packed sequences and
+TransformerEngine (which does) is not installed: FlashAttention-2 as bundled in torch (varlen) on
+CUDA in half precision, otherwise SDPA over each sequence. Plain torch: no megatron import."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def packed_causal_attention(
+    query: Tensor, key: Tensor, value: Tensor, cu_seqlens: Tensor, max_seqlen: int, scale: float
+) -> Tensor:
+    """query [T, H, D], key/value [T, KVH, D] of sequences packed back to back (sequence i is
+    rows cu_seqlens[i]:cu_seqlens[i+1]) -> [T, H, D]; no token sees another sequence."""
+    if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16):
+        cu = cu_seqlens.to(device=query.device, dtype=torch.int32)
+        return torch.ops.aten._flash_attention_forward(
+            query, key, value, cu, cu, max_seqlen, max_seqlen, 0.0, True, False, scale=scale
+        )[0]  # fmt: skip
+    outputs = []
+    bounds = cu_seqlens.tolist()
+    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        q, k, v = (t[start:end].transpose(0, 1)[None] for t in (query, key, value))  # [1, H, L, D]
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+        outputs.append(out[0].transpose(0, 1))
+    return torch.cat(outputs)
+
+
+class PackedCoreAttention(torch.nn.Module):
+    """Drop-in for megatron.core's DotProductAttention (same constructor and forward arguments).
+    Packed input: query [T, H/tp, D] -> [T, H/tp * D]. Unpacked: [S, B, H/tp, D], one causal
+    sequence per row -> [S, B, H/tp * D]."""
+
+    def __init__(
+        self,
+        config: Any,
+        layer_number: int,
+        attn_mask_type: Any = None,
+        attention_type: str = "self",
+        attention_dropout: float | None = None,
+        softmax_scale: float | None = None,
+        **_: Any,
+    ) -> None:
+        super().__init__()
+        if (attention_dropout if attention_dropout is not None else config.attention_dropout) > 0:
+            raise ValueError("PackedCoreAttention has no dropout: set attention_dropout=0")
+        self.scale = softmax_scale or 1.0 / math.sqrt(config.kv_channels)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attention_mask: Tensor | None = None,
+        attn_mask_type: Any = None,
+        attention_bias: Tensor | None = None,
+        packed_seq_params: Any = None,
+    ) -> Tensor:
+        if attention_bias is not None:
+            raise ValueError("PackedCoreAttention takes no attention_bias")
+        if packed_seq_params is not None:
+            out = packed_causal_attention(
+                query, key, value, packed_seq_params.cu_seqlens_q,
+                int(packed_seq_params.max_seqlen_q), self.scale,
+            )  # fmt: skip
+            return out.reshape(out.shape[0], -1)
+        seq, batch = query.shape[:2]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [B, H, S, D]
+        out = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=self.scale, enable_gqa=True
+        )
+        return out.permute(2, 0, 1, 3).reshape(seq, batch, -1)

@@ -1,0 +1,82 @@
+"""Token logprobs and entropies from logits split over the vocabulary (Megatron's tensor-parallel
+output layer): each rank holds [tokens, vocab / TP] and only per-token scalars cross ranks, so
+the full-vocabulary logits never exist on one rank. Gradients are computed locally (softmax
+minus one-hot for the logprob, -p (log p + H) for the entropy), as Megatron's vocab-parallel
+cross entropy does, so no collective runs in backward."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+
+def _all_reduce(tensor: Tensor, group: dist.ProcessGroup | None, op=dist.ReduceOp.SUM) -> Tensor:
+    if group is not None and dist.get_world_size(group) > 1:
+        dist.all_reduce(tensor, op=op, group=group)
+    return tensor
+
+
+class _VocabParallelLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, target_ids, vocab_start, vocab_size, group):  # type: ignore[override]
+        logits = logits.float()  # [N, V/tp]
+        local_vocab = logits.shape[-1]
+        num_padded = max(0, vocab_start + local_vocab - vocab_size)
+        if num_padded:  # TP padding rows of the output layer: not tokens, never in the softmax
+            logits = torch.cat(
+                [
+                    logits[:, : local_vocab - num_padded],
+                    logits.new_full((logits.shape[0], num_padded), -torch.inf),
+                ],
+                dim=-1,
+            )
+        row_max = _all_reduce(logits.max(dim=-1).values, group, dist.ReduceOp.MAX)  # [N]
+        exp = (logits - row_max[:, None]).exp()
+        sum_exp = _all_reduce(exp.sum(dim=-1), group)  # [N]
+        log_z = sum_exp.log() + row_max  # logsumexp over the whole vocabulary
+        local_ids = target_ids - vocab_start
+        is_here = (local_ids >= 0) & (local_ids < local_vocab)
+        picked = logits.gather(-1, local_ids.clamp(0, local_vocab - 1)[:, None])[:, 0]
+        target_logit = _all_reduce(torch.where(is_here, picked, torch.zeros_like(picked)), group)
+        logprobs = target_logit - log_z
+        probs = exp / sum_exp[:, None]  # [N, V/tp]
+        expected_logit = _all_reduce((probs * logits.nan_to_num(neginf=0.0)).sum(dim=-1), group)
+        entropy = log_z - expected_logit
+        ctx.save_for_backward(probs, entropy, local_ids, is_here)
+        return logprobs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logprobs, grad_entropy):  # type: ignore[override]
+        probs, entropy, local_ids, is_here = ctx.saved_tensors
+        grad = torch.zeros_like(probs)
+        if grad_logprobs is not None:  # d log p_t / dx_j = [j = t] - p_j
+            grad -= probs * grad_logprobs[:, None]
+            rows = is_here.nonzero()[:, 0]
+            grad[rows, local_ids[rows]] += grad_logprobs[rows]
+        if grad_entropy is not None:  # dH / dx_j = -p_j (log p_j + H)
+            grad -= (torch.special.xlogy(probs, probs) + probs * entropy[:, None]) * grad_entropy[
+                :, None
+            ]
+        return grad, None, None, None, None
+
+
+def vocab_parallel_logprobs(
+    logits: Tensor,
+    target_ids: Tensor,
+    *,
+    vocab_start: int = 0,
+    vocab_size: int | None = None,
+    group: dist.ProcessGroup | None = None,
+    temperature: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """log_softmax(logits / T)[target] and the entropy, [N] each, float32, from this rank's
+    columns `vocab_start : vocab_start + logits.shape[-1]` of the [N, vocab] logits. Columns at
+    or past `vocab_size` (padding) are left out of the softmax. Collective over `group` (None =
+    the whole vocabulary is here)."""
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature} must be > 0 for logprobs")
+    if temperature != 1.0:
+        logits = logits.float() / temperature
+    total = vocab_size if vocab_size is not None else vocab_start + logits.shape[-1]
+    return _VocabParallelLogprobs.apply(logits, target_ids, vocab_start, total, group)
