@@ -64,7 +64,7 @@ def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]
 def make_engine(path: str, args: argparse.Namespace, max_batch_size: int, **options: Any) -> Any:
     accepted = inspect.signature(LocalEngine).parameters
     options = {k: v for k, v in options.items() if k in accepted}  # older engines lack some
-    engine = LocalEngine(
+    engine = LocalEngine.load(
         path, device=args.device, dtype=args.dtype, max_batch_size=max_batch_size, **options
     )
     engine._stop_checker.eos_token_ids = set()  # EOS ignored, as the benchmark's spec says

@@ -26,8 +26,9 @@ from bench_prompts import build_prompts  # noqa: E402
 
 from agentrl.engine.base import Engine, SamplingParams  # noqa: E402
 from agentrl.engine.local import LocalEngine  # noqa: E402
-from agentrl.engine.server_thread import serve_subprocess  # noqa: E402
-from agentrl.engine.sglang import SGLangEngine, completion_from_sglang  # noqa: E402
+from agentrl.engine.sglang import SGLangEngine  # noqa: E402
+from agentrl.engine.sglang.protocol import completion_from_sglang  # noqa: E402
+from tests.support.servers import serve_subprocess  # noqa: E402
 
 
 async def throughput(
@@ -91,7 +92,7 @@ async def latency_us(call, num_calls: int) -> float:
 
 async def run(args: argparse.Namespace) -> dict:
     console = Console()
-    local = LocalEngine(args.model, device=args.device, seed=0)
+    local = LocalEngine.load(args.model, device=args.device, seed=0)
     prompts = build_prompts(local.tokenizer, args.num_prompts)
     log_path = Path(args.out).with_suffix(".server.log")
     with serve_subprocess(local.model_path, log_path, device=args.device) as url:

@@ -96,7 +96,7 @@ async def bench_engine(args: argparse.Namespace, console: Console) -> list[dict]
 
     torch.set_num_threads(args.threads)
     with console.status(f"loading {args.model}"):
-        engine = LocalEngine(
+        engine = LocalEngine.load(
             args.model, device="cpu", dtype="float32", max_batch_size=args.batch_size, seed=0
         )
     rows = []

@@ -35,7 +35,8 @@ LAYOUTS = {
 
 
 def build_model(shape: str, tokenizer: str, out: str, use_gpu: bool) -> str:
-    from agentrl.engine.model_store import make_shaped_model, make_tiny_model
+    from agentrl.engine.model_store import make_shaped_model
+    from tests.support.models import make_tiny_model
 
     if shape == "tiny":
         return make_tiny_model(out, tokenizer, num_layers=2, hidden_size=64)
@@ -45,7 +46,9 @@ def build_model(shape: str, tokenizer: str, out: str, use_gpu: bool) -> str:
     )
 
 
-async def time_layout(name: str, model_path: str, repeats: int, use_gpu: bool) -> dict:
+async def time_layout(
+    name: str, model_path: str, repeats: int, use_gpu: bool, bucket_bytes: int
+) -> dict:
     from agentrl.cluster import RayRuntime
     from agentrl.config import RunConfig
 
@@ -54,6 +57,7 @@ async def time_layout(name: str, model_path: str, repeats: int, use_gpu: bool) -
     cfg.model.dtype = "bfloat16" if use_gpu else "float32"
     cfg.checkpoint.save = tempfile.mkdtemp(prefix=f"agentrl-bench-{name}-")
     cfg.cluster.check_weight_sync = False  # time the sync alone
+    cfg.cluster.update_weight_buffer_size = bucket_bytes
     for key, value in LAYOUTS[name].items():
         setattr(cfg.cluster, key, value)
     runtime = await RayRuntime.start(cfg, model_path, num_optimizer_steps=1)
@@ -76,6 +80,7 @@ async def time_layout(name: str, model_path: str, repeats: int, use_gpu: bool) -
     best = min(times)
     return {
         "layout": name,
+        "bucket_mib": bucket_bytes // 2**20,
         "bytes": num_bytes,
         "seconds": times,
         "phases_s": phases[times.index(best)],
@@ -151,7 +156,9 @@ def plot(results: list[dict], floors: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [r["layout"] for r in results] + [f"floor: {k}" for k, v in floors.items() if v]
+    names = [f"{r['layout']} ({r['bucket_mib']} MiB)" for r in results] + [
+        f"floor: {k}" for k, v in floors.items() if v
+    ]
     values = [r["s_per_gb"] for r in results] + [v for v in floors.values() if v]
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.barh(
@@ -177,6 +184,11 @@ def main() -> None:
     )
     parser.add_argument("--layouts", default="colocated,disaggregated")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--bucket-mib",
+        default="512",
+        help="comma list of update_weight_buffer_size values in MiB (slime's default: 512)",
+    )
     parser.add_argument("--out", default="benchmarks/weight_sync.json")
     args = parser.parse_args()
     use_gpu = torch.cuda.is_available()
@@ -187,7 +199,12 @@ def main() -> None:
     model_dir = build_model(
         args.shape, args.tokenizer, tempfile.mkdtemp(prefix="agentrl-shape-"), use_gpu
     )
-    results = [asyncio.run(time_layout(name, model_dir, args.repeats, use_gpu)) for name in layouts]
+    buckets = [int(mib) * 2**20 for mib in args.bucket_mib.split(",") if mib]
+    results = [
+        asyncio.run(time_layout(name, model_dir, args.repeats, use_gpu, bucket))
+        for name in layouts
+        for bucket in buckets
+    ]
     num_bytes = int(results[0]["bytes"])
     bucket = 512 * 2**20
     floors = {
@@ -196,17 +213,16 @@ def main() -> None:
     }
     device = torch.cuda.get_device_name(0) if use_gpu else f"CPU ({os.cpu_count()} cores)"
     print(f"\nweight sync, {args.shape} ({num_bytes / 1e9:.2f} GB), {device}")
-    print(f"{'what':<28}{'s/GB':>10}{'x floor':>10}")
+    print(f"{'what':<34}{'s/GB':>10}{'x floor':>10}")
     floor = (
         floors[next(k for k in floors if k.startswith("broadcast"))] or floors["copy (same device)"]
     )
     for r in results:
-        print(
-            f"{r['layout']:<28}{r['s_per_gb']:>10.4f}{r['s_per_gb'] / floor:>10.1f}  {r['phases_s']}"
-        )
+        what = f"{r['layout']} ({r['bucket_mib']} MiB)"
+        print(f"{what:<34}{r['s_per_gb']:>10.4f}{r['s_per_gb'] / floor:>10.1f}  {r['phases_s']}")
     for name, value in floors.items():
         if value is not None:
-            print(f"{'floor: ' + name:<28}{value:>10.4f}")
+            print(f"{'floor: ' + name:<34}{value:>10.4f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     record = {

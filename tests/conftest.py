@@ -22,7 +22,7 @@ def smollm2_path() -> str:
 @pytest.fixture(scope="session")
 def tiny_model_path(smollm2_path: str, tmp_path_factory: pytest.TempPathFactory) -> str:
     """A random-init 2-layer Llama with SmolLM2's tokenizer and chat template: fast on CPU."""
-    from agentrl.engine.model_store import make_tiny_model
+    from tests.support.models import make_tiny_model
 
     out = tmp_path_factory.mktemp("tiny_model")
     make_tiny_model(str(out), smollm2_path, num_layers=2, hidden_size=64, seed=0)

@@ -81,13 +81,13 @@ def test_train_through_http_engine_matches_in_process(tiny_model_path, tmp_path)
     import torch
 
     from agentrl.engine.local import LocalEngine
-    from agentrl.engine.server import start_server_thread
+    from tests.support.servers import start_server_thread
 
     local_cfg = _config(tiny_model_path, tmp_path / "local")
     local_cfg.train.num_rollout = 1
     train(local_cfg)
 
-    served = LocalEngine(tiny_model_path, device="cpu", seed=0)
+    served = LocalEngine.load(tiny_model_path, device="cpu", seed=0)
     thread = start_server_thread(served)
     try:
         http_cfg = _config(tiny_model_path, tmp_path / "http")

@@ -31,7 +31,7 @@ def serve_command(
 ) -> None:
     """Serve MODEL at http://HOST:PORT: /generate, weight updates, memory release, /v1/chat/completions..."""
     from agentrl.engine.local import LocalEngine
-    from agentrl.engine.server import serve
+    from agentrl.engine.serve.app import serve
 
     if host not in ("127.0.0.1", "localhost", "::1"):
         typer.secho(
@@ -39,7 +39,7 @@ def serve_command(
             fg=typer.colors.YELLOW,
             err=True,
         )
-    engine = LocalEngine(
+    engine = LocalEngine.load(
         model,
         device=device,
         dtype=dtype,

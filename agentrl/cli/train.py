@@ -159,8 +159,8 @@ def train_command(
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     from agentrl.data import DataError
-    from agentrl.engine.launcher import SGLangNotInstalled
     from agentrl.engine.model_store import ModelPathError
+    from agentrl.engine.sglang.launcher import SGLangNotInstalled
     from agentrl.envs.registry import EnvLoadError, UnknownEnvError
     from agentrl.loop import train
 

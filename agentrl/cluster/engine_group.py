@@ -15,7 +15,9 @@ from typing import Any
 import httpx
 
 from agentrl.config import RunConfig
-from agentrl.engine.launcher import (
+from agentrl.engine.router import RoutedEngine
+from agentrl.engine.sglang import SGLangEngine
+from agentrl.engine.sglang.launcher import (
     ManagedProcess,
     free_ports,
     require_module,
@@ -23,8 +25,6 @@ from agentrl.engine.launcher import (
     server_command,
     wait_healthy,
 )
-from agentrl.engine.router import RoutedEngine
-from agentrl.engine.sglang import SGLangEngine
 
 log = logging.getLogger(__name__)
 

@@ -178,13 +178,15 @@ class RayRuntime:
             await self.engine.resume_memory_occupation(["weights"])
             timings["time/resume_weights_s"] = time.perf_counter() - t0
         t1 = time.perf_counter()
-        num_bytes = await self._sync(version)
+        sent = await self._sync(version)
         timings["time/update_weights_s"] = time.perf_counter() - t1
+        timings["time/weight_export_s"] = sent["export_s"]
+        timings["time/weight_send_s"] = sent["send_s"]
         if self.placement.is_colocated:
             t2 = time.perf_counter()
             await self.engine.resume_memory_occupation(["kv_cache", "cuda_graph"])
             timings["time/resume_kv_cache_s"] = time.perf_counter() - t2
-        timings["weight_sync/bytes"] = num_bytes
+        timings["weight_sync/bytes"] = sent["bytes"]
         if self.cfg.cluster.check_weight_sync:
             timings["weight_sync/max_logprob_abs_diff"] = await self.served_weights_gap(version)
         timings["engine/num_restarts_total"] = float(self.num_engine_restarts)
@@ -215,17 +217,18 @@ class RayRuntime:
         states = info.get("internal_states") or [{}]
         return float(states[0].get("memory_allocated_bytes", 0))
 
-    async def _sync(self, version: str) -> float:
+    async def _sync(self, version: str) -> dict[str, float]:
+        """Rank 0's bytes and its export/send split (every rank exports; rank 0 sends most)."""
         is_paused = not self.placement.is_colocated
         if is_paused:  # nothing new starts while the weights change under it
             await asyncio.gather(*(c.pause_generation() for c in self.engine.clients))
         try:
-            sizes = await asyncio.gather(*(r.sync_weights.remote(version) for r in self.ranks))
+            results = await asyncio.gather(*(r.sync_weights.remote(version) for r in self.ranks))
         finally:
             if is_paused:
                 await asyncio.gather(*(c.continue_generation() for c in self.engine.clients))
         self.engine.set_weight_version(version)
-        return float(sizes[0])
+        return results[0]
 
     async def save(self, directory: Path) -> None:
         await asyncio.gather(*(r.save.remote(str(directory)) for r in self.ranks))
@@ -263,7 +266,7 @@ class RayRuntime:
 
 
 def _require_asked_packages(cfg: RunConfig) -> None:
-    from agentrl.engine.launcher import require_module
+    from agentrl.engine.sglang.launcher import require_module
 
     if importlib.util.find_spec("ray") is None:
         raise ConfigError(
@@ -333,7 +336,7 @@ def _start_engine_actors(
 ) -> list[Any]:
     import ray
 
-    from agentrl.engine.launcher import require_module
+    from agentrl.engine.sglang.launcher import require_module
 
     use_sglang = cfg.cluster.engine_server == "sglang" or (
         cfg.cluster.engine_server == "auto"
@@ -377,6 +380,6 @@ def _start_engine_actors(
 
 
 def _free_port() -> int:
-    from agentrl.engine.launcher import free_ports
+    from agentrl.engine.sglang.launcher import free_ports
 
     return free_ports(1, "0.0.0.0")[0]

@@ -11,6 +11,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -132,7 +133,7 @@ class TrainerRank:
         """tensor: this rank pushes to the engines in `urls` (those sharing its device);
         distributed: rank 0 joins one broadcast group with every engine rank in `urls`."""
         from agentrl.engine.sglang import SGLangEngine
-        from agentrl.engine.weight_transport import DistributedWeightSender
+        from agentrl.engine.sglang.weight_sender import DistributedWeightSender
 
         self.close_engines()
         self.transport = transport
@@ -143,18 +144,21 @@ class TrainerRank:
             )
             self._run(self._sender.connect())
 
-    def sync_weights(self, version: str) -> float:
+    def sync_weights(self, version: str) -> dict[str, float]:
         """Every rank iterates the export (it gathers the shards); this rank sends what it owns.
-        Returns the bytes exported."""
+        Returns the bytes exported and the wall time split into exporting and sending."""
         size = self.cfg.cluster.update_weight_buffer_size
         if self.transport == "disk":
             return self._sync_from_disk(version, size)
-        num_bytes = 0
+        num_bytes, send_s, t0 = 0, 0.0, time.perf_counter()
         for bucket, is_last in with_last(self.backend.export_weights(size, dtype=self._dtype)):
             num_bytes += sum(nbytes(t) for _, t in bucket)
             if self._targets:
+                t_send = time.perf_counter()
                 self._run(self._send(bucket, version if is_last else None))
-        return float(num_bytes)
+                send_s += time.perf_counter() - t_send
+        total_s = time.perf_counter() - t0
+        return {"bytes": float(num_bytes), "export_s": total_s - send_s, "send_s": send_s}
 
     def _run(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
@@ -172,10 +176,10 @@ class TrainerRank:
             )
         )
 
-    def _sync_from_disk(self, version: str, size: int) -> float:
+    def _sync_from_disk(self, version: str, size: int) -> dict[str, float]:
         from safetensors.torch import save_file
 
-        num_bytes = 0
+        num_bytes, t0, send_s = 0, time.perf_counter(), 0.0
         out = Path(tempfile.mkdtemp(prefix="agentrl-weights-"))
         try:
             for i, bucket in enumerate(self.backend.export_weights(size, dtype=self._dtype)):
@@ -185,10 +189,13 @@ class TrainerRank:
                     save_file(tensors, str(out / f"model-{i:05d}.safetensors"))
             if self.spec.rank == 0 and self._targets:
                 _copy_model_files(self.spec.model_path, out)  # SGLang loads a whole model dir
+                t_send = time.perf_counter()
                 self._run(self._post_disk(str(out), version))
+                send_s = time.perf_counter() - t_send
         finally:
             shutil.rmtree(out, ignore_errors=True)
-        return float(num_bytes)
+        total_s = time.perf_counter() - t0
+        return {"bytes": float(num_bytes), "export_s": total_s - send_s, "send_s": send_s}
 
     async def _post_disk(self, path: str, version: str) -> None:
         await asyncio.gather(

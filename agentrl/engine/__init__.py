@@ -9,4 +9,11 @@ from agentrl.engine.base import (
     SamplingParams,
 )
 
-__all__ = ["Completion", "Engine", "EngineError", "EngineUnavailable", "FinishReason", "SamplingParams"]
+__all__ = [
+    "Completion",
+    "Engine",
+    "EngineError",
+    "EngineUnavailable",
+    "FinishReason",
+    "SamplingParams",
+]

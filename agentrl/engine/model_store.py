@@ -168,26 +168,6 @@ def load_model_and_tokenizer(
     return model.to(device).eval(), tokenizer
 
 
-def make_tiny_model(
-    out_dir: str,
-    tokenizer_source_dir: str,
-    *,
-    num_layers: int = 2,
-    hidden_size: int = 64,
-    seed: int = 0,
-) -> str:
-    """Save a random-init LlamaForCausalLM with the source tokenizer (vocab + chat template)."""
-    num_heads = max(1, hidden_size // 16)
-    shape = dict(
-        hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=max(1, num_heads // 2),
-    )
-    return _save_random_llama(out_dir, tokenizer_source_dir, shape, dtype="float32", seed=seed)
-
-
 # Real SmolLM2 shapes (they share one tokenizer), for random-init speed work.
 SHAPES: dict[str, dict[str, int]] = {
     "smollm2-135m": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
@@ -212,12 +192,12 @@ def make_shaped_model(
     the numbers depend on the shape, not on trained weights)."""
     if shape not in SHAPES:
         raise ValueError(f"shape={shape!r} is not one of {sorted(SHAPES)}")
-    return _save_random_llama(
+    return save_random_llama(
         out_dir, tokenizer_source_dir, SHAPES[shape], dtype=dtype, device=device, seed=seed
     )
 
 
-def _save_random_llama(
+def save_random_llama(
     out_dir: str,
     tokenizer_source_dir: str,
     shape: dict[str, int],

@@ -1,7 +1,7 @@
 """How weights travel into a running engine: SGLang's `flattened_bucket` tensor format and its
 IPC serialization (`/update_weights_from_tensor`), checkpoint loading (`/update_weights_from_disk`),
 and the torch.distributed group of `/init_weights_update_group` + `/update_weights_from_distributed`
-with its trainer side, `DistributedWeightSender`.
+(the trainer's side of that group is `agentrl.engine.sglang.weight_sender`).
 
 Matches sgl-project/sglang `python/sglang/srt/weight_sync/tensor_bucket.py`,
 `MultiprocessingSerializer` (`python/sglang/srt/utils`) and THUDM/slime
@@ -10,11 +10,11 @@ Matches sgl-project/sglang `python/sglang/srt/weight_sync/tensor_bucket.py`,
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import glob
 import io
+import math
 import os
 import pickle
 import threading
@@ -23,12 +23,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from agentrl.engine.base import EngineError
-
 if TYPE_CHECKING:
     import torch
-
-    from agentrl.engine.sglang import SGLangEngine
 
 
 @dataclass
@@ -245,130 +241,43 @@ def load_checkpoint_tensors(model_path: str) -> list[tuple[str, Any]]:
 
 
 def receive_broadcast(
-    pg: Any, names: list[str], dtypes: list[str], shapes: list[list[int]], device: Any = "cpu"
+    pg: Any,
+    names: list[str],
+    dtypes: list[str],
+    shapes: list[list[int]],
+    device: Any = "cpu",
+    *,
+    load_format: str | None = None,
 ) -> list[tuple[str, Any]]:
-    """The engine side of update_weights_from_distributed: receive each tensor broadcast by rank 0."""
+    """The engine side of update_weights_from_distributed, as SGLang's model runner does it:
+    `flattened_bucket` receives the whole bucket (one dtype) as one flat tensor in one broadcast
+    and views it per name; otherwise one broadcast per tensor, all in flight together."""
     import torch
     import torch.distributed as dist
 
-    named = []
-    for name, dtype, shape in zip(names, dtypes, shapes, strict=False):
-        t = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
-        dist.broadcast(t, 0, group=pg)
-        named.append((name, t))
+    torch_dtypes = [getattr(torch, d) for d in dtypes]
+    if load_format == "flattened_bucket":
+        if len(set(torch_dtypes)) > 1:
+            raise ValueError(
+                f"a flattened bucket holds one dtype, got dtypes={sorted(set(dtypes))}"
+            )
+        numels = [math.prod(shape) for shape in shapes]
+        flat = torch.empty(sum(numels), dtype=torch_dtypes[0], device=device)
+        dist.broadcast(flat, 0, group=pg)
+        views, start = [], 0
+        for name, shape, numel in zip(names, shapes, numels, strict=True):
+            views.append((name, flat[start : start + numel].view(shape)))
+            start += numel
+        return views
+    if load_format is not None:
+        raise ValueError(
+            f"load_format={load_format!r} is not supported; use 'flattened_bucket' or null"
+        )
+    named = [
+        (name, torch.empty(shape, dtype=dtype, device=device))
+        for name, dtype, shape in zip(names, torch_dtypes, shapes, strict=True)
+    ]
+    works = [dist.broadcast(t, 0, group=pg, async_op=True) for _, t in named]
+    for work in works:
+        work.wait()
     return named
-
-
-# ---------------------------------------------------------------- sending side (trainer)
-
-
-class DistributedWeightSender:
-    """The trainer side (rank 0) of `update_weights_from_distributed`: joins one group with every
-    engine rank (rank_offset 1, 1+tp, ...) and broadcasts each tensor while the engines receive.
-    Same protocol as slime's connect_rollout_engines_from_distributed / update_weights_from_distributed."""
-
-    def __init__(
-        self,
-        engines: list[SGLangEngine],
-        *,
-        master_address: str = "127.0.0.1",
-        master_port: int | None = None,
-        backend: str | None = None,
-        group_name: str = "weight_update_group",
-    ) -> None:
-        self.engines = engines
-        self.master_address = master_address
-        self.master_port = master_port
-        self.backend = backend
-        self.group_name = group_name
-        self._targets: list[tuple[SGLangEngine, str]] = [
-            (e, u) for e in engines for u in e.worker_urls
-        ]
-        self._pg: Any = None
-
-    async def connect(self) -> None:
-        import socket
-
-        import torch
-
-        backend = self.backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        if self.master_port is None:
-            with socket.socket() as sock:
-                sock.bind((self.master_address, 0))
-                self.master_port = sock.getsockname()[1]
-        tp_sizes = [
-            int((await e._get("/get_server_info", url=u)).get("tp_size", 1))
-            for e, u in self._targets
-        ]
-        offsets = [1 + sum(tp_sizes[:i]) for i in range(len(tp_sizes))]
-        world_size = 1 + sum(tp_sizes)
-        join = asyncio.to_thread(
-            init_weights_update_process_group,
-            backend=backend,
-            master_address=self.master_address,
-            master_port=self.master_port,
-            world_size=world_size,
-            rank=0,
-            group_name=self.group_name,
-        )
-        posts = [
-            e.init_weights_update_group(
-                master_address=self.master_address,
-                master_port=self.master_port,
-                rank_offset=off,
-                world_size=world_size,
-                group_name=self.group_name,
-                backend=backend,
-                url=u,
-            )
-            for (e, u), off in zip(self._targets, offsets, strict=False)
-        ]
-        self._pg, *_ = await asyncio.gather(join, *posts)
-        self.backend = backend
-
-    async def send(
-        self, named_tensors: list[tuple[str, torch.Tensor]], *, weight_version: str | None
-    ) -> None:
-        """Broadcast one bucket; `weight_version` (pass it with the last bucket) takes effect
-        on the engines with this call."""
-        if self._pg is None:
-            raise EngineError("DistributedWeightSender.send before connect()")
-        names = [n for n, _ in named_tensors]
-        dtypes = [str(t.dtype).replace("torch.", "") for _, t in named_tensors]
-        shapes = [list(t.shape) for _, t in named_tensors]
-        posts = [
-            e.update_weights_from_distributed(
-                names=names,
-                dtypes=dtypes,
-                shapes=shapes,
-                group_name=self.group_name,
-                weight_version=weight_version,
-                url=u,
-            )
-            for e, u in self._targets
-        ]
-        await asyncio.gather(
-            asyncio.to_thread(self._broadcast, [t for _, t in named_tensors]), *posts
-        )
-        if weight_version is not None:
-            for engine in self.engines:
-                engine._weight_version = weight_version
-
-    def _broadcast(self, tensors: list[torch.Tensor]) -> None:
-        import torch.distributed as dist
-
-        for t in tensors:
-            t = t.detach()
-            if self.backend == "gloo" and t.is_cuda:
-                t = t.cpu()
-            dist.broadcast(t.contiguous(), 0, group=self._pg)
-
-    async def close(self) -> None:
-        if self._pg is None:
-            return
-        with contextlib.suppress(EngineError):
-            await asyncio.gather(
-                *(e.destroy_weights_update_group(self.group_name, url=u) for e, u in self._targets)
-            )
-        destroy_process_group(self._pg)
-        self._pg = None

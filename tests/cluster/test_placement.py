@@ -67,7 +67,7 @@ async def test_asking_for_sglang_router_without_it_fails_before_anything_starts(
 
     from agentrl.cluster import RayRuntime
     from agentrl.config import RunConfig
-    from agentrl.engine.launcher import SGLangNotInstalled
+    from agentrl.engine.sglang.launcher import SGLangNotInstalled
 
     cfg = RunConfig()
     cfg.cluster.colocate = True

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrl.engine.kv_arena import KVArena
+from agentrl.engine.local.kv_arena import KVArena
 
 
 def make_arena(num_slots: int = 3) -> KVArena:

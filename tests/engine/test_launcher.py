@@ -14,7 +14,8 @@ import pytest
 
 from agentrl.config import EngineConfig
 from agentrl.engine.base import EngineError, SamplingParams
-from agentrl.engine.launcher import (
+from agentrl.engine.sglang import SGLangEngine
+from agentrl.engine.sglang.launcher import (
     ManagedProcess,
     SGLangCluster,
     SGLangNotInstalled,
@@ -22,7 +23,6 @@ from agentrl.engine.launcher import (
     router_command,
     server_command,
 )
-from agentrl.engine.sglang import SGLangEngine
 
 FAKE_SGLANG = Path(__file__).parent / "fixtures" / "fake_sglang"
 REPO = Path(__file__).resolve().parents[2]

@@ -21,7 +21,7 @@ PROMPTS = [list(range(100, 100 + n)) for n in (3, 41, 12, 27, 7)]
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_path: str) -> Iterator[LocalEngine]:
-    eng = LocalEngine(tiny_model_path, device="cpu", dtype="float32", max_batch_size=8)
+    eng = LocalEngine.load(tiny_model_path, device="cpu", dtype="float32", max_batch_size=8)
     yield eng
     asyncio.run(eng.close())
 
@@ -29,7 +29,7 @@ def engine(tiny_model_path: str) -> Iterator[LocalEngine]:
 @pytest.fixture
 def fresh_engine(tiny_model_path: str) -> Iterator[LocalEngine]:
     """An engine a test may change (weights, abort) without affecting the others."""
-    eng = LocalEngine(tiny_model_path, device="cpu", dtype="float32", max_batch_size=8)
+    eng = LocalEngine.load(tiny_model_path, device="cpu", dtype="float32", max_batch_size=8)
     yield eng
     asyncio.run(eng.close())
 
@@ -160,7 +160,7 @@ async def test_eos_from_generation_config_stops_and_is_included(
 ) -> None:
     model_dir = tmp_path / "model"
     shutil.copytree(tiny_model_path, model_dir)
-    probe = LocalEngine(str(model_dir), device="cpu")
+    probe = LocalEngine.load(str(model_dir), device="cpu")
     reference = await probe.generate(PROMPTS[1], GREEDY)
     await probe.close()
     eos_id = reference.ids[2]
@@ -168,7 +168,7 @@ async def test_eos_from_generation_config_stops_and_is_included(
     config = json.loads(config_path.read_text())
     config["eos_token_id"] = [2, eos_id]
     config_path.write_text(json.dumps(config))
-    eng = LocalEngine(str(model_dir), device="cpu")
+    eng = LocalEngine.load(str(model_dir), device="cpu")
     c = await eng.generate(PROMPTS[1], GREEDY)
     await eng.close()
     assert c.ids == reference.ids[: reference.ids.index(eos_id) + 1]
@@ -176,7 +176,7 @@ async def test_eos_from_generation_config_stops_and_is_included(
 
 
 async def test_concurrent_requests_share_decode_steps(tiny_model_path: str) -> None:
-    eng = LocalEngine(tiny_model_path, device="cpu", max_batch_size=4)
+    eng = LocalEngine.load(tiny_model_path, device="cpu", max_batch_size=4)
     params = SamplingParams(temperature=0.0, max_new_tokens=20)
     results = await asyncio.gather(*[eng.generate(PROMPTS[i % 5], params) for i in range(10)])
     await eng.close()
@@ -285,7 +285,7 @@ async def test_release_resume_is_a_noop_on_cpu(engine: LocalEngine) -> None:
 
 
 async def test_close_stops_the_worker(tiny_model_path: str) -> None:
-    eng = LocalEngine(tiny_model_path, device="cpu")
+    eng = LocalEngine.load(tiny_model_path, device="cpu")
     await eng.close()
     assert not await eng.health()
     with pytest.raises(EngineError, match="closed"):
@@ -305,7 +305,7 @@ async def test_from_config_and_bfloat16(tiny_model_path: str) -> None:
 
 @pytest.mark.slow
 async def test_smollm2_answers_and_stops_at_eos(smollm2_path: str) -> None:
-    eng = LocalEngine(smollm2_path, device="cpu", max_batch_size=4)
+    eng = LocalEngine.load(smollm2_path, device="cpu", max_batch_size=4)
     tok = eng.tokenizer
     questions = ["What is the capital of France?", "What is 2+3?", "Say hello."]
     prompts = [
@@ -334,14 +334,14 @@ async def test_smollm2_answers_and_stops_at_eos(smollm2_path: str) -> None:
 
 @pytest.mark.gpu
 async def test_cuda_batching_invariance_bfloat16_and_release_memory(tiny_model_path: str) -> None:
-    fp32 = LocalEngine(tiny_model_path, device="cuda", dtype="float32")
+    fp32 = LocalEngine.load(tiny_model_path, device="cuda", dtype="float32")
     alone = [await fp32.generate(p, GREEDY) for p in PROMPTS]
     together = await asyncio.gather(*[fp32.generate(p, GREEDY) for p in PROMPTS])
     await fp32.close()
     for a, b in zip(alone, together, strict=True):
         assert a.ids == b.ids
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-3
-    eng = LocalEngine(tiny_model_path, device="cuda", dtype="auto")
+    eng = LocalEngine.load(tiny_model_path, device="cuda", dtype="auto")
     assert eng.model.dtype == torch.bfloat16
     seeded = SamplingParams(temperature=1.0, max_new_tokens=16, seed=3)
     first = await eng.generate(PROMPTS[1], seeded)
@@ -400,7 +400,7 @@ async def test_a_diverging_input_reuses_only_the_common_prefix(engine: LocalEngi
 
 
 async def test_least_recently_used_prefix_is_evicted_under_pressure(tiny_model_path: str) -> None:
-    eng = LocalEngine(tiny_model_path, device="cpu", dtype="float32", max_batch_size=1, num_slots=2)
+    eng = LocalEngine.load(tiny_model_path, device="cpu", dtype="float32", max_batch_size=1, num_slots=2)
     sampling = SamplingParams(temperature=0.0, max_new_tokens=4)
     replies = {}
     for key, prompt in zip("abc", PROMPTS, strict=False):  # c takes the slot a held longest
@@ -427,7 +427,7 @@ async def test_update_weights_drops_cached_prefixes(fresh_engine: LocalEngine) -
 
 
 async def test_prefix_reuse_can_be_turned_off(tiny_model_path: str) -> None:
-    eng = LocalEngine(tiny_model_path, device="cpu", dtype="float32", use_prefix_cache=False)
+    eng = LocalEngine.load(tiny_model_path, device="cpu", dtype="float32", use_prefix_cache=False)
     first = await eng.generate(PROMPTS[1], GREEDY, routing_key="k")
     c = await eng.generate(next_turn(PROMPTS[1], first.ids, 0), GREEDY, routing_key="k")
     await eng.close()
@@ -435,7 +435,7 @@ async def test_prefix_reuse_can_be_turned_off(tiny_model_path: str) -> None:
 
 
 async def test_context_length_bounds_prompt_and_output(tiny_model_path: str) -> None:
-    eng = LocalEngine(tiny_model_path, device="cpu", dtype="float32", max_context_len=48)
+    eng = LocalEngine.load(tiny_model_path, device="cpu", dtype="float32", max_context_len=48)
     too_long = await eng.generate(list(range(100, 160)), GREEDY)
     capped = await eng.generate(PROMPTS[1], SamplingParams(temperature=0.0, max_new_tokens=40))
     await eng.close()
@@ -447,7 +447,7 @@ async def test_context_length_bounds_prompt_and_output(tiny_model_path: str) -> 
 async def test_cuda_graph_decode_bf16_matches_teacher_forcing_across_release_and_update(
     tiny_model_path: str,
 ) -> None:
-    eng = LocalEngine(tiny_model_path, device="cuda", dtype="bfloat16", max_batch_size=8)
+    eng = LocalEngine.load(tiny_model_path, device="cuda", dtype="bfloat16", max_batch_size=8)
     sampling = SamplingParams(temperature=1.0, top_k=40, max_new_tokens=24, seed=4)
 
     async def run_and_check() -> list[int]:
@@ -477,7 +477,7 @@ async def test_cuda_graph_decode_bf16_matches_teacher_forcing_across_release_and
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 async def test_cuda_prefix_reuse(tiny_model_path: str, dtype: str) -> None:
-    eng = LocalEngine(tiny_model_path, device="cuda", dtype=dtype, max_batch_size=8)
+    eng = LocalEngine.load(tiny_model_path, device="cuda", dtype=dtype, max_batch_size=8)
     sampling = SamplingParams(temperature=0.0, max_new_tokens=16)
     ids = list(PROMPTS[3])
     for turn in range(3):
@@ -494,7 +494,7 @@ async def test_cuda_prefix_reuse(tiny_model_path: str, dtype: str) -> None:
 async def test_cuda_release_mid_generation_prefills_again_and_finishes(
     tiny_model_path: str,
 ) -> None:
-    eng = LocalEngine(tiny_model_path, device="cuda", dtype="bfloat16", max_batch_size=8)
+    eng = LocalEngine.load(tiny_model_path, device="cuda", dtype="bfloat16", max_batch_size=8)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=400, seed=9)
     running = [asyncio.ensure_future(eng.generate(p, sampling)) for p in PROMPTS[:3]]
     while eng.stats.num_decode_steps < 20:
@@ -513,7 +513,7 @@ async def test_cuda_release_mid_generation_prefills_again_and_finishes(
 async def test_cuda_release_without_host_copy_refuses_until_weights_are_sent(tiny_model_path):
     """weights_cpu_backup=False (a colocated engine): release frees the weights without a host
     copy; after resume nothing runs until every weight is sent again, then outputs match."""
-    eng = LocalEngine(tiny_model_path, device="cuda", dtype="float32", weights_cpu_backup=False)
+    eng = LocalEngine.load(tiny_model_path, device="cuda", dtype="float32", weights_cpu_backup=False)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
     before = await eng.generate(PROMPTS[0], greedy)
     weights = [(n, t.detach().clone()) for n, t in eng.model.state_dict().items()]

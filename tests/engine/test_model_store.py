@@ -8,12 +8,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from agentrl.engine.model_store import (
-    load_model_and_tokenizer,
-    make_tiny_model,
-    resolve_dtype,
-    resolve_model_path,
-)
+from agentrl.engine.model_store import load_model_and_tokenizer, resolve_dtype, resolve_model_path
+from tests.support.models import make_tiny_model
 
 
 def test_existing_directory_is_returned_as_is(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM
 
-from agentrl.engine.param_storage import drop_parameters, mark_written, reallocate_parameters
+from agentrl.engine.local.param_storage import drop_parameters, mark_written, reallocate_parameters
 
 
 def test_dropped_weights_come_back_once_every_tensor_is_sent_again(tiny_model_path):

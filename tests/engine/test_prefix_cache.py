@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentrl.engine.prefix_cache import PrefixCache, num_reusable
+from agentrl.engine.local.prefix_cache import PrefixCache, num_reusable
 
 
 def test_take_returns_the_slot_and_its_tokens_once() -> None:

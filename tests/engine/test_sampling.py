@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from agentrl.engine.sampling import SamplingRows, filter_top_k_top_p, sample
+from agentrl.engine.local.sampling import SamplingRows, filter_top_k_top_p, sample
 
 
 def rows(n: int, temperature: float, top_p: float = 1.0, top_k: int = 10**9, seed: int = 0):

@@ -8,9 +8,9 @@ import asyncio
 import torch
 
 from agentrl.engine.base import FinishReason, SamplingParams
-from agentrl.engine.batching import Sequence
-from agentrl.engine.kv_arena import KVArena
-from agentrl.engine.scheduler import Scheduler
+from agentrl.engine.local.batching import Sequence
+from agentrl.engine.local.kv_arena import KVArena
+from agentrl.engine.local.scheduler import Scheduler
 
 
 def make_scheduler(num_slots: int = 4, **kwargs: int) -> Scheduler:

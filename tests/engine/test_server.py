@@ -15,9 +15,8 @@ import torch
 
 from agentrl.engine.base import EngineError, FinishReason, SamplingParams
 from agentrl.engine.local import LocalEngine
-from agentrl.engine.server import start_server_thread
-from agentrl.engine.server_thread import serve_subprocess
 from agentrl.engine.sglang import SGLangEngine
+from tests.support.servers import serve_subprocess, start_server_thread
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GENERATE = json.loads((FIXTURES / "sglang_generate.json").read_text())
@@ -26,14 +25,14 @@ PROMPTS = [[1, 9690, 198, 2683, 314], [1, 4093, 198], [1, 30, 31, 32, 33, 34, 35
 
 @pytest.fixture(scope="module")
 def local(tiny_model_path: str):
-    engine = LocalEngine(tiny_model_path, device="cpu", seed=0)
+    engine = LocalEngine.load(tiny_model_path, device="cpu", seed=0)
     yield engine
     asyncio.run(engine.close())
 
 
 @pytest.fixture(scope="module")
 def served(tiny_model_path: str):
-    engine = LocalEngine(tiny_model_path, device="cpu", seed=0)
+    engine = LocalEngine.load(tiny_model_path, device="cpu", seed=0)
     thread = start_server_thread(engine)
     yield thread.url, engine
     thread.stop()
@@ -43,7 +42,7 @@ def served(tiny_model_path: str):
 @pytest.fixture
 def fresh_served(tiny_model_path: str):
     """A server of its own, for tests that change its weights."""
-    engine = LocalEngine(tiny_model_path, device="cpu", seed=0)
+    engine = LocalEngine.load(tiny_model_path, device="cpu", seed=0)
     thread = start_server_thread(engine)
     yield thread.url, engine
     thread.stop()
@@ -143,7 +142,7 @@ async def test_weight_update_from_tensor_matches_in_process_update(
     fresh_served, tiny_model_path
 ) -> None:
     url, _ = fresh_served
-    local = LocalEngine(tiny_model_path, device="cpu", seed=0)
+    local = LocalEngine.load(tiny_model_path, device="cpu", seed=0)
     http = SGLangEngine(url)
     named = _perturbed(local, 0.5)
     await local.update_weights(named, weight_version="7")
@@ -158,7 +157,7 @@ async def test_weight_update_from_disk_matches_in_process_update(
     fresh_served, tiny_model_path, tmp_path
 ) -> None:
     url, _ = fresh_served
-    local = LocalEngine(tiny_model_path, device="cpu", seed=0)
+    local = LocalEngine.load(tiny_model_path, device="cpu", seed=0)
     await local.update_weights(_perturbed(local, 0.25), weight_version="ckpt")
     local.model.save_pretrained(tmp_path, safe_serialization=True)
     http = SGLangEngine(url)
@@ -298,17 +297,23 @@ async def test_distributed_weight_update_into_agentrl_serve_subprocess(
 ) -> None:
     """`agentrl serve` as a real process joins a gloo group with this process (rank 0) and
     receives a broadcast update; it then generates like an in-process engine with the same weights."""
-    from agentrl.engine.weight_transport import DistributedWeightSender
+    from agentrl.engine.sglang.weight_sender import DistributedWeightSender
 
     with serve_subprocess(tiny_model_path, tmp_path / "serve.log") as url:
         http = SGLangEngine(url)
-        local = LocalEngine(tiny_model_path, device="cpu", seed=0)
+        local = LocalEngine.load(tiny_model_path, device="cpu", seed=0)
         try:
             await http.wait_healthy(timeout_s=120, interval_s=0.25)
             named = _perturbed(local, 0.5)
+            half = len(named) // 2
+            # One bucket of one dtype goes as a flattened bucket; one of mixed dtypes (float64
+            # values cast back exactly) goes tensor by tensor.
+            mixed = [(n, t.double() if i % 2 else t) for i, (n, t) in enumerate(named[half:])]
             sender = DistributedWeightSender([http], backend="gloo")
             await sender.connect()
-            await sender.send(named, weight_version="dist-1")
+            await sender.send(named[:half], weight_version=None)
+            assert await http.get_weight_version() != "dist-1"
+            await sender.send(mixed, weight_version="dist-1")
             await sender.close()
             await local.update_weights(named, weight_version="dist-1")
             want, got = await _both(local, http, _sampling(2), PROMPTS[2])
@@ -325,7 +330,7 @@ async def test_gpu_weight_update_paths_into_a_cuda_server(tiny_model_path, tmp_p
     """On CUDA: the tensor path sends CUDA IPC handles (what real SGLang receives); the distributed
     path broadcasts over gloo (same GPU) or NCCL (server on a second GPU, as trainer and engine
     would be). The served model then matches an in-process one with the same weights."""
-    from agentrl.engine.weight_transport import DistributedWeightSender
+    from agentrl.engine.sglang.weight_sender import DistributedWeightSender
 
     if path == "nccl" and torch.cuda.device_count() < 2:
         pytest.skip("NCCL between two ranks needs two GPUs")
@@ -334,7 +339,7 @@ async def test_gpu_weight_update_paths_into_a_cuda_server(tiny_model_path, tmp_p
     device = "cuda:1" if path == "nccl" else "cuda"
     with serve_subprocess(tiny_model_path, tmp_path / "serve.log", device=device) as url:
         http = SGLangEngine(url)
-        local = LocalEngine(tiny_model_path, device="cuda", seed=0)
+        local = LocalEngine.load(tiny_model_path, device="cuda", seed=0)
         try:
             await http.wait_healthy(timeout_s=300, interval_s=0.25)
             named = [(n, t.cuda()) for n, t in _perturbed(local, 0.5)]

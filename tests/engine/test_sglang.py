@@ -16,10 +16,9 @@ from fastapi import Body, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from agentrl.engine.base import EngineError, FinishReason, SamplingParams
-from agentrl.engine.server import run_app_in_thread
-from agentrl.engine.sglang import (
+from agentrl.engine.sglang import SGLangEngine
+from agentrl.engine.sglang.protocol import (
     ROUTING_KEY_HEADER,
-    SGLangEngine,
     completion_from_sglang,
     num_requests_from_load,
 )
@@ -29,6 +28,7 @@ from agentrl.engine.weight_transport import (
     group_by_dtype,
     serialize_for_ipc,
 )
+from tests.support.servers import run_app_in_thread
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GENERATE = json.loads((FIXTURES / "sglang_generate.json").read_text())

@@ -1,5 +1,6 @@
 """`agentrl serve` in the background, for tests and benchmarks: any ASGI app under uvicorn in a
-thread (`run_app_in_thread` -> `ServerThread`), or the real CLI as its own process (`serve_subprocess`)."""
+thread (`run_app_in_thread` -> `ServerThread`; `start_server_thread` for an engine), or the real CLI
+as its own process (`serve_subprocess`)."""
 
 from __future__ import annotations
 
@@ -49,17 +50,26 @@ def run_app_in_thread(app: Any, *, host: str = "127.0.0.1", port: int = 0) -> Se
     return ServerThread(f"http://{host}:{sock.getsockname()[1]}", server, thread)
 
 
+def start_server_thread(
+    engine: Any, *, host: str = "127.0.0.1", port: int = 0, **app_kwargs: Any
+) -> ServerThread:
+    """`agentrl serve`'s app around `engine`, in a background thread."""
+    from agentrl.engine.serve import create_app
+
+    return run_app_in_thread(create_app(engine, **app_kwargs), host=host, port=port)
+
+
 @contextlib.contextmanager
 def serve_subprocess(
     model_path: str, log_path: str | Path, *, device: str = "cpu", env: dict[str, str] | None = None
 ) -> Iterator[str]:
     """`agentrl serve` as its own process, as in production; yields its URL (the caller waits for
     health) and terminates it on exit. Output goes to `log_path`."""
-    from agentrl.engine.launcher import free_ports
+    from agentrl.engine.sglang.launcher import free_ports
 
     (port,) = free_ports(1)
     # The child imports this same agentrl, installed or not.
-    package_root = str(Path(__file__).resolve().parents[2])
+    package_root = str(Path(__file__).resolve().parents[2])  # the repository root
     python_path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "agentrl.cli", "serve", "--model", model_path,
            "--port", str(port), "--device", device, "--log-level", "warning"]  # fmt: skip

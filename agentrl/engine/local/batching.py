@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from agentrl.engine.attention import ArenaStep
 from agentrl.engine.base import Completion, FinishReason, SamplingParams
-from agentrl.engine.kv_arena import KVArena
+from agentrl.engine.local.attention import ArenaStep
+from agentrl.engine.local.kv_arena import KVArena
 
 
 @dataclass

@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from agentrl.engine.attention import ArenaStep, forward_over_arena
-from agentrl.engine.batching import Sequence
-from agentrl.engine.kv_arena import KVArena
-from agentrl.engine.sampling import SamplingRows, sample
+from agentrl.engine.local.attention import ArenaStep, forward_over_arena
+from agentrl.engine.local.batching import Sequence
+from agentrl.engine.local.kv_arena import KVArena
+from agentrl.engine.local.sampling import SamplingRows, sample
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 _INT_ROWS = ("input_ids", "positions", "write_index", "top_k", "seed", "sample_position")

@@ -19,24 +19,25 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agentrl.engine.attention import (
+from agentrl.engine.base import Completion, EngineError, FinishReason, SamplingParams
+from agentrl.engine.local.attention import (
     flash_attention_supported,
     forward_over_arena,
     use_arena_attention,
 )
-from agentrl.engine.base import Completion, EngineError, FinishReason, SamplingParams
-from agentrl.engine.batching import Sequence, StopChecker, pack_step
-from agentrl.engine.cuda_graphs import DecodeGraphs
-from agentrl.engine.kv_arena import KVArena
-from agentrl.engine.model_store import load_model_and_tokenizer, resolve_device, resolve_model_path
-from agentrl.engine.param_storage import (
+from agentrl.engine.local.batching import Sequence, StopChecker, pack_step
+from agentrl.engine.local.cuda_graphs import DecodeGraphs
+from agentrl.engine.local.kv_arena import KVArena
+from agentrl.engine.local.param_storage import (
     DroppedParameters,
     drop_parameters,
     mark_written,
     reallocate_parameters,
 )
-from agentrl.engine.sampling import SamplingRows, sample
-from agentrl.engine.scheduler import Scheduler
+from agentrl.engine.local.sampling import SamplingRows, sample
+from agentrl.engine.local.scheduler import Scheduler
+from agentrl.engine.local.worker import Command, check_request, resolve
+from agentrl.engine.model_store import load_model_and_tokenizer, resolve_device, resolve_model_path
 
 if TYPE_CHECKING:
     from agentrl.config import EngineConfig, ModelConfig
@@ -59,35 +60,11 @@ class EngineStats:
     num_graph_replays: int = 0
 
 
-@dataclass
-class _Command:
-    """Work run on the worker thread between decode steps (weight updates, abort, memory moves)."""
-
-    fn: Callable[[], Any]
-    future: asyncio.Future[Any]
-    loop: asyncio.AbstractEventLoop
-
-
-def _resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], result: Any) -> None:
-    def set_once() -> None:
-        if future.done():
-            return
-        if isinstance(result, BaseException):
-            future.set_exception(result)
-        else:
-            future.set_result(result)
-
-    try:
-        loop.call_soon_threadsafe(set_once)
-    except RuntimeError:  # the awaiting event loop has closed; nobody is waiting any more
-        pass
-
-
 class LocalEngine:
     """Serves many concurrent `generate` calls from one transformers model, batched together.
 
-    Loads the model and allocates the KV arena in the constructor (the engine is unusable without
-    them) and starts the worker.
+    The constructor sizes and allocates the KV arena and starts the worker; `load` reads a
+    checkpoint first.
 
     - `max_context_len`: tokens (prompt + output) one sequence may reach; default the model's
       context, at most 8192. Longer prompts finish at once with LENGTH.
@@ -100,10 +77,10 @@ class LocalEngine:
 
     def __init__(
         self,
-        model_path: str,
+        model: Any,
+        tokenizer: Any,
         *,
-        device: str = "auto",
-        dtype: str = "auto",
+        model_path: str = "",
         max_batch_size: int = 32,
         seed: int = 0,
         weight_version: str = "0",
@@ -115,17 +92,17 @@ class LocalEngine:
         use_cuda_graphs: bool = True,
         weights_cpu_backup: bool = True,
     ) -> None:
-        """`weights_cpu_backup=False`: `release_memory` drops the weights instead of copying them
-        to the host (a colocated trainer sends them all again before the next request)."""
+        """An engine around a loaded transformers `model` (on its device) and its `tokenizer`;
+        `LocalEngine.load` reads them from a checkpoint. `weights_cpu_backup=False`:
+        `release_memory` drops the weights instead of copying them to the host (a colocated
+        trainer sends them all again before the next request)."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size} must be at least 1")
         if not 0 < mem_fraction_static <= 1:
             raise ValueError(f"mem_fraction_static={mem_fraction_static} must be in (0, 1]")
-        self.model_path = resolve_model_path(model_path)
-        self.device = resolve_device(device)
-        self.model, self.tokenizer = load_model_and_tokenizer(
-            self.model_path, device=self.device, dtype=dtype
-        )
+        self.model_path = model_path
+        self.model, self.tokenizer = model, tokenizer
+        self.device = str(next(model.parameters()).device)
         use_arena_attention(self.model)
         self.max_batch_size = max_batch_size
         self.weights_cpu_backup = weights_cpu_backup
@@ -157,7 +134,7 @@ class LocalEngine:
             self.tokenizer, self._eos_token_ids(), min(self._max_positions(), self.arena.max_len)
         )
         self._vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
-        self._commands: collections.deque[_Command] = collections.deque()
+        self._commands: collections.deque[Command] = collections.deque()
         self._is_released = False
         self._dropped: DroppedParameters | None = None  # weights dropped by a release, not resent
         self._is_closed = False
@@ -166,9 +143,21 @@ class LocalEngine:
         self._thread.start()
 
     @classmethod
+    def load(
+        cls, model_path: str, *, device: str = "auto", dtype: str = "auto", **options: Any
+    ) -> LocalEngine:
+        """Load the checkpoint (or the bundled model's name) at `model_path` onto `device` and
+        start an engine on it; `options` are the constructor's."""
+        path = resolve_model_path(model_path)
+        model, tokenizer = load_model_and_tokenizer(
+            path, device=resolve_device(device), dtype=dtype
+        )
+        return cls(model, tokenizer, model_path=path, **options)
+
+    @classmethod
     def from_config(cls, model_cfg: ModelConfig, engine_cfg: EngineConfig) -> LocalEngine:
         path = resolve_model_path(model_cfg.path, model_cfg.cache_dir)
-        return cls(
+        return cls.load(
             path,
             device=model_cfg.device,
             dtype=model_cfg.dtype,
@@ -203,7 +192,7 @@ class LocalEngine:
                 f"{len(self._dropped.unsent)} weight tensors were dropped by release_memory("
                 "keep_weights=False) and not sent again; call update_weights with every weight first"
             )
-        self._check_request(input_ids, sampling)
+        check_request(input_ids, sampling, self._vocab_size)
         loop = asyncio.get_running_loop()
         seq = Sequence(
             list(input_ids),
@@ -269,25 +258,6 @@ class LocalEngine:
 
     # ------------------------------------------------------------------ request checks
 
-    def _check_request(self, input_ids: list[int], sampling: SamplingParams) -> None:
-        if not input_ids:
-            raise ValueError("input_ids is empty; pass at least one prompt token")
-        bad = [i for i in input_ids if not 0 <= i < self._vocab_size]
-        if bad:
-            raise ValueError(
-                f"input_ids hold {bad[:5]} outside the vocabulary [0, {self._vocab_size})"
-            )
-        if sampling.temperature < 0:
-            raise ValueError(
-                f"sampling.temperature={sampling.temperature} must be >= 0 (0 = greedy)"
-            )
-        if not 0 < sampling.top_p <= 1:
-            raise ValueError(f"sampling.top_p={sampling.top_p} must be in (0, 1]")
-        if sampling.top_k == 0 or sampling.top_k < -1:
-            raise ValueError(f"sampling.top_k={sampling.top_k} must be -1 (off) or >= 1")
-        if sampling.max_new_tokens < 0:
-            raise ValueError(f"sampling.max_new_tokens={sampling.max_new_tokens} must be >= 0")
-
     def _request_seed(self, sampling: SamplingParams) -> int:
         # A seeded request draws from its own noise stream: independent of its batch mates.
         if sampling.seed is not None:
@@ -314,7 +284,7 @@ class LocalEngine:
         if self._is_closed:
             raise EngineError("LocalEngine is closed; create a new engine")
         loop = asyncio.get_running_loop()
-        command = _Command(fn, loop.create_future(), loop)
+        command = Command(fn, loop.create_future(), loop)
         self._commands.append(command)
         self._wake.set()
         return await command.future
@@ -359,10 +329,10 @@ class LocalEngine:
 
     def _fail_all(self, error: Exception) -> None:
         for seq in self._scheduler.take_all(keep_prefixes=False):
-            _resolve(seq.loop, seq.future, error)
+            resolve(seq.loop, seq.future, error)
         while self._commands:
             command = self._commands.popleft()
-            _resolve(command.loop, command.future, error)
+            resolve(command.loop, command.future, error)
 
     # ------------------------------------------------------------------ worker loop
 
@@ -386,9 +356,9 @@ class LocalEngine:
         while self._commands:
             command = self._commands.popleft()
             try:
-                _resolve(command.loop, command.future, command.fn())
+                resolve(command.loop, command.future, command.fn())
             except Exception as e:
-                _resolve(command.loop, command.future, e)
+                resolve(command.loop, command.future, e)
 
     def _step(self) -> None:
         """Schedule (admit waiting requests into free slots) → run one forward over every running
@@ -462,10 +432,10 @@ class LocalEngine:
         self.stats.num_generated_tokens += len(ids)
 
     def _deliver(self, seq: Sequence) -> None:
-        _resolve(seq.loop, seq.future, seq.to_completion(self._weight_version))
+        resolve(seq.loop, seq.future, seq.to_completion(self._weight_version))
 
     def _fail_running(self, error: Exception) -> None:
         for seq in self._scheduler.running:
             self._scheduler.release_slot(seq, keep=False)
-            _resolve(seq.loop, seq.future, error)
+            resolve(seq.loop, seq.future, error)
         self._scheduler.running = []

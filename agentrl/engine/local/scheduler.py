@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import collections
 
-from agentrl.engine.batching import Sequence
-from agentrl.engine.kv_arena import KVArena
-from agentrl.engine.prefix_cache import PrefixCache, num_reusable
+from agentrl.engine.local.batching import Sequence
+from agentrl.engine.local.kv_arena import KVArena
+from agentrl.engine.local.prefix_cache import PrefixCache, num_reusable
 
 
 class Scheduler:

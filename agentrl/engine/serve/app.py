@@ -1,6 +1,6 @@
 """`agentrl serve`: a LocalEngine behind SGLang's native HTTP API (same paths and JSON shapes as
 sgl-project/sglang `python/sglang/srt/entrypoints/http_server.py`, request bodies as in
-`python/sglang/srt/managers/io_struct.py`), plus OpenAI-compatible routes (`openai_routes`).
+`python/sglang/srt/managers/io_struct.py`), plus OpenAI-compatible routes (`serve.openai`).
 
 Concurrent `/generate` calls are batched by the engine itself. Binds 127.0.0.1 unless told.
 """
@@ -15,47 +15,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from agentrl.engine.base import Engine
-from agentrl.engine.server_control import MEMORY_TAGS, SERVER_VERSION, add_control_routes
-from agentrl.engine.server_generate import add_generate_routes, generate_response
-from agentrl.engine.server_protocol import (
-    AbortReq,
-    DestroyWeightsUpdateGroupReqInput,
-    InitWeightsUpdateGroupReqInput,
-    MemoryOccupationReqInput,
-    UpdateWeightFromDiskReqInput,
-    UpdateWeightsFromDistributedReqInput,
-    UpdateWeightsFromTensorReqInput,
-    UpdateWeightVersionReqInput,
-    error_response,
-    finish_reason_json,
-    sampling_from_sglang,
-)
-from agentrl.engine.server_state import ServerState
-from agentrl.engine.server_thread import ServerThread, run_app_in_thread
-from agentrl.engine.server_weights import add_weight_routes
+from agentrl.engine.serve.control import add_control_routes
+from agentrl.engine.serve.generate import add_generate_routes
+from agentrl.engine.serve.openai import add_openai_routes
+from agentrl.engine.serve.protocol import error_response
+from agentrl.engine.serve.state import ServerState
+from agentrl.engine.serve.weights import add_weight_routes
 
-__all__ = [
-    "MEMORY_TAGS",
-    "SERVER_VERSION",
-    "AbortReq",
-    "DestroyWeightsUpdateGroupReqInput",
-    "InitWeightsUpdateGroupReqInput",
-    "MemoryOccupationReqInput",
-    "ServerState",
-    "ServerThread",
-    "UpdateWeightFromDiskReqInput",
-    "UpdateWeightVersionReqInput",
-    "UpdateWeightsFromDistributedReqInput",
-    "UpdateWeightsFromTensorReqInput",
-    "create_app",
-    "error_response",
-    "finish_reason_json",
-    "generate_response",
-    "run_app_in_thread",
-    "sampling_from_sglang",
-    "serve",
-    "start_server_thread",
-]
+__all__ = ["create_app", "serve"]
 
 
 # ---------------------------------------------------------------- the app
@@ -89,8 +56,6 @@ def create_app(
     add_generate_routes(app, state)
     add_control_routes(app, state)
     add_weight_routes(app, state)
-    from agentrl.engine.openai_routes import add_openai_routes
-
     add_openai_routes(app, state)
     return app
 
@@ -105,9 +70,3 @@ def serve(
     import uvicorn
 
     uvicorn.run(create_app(engine), host=host, port=port, log_level=log_level)
-
-
-def start_server_thread(
-    engine: Engine, *, host: str = "127.0.0.1", port: int = 0, **app_kwargs: Any
-) -> ServerThread:
-    return run_app_in_thread(create_app(engine, **app_kwargs), host=host, port=port)

@@ -8,8 +8,8 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import Response
 
-from agentrl.engine.server_protocol import AbortReq, MemoryOccupationReqInput, error_response
-from agentrl.engine.server_state import ServerState
+from agentrl.engine.serve.protocol import AbortReq, MemoryOccupationReqInput, error_response
+from agentrl.engine.serve.state import ServerState
 
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 SERVER_VERSION = "agentrl-serve/0.1"

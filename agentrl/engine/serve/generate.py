@@ -12,9 +12,9 @@ from fastapi import Body, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from agentrl.engine.base import Completion, SamplingParams
-from agentrl.engine.server_protocol import error_response, finish_reason_json, sampling_from_sglang
-from agentrl.engine.server_state import ServerState
-from agentrl.engine.sglang_protocol import ROUTING_KEY_HEADER
+from agentrl.engine.serve.protocol import error_response, finish_reason_json, sampling_from_sglang
+from agentrl.engine.serve.state import ServerState
+from agentrl.engine.sglang.protocol import ROUTING_KEY_HEADER
 
 
 def generate_response(

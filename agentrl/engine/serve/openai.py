@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict
 
 from agentrl.engine.base import Completion, FinishReason, SamplingParams
+from agentrl.engine.serve.protocol import error_response
 
 
 class _OpenAIRequest(BaseModel):
@@ -89,8 +90,6 @@ def _usage(prompt_lens: list[int], completions: list[Completion]) -> dict[str, i
 
 
 def add_openai_routes(app: FastAPI, state: Any) -> None:
-    from agentrl.engine.server import error_response
-
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
         s = state()

@@ -49,6 +49,7 @@ class UpdateWeightsFromDistributedReqInput(BaseModel):
     flush_cache: bool = True
     abort_all_requests: bool = False
     weight_version: str | None = None
+    load_format: str | None = None  # "flattened_bucket": one broadcast of the whole bucket
 
 
 class MemoryOccupationReqInput(BaseModel):

@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from agentrl.engine.base import Engine
-from agentrl.engine.server_protocol import (
+from agentrl.engine.serve.protocol import (
     DestroyWeightsUpdateGroupReqInput,
     InitWeightsUpdateGroupReqInput,
     UpdateWeightFromDiskReqInput,
@@ -18,7 +18,7 @@ from agentrl.engine.server_protocol import (
     UpdateWeightsFromTensorReqInput,
     UpdateWeightVersionReqInput,
 )
-from agentrl.engine.server_state import ServerState
+from agentrl.engine.serve.state import ServerState
 from agentrl.engine.weight_transport import (
     deserialize_named_tensors,
     destroy_process_group,
@@ -115,6 +115,7 @@ def add_weight_routes(app: FastAPI, state: Any) -> None:
                 obj.dtypes,
                 obj.shapes,
                 _broadcast_device(pg, s.engine),
+                load_format=obj.load_format,
             )
             await s.update_weights(named, obj.weight_version)
         except Exception as e:

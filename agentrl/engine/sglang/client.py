@@ -16,29 +16,20 @@ from typing import TYPE_CHECKING, Any, Literal
 import httpx
 
 from agentrl.engine.base import Completion, EngineError, EngineUnavailable, SamplingParams
-from agentrl.engine.sglang_control import SGLangControl
-from agentrl.engine.sglang_protocol import (
+from agentrl.engine.sglang.control import SGLangControl
+from agentrl.engine.sglang.protocol import (
     DEFAULT_WEIGHT_VERSION,
     ROUTING_KEY_HEADER,
     aborted_completion,
     completion_from_sglang,
     generate_payload,
-    num_requests_from_load,
 )
 
 if TYPE_CHECKING:
-    from agentrl.engine.launcher import SGLangCluster
-    from agentrl.engine.weight_transport import DistributedWeightSender
+    from agentrl.engine.sglang.launcher import SGLangCluster
+    from agentrl.engine.sglang.weight_sender import DistributedWeightSender
 
-__all__ = [
-    "DEFAULT_WEIGHT_VERSION",
-    "ROUTING_KEY_HEADER",
-    "SGLangEngine",
-    "aborted_completion",
-    "completion_from_sglang",
-    "generate_payload",
-    "num_requests_from_load",
-]
+__all__ = ["SGLangEngine"]
 
 logger = logging.getLogger(__name__)
 

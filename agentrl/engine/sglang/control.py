@@ -11,13 +11,9 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from agentrl.engine.base import EngineError
-from agentrl.engine.sglang_protocol import num_requests_from_load
-from agentrl.engine.weight_transport import (
-    DistributedWeightSender,
-    flatten_bucket,
-    group_by_dtype,
-    serialize_for_ipc,
-)
+from agentrl.engine.sglang.protocol import num_requests_from_load
+from agentrl.engine.sglang.weight_sender import DistributedWeightSender
+from agentrl.engine.weight_transport import flatten_bucket, group_by_dtype, serialize_for_ipc
 
 if TYPE_CHECKING:
     import torch
@@ -124,8 +120,9 @@ class SGLangControl:
     async def get_model_info(self) -> dict[str, Any]:
         return await self._get("/get_model_info")
 
-    async def get_server_info(self) -> dict[str, Any]:
-        return await self._get("/get_server_info", url=self.worker_urls[0])
+    async def get_server_info(self, *, url: str | None = None) -> dict[str, Any]:
+        """`/get_server_info` of one worker (default: the first)."""
+        return await self._get("/get_server_info", url=url or self.worker_urls[0])
 
     async def get_weight_version(self) -> str:
         version = str(
@@ -234,14 +231,17 @@ class SGLangControl:
         group_name: str = "weight_update_group",
         flush_cache: bool = False,
         weight_version: str | None = None,
+        load_format: str | None = None,
         url: str | None = None,
     ) -> None:
+        """`load_format="flattened_bucket"`: the bucket (one dtype) is broadcast as one flat tensor."""
         payload: dict[str, Any] = {
             "names": names,
             "dtypes": dtypes,
             "shapes": shapes,
             "group_name": group_name,
             "flush_cache": flush_cache,
+            "load_format": load_format,
         }
         if weight_version is not None:
             payload["weight_version"] = weight_version

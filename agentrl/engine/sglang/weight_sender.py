@@ -1,0 +1,152 @@
+"""The trainer's side (rank 0) of SGLang's weight-update group: join one torch.distributed group with
+every engine rank, then per bucket post `/update_weights_from_distributed` to each server while
+broadcasting the bucket. Same protocol as slime's `connect_rollout_engines_from_distributed` /
+`update_weights_from_distributed`; a one-dtype bucket travels as SGLang's `flattened_bucket`
+(one broadcast per bucket instead of one per tensor)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from typing import TYPE_CHECKING, Any, Protocol
+
+from agentrl.engine.base import EngineError
+from agentrl.engine.weight_transport import destroy_process_group, init_weights_update_process_group
+
+if TYPE_CHECKING:
+    import torch
+
+
+class WeightGroupMember(Protocol):
+    """What the sender needs of a server's client (an `SGLangEngine`)."""
+
+    @property
+    def worker_urls(self) -> list[str]: ...
+
+    async def get_server_info(self, *, url: str | None = None) -> dict[str, Any]: ...
+
+    async def init_weights_update_group(self, **kwargs: Any) -> None: ...
+
+    async def update_weights_from_distributed(self, **kwargs: Any) -> None: ...
+
+    async def destroy_weights_update_group(
+        self, group_name: str, *, url: str | None = None
+    ) -> None: ...
+
+
+def flatten_into(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """One fresh flat buffer holding `tensors` (one dtype) back to back, in order."""
+    import torch
+
+    flat = torch.empty(
+        sum(t.numel() for t in tensors), dtype=tensors[0].dtype, device=tensors[0].device
+    )
+    start = 0
+    for t in tensors:
+        flat[start : start + t.numel()].copy_(t.detach().reshape(-1))
+        start += t.numel()
+    return flat
+
+
+class DistributedWeightSender:
+    """Rank 0 of the weight-update group; engine ranks follow at offsets 1, 1+tp, ...
+
+    `backend` None = NCCL when CUDA is available, else gloo."""
+
+    def __init__(
+        self,
+        engines: list[WeightGroupMember],
+        *,
+        master_address: str = "127.0.0.1",
+        master_port: int | None = None,
+        backend: str | None = None,
+        group_name: str = "weight_update_group",
+    ) -> None:
+        self.engines = engines
+        self.master_address = master_address
+        self.master_port = master_port
+        self.backend = backend
+        self.group_name = group_name
+        self._targets = [(e, u) for e in engines for u in e.worker_urls]
+        self._pg: Any = None
+
+    async def connect(self) -> None:
+        import torch
+
+        backend = self.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        if self.master_port is None:
+            with socket.socket() as sock:
+                sock.bind((self.master_address, 0))
+                self.master_port = sock.getsockname()[1]
+        tp_sizes = [
+            int((await e.get_server_info(url=u)).get("tp_size", 1)) for e, u in self._targets
+        ]
+        offsets = [1 + sum(tp_sizes[:i]) for i in range(len(tp_sizes))]
+        world_size = 1 + sum(tp_sizes)
+        join = asyncio.to_thread(
+            init_weights_update_process_group,
+            backend=backend,
+            master_address=self.master_address,
+            master_port=self.master_port,
+            world_size=world_size,
+            rank=0,
+            group_name=self.group_name,
+        )
+        posts = [
+            e.init_weights_update_group(
+                master_address=self.master_address,
+                master_port=self.master_port,
+                rank_offset=offset,
+                world_size=world_size,
+                group_name=self.group_name,
+                backend=backend,
+                url=u,
+            )
+            for (e, u), offset in zip(self._targets, offsets, strict=True)
+        ]
+        self._pg, *_ = await asyncio.gather(join, *posts)
+        self.backend = backend
+
+    async def send(
+        self, named_tensors: list[tuple[str, torch.Tensor]], *, weight_version: str | None
+    ) -> None:
+        """Broadcast one bucket; `weight_version` (pass it with the last bucket) takes effect on
+        the engines with this call. A bucket of one dtype goes as one flat tensor."""
+        if self._pg is None:
+            raise EngineError("DistributedWeightSender.send before connect()")
+        tensors = [t for _, t in named_tensors]
+        is_flat = len({t.dtype for t in tensors}) == 1
+        posts = [
+            e.update_weights_from_distributed(
+                names=[n for n, _ in named_tensors],
+                dtypes=[str(t.dtype).removeprefix("torch.") for t in tensors],
+                shapes=[list(t.shape) for t in tensors],
+                group_name=self.group_name,
+                weight_version=weight_version,
+                load_format="flattened_bucket" if is_flat else None,
+                url=u,
+            )
+            for e, u in self._targets
+        ]
+        payload = [flatten_into(tensors)] if is_flat else tensors
+        await asyncio.gather(asyncio.to_thread(self._broadcast, payload), *posts)
+
+    def _broadcast(self, tensors: list[torch.Tensor]) -> None:
+        import torch.distributed as dist
+
+        for t in tensors:
+            t = t.detach()
+            if self.backend == "gloo" and t.is_cuda:
+                t = t.cpu()
+            dist.broadcast(t.contiguous(), 0, group=self._pg)
+
+    async def close(self) -> None:
+        if self._pg is None:
+            return
+        with contextlib.suppress(EngineError):
+            await asyncio.gather(
+                *(e.destroy_weights_update_group(self.group_name, url=u) for e, u in self._targets)
+            )
+        destroy_process_group(self._pg)
+        self._pg = None
