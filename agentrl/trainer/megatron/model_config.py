@@ -162,6 +162,7 @@ def transformer_config_kwargs(
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype,
         variable_seq_lengths=True,  # packed micro-batches differ in length
+        moe_token_dispatcher_type="alltoall",  # dense models; the default refuses variable lengths
         masked_softmax_fusion=False,
         bias_activation_fusion=False,
         bias_dropout_fusion=False,

@@ -1,0 +1,326 @@
+"""`MegatronBackend`: the `TrainerBackend` on Megatron-core — an HF checkpoint built as a GPTModel
+split over tensor- and pipeline-parallel ranks, data parallel over the rest, trained with the
+objective of `losses.py` on packed sequences, logprobs and entropy computed vocab-parallel."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from megatron.core import parallel_state as ps
+from megatron.core.distributed import (
+    DistributedDataParallel,
+    DistributedDataParallelConfig,
+    finalize_model_grads,
+)
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.packed_seq_params import PackedSeqParams
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from torch import Tensor
+
+from agentrl.config import AlgoConfig, TrainConfig
+from agentrl.trainer.batch import MicroBatch, StepBatch, TrainBatch
+from agentrl.trainer.losses import build_objective, combine_metrics
+from agentrl.trainer.megatron import checkpoint
+from agentrl.trainer.megatron import model as gpt
+from agentrl.trainer.megatron.model_config import check_parallel_fit, model_shape
+from agentrl.trainer.megatron.packing import pack_tokens
+from agentrl.trainer.megatron.parallel import (
+    broadcast_from_last_stage,
+    init_parallel,
+    is_last_stage,
+    reduce_dp_metrics,
+)
+from agentrl.trainer.megatron.requirements import check_megatron_usable
+from agentrl.trainer.megatron.vocab_parallel import vocab_parallel_logprobs
+from agentrl.trainer.torch_backend import _resolve_path, lr_factor
+from agentrl.trainer.weights import DEFAULT_BUCKET_SIZE_BYTES, bucket_by_dtype
+
+
+class MegatronBackend:
+    """Construction checks config and the machine; the model is built and loaded on first use
+    (collectively: every trainer rank constructs one and calls each method together). Parameters
+    are bf16 with fp32 master weights in the optimizer (dtype auto/bfloat16) or fp32 throughout."""
+
+    def __init__(
+        self,
+        model_path: str,
+        train_cfg: TrainConfig,
+        algo_cfg: AlgoConfig,
+        *,
+        device: str = "auto",
+        dtype: str = "auto",
+        temperature: float = 1.0,
+        num_optimizer_steps: int | None = None,
+    ) -> None:
+        check_megatron_usable(train_cfg)
+        if dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"dtype={dtype!r} is not supported; use auto, float32 or bfloat16")
+        self.model_path, self.train_cfg, self.algo_cfg = model_path, train_cfg, algo_cfg
+        self.objective = build_objective(algo_cfg)
+        self.device = torch.device("cuda" if device == "auto" else device)
+        self.param_dtype = torch.float32 if dtype == "float32" else torch.bfloat16
+        self.temperature = temperature
+        self.num_optimizer_steps = num_optimizer_steps or train_cfg.num_rollout
+        self.optimizer_step = 0
+        self.num_train_steps = 0
+        self._ddp: Any = None  # DistributedDataParallel around this rank's GPTModel stage
+        self._ref: Any = None  # the reference model's stage, without gradients
+        self._optimizer: Any = None
+
+    # ------------------------------------------------------------ setup
+
+    @property
+    def hf_config(self) -> Any:
+        from transformers import AutoConfig
+
+        self.model_path = _resolve_path(self.model_path)
+        return AutoConfig.from_pretrained(self.model_path)
+
+    @property
+    def pad_id(self) -> int:
+        config = self.hf_config
+        for candidate in (
+            getattr(config, "pad_token_id", None),
+            getattr(config, "eos_token_id", None),
+        ):
+            if isinstance(candidate, list):
+                candidate = candidate[0] if candidate else None
+            if candidate is not None:
+                return int(candidate)
+        return 0
+
+    @property
+    def model(self) -> Any:
+        if self._ddp is None:
+            with torch.enable_grad():  # DDP hooks each parameter's grad accumulator
+                self._setup()
+        return self._ddp
+
+    @property
+    def dp_size(self) -> int:
+        self.model  # noqa: B018 (the groups exist once the model is built)
+        return ps.get_data_parallel_world_size()
+
+    def _build(self, is_trained: bool) -> Any:
+        stage = gpt.build_gpt(self.shape, self.tf_config, self.use_te)
+        gpt.load_hf_weights(stage, self.wmap, self.model_path)
+        return stage if is_trained else stage.eval().requires_grad_(False)
+
+    def _setup(self) -> None:
+        if self.device.type == "cuda" and self.device.index is not None:
+            torch.cuda.set_device(self.device)
+        init_parallel(self.train_cfg, self.device)
+        self.shape = model_shape(self.hf_config)
+        check_parallel_fit(self.shape, self.train_cfg)
+        self.use_te = gpt.has_transformer_engine()
+        self.tf_config = gpt.transformer_config(self.shape, self.train_cfg, self.param_dtype)
+        self.wmap = gpt.weight_map(self.shape, self.use_te)
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True,
+            use_distributed_optimizer=self.train_cfg.use_distributed_optimizer,
+        )
+        self._ddp = DistributedDataParallel(self.tf_config, ddp_config, self._build(True))
+        if self.objective.kl is not None:
+            self._ref = self._build(False)
+        self.tf_config.no_sync_func = self._ddp.no_sync
+        # Sum, never average: the losses already carry the step's global denominators.
+        self.tf_config.finalize_model_grads_func = lambda models, *_, **kw: finalize_model_grads(
+            models, None
+        )
+
+    @property
+    def optimizer(self) -> Any:
+        """Megatron's optimizer (fp32 master weights; sharded over DP with the distributed
+        optimizer), built on first use: logprobs and weight export need none."""
+        if self._optimizer is None:
+            self._optimizer = get_megatron_optimizer(self._optimizer_config(), [self.model])
+        return self._optimizer
+
+    def _optimizer_config(self) -> OptimizerConfig:
+        cfg = self.train_cfg
+        return OptimizerConfig(
+            optimizer="adam",
+            lr=cfg.lr,
+            min_lr=cfg.min_lr,
+            weight_decay=cfg.weight_decay,
+            adam_beta1=cfg.adam_beta1,
+            adam_beta2=cfg.adam_beta2,
+            clip_grad=cfg.clip_grad if cfg.clip_grad > 0 else 0.0,
+            bf16=self.param_dtype == torch.bfloat16,
+            params_dtype=self.param_dtype,
+            use_distributed_optimizer=cfg.use_distributed_optimizer,
+        )
+
+    # ------------------------------------------------------------ forward
+
+    def _forward_step(
+        self, model: Any, data_iterator: Iterator, model_arg: Any, *, mode: str, step=None
+    ):
+        mb: MicroBatch = next(data_iterator).to(self.device)
+        multiple = (
+            self.train_cfg.tensor_model_parallel_size if self.train_cfg.sequence_parallel else 1
+        )
+        packed = pack_tokens(mb.input_ids, mb.position_ids, pad_id=self.pad_id, multiple=multiple)
+        cu = packed.cu_seqlens.to(self.device)
+        params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                                 max_seqlen_q=packed.max_seqlen, max_seqlen_kv=packed.max_seqlen)  # fmt: skip
+        output = model(
+            packed.input_ids, packed.position_ids, attention_mask=None, packed_seq_params=params
+        )
+        return output, partial(self._loss, mb, packed.num_tokens, mode, step)
+
+    def _token_logprobs(self, logits: Tensor, mb: MicroBatch, num_tokens: int, entropy_grad: bool):
+        """[1, N, V/tp] logits -> logprobs and entropy [R, T] (0 off the loss mask)."""
+        is_loss = (mb.loss_mask.reshape(-1) > 0).nonzero()[:, 0]  # [M] positions among the first N
+        local = logits[0, :num_tokens][is_loss]  # [M, V/tp]: only trained positions
+        lp, ent = vocab_parallel_logprobs(
+            local, mb.target_ids.reshape(-1)[is_loss],
+            vocab_start=ps.get_tensor_model_parallel_rank() * logits.shape[-1],
+            vocab_size=self.shape.vocab_size,
+            group=ps.get_tensor_model_parallel_group(), temperature=self.temperature,
+        )  # fmt: skip
+        ent = ent if entropy_grad else ent.detach()
+        zeros = torch.zeros(num_tokens, dtype=torch.float32, device=logits.device)
+        place = lambda v: zeros.index_put((is_loss,), v).view(mb.loss_mask.shape)  # noqa: E731
+        return place(lp), place(ent)
+
+    def _loss(
+        self, mb: MicroBatch, num_tokens: int, mode: str, step: StepBatch | None, logits: Tensor
+    ):
+        one = torch.ones((), dtype=torch.int, device=logits.device)
+        if mode != "train":
+            lp, _ = self._token_logprobs(logits, mb, num_tokens, False)
+            return logits.sum() * 0.0, one, {"logprobs": lp.detach()}
+        assert step is not None
+        lp, ent = self._token_logprobs(logits, mb, num_tokens, bool(self.objective.entropy_coef))
+        old = mb.old_logprobs if mb.old_logprobs is not None else lp.detach()
+        loss, metrics = self.objective(
+            lp, ent, mb.loss_inputs(step.num_loss_tokens, step.num_seqs, old)
+        )
+        if not bool(mb.loss_mask.any()):  # a rank-padding micro-batch: every gradient exactly 0
+            loss = loss + logits.sum() * 0.0
+        return loss, one, metrics
+
+    def _run(
+        self, model: Any, mbs: list[MicroBatch], mode: str, step: StepBatch | None = None
+    ) -> list:
+        """Megatron's schedule (1F1B under PP) over `mbs`; the loss functions' outputs, on the
+        last pipeline stage (empty elsewhere)."""
+        return get_forward_backward_func()(
+            forward_step_func=partial(self._forward_step, model, mode=mode, step=step),
+            data_iterator=iter(mbs),
+            model=[model],
+            num_microbatches=len(mbs),
+            seq_length=max(mb.num_tokens for mb in mbs),
+            micro_batch_size=1,
+            forward_only=mode != "train",
+        )
+
+    # ------------------------------------------------------------ TrainerBackend
+
+    @torch.no_grad()
+    def compute_logprobs(
+        self, batch: TrainBatch, *, old: bool = True, ref: bool = True
+    ) -> TrainBatch:
+        """Fill `old_logprobs` (and `ref_logprobs` with a reference model) of every micro-batch,
+        on every rank."""
+        mbs = list(batch.micro_batches())
+        for field, stage, wanted in (
+            ("old_logprobs", self.model, old),
+            ("ref_logprobs", self._ref, ref),
+        ):
+            if not wanted or stage is None:
+                continue
+            stage.eval()
+            outputs = (
+                [o["logprobs"].cpu() for o in self._run(stage, mbs, "logprobs")]
+                if is_last_stage()
+                else None
+            )
+            for mb, lp in zip(mbs, broadcast_from_last_stage(outputs), strict=True):  # type: ignore[arg-type]
+                setattr(mb, field, lp)
+        return batch
+
+    logprobs = compute_logprobs
+
+    @torch.no_grad()
+    def sequence_logprobs(self, token_ids: list[int], start: int) -> list[float]:
+        if not 1 <= start <= len(token_ids):
+            raise ValueError(f"start={start} must be in [1, {len(token_ids)}] (len(token_ids))")
+        if start == len(token_ids):
+            return []
+        ids = torch.tensor([token_ids])
+        n = len(token_ids) - 1
+        mask = (torch.arange(n) >= start - 1).float()[None]
+        zeros = torch.zeros(1, n)
+        mb = MicroBatch(ids[:, :-1], torch.arange(n)[None], ids[:, 1:], mask, zeros, zeros,
+                        torch.zeros(1, n, dtype=torch.long), mask.sum(-1), [0])  # fmt: skip
+        self.compute_logprobs(
+            TrainBatch([StepBatch([mb], int(mask.sum()), 1)], is_packed=True), ref=False
+        )
+        return mb.old_logprobs[0, start - 1 :].tolist()
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimizer step per `batch.steps` entry; the steps' mean metrics, equal on every
+        rank, as TorchBackend.train_step reports them."""
+        mbs = list(batch.micro_batches())
+        need_old = len(batch.steps) > 1 and any(mb.old_logprobs is None for mb in mbs)
+        need_ref = self._ref is not None and any(mb.ref_logprobs is None for mb in mbs)
+        if need_old or need_ref:
+            self.compute_logprobs(batch, old=need_old, ref=need_ref)
+        per_step = [self._optimizer_step(step) for step in batch.steps if step.micro_batches]
+        self.num_train_steps += 1
+        names = sorted({k for m in per_step for k in m})
+        metrics = {
+            k: sum(m[k] for m in per_step if k in m) / sum(k in m for m in per_step) for k in names
+        }
+        metrics.update({k.removeprefix("batch/"): v for k, v in batch.metrics.items()})
+        return metrics
+
+    def _set_lr(self) -> float:
+        cfg = self.train_cfg
+        factor = lr_factor(self.optimizer_step, warmup_steps=cfg.lr_warmup_steps,
+                           total_steps=self.num_optimizer_steps, style=cfg.lr_decay_style,
+                           min_ratio=cfg.min_lr / cfg.lr if cfg.lr > 0 else 0.0)  # fmt: skip
+        for group in self.optimizer.param_groups:
+            group["lr"] = cfg.lr * factor
+        return cfg.lr * factor
+
+    def _optimizer_step(self, step: StepBatch) -> dict[str, float]:
+        model = self.model
+        model.train()
+        model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        outputs = self._run(model, step.micro_batches, "train", step)
+        lr = self._set_lr()
+        is_ok, grad_norm, _ = self.optimizer.step()
+        self.optimizer_step += 1
+        parts = [{k: v for k, v in o.items()} for o in outputs]
+        metrics = reduce_dp_metrics(combine_metrics(parts), self.device) if is_last_stage() else {}
+        metrics = dict(broadcast_from_last_stage(metrics))  # type: ignore[arg-type]
+        metrics.update(
+            grad_norm=float(grad_norm or 0.0), lr=lr, skipped_nonfinite_grad=float(not is_ok)
+        )
+        return metrics
+
+    def export_weights(
+        self,
+        bucket_size_bytes: int = DEFAULT_BUCKET_SIZE_BYTES,
+        *,
+        dtype: torch.dtype | None = None,
+    ) -> Iterator[list[tuple[str, Tensor]]]:
+        """Per-dtype buckets of (HF name, whole tensor); collective over the model-parallel ranks
+        of each DP replica (every rank receives every tensor)."""
+        return bucket_by_dtype(
+            gpt.export_hf_tensors(self.model.module, self.wmap, dtype), bucket_size_bytes
+        )
+
+    def save(self, directory: str | Path) -> None:
+        checkpoint.save(self, Path(directory))
+
+    def load(self, directory: str | Path) -> None:
+        checkpoint.load(self, Path(directory))

@@ -1,0 +1,81 @@
+"""Megatron's process groups (TP, PP, DP) over the trainer's torch.distributed ranks, and metric
+reduction over the data-parallel group of the last pipeline stage."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+from megatron.core import tensor_parallel
+
+from agentrl.config import TrainConfig
+from agentrl.trainer.losses import MAX_METRICS, MIN_METRICS
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_parallel(train_cfg: TrainConfig, device: torch.device) -> None:
+    """Megatron's groups over the default process group (a 1-rank one is started when the trainer
+    runs in this process alone); TP ranks are neighbours, then DP, then PP (Megatron's order)."""
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=train_cfg.tensor_model_parallel_size,
+            pipeline_model_parallel_size=train_cfg.pipeline_model_parallel_size,
+        )
+    if device.type == "cuda":
+        tensor_parallel.model_parallel_cuda_manual_seed(train_cfg.seed)
+
+
+def is_last_stage() -> bool:
+    return ps.is_pipeline_last_stage()
+
+
+def broadcast_from_last_stage(obj: object) -> object:
+    """The last pipeline stage's `obj` on every stage (metrics, logprobs)."""
+    group = ps.get_pipeline_model_parallel_group()
+    if dist.get_world_size(group) == 1:
+        return obj
+    holder = [obj]
+    last = dist.get_global_rank(group, dist.get_world_size(group) - 1)
+    dist.broadcast_object_list(holder, src=last, group=group)
+    return holder[0]
+
+
+def reduce_dp_metrics(metrics: dict[str, float], device: torch.device) -> dict[str, float]:
+    """Per-DP-rank shares of global means summed over the DP group; extremes max/min-reduced
+    (the same rule as the torch backend's, over Megatron's DP group instead of every rank)."""
+    group = ps.get_data_parallel_group()
+    if dist.get_world_size(group) == 1:
+        return metrics
+    metrics = {
+        **{n: -math.inf for n in MAX_METRICS},
+        **{n: math.inf for n in MIN_METRICS},
+        **metrics,
+    }
+    names = sorted(metrics)
+    sign = torch.tensor(
+        [-1.0 if n in MIN_METRICS else 1.0 for n in names], dtype=torch.float64, device=device
+    )
+    values = torch.tensor([metrics[n] for n in names], dtype=torch.float64, device=device)
+    summed, maxed = values.clone(), values * sign
+    dist.all_reduce(summed, group=group)
+    dist.all_reduce(maxed, op=dist.ReduceOp.MAX, group=group)
+    out = {}
+    for k, name in enumerate(names):
+        is_extreme = name in MAX_METRICS or name in MIN_METRICS
+        value = float(maxed[k] * sign[k]) if is_extreme else float(summed[k])
+        if math.isfinite(value) or not is_extreme:
+            out[name] = value
+    return out
