@@ -99,7 +99,9 @@ class Engine(Protocol):
         """Free accelerator memory (weights, KV cache) so a colocated trainer can use it."""
         ...
 
-    async def resume_memory(self) -> None: ...
+    async def resume_memory(self, tags: Iterable[str] | None = None) -> None:
+        """Take memory back: "weights", "kv_cache" (SGLang's tags), None = all."""
+        ...
 
     async def abort(self) -> None:
         """Abort every running request; they return with finish_reason ABORT."""

@@ -140,8 +140,8 @@ class RoutedEngine:
     async def release_memory(self) -> None:
         await self._all("release_memory")
 
-    async def resume_memory(self) -> None:
-        await self._all("resume_memory")
+    async def resume_memory(self, tags: Iterable[str] | None = None) -> None:
+        await self._all("resume_memory", tags)
 
     async def release_memory_occupation(self, tags: list[str] | None = None) -> None:
         await self._all("release_memory_occupation", tags)

@@ -517,11 +517,19 @@ async def test_cuda_release_without_host_copy_refuses_until_weights_are_sent(tin
     greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
     before = await eng.generate(PROMPTS[0], greedy)
     weights = [(n, t.detach().clone()) for n, t in eng.model.state_dict().items()]
+    arena_bytes = eng.arena.nbytes
     await eng.release_memory()
-    await eng.resume_memory()
+    assert torch.cuda.memory_allocated() < arena_bytes  # weights and KV arena are gone
+    await eng.resume_memory(["weights"])  # as a colocated sync: weights, update, then KV
+    assert eng.arena.nbytes == 0
     with pytest.raises(EngineError, match="dropped by release_memory"):
         await eng.generate(PROMPTS[0], greedy)
     await eng.update_weights(weights, weight_version="1")
-    after = await eng.generate(PROMPTS[0], greedy)
+    waiting = asyncio.ensure_future(eng.generate(PROMPTS[0], greedy))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()  # no KV arena yet: the request waits for it
+    await eng.resume_memory(["kv_cache"])
+    after = await asyncio.wait_for(waiting, 60)
     await eng.close()
+    assert eng.arena.nbytes > 0
     assert after.ids == before.ids and after.weight_version == "1"

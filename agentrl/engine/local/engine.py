@@ -13,6 +13,7 @@ import collections
 import functools
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -134,8 +135,11 @@ class LocalEngine:
             self.tokenizer, self._eos_token_ids(), min(self._max_positions(), self.arena.max_len)
         )
         self._vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
+        # HF name -> the Parameter (or buffer) itself; release and resume swap `.data`, never the
+        # objects, so the map stays valid (a state_dict() per weight update costs milliseconds).
+        self._tensors: dict[str, torch.Tensor] = self.model.state_dict(keep_vars=True)
         self._commands: collections.deque[Command] = collections.deque()
-        self._is_released = False
+        self._released: set[str] = set()  # memory tags given back: "weights", "kv_cache"
         self._dropped: DroppedParameters | None = None  # weights dropped by a release, not resent
         self._is_closed = False
         self._wake = threading.Event()
@@ -187,7 +191,7 @@ class LocalEngine:
         `routing_key` (one episode's turns) reuse the K/V of their common prefix."""
         if self._is_closed:
             raise EngineError("LocalEngine is closed; create a new engine")
-        if self._dropped is not None and not self._is_released:
+        if self._dropped is not None and "weights" not in self._released:
             raise EngineError(
                 f"{len(self._dropped.unsent)} weight tensors were dropped by release_memory("
                 "keep_weights=False) and not sent again; call update_weights with every weight first"
@@ -235,10 +239,15 @@ class LocalEngine:
         if self.device != "cpu":
             await self._call(lambda: self._release(keep))
 
-    async def resume_memory(self) -> None:
-        """Weights back on the accelerator and a fresh KV arena; graphs are captured again."""
+    async def resume_memory(self, tags: Iterable[str] | None = None) -> None:
+        """Take memory back, by SGLang's tags: "weights" (back from the host, or fresh storage for
+        dropped ones), "kv_cache" (a KV arena sized again from free memory); None = both. A
+        colocated trainer resumes the weights, syncs, then the KV cache: the peak never holds the
+        KV arena next to its weight buckets. Generation restarts once both are back; CUDA graphs
+        are captured again at the next decode step."""
+        wanted = {"weights", "kv_cache"} if tags is None else set(tags)
         if self.device != "cpu":
-            await self._call(self._resume)
+            await self._call(lambda: self._resume(wanted))
 
     async def abort(self) -> None:
         """End every running and queued request now; each returns its ids so far with ABORT."""
@@ -265,7 +274,7 @@ class LocalEngine:
         return int(torch.randint(0, 1 << 62, (1,), generator=self._generator))
 
     def _check_weights(self, updates: list[tuple[str, torch.Tensor]]) -> None:
-        state = self.model.state_dict()
+        state = self._tensors
         for name, tensor in updates:
             if name not in state:
                 raise ValueError(
@@ -290,13 +299,16 @@ class LocalEngine:
         return await command.future
 
     def _apply_weights(self, updates: list[tuple[str, torch.Tensor]], weight_version: str) -> None:
-        state = self.model.state_dict()  # fresh: `.to()` may have swapped parameter storage
         with torch.no_grad():
             for name, tensor in updates:
-                target = state[name]
+                target = self._tensors[name]
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
                 mark_written(self._dropped, target)
-        if self._dropped is not None and not self._is_released and not self._dropped.unsent:
+        if (
+            self._dropped is not None
+            and "weights" not in self._released
+            and not self._dropped.unsent
+        ):
             self._dropped = None  # every dropped weight was sent again after resume
         self._weight_version = weight_version
         self._scheduler.drop_prefixes()
@@ -311,16 +323,25 @@ class LocalEngine:
         if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):  # cached per stream, not in use
             torch._C._cuda_clearCublasWorkspaces()
         torch.cuda.empty_cache()
-        self._is_released = True
+        self._released = {"weights", "kv_cache"}
 
-    def _resume(self) -> None:
-        if self._dropped is not None:
-            reallocate_parameters(self._dropped, self.device)
-        self.model.to(self.device)
-        # Sized again: a colocated trainer may hold more (or less) memory than at the start.
-        self.arena = self._scheduler.arena = self._size_arena()
-        self.arena.allocate(self.device)
-        self._is_released = False  # graphs are captured again at the next decode step
+    def _resume(self, tags: set[str]) -> None:
+        t0 = time.perf_counter()
+        if "weights" in tags & self._released:
+            if self._dropped is not None:
+                reallocate_parameters(self._dropped, self.device)
+            self.model.to(self.device)
+            self._released.discard("weights")
+        t1 = time.perf_counter()
+        if "kv_cache" in tags & self._released:
+            # Sized again: a colocated trainer may hold more (or less) memory than at the start.
+            self.arena = self._scheduler.arena = self._size_arena()
+            self.arena.allocate(self.device)
+            self._released.discard("kv_cache")
+        logger.info(
+            "LocalEngine resumed %s: weights %.3f s, KV arena (%.1f GB) %.3f s",
+            sorted(tags), t1 - t0, self.arena.nbytes / 1e9, time.perf_counter() - t1,
+        )  # fmt: skip
 
     def _abort_all(self) -> None:
         for seq in self._scheduler.take_all(keep_prefixes=True):
@@ -343,7 +364,7 @@ class LocalEngine:
             self._wake.clear()
             self._run_commands()
             # Dropped weights not yet sent again: nothing may run on them.
-            if self._is_released or self._dropped is not None or not self._scheduler.has_work():
+            if self._released or self._dropped is not None or not self._scheduler.has_work():
                 self._wake.wait()
                 continue
             try:

@@ -98,6 +98,11 @@ class KVArena:
         return bool(self.keys)
 
     @property
+    def nbytes(self) -> int:
+        """Bytes the buffers hold (0 when not allocated)."""
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+    @property
     def num_free(self) -> int:
         return len(self._free)
 

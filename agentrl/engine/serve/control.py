@@ -3,15 +3,25 @@ releasing/resuming memory."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI
 from fastapi.responses import Response
+from pydantic import BaseModel
 
 from agentrl.engine.serve.protocol import AbortReq, MemoryOccupationReqInput, error_response
 from agentrl.engine.serve.state import ServerState
 
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
+
+
+class PauseGenerationReqInput(BaseModel):
+    """SGLang's body for /pause_generation (its default mode is abort; without a body this
+    server holds new requests and lets running ones finish)."""
+
+    mode: Literal["abort", "retract", "in_place"] = "abort"
+
+
 SERVER_VERSION = "agentrl-serve/0.1"
 
 
@@ -94,8 +104,13 @@ def add_control_routes(app: FastAPI, state: Any) -> None:
         return Response(status_code=200)
 
     @app.post("/pause_generation")
-    async def pause_generation() -> dict[str, str]:
-        state().is_running.clear()  # new requests wait; running ones finish
+    async def pause_generation(obj: PauseGenerationReqInput | None = None) -> dict[str, str]:
+        s: ServerState = state()
+        s.is_running.clear()  # new requests wait
+        if obj is not None and obj.mode == "abort":
+            await s.abort_all()
+        # retract / in_place / no mode: running requests finish on the weights they started
+        # with (the transformers engine cannot retract a request); none is lost
         return {"message": "Generation paused successfully.", "status": "ok"}
 
     @app.post("/continue_generation")
@@ -118,8 +133,10 @@ def add_control_routes(app: FastAPI, state: Any) -> None:
     async def resume_memory_occupation(obj: MemoryOccupationReqInput | None = None) -> Any:
         s: ServerState = state()
         tags = set(obj.tags if obj and obj.tags is not None else MEMORY_TAGS)
-        if "weights" in tags and "weights" in s.released_tags:
-            await s.engine.resume_memory()
+        # The engine gave back weights and KV together (on a "weights" release); each comes back
+        # with its own tag, so a colocated sync resumes weights -> sync -> KV cache.
+        if tags & s.released_tags & {"weights", "kv_cache"}:
+            await s.engine.resume_memory(sorted(tags & {"weights", "kv_cache"}))
         s.released_tags -= tags
         return None
 

@@ -136,8 +136,12 @@ class SGLangControl:
     async def flush_cache(self) -> None:
         await self._post_workers("/flush_cache")
 
-    async def pause_generation(self) -> None:
-        await self._post_workers("/pause_generation")
+    async def pause_generation(self, mode: str | None = None) -> None:
+        """Hold generation on every worker. SGLang's modes: abort (running requests return
+        ABORT; its default), retract (running requests go back to the queue, keeping their
+        tokens, and continue after `continue_generation`), in_place (they stay where they are).
+        None sends no mode (servers older than the modes)."""
+        await self._post_workers("/pause_generation", None if mode is None else {"mode": mode})
 
     async def continue_generation(self) -> None:
         await self._post_workers("/continue_generation")
@@ -152,8 +156,12 @@ class SGLangControl:
     async def release_memory(self) -> None:
         await self.release_memory_occupation(None)
 
-    async def resume_memory(self) -> None:
-        # Weights first, then the KV cache: the peak never holds both with the trainer's memory.
+    async def resume_memory(self, tags: Iterable[str] | None = None) -> None:
+        """tags None: weights first, then the KV cache (the peak never holds both next to the
+        trainer's memory)."""
+        if tags is not None:
+            await self.resume_memory_occupation(list(tags))
+            return
         await self.resume_memory_occupation(["weights"])
         await self.resume_memory_occupation(["kv_cache", "cuda_graph"])
 
