@@ -112,8 +112,9 @@ class AlgoConfig:
     kl_loss_coef: float = 0.0
     kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
     entropy_coef: float = 0.0
-    use_tis: bool = False
-    """Truncated importance sampling between rollout and trainer logprobs."""
+    use_tis: bool | None = None
+    """Truncated importance sampling between rollout and trainer logprobs; None = on with
+    train.use_async (turns sampled by older policy versions), off when synchronous."""
     tis_cap: float = 2.0
     loss_agg_mode: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] | None = None
     """None = the policy loss's own: seq_mean_token_mean for gspo (its paper, verl, slime),
@@ -154,6 +155,16 @@ class TrainConfig:
     off-policy; disaggregated placement only)."""
     update_weights_interval: int = 1
     """With use_async: push weights every N steps (after the in-flight rollout ends)."""
+    async_mode: Literal["one_step", "full"] = "one_step"
+    """With use_async: one_step = slime's train_async.py (step k+1's rollout runs while step k
+    trains); full = a rollout worker keeps episodes in flight across steps and weight updates,
+    and the trainer takes groups as they finish."""
+    max_staleness: int | None = 2
+    """A trajectory whose oldest turn is more than this many policy versions behind the trainer
+    is dropped (counted in rollout/num_stale_dropped), never trained on; None = no bound."""
+    num_episodes_in_flight: int | None = None
+    """async_mode=full: episodes the rollout worker keeps running (rounded up to whole groups);
+    None = one rollout batch (rollout_batch_size * n_samples_per_prompt)."""
     logprob_chunk_size: int = 1024
     """Tokens per chunk when computing logprobs, so [tokens, vocab] logits never exist whole."""
     seed: int = 0

@@ -19,9 +19,11 @@ import torch
 from agentrl.config import ConfigError, RunConfig
 from agentrl.data import TaskSource, load_tasks
 from agentrl.eval import evaluate, plot_eval_history
+from agentrl.loop_async import Pace, Schedule, check_async, make_schedule
 from agentrl.metrics import MetricsLogger, rollout_metrics
 from agentrl.rollout import RolloutRunner, build_runner
 from agentrl.rollout.collect import Collected, collect_groups
+from agentrl.rollout.staleness import drop_stale, lag_gap_metrics, probe_sample, staleness_metrics
 from agentrl.rollout.trajectory import write_jsonl
 from agentrl.runtime import Runtime, make_runtime, uses_ray
 from agentrl.trainer.batch import build_train_batches
@@ -88,58 +90,57 @@ async def _train(cfg: RunConfig) -> TrainResult:
 
 
 async def _run(state: _State, start_step: int) -> TrainResult:
-    """eval at start -> per step: collect groups, build batch, train, sync weights, eval / save
-    when due -> final eval and save. With `--async` the next step's groups are collected while
-    this step trains (slime's train_async.py). Ctrl-C or SIGTERM saves the last completed step."""
+    """eval at start -> per step: take the step's groups, build batch, train, sync weights, eval /
+    save when due -> final eval and save. Where the groups come from is the schedule: collected
+    now (sync), one step ahead (`--async`) or from a rollout worker that never stops
+    (`--async-mode full`). Ctrl-C or SIGTERM saves the last completed step."""
     cfg = state.cfg
-    ahead: asyncio.Task[_Rollout] | None = None
+    schedule: Schedule | None = None
     try:
         if start_step == 0 and cfg.eval.eval_at_start:
             await state.run_eval(step=0)
+        schedule = make_schedule(state, start_step)
+        pace = Pace(state.runtime.engine, state.runner)
         with _progress(cfg, start_step) as bar:
             for step in range(start_step, cfg.train.num_rollout):
-                rollout = await (ahead if ahead is not None else state.collect(step))
-                ahead = None
-                if cfg.train.use_async and step + 1 < cfg.train.num_rollout:
-                    ahead = asyncio.ensure_future(state.collect(step + 1))
+                rollout = await schedule.next_rollout(step)
+                t0 = time.perf_counter()
                 metrics = await state.learn(step, rollout)
-                done = step + 1
+                busy_s, done = time.perf_counter() - t0, step + 1
                 if not cfg.train.use_async or _is_due(cfg.train.update_weights_interval, done):
-                    if ahead is not None:  # weights never change under a running generation
-                        await asyncio.wait({ahead})
+                    await schedule.before_sync()  # trainer idle: not in busy_s
+                    t1 = time.perf_counter()
                     metrics.update(await state.sync(step))
+                    busy_s += time.perf_counter() - t1
+                metrics.update(pace.step_metrics(busy_s, schedule.queue_depth()))
                 state.logger.log(done, metrics)
                 bar.advance(metrics)
                 if done < cfg.train.num_rollout and _is_due(cfg.eval.eval_interval, done):
                     await state.run_eval(step=done)
+                    pace.restart()  # evaluation is no train step's time
                 if done < cfg.train.num_rollout and _is_due(cfg.checkpoint.save_interval, done):
                     await state.save(done)
+                    pace.restart()
+        await schedule.stop()
         steps = max(cfg.train.num_rollout, start_step)
         if not state.evals or state.evals[-1]["step"] != steps:
             await state.run_eval(step=steps)
         last = await state.save(steps)
     except (KeyboardInterrupt, asyncio.CancelledError):
         log.warning("interrupted: saving a checkpoint at step %d before exiting", state.step)
-        if ahead is not None:
-            ahead.cancel()
+        if schedule is not None:
+            await schedule.stop()
         await state.save(state.step)
         raise
     return TrainResult(state.run_dir, steps, state.evals, last)
 
 
 def _check_async(cfg: RunConfig) -> None:
-    if not cfg.train.use_async:
-        return
-    if cfg.cluster.colocate or not uses_ray(cfg):
-        raise ConfigError(
-            "--async generates the next step while this one trains, so the engines need GPUs of "
-            "their own: run disaggregated (e.g. --actor-num-gpus-per-node 1 --rollout-num-gpus 1, "
-            "without --colocate)"
-        )
-    if cfg.train.update_weights_interval < 1:
-        raise ConfigError(
-            f"--update-weights-interval={cfg.train.update_weights_interval} must be >= 1"
-        )
+    device = cfg.model.device
+    is_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    check_async(cfg, is_ray=uses_ray(cfg), is_cuda=is_cuda)
+    if cfg.algo.use_tis is None:  # async turns come from older policies: correct for it
+        cfg.algo.use_tis = cfg.train.use_async
 
 
 def _is_due(interval: int | None, done: int) -> bool:
@@ -219,14 +220,22 @@ class _State:
         return _Rollout(collected, self.source.state(), time.perf_counter() - t0)
 
     async def learn(self, step: int, rollout: _Rollout) -> dict[str, float]:
-        """Write the step's trajectories, train on them; metrics (logged by the caller)."""
-        cfg, groups = self.cfg, rollout.collected.groups
+        """Drop trajectories past the staleness bound, write the rest, train on them; metrics
+        (logged by the caller). The trainer is at policy version `step` (its updates so far)."""
+        cfg, collected = self.cfg, rollout.collected
+        groups, num_stale = drop_stale(collected.groups, step, cfg.train.max_staleness)
+        if not groups:
+            raise RuntimeError(
+                f"step {step}: every trajectory is more than --max-staleness="
+                f"{cfg.train.max_staleness} policy versions old; raise --max-staleness"
+            )
         # Every trajectory trained on is kept, flushed, for `agentrl show` and post-mortems.
         write_jsonl(
             str(self.run_dir / "rollouts" / f"step_{step + 1:06d}.jsonl"),
             [t for g in groups for t in g],
         )
         t0 = time.perf_counter()
+        metrics = await self.offpolicy_metrics(groups, step) if cfg.train.use_async else {}
         batches = build_train_batches(
             groups,
             cfg.algo,
@@ -237,14 +246,14 @@ class _State:
         )
         train_metrics = await self.runtime.train_step(batches)
         self.step, self.data_state = step + 1, rollout.data_state
-        collected = rollout.collected
-        metrics = {**rollout_metrics(groups), **_prefixed("train/", train_metrics)}
-        metrics.update(staleness_metrics(groups, policy_version=step))
+        metrics.update({**rollout_metrics(groups), **_prefixed("train/", train_metrics)})
+        metrics.update(staleness_metrics(groups, step))
         metrics.update(
             {
                 "rollout/num_zero_variance_groups_dropped": float(
                     collected.num_zero_variance_dropped
                 ),
+                "rollout/num_stale_dropped": float(collected.num_stale_dropped + num_stale),
                 "rollout/num_engine_reruns": float(collected.num_engine_reruns),
                 "engine/num_restarts": float(collected.num_engine_restarts),
                 "time/rollout_s": rollout.seconds,
@@ -254,6 +263,16 @@ class _State:
         num_tokens = sum(len(t.token_ids) for g in groups for t in g)
         metrics["perf/tokens_per_s"] = num_tokens / max(rollout.seconds, 1e-9)
         return metrics
+
+    async def offpolicy_metrics(self, groups: list[Any], step: int) -> dict[str, float]:
+        """Train-vs-rollout logprob gap and TIS clip fraction by version lag, on a few
+        trajectories per lag scored by the trainer before this step's update."""
+        probes = []
+        for traj in probe_sample(groups, step, per_lag=2):
+            scored = await self.runtime.policy_logprobs(traj.token_ids, traj.prompt_len)
+            mask = traj.loss_mask[traj.prompt_len :]
+            probes.append((traj, [lp for lp, m in zip(scored, mask, strict=True) if m]))
+        return lag_gap_metrics(probes, step, self.cfg.algo.tis_cap)
 
     async def sync(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -317,23 +336,6 @@ class _Rollout:
     collected: Collected
     data_state: dict[str, int]
     seconds: float
-
-
-def staleness_metrics(groups: list[list[Any]], *, policy_version: int) -> dict[str, float]:
-    """How many policy versions each trained turn is behind the trainer (0 when synchronous)."""
-    lags = [
-        policy_version - int(turn.weight_version)
-        for group in groups
-        for traj in group
-        for turn in traj.turns
-        if str(turn.weight_version).isdigit()
-    ]
-    if not lags:
-        return {}
-    return {
-        "rollout/staleness_max": float(max(lags)),
-        "rollout/staleness_mean": sum(lags) / len(lags),
-    }
 
 
 def _prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:

@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -30,6 +32,10 @@ class Runtime(Protocol):
 
     async def sync_weights(self, version: str) -> dict[str, float]:
         """Push the trainer's weights to every engine, stamped `version`; returns timings."""
+        ...
+
+    async def policy_logprobs(self, token_ids: list[int], start: int) -> list[float]:
+        """The trainer's logprobs of `token_ids[start:]` under its current weights."""
         ...
 
     async def save(self, directory: Path) -> None: ...
@@ -75,12 +81,17 @@ async def make_runtime(cfg: RunConfig, model_path: str, num_optimizer_steps: int
 class InProcessRuntime:
     """Trainer and engine in this process. On CUDA the engine gives its memory back while the
     trainer steps (weights first on resume, as colocated SGLang does); on CPU there is nothing
-    to give back, so nothing moves."""
+    to give back, so nothing moves, and the trainer steps on a worker thread while episodes go
+    on (`--async`). A weight update closes the engine's gate: turns being generated finish on
+    the old weights, the next ones wait for the new (no episode is aborted)."""
 
     dp_size = 1
 
     def __init__(self, cfg: RunConfig, backend: Any, engine: Engine) -> None:
-        self.cfg, self.backend, self.engine = cfg, backend, engine
+        from agentrl.rollout.gate import GatedEngine
+
+        self.cfg, self.backend = cfg, backend
+        self.engine: Any = GatedEngine(engine)
         self._is_released = False
 
     @property
@@ -95,7 +106,10 @@ class InProcessRuntime:
         if self.backend.device.type == "cuda":
             await self.engine.release_memory()
             self._is_released = True
-        return self.backend.train_step(batch)
+        return await asyncio.to_thread(self.backend.train_step, batch)
+
+    async def policy_logprobs(self, token_ids: list[int], start: int) -> list[float]:
+        return await asyncio.to_thread(self.backend.sequence_logprobs, token_ids, start)
 
     async def sync_weights(self, version: str) -> dict[str, float]:
         from agentrl.trainer.weights import nbytes, serving_dtype
@@ -106,10 +120,13 @@ class InProcessRuntime:
         size = self.cfg.cluster.update_weight_buffer_size
         num_bytes = 0
         dtype = serving_dtype(self.cfg.model.dtype, self.backend.device.type == "cuda")
-        for bucket in self.backend.export_weights(size, dtype=dtype):
-            num_bytes += sum(nbytes(t) for _, t in bucket)
-            await self.engine.update_weights(bucket, weight_version=version)
-        return {"weight_sync/bytes": float(num_bytes)}
+        t0 = time.perf_counter()
+        async with self.engine.paused():  # running turns end on the old weights first
+            t1 = time.perf_counter()
+            for bucket in self.backend.export_weights(size, dtype=dtype):
+                num_bytes += sum(nbytes(t) for _, t in bucket)
+                await self.engine.update_weights(bucket, weight_version=version)
+        return {"weight_sync/bytes": float(num_bytes), "time/weight_sync_drain_s": t1 - t0}
 
     async def save(self, directory: Path) -> None:
         self.backend.save(directory)

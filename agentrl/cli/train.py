@@ -38,6 +38,9 @@ SLIME_FLAGS: dict[str, str] = {
     "update_weight_buffer_size": "cluster.update_weight_buffer_size",
     "async_": "train.use_async",
     "update_weights_interval": "train.update_weights_interval",
+    "async_mode": "train.async_mode",
+    "max_staleness": "train.max_staleness",
+    "num_episodes_in_flight": "train.num_episodes_in_flight",
 }
 PLACEMENT = "Placement (Ray; any of these runs trainer and engines as Ray actors)"
 
@@ -50,6 +53,8 @@ def build_config(env: str, flags: dict[str, object], overrides: list[str], resum
     for name, value in flags.items():
         if value is not None:
             set_field(cfg, SLIME_FLAGS[name], value)
+    if flags.get("async_mode") is not None and flags.get("async_") is None:
+        cfg.train.use_async = True  # --async-mode full says --async too
     apply_overrides(cfg, overrides)
     if resume:
         cfg.checkpoint.resume = resume
@@ -131,6 +136,23 @@ def train_command(
     ),
     update_weights_interval: int | None = typer.Option(
         None, help="With --async: push weights every N steps.", rich_help_panel=PLACEMENT
+    ),
+    async_mode: str | None = typer.Option(
+        None,
+        help="one_step (slime's train_async.py) | full (a rollout worker keeps episodes in "
+        "flight across steps; the trainer takes groups as they finish). Implies --async.",
+        rich_help_panel=PLACEMENT,
+    ),
+    max_staleness: str | None = typer.Option(
+        None,
+        help="Drop trajectories whose oldest turn is more than K policy versions behind the "
+        "trainer (default 2; none = no bound).",
+        rich_help_panel=PLACEMENT,
+    ),
+    num_episodes_in_flight: int | None = typer.Option(
+        None,
+        help="--async-mode full: episodes kept running (default: one rollout batch).",
+        rich_help_panel=PLACEMENT,
     ),
     resume: str | None = typer.Option(None, help="Continue the run saved in this directory."),
     set_: list[str] = typer.Option(

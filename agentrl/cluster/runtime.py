@@ -27,6 +27,7 @@ from agentrl.cluster.placement import (
 from agentrl.cluster.trainer_group import RankSpec, TrainerRank
 from agentrl.config import ConfigError, RunConfig
 from agentrl.engine.base import SamplingParams
+from agentrl.rollout.gate import GatedEngine
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ class RayRuntime:
     ) -> None:
         self.cfg, self.placement, self.pg, self.ranks = cfg, placement, pg, ranks
         self.engines, self.owns_ray = engines, owns_ray
-        self.engine = engines.engine
+        self.engine: Any = GatedEngine(engines.engine)  # a weight update drains turns, never aborts
         self.dp_size = len(ranks)
         self.pad_id = 0
         self.num_engine_restarts = 0
@@ -220,13 +221,21 @@ class RayRuntime:
     async def _sync(self, version: str) -> dict[str, float]:
         """Rank 0's bytes and its export/send split (every rank exports; rank 0 sends most)."""
         is_paused = not self.placement.is_colocated
-        if is_paused:  # nothing new starts while the weights change under it
-            await asyncio.gather(*(c.pause_generation() for c in self.engine.clients))
-        try:
-            results = await asyncio.gather(*(r.sync_weights.remote(version) for r in self.ranks))
-        finally:
+        # Episodes' turns being generated finish on the old weights and their next turns wait
+        # (the gate); the servers' own pause holds requests from anyone else (retract: kept, not
+        # aborted, and continued on the new weights).
+        async with self.engine.paused():
             if is_paused:
-                await asyncio.gather(*(c.continue_generation() for c in self.engine.clients))
+                await asyncio.gather(
+                    *(c.pause_generation(mode="retract") for c in self.engine.clients)
+                )
+            try:
+                results = await asyncio.gather(
+                    *(r.sync_weights.remote(version) for r in self.ranks)
+                )
+            finally:
+                if is_paused:
+                    await asyncio.gather(*(c.continue_generation() for c in self.engine.clients))
         self.engine.set_weight_version(version)
         return results[0]
 

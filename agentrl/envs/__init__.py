@@ -20,6 +20,12 @@ register(
     "agentrl.envs.calculator:CalculatorEnv",
     description="Arithmetic word problems with a `calculate` tool; reward 1 for the exact answer.",
 )
+register(
+    "slow_tools",
+    "agentrl.envs.slow_tools:SlowToolsEnv",
+    description="Simulated key lookup whose tool latency is lognormal (p99 >= 10x median), "
+    "for async training tests and benchmarks.",
+)
 
 __all__ = [
     "AgentEnv",

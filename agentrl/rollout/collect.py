@@ -41,6 +41,7 @@ class Collected:
     num_zero_variance_dropped: int = 0
     num_engine_reruns: int = 0  # groups run again because an engine died under them
     num_engine_restarts: int = 0
+    num_stale_dropped: int = 0  # trajectories past the staleness bound, never trained on
 
 
 class TaskSupply(Protocol):

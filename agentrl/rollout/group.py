@@ -57,6 +57,7 @@ class RolloutRunner:
         self._semaphores: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
         self._is_checked = False
         self._num_groups = 0
+        self.num_episodes_in_flight = 0
 
     async def run_group(
         self,
@@ -155,12 +156,15 @@ class RolloutRunner:
         episode_id = f"{group_id}/{index}"
         sampling = self.sampling(temperature=temperature, seed=episode_seed(seed, task.id, index))
         async with self._limit():
+            self.num_episodes_in_flight += 1
             try:
                 env = self.env_factory()
             except Exception:
                 traj = _error_trajectory(task, group_id, episode_id, "env_factory")
             else:
                 traj = await self._episode(env, task, sampling, group_id, episode_id)
+            finally:
+                self.num_episodes_in_flight -= 1
         _notify(on_episode, traj)
         return traj
 

@@ -1,0 +1,139 @@
+"""`RolloutWorker`: fully asynchronous rollout. Groups keep running across train steps (and
+across weight updates); the trainer takes finished groups as they come, oldest first, and
+drops trajectories past the staleness bound when it takes them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from agentrl.rollout.collect import (
+    Collected,
+    Group,
+    TaskSupply,
+    filter_zero_variance_groups,
+    is_engine_aborted,
+)
+from agentrl.rollout.group import RolloutRunner
+from agentrl.rollout.staleness import drop_stale
+from agentrl.types import Task
+
+log = logging.getLogger(__name__)
+
+
+class RolloutWorker:
+    """Keeps `num_groups_in_flight` groups of `n` episodes running. Backpressure: no new group
+    starts while `max_queued` finished groups wait for the trainer, which bounds how far ahead
+    (so how stale) the rollout runs. Groups a dead engine cut are run again after `heal()`."""
+
+    def __init__(
+        self,
+        runner: RolloutRunner,
+        source: TaskSupply,
+        *,
+        n: int,
+        num_groups_in_flight: int,
+        max_queued: int,
+        seed_for_group: Callable[[int], int],
+        heal: Callable[[], Awaitable[int]] | None = None,
+    ) -> None:
+        if num_groups_in_flight < 1 or max_queued < 1:
+            raise ValueError(
+                f"RolloutWorker: num_groups_in_flight={num_groups_in_flight} and "
+                f"max_queued={max_queued} must both be >= 1"
+            )
+        self.runner, self.source, self.n = runner, source, n
+        self.num_groups_in_flight, self.max_queued = num_groups_in_flight, max_queued
+        self.seed_for_group, self.heal = seed_for_group, heal
+        self.done: asyncio.Queue[Group] = asyncio.Queue()
+        self.running: set[asyncio.Task[None]] = set()
+        self.num_groups_started = 0
+        self.num_engine_reruns = 0
+        self.num_engine_restarts = 0
+        self._retry: list[Task] = []
+        self._changed = asyncio.Event()
+        self._main: asyncio.Task[None] | None = None
+
+    @property
+    def queue_depth(self) -> int:
+        """Finished groups waiting for the trainer."""
+        return self.done.qsize()
+
+    def start(self) -> None:
+        self._main = asyncio.ensure_future(self._fill())
+
+    async def _fill(self) -> None:
+        while True:
+            while len(self.running) < self.num_groups_in_flight and (
+                self.done.qsize() < self.max_queued
+            ):
+                self._start_group()
+            self._changed.clear()
+            await self._changed.wait()
+
+    def _start_group(self) -> None:
+        task = self._retry.pop(0) if self._retry else self.source.next_batch(1)[0]
+        seed = self.seed_for_group(self.num_groups_started)
+        self.num_groups_started += 1
+        job = asyncio.ensure_future(self._run(task, seed))
+        self.running.add(job)
+        job.add_done_callback(self._finished)
+
+    async def _run(self, task: Task, seed: int) -> None:
+        group = await self.runner.run_group(task, self.n, seed=seed)
+        if is_engine_aborted(group):  # infrastructure, not the policy: heal and play it again
+            self.num_engine_reruns += 1
+            if self.heal is not None:
+                self.num_engine_restarts += await self.heal()
+            self._retry.append(task)
+            return
+        self.done.put_nowait(group)
+
+    def _finished(self, job: asyncio.Task[None]) -> None:
+        self.running.discard(job)
+        if not job.cancelled() and job.exception() is not None:
+            log.error("a rollout group failed: %r", job.exception())
+        self._changed.set()
+
+    async def take(self) -> Group:
+        """The oldest finished group (waits for one); frees a queue slot for a new group."""
+        if self._main is not None and self._main.done():
+            self._main.result()  # the worker died: raise its error here
+        group = await self.done.get()
+        self._changed.set()
+        return group
+
+    async def stop(self) -> None:
+        """Cancel the worker and every group in flight (their episodes end ABORTED)."""
+        jobs = [j for j in (self._main, *self.running) if j is not None]
+        for job in jobs:
+            job.cancel()
+        for job in jobs:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await job
+
+
+async def take_groups(
+    worker: RolloutWorker,
+    want: int,
+    *,
+    trainer_version: int,
+    max_staleness: int | None,
+    dynamic_sampling: bool,
+) -> Collected:
+    """`want` groups for the train step at `trainer_version`, taken as they finish. Trajectories
+    past the staleness bound are dropped and counted; with dynamic sampling so are
+    zero-variance groups. Either way the step waits for more groups until it has `want`."""
+    out = Collected(groups=[])
+    while len(out.groups) < want:
+        fresh, num_stale = drop_stale([await worker.take()], trainer_version, max_staleness)
+        out.num_stale_dropped += num_stale
+        if dynamic_sampling:
+            fresh, num_flat = filter_zero_variance_groups(fresh)
+            out.num_zero_variance_dropped += num_flat
+        out.groups.extend(fresh)
+    out.num_engine_reruns, worker.num_engine_reruns = worker.num_engine_reruns, 0
+    out.num_engine_restarts, worker.num_engine_restarts = worker.num_engine_restarts, 0
+    return out

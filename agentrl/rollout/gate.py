@@ -1,0 +1,90 @@
+"""`GatedEngine`: the engine as episodes see it, with a gate a weight update closes. Closing it
+lets the turns being generated finish on the weights that started them and holds the next turns
+until the update is done, so no episode is aborted and every turn has one policy version. It
+also keeps the time the engine had work (for the idle fraction)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from agentrl.engine.base import Completion, Engine, SamplingParams
+
+
+class GatedEngine:
+    """Delegates everything to `engine`; `generate` waits while a weight update holds the gate."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.inner = engine
+        self._is_open: asyncio.Event | None = None
+        self._idle: asyncio.Event | None = None
+        self.num_running = 0  # generate calls inside the engine now
+        self.num_waiting = 0  # generate calls held at the closed gate
+        self.num_turns_held = 0  # over the run: turns that waited for a weight update
+        self._busy_s = 0.0
+        self._busy_since: float | None = None
+        self._num_pauses = 0  # nested pauses: the gate opens when the last one ends
+
+    def __getattr__(self, name: str) -> Any:  # tokenizer, weight_version, clients, ...
+        return getattr(self.inner, name)
+
+    def _events(self) -> tuple[asyncio.Event, asyncio.Event]:
+        if self._is_open is None or self._idle is None:  # made on the loop that uses them
+            self._is_open, self._idle = asyncio.Event(), asyncio.Event()
+            self._is_open.set()
+            self._idle.set()
+        return self._is_open, self._idle
+
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams, *, routing_key: str | None = None
+    ) -> Completion:
+        is_open, idle = self._events()
+        if not is_open.is_set():
+            self.num_waiting += 1
+            self.num_turns_held += 1
+            try:
+                await is_open.wait()
+            finally:
+                self.num_waiting -= 1
+        self._enter(idle)
+        try:
+            return await self.inner.generate(input_ids, sampling, routing_key=routing_key)
+        finally:
+            self._leave(idle)
+
+    def _enter(self, idle: asyncio.Event) -> None:
+        if self.num_running == 0:
+            self._busy_since = time.perf_counter()
+        self.num_running += 1
+        idle.clear()
+
+    def _leave(self, idle: asyncio.Event) -> None:
+        self.num_running -= 1
+        if self.num_running == 0:
+            if self._busy_since is not None:
+                self._busy_s += time.perf_counter() - self._busy_since
+            self._busy_since = None
+            idle.set()
+
+    @contextlib.asynccontextmanager
+    async def paused(self) -> AsyncIterator[None]:
+        """Close the gate, wait for the running turns to finish, run the body (the weight
+        update), open the gate: held turns then generate on the new weights."""
+        is_open, idle = self._events()
+        self._num_pauses += 1
+        is_open.clear()
+        try:
+            await idle.wait()
+            yield
+        finally:
+            self._num_pauses -= 1
+            if self._num_pauses == 0:
+                is_open.set()
+
+    def busy_seconds(self) -> float:
+        """Total time with at least one generation running, up to now."""
+        running = time.perf_counter() - self._busy_since if self._busy_since is not None else 0.0
+        return self._busy_s + running
