@@ -21,6 +21,11 @@ def test_dropped_weights_come_back_once_every_tensor_is_sent_again(tiny_model_pa
     assert all(p.numel() == 0 for p in model.parameters())
     reallocate_parameters(dropped, "cpu")
     assert len(dropped.unsent) == len(list(model.parameters()))  # tied head counted once
+    params = list(model.parameters())
+    blocks = {p.untyped_storage().data_ptr() for p in params}
+    assert len(blocks) == 1  # one allocation for the whole (fp32) model
+    base = blocks.pop()
+    assert all((p.data_ptr() - base) % 256 == 0 and p.is_contiguous() for p in params)
     state = model.state_dict()
     held_out = "model.norm.weight"
     with torch.no_grad():

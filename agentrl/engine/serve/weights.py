@@ -93,7 +93,7 @@ def add_weight_routes(app: FastAPI, state: Any) -> None:
         pg = state().groups.pop(obj.group_name, None)
         if pg is None:
             return _weight_result(False, f"no weight update group named {obj.group_name!r}")
-        destroy_process_group(pg)
+        await asyncio.to_thread(destroy_process_group, pg)  # waits for the peers' side of it
         return _weight_result(True, "Succeeded to destroy custom process group.")
 
     @app.post("/update_weights_from_distributed")

@@ -144,9 +144,11 @@ class DistributedWeightSender:
     async def close(self) -> None:
         if self._pg is None:
             return
+        # Both sides at once: tearing down an NCCL communicator waits for its peers, so destroying
+        # the engines' side before ours (or ours before theirs) would hang.
+        pg, self._pg = self._pg, None
         with contextlib.suppress(EngineError):
             await asyncio.gather(
-                *(e.destroy_weights_update_group(self.group_name, url=u) for e, u in self._targets)
+                asyncio.to_thread(destroy_process_group, pg),
+                *(e.destroy_weights_update_group(self.group_name, url=u) for e, u in self._targets),
             )
-        destroy_process_group(self._pg)
-        self._pg = None
