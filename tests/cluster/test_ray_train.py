@@ -256,7 +256,8 @@ def test_async_is_refused_when_colocated_or_in_one_process(tiny_model_path, tmp_
     cfg.train.use_async = True
     with pytest.raises(ConfigError, match="--async .* without --colocate"):
         train(cfg)
-    cfg.cluster = type(cfg.cluster)()  # no placement flags: one process
+    cfg.cluster = type(cfg.cluster)()  # no placement flags: one process, on CUDA (colocated)
+    cfg.model.device = "cuda"
     with pytest.raises(ConfigError, match="disaggregated"):
         train(cfg)
     assert not (tmp_path / "run" / "rollouts").exists()  # refused before anything was written
@@ -280,3 +281,18 @@ def test_disk_transport_loads_a_full_model_dir_on_every_engine(tiny_model_path, 
             await runtime.close()
 
     asyncio.run(scenario())
+
+
+def test_full_async_on_ray_keeps_episodes_running_across_syncs(tiny_model_path, tmp_path):
+    """--async-mode full, disaggregated: the rollout worker runs through the syncs (the engine
+    gate drains turns, the servers pause with retract), nothing trained is past the bound."""
+    from agentrl.loop import train
+
+    cfg = _config(tiny_model_path, tmp_path / "run", "disaggregated")
+    cfg.train.num_rollout, cfg.train.max_staleness = 3, 2
+    cfg.train.use_async, cfg.train.async_mode = True, "full"
+    assert train(cfg).num_steps == 3
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "train/loss" in r]
+    assert len(steps) == 3 and all(r["rollout/staleness_max"] <= 2 for r in steps)
+    assert all(r["weight_sync/max_logprob_abs_diff"] < 1e-4 for r in steps)
