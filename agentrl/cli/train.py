@@ -41,8 +41,16 @@ SLIME_FLAGS: dict[str, str] = {
     "async_mode": "train.async_mode",
     "max_staleness": "train.max_staleness",
     "num_episodes_in_flight": "train.num_episodes_in_flight",
+    "train_backend": "train.backend",
+    "tensor_model_parallel_size": "train.tensor_model_parallel_size",
+    "pipeline_model_parallel_size": "train.pipeline_model_parallel_size",
+    "sequence_parallel": "train.sequence_parallel",
+    "recompute_granularity": "train.recompute_granularity",
+    "max_tokens_per_gpu": "train.max_tokens_per_micro_batch",
+    "use_distributed_optimizer": "train.use_distributed_optimizer",
 }
 PLACEMENT = "Placement (Ray; any of these runs trainer and engines as Ray actors)"
+TRAINER = "Trainer backend (Megatron flags need --train-backend megatron)"
 
 
 def build_config(env: str, flags: dict[str, object], overrides: list[str], resume: str | None):
@@ -153,6 +161,23 @@ def train_command(
         None,
         help="--async-mode full: episodes kept running (default: one rollout batch).",
         rich_help_panel=PLACEMENT,
+    ),
+    train_backend: str | None = typer.Option(
+        None, help="torch (FSDP2) | megatron (the megatron extra, CUDA).", rich_help_panel=TRAINER
+    ),
+    tensor_model_parallel_size: int | None = typer.Option(None, rich_help_panel=TRAINER),
+    pipeline_model_parallel_size: int | None = typer.Option(None, rich_help_panel=TRAINER),
+    sequence_parallel: bool | None = typer.Option(
+        None, "--sequence-parallel/--no-sequence-parallel", rich_help_panel=TRAINER
+    ),
+    recompute_granularity: str | None = typer.Option(
+        None, help="full | selective activation recompute.", rich_help_panel=TRAINER
+    ),
+    max_tokens_per_gpu: int | None = typer.Option(
+        None, help="Token budget of one packed micro-batch per GPU.", rich_help_panel=TRAINER
+    ),
+    use_distributed_optimizer: bool | None = typer.Option(
+        None, "--use-distributed-optimizer/--no-use-distributed-optimizer", rich_help_panel=TRAINER
     ),
     resume: str | None = typer.Option(None, help="Continue the run saved in this directory."),
     set_: list[str] = typer.Option(

@@ -50,9 +50,23 @@ def test_slime_flags_map_to_config():
 
 
 def test_unsupported_slime_flag_is_named():
-    result = runner.invoke(app, ["train", "--tensor-model-parallel-size", "2"])
+    result = runner.invoke(app, ["train", "--context-parallel-size", "2"])
     assert result.exit_code != 0
-    assert "--tensor-model-parallel-size" in result.output
+    assert "--context-parallel-size" in result.output
+
+
+def test_megatron_flags_map_to_the_train_section():
+    flags = ["--train-backend", "megatron", "--tensor-model-parallel-size", "2",
+             "--pipeline-model-parallel-size", "2", "--sequence-parallel",
+             "--recompute-granularity", "full", "--max-tokens-per-gpu", "8192",
+             "--use-distributed-optimizer"]  # fmt: skip
+    result = runner.invoke(app, ["train", *flags, "--show-config"])
+    assert result.exit_code == 0, result.output
+    train = json.loads(result.output)["train"]
+    assert train["backend"] == "megatron" and train["tensor_model_parallel_size"] == 2
+    assert train["pipeline_model_parallel_size"] == 2 and train["sequence_parallel"] is True
+    assert train["recompute_granularity"] == "full" and train["max_tokens_per_micro_batch"] == 8192
+    assert train["use_distributed_optimizer"] is True
 
 
 def test_placement_flags_map_to_the_cluster_section():
