@@ -20,6 +20,7 @@ def packed_causal_attention(
     rows cu_seqlens[i]:cu_seqlens[i+1]) -> [T, H, D]; no token sees another sequence."""
     if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16):
         cu = cu_seqlens.to(device=query.device, dtype=torch.int32)
+        query, key, value = (t.contiguous() for t in (query, key, value))
         return torch.ops.aten._flash_attention_forward(
             query, key, value, cu, cu, max_seqlen, max_seqlen, 0.0, True, False, scale=scale
         )[0]  # fmt: skip
@@ -61,6 +62,7 @@ class PackedCoreAttention(torch.nn.Module):
         attn_mask_type: Any = None,
         attention_bias: Tensor | None = None,
         packed_seq_params: Any = None,
+        **_: Any,
     ) -> Tensor:
         if attention_bias is not None:
             raise ValueError("PackedCoreAttention takes no attention_bias")
