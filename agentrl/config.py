@@ -224,8 +224,10 @@ class ClusterConfig:
     update_weight_transport: Literal["auto", "tensor", "distributed", "disk"] = "auto"
     """auto = tensor (CUDA IPC / shared memory) when colocated, distributed (NCCL / gloo broadcast)
     when disaggregated; disk = `update_weights_from_disk` through a checkpoint directory."""
-    update_weight_buffer_size: int = 512 * 2**20
-    """Bytes per weight bucket sent to the engines (slime: --update-weight-buffer-size)."""
+    update_weight_buffer_size: int = 2 * 2**30
+    """Bytes per weight bucket sent to the engines (slime: --update-weight-buffer-size, default
+    512 MiB there). Each bucket costs an HTTP round trip and one transient flat buffer on each
+    side; 2 GiB synced a 1.7B model at 0.0065 s/GB against 0.0111 with 512 MiB (2x H200)."""
     engine_server: Literal["auto", "sglang", "agentrl"] = "auto"
     """Engine servers: auto = SGLang when installed and CUDA is present, else `agentrl serve`."""
     use_sglang_router: bool = False

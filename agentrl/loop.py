@@ -54,12 +54,25 @@ def train(cfg: RunConfig) -> TrainResult:
         raise KeyboardInterrupt from None
 
 
+def _check_megatron(cfg: RunConfig) -> None:
+    """What the machine lacks first (the extra, CUDA, a TP x PP that divides the GPUs); then the
+    honest state: the backend exists (`agentrl.trainer.megatron`) but no runtime builds it yet."""
+    from agentrl.trainer.megatron import MegatronUnavailable, check_megatron_usable
+
+    gpus = cfg.cluster.actor_num_nodes * cfg.cluster.actor_num_gpus_per_node
+    try:
+        check_megatron_usable(cfg.train, gpus)
+    except MegatronUnavailable as e:
+        raise ConfigError(str(e)) from None
+    raise ConfigError(
+        "train.backend='megatron' (--train-backend megatron): the Megatron backend is not yet "
+        "wired into the trainer group (its GPU checks are pending, issue 11); use --train-backend torch"
+    )
+
+
 async def _train(cfg: RunConfig) -> TrainResult:
-    if cfg.train.backend != "torch":
-        raise ConfigError(
-            f"train.backend={cfg.train.backend!r}: only the torch backend exists so far; "
-            "use --set train.backend=torch"
-        )
+    if cfg.train.backend == "megatron":
+        _check_megatron(cfg)
     # Everything a user can get wrong fails first, in a second, before anything is written:
     # flags, the env id and its data rows, the model path.
     _check_async(cfg)

@@ -186,7 +186,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
         "--bucket-mib",
-        default="512",
+        default="512,2048",
         help="comma list of update_weight_buffer_size values in MiB (slime's default: 512)",
     )
     parser.add_argument("--out", default="benchmarks/weight_sync.json")

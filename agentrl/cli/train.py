@@ -133,7 +133,9 @@ def train_command(
         rich_help_panel=PLACEMENT,
     ),
     update_weight_buffer_size: int | None = typer.Option(
-        None, help="Bytes per weight bucket sent to the engines.", rich_help_panel=PLACEMENT
+        None,
+        help="Bytes per weight bucket sent to the engines (default 2 GiB; slime's 512 MiB).",
+        rich_help_panel=PLACEMENT,
     ),
     async_: bool | None = typer.Option(
         None,

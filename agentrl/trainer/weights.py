@@ -14,7 +14,7 @@ except ImportError:  # torch built without distributed
     DTensor = ()  # type: ignore[assignment,misc]
 
 NamedTensors = list[tuple[str, Tensor]]
-DEFAULT_BUCKET_SIZE_BYTES = 512 * 2**20  # slime's --update-weight-buffer-size
+DEFAULT_BUCKET_SIZE_BYTES = 2 * 2**30  # cluster.update_weight_buffer_size (slime: 512 MiB)
 
 
 def nbytes(tensor: Tensor) -> int:
@@ -53,7 +53,7 @@ def bucket_by_dtype(
     if bucket_size_bytes < 1:
         raise ValueError(
             f"bucket_size_bytes={bucket_size_bytes} must be >= 1 "
-            "(cluster.update_weight_buffer_size; slime's default is 512 MiB)"
+            "(cluster.update_weight_buffer_size; the default is 2 GiB, slime's 512 MiB)"
         )
     open_buckets: dict[torch.dtype, tuple[NamedTensors, int]] = {}
     for name, tensor in named_tensors:

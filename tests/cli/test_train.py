@@ -112,6 +112,8 @@ def test_bad_prompt_data_row_is_named_before_any_model_loads(tmp_path):
     [
         (["--env", "nope"], "unknown env id 'nope'"),
         (["--model", "/does/not/exist"], "model path '/does/not/exist'"),
+        # without megatron-core (CI) or CUDA (here) the error says which and names the fix
+        (["--train-backend", "megatron"], "use --train-backend torch"),
     ],
 )
 def test_a_user_error_is_one_line_and_writes_nothing(tmp_path, flags, named):
