@@ -32,8 +32,11 @@ class EnvCheckError(Exception):
         super().__init__(f"env {env_name} failed {len(problems)} check(s):\n{lines}")
 
 
-def check_env(env_or_id: AgentEnv | str, *, seed: int = 0, task: Task | None = None) -> None:
-    """Raise EnvCheckError listing every problem found; return None when the env passes.
+def check_env(
+    env_or_id: AgentEnv | str, *, seed: int = 0, task: Task | None = None, verbose: bool = True
+) -> list[str]:
+    """Raise EnvCheckError listing every problem found; when the env passes, print (unless
+    `verbose=False`) and return what was checked, one line per check.
 
     Checks the types returned by reset/step, seeding (same seed -> same first messages),
     reward within `reward_range`, truncation through MaxTurns, valid tool schemas and,
@@ -44,11 +47,15 @@ def check_env(env_or_id: AgentEnv | str, *, seed: int = 0, task: Task | None = N
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        problems, name = asyncio.run(coro)
+        problems, name, checked = asyncio.run(coro)
     else:  # called from async code: run the check on a private loop in a thread
-        problems, name = _run_in_thread(coro)
+        problems, name, checked = _run_in_thread(coro)
     if problems:
         raise EnvCheckError(name, problems)
+    if verbose:
+        lines = "".join(f"\n  ok  {line}" for line in checked)
+        print(f"check_env({name}): passed {len(checked)} checks{lines}")
+    return checked
 
 
 def _run_in_thread(coro: Awaitable[Any]) -> Any:
@@ -72,6 +79,10 @@ class _Checker:
     def __init__(self, name: str) -> None:
         self.name = name
         self.problems: list[str] = []
+        self.checked: list[str] = []
+
+    def ran(self, what: str) -> None:
+        self.checked.append(what)
 
     def fail(self, text: str) -> None:
         self.problems.append(text)
@@ -104,14 +115,14 @@ def _is_own(filename: str) -> bool:
 
 async def _check(
     env_or_id: AgentEnv | str, *, seed: int, task: Task | None
-) -> tuple[list[str], str]:
+) -> tuple[list[str], str, list[str]]:
     name = repr(env_or_id) if isinstance(env_or_id, str) else type(env_or_id).__name__
     c = _Checker(name)
     try:
         await _run_checks(c, env_or_id, seed=seed, task=task)
     except Exception as e:  # an env odd enough to trip the checker itself is still a finding
         c.fail(f"check_env stopped early: {type(e).__name__}: {e}")
-    return c.problems, name
+    return c.problems, name, c.checked
 
 
 async def _run_checks(
@@ -148,6 +159,7 @@ def _check_attributes(c: _Checker, env: AgentEnv) -> None:
         c.fail(f"tool_call_format must be 'hermes' or 'tags', got {env.tool_call_format!r}")
     if not isinstance(env.stop, tuple) or not all(isinstance(s, str) for s in env.stop):
         c.fail(f"stop must be a tuple of strings, got {env.stop!r}")
+    c.ran("reward_range, tool_call_format and stop are well formed")
     tools = getattr(env, "tools", None)
     if not isinstance(tools, ToolRegistry):
         c.fail(
@@ -184,6 +196,7 @@ def _check_schemas(c: _Checker, tools: ToolRegistry) -> None:
             jsonschema.Draft202012Validator.check_schema(params)
         except jsonschema.SchemaError as e:
             c.fail(f"tool {name!r}: parameters are not a valid JSON schema: {e.message}")
+    c.ran(f"{len(tools.schemas())} tool schema(s) are valid JSON schemas")
 
 
 async def _check_tasks(c: _Checker, env: AgentEnv) -> list[Task]:
@@ -207,6 +220,7 @@ async def _check_tasks(c: _Checker, env: AgentEnv) -> list[Task]:
             c.fail(
                 f"load_tasks({split!r}) returned duplicate task ids (ids key data cursors and eval resumption)"
             )
+        c.ran(f"load_tasks({split!r}) gives {len(tasks)} tasks with unique ids")
         found = found or tasks
     return found
 
@@ -222,7 +236,9 @@ async def _check_episode(
         c.fail(
             f"reset(seed={seed}) twice gave different first messages: seeding is not deterministic"
         )
-    await _checked_step(c, env, PLAIN_ACTION, "step(plain assistant message)")
+    c.ran(f"reset(seed={seed}) returns (list[Message], dict), the same twice")
+    if await _checked_step(c, env, PLAIN_ACTION, "step(plain assistant message)") is not None:
+        c.ran("step(plain assistant message) returns a StepResult with reward in reward_range")
     if _tool_names(env) and await _checked_reset(c, env, seed, options) is not None:
         await _check_bad_tool_call(c, env)
 
@@ -242,6 +258,7 @@ async def _check_bad_tool_call(c: _Checker, env: AgentEnv) -> None:
             )
     if isinstance(result.info.get("num_tool_errors"), int) and result.info["num_tool_errors"] < 1:
         c.fail("step(malformed tool call) reported num_tool_errors=0")
+    c.ran("step(malformed tool call) answers with an observation and counts the error")
 
 
 async def _checked_reset(
@@ -329,6 +346,7 @@ async def _check_max_turns(
         c.fail(
             "MaxTurns(env, 1): the first step neither terminated nor truncated with reason 'max_turns'"
         )
+    c.ran("MaxTurns(env, 1) ends the episode after one turn")
 
 
 def _tool_names(env: AgentEnv) -> list[str]:

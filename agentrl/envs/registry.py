@@ -1,10 +1,13 @@
-"""Env ids: `register`, `make`, `spec`, `list_envs`, with lazy `"module:Class"` entry points
-and discovery of installed packages through the `agentrl.envs` entry-point group."""
+"""Env ids: `register`, `make`, `spec`, `list_envs`, with lazy `"module:Class"` entry points,
+discovery of installed packages through the `agentrl.envs` entry-point group, and ids that are
+themselves a `"module:Class"` path importable from the working directory."""
 
 from __future__ import annotations
 
 import difflib
 import importlib
+import os
+import sys
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -133,6 +136,8 @@ def spec(env_id: str) -> EnvSpec:
     found = _specs.get(env_id)
     if found is not None:
         return found
+    if env_id not in _pending and ":" in env_id:
+        return register(_spec_from_path(env_id))
     if env_id not in _pending:
         raise UnknownEnvError(_unknown_message(env_id))
     resolved = _resolve_entry_point(env_id, _pending[env_id])
@@ -158,6 +163,20 @@ def _resolve_entry_point(env_id: str, value: str) -> EnvSpec:
             "make the entry-point name and EnvSpec.id equal"
         )
     return resolved
+
+
+def _spec_from_path(env_id: str) -> EnvSpec:
+    """`"my_env:CapitalsEnv"` names its class: a module in the working directory trains without
+    packaging (`agentrl train --env my_env:CapitalsEnv`)."""
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:  # a console script's sys.path lacks the cwd that `python -m` would give it
+        sys.path.insert(0, cwd)
+    try:
+        return _resolve_entry_point(env_id, env_id)
+    finally:
+        if added:
+            sys.path.remove(cwd)
 
 
 def make(env_id: str, **kwargs: Any) -> AgentEnv:
