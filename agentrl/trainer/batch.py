@@ -6,6 +6,7 @@ Trajectories are read by duck typing (`token_ids`, `loss_mask`, `logprobs`, `rew
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,6 +66,9 @@ class TrainBatch:
     steps: list[StepBatch]
     is_packed: bool
     metrics: dict[str, float] = field(default_factory=dict)
+    max_abs_advantage: float = math.inf
+    """Over every rank's sequences (so all ranks agree): 0 means no policy-gradient signal, as
+    when every group's rewards were equal. inf = unknown, treated as a signal."""
 
     def micro_batches(self) -> Iterator[MicroBatch]:
         for step in self.steps:
@@ -322,8 +326,14 @@ def build_train_batches(
         for i in range(0, len(samples), step_size)
     ]
     metrics = _batch_metrics(trajs, samples, steps, max_tokens_per_micro_batch, num_no_loss)
+    max_abs_advantage = max((abs(s.advantage) for s in samples), default=0.0)
     return [
-        TrainBatch(steps=[step[rank] for step in steps], is_packed=is_packed, metrics=metrics)
+        TrainBatch(
+            steps=[step[rank] for step in steps],
+            is_packed=is_packed,
+            metrics=metrics,
+            max_abs_advantage=max_abs_advantage,
+        )
         for rank in range(dp_size)
     ]
 

@@ -5,6 +5,7 @@ steps with global loss denominators, weight export, sharded save and load."""
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -289,9 +290,15 @@ class TorchBackend:
         Data parallel: every rank returns the same metrics. Loss terms, clip fractions, approx_kl,
         entropy, ratio_mean and TIS stats are each rank's share of a global mean, summed over
         ranks; ratio_max/min are max/min-reduced; grad_norm is the global norm. So they equal
-        the 1-rank values up to float summation order; none is a per-rank approximation."""
+        the 1-rank values up to float summation order; none is a per-rank approximation.
+
+        A batch that cannot move the weights (no trained sequence, or every advantage 0 with no KL
+        or entropy term) runs no forward, backward nor update: `skipped_no_signal` is 1 and the lr
+        schedule still advances one step per optimizer step of the batch."""
         self._check_packing(batch)
         model = self.model
+        if not self._has_signal(batch):
+            return self._skip(batch)
         mbs = list(batch.micro_batches())
         need_old = len(batch.steps) > 1 and any(mb.old_logprobs is None for mb in mbs)
         need_ref = self.ref_model is not None and any(mb.ref_logprobs is None for mb in mbs)
@@ -303,6 +310,30 @@ class TorchBackend:
         names = {k for m in per_step for k in m}
         metrics = {k: _mean([m[k] for m in per_step if k in m]) for k in sorted(names)}
         metrics.update({k.removeprefix("batch/"): v for k, v in batch.metrics.items()})
+        metrics["skipped_no_signal"] = 0.0
+        return metrics
+
+    def _has_signal(self, batch: TrainBatch) -> bool:
+        """Whether the batch gives a gradient: zero advantages zero the policy loss exactly, but
+        a KL or entropy term pulls on the weights whatever the advantages."""
+        if not any(step.micro_batches for step in batch.steps):
+            return False
+        is_advantage_free = self.objective.kl is not None or bool(self.objective.entropy_coef)
+        return is_advantage_free or batch.max_abs_advantage > 0
+
+    def _skip(self, batch: TrainBatch) -> dict[str, float]:
+        """No compute for a batch without signal. Adam's moments and weight decay stay put too:
+        an update from old momentum alone would not be learning from this batch."""
+        assert self.optimizer is not None and self.scheduler is not None
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        with warnings.catch_warnings():  # "lr_scheduler.step() before optimizer.step()": meant
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+            for _ in batch.steps:  # as skipped_nonfinite_grad steps do, keeping the lr horizon
+                self.scheduler.step()
+                self.optimizer_step += 1
+        self.num_train_steps += 1
+        metrics = {k.removeprefix("batch/"): v for k, v in batch.metrics.items()}
+        metrics.update(skipped_no_signal=1.0, lr=lr)
         return metrics
 
     def _optimizer_step(self, step: StepBatch) -> dict[str, float]:

@@ -45,3 +45,53 @@ def test_no_grad_path_and_bad_arguments():
     assert lp.shape == (13,) and not lp.requires_grad and bool((lp <= 0).all())
     with pytest.raises(ValueError, match="logprob_chunk_size=0"):
         chunked_logprobs(hidden, weight, targets, chunk_size=0)
+
+
+def test_chunks_keep_no_vocab_sized_tensor_for_backward():
+    gen = torch.Generator().manual_seed(1)
+    num_tokens, vocab, chunk_size = 64, 1000, 16
+    hidden = torch.randn(num_tokens, 8, generator=gen, requires_grad=True)
+    weight = torch.randn(vocab, 8, generator=gen, requires_grad=True)
+    targets = torch.randint(0, vocab, (num_tokens,), generator=gen)
+    saved: list[int] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        lp, ent = chunked_logprobs(hidden, weight, targets, chunk_size=chunk_size)
+    (lp.sum() + ent.sum()).backward()
+    # Without chunking log_softmax keeps [tokens, vocab]; here at most the weight itself stays.
+    assert saved and max(saved) <= weight.numel()
+    assert hidden.grad is not None and weight.grad is not None
+
+
+@pytest.mark.parametrize("chunk_size", [3, 1024])
+def test_causal_lm_logprobs_equal_the_models_own_logits_in_float32(tiny_llama_path, chunk_size):
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.trainer.logprobs import CausalLMLogprobs
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_path, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(2)
+    input_ids = torch.randint(3, 64, (2, 11), generator=gen)
+    positions = torch.arange(11).expand(2, 11)
+    target_ids = torch.randint(3, 64, (2, 11), generator=gen)
+    loss_mask = (torch.rand(2, 11, generator=gen) > 0.3).float()
+    weights = torch.randn(2, 11, generator=gen)
+
+    logits = model(input_ids=input_ids, position_ids=positions).logits.float() / 0.8
+    all_logprobs = torch.log_softmax(logits, -1)
+    want_lp = all_logprobs.gather(-1, target_ids[..., None]).squeeze(-1) * loss_mask
+    want_ent = -(all_logprobs.exp() * all_logprobs).sum(-1) * loss_mask
+    ((want_lp + 0.1 * want_ent) * weights).sum().backward()
+    want_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+
+    policy = CausalLMLogprobs(model, chunk_size=chunk_size, temperature=0.8, autocast_dtype=None)
+    lp, ent = policy(input_ids, positions, target_ids, loss_mask, True)
+    assert (lp - want_lp).abs().max() <= 1e-6 and (ent - want_ent).abs().max() <= 1e-5
+    ((lp + 0.1 * ent) * weights).sum().backward()
+    for name, p in model.named_parameters():  # fp32 summation order: ~1e-6 on entries ~0.1
+        assert torch.allclose(p.grad, want_grads[name], rtol=1e-5, atol=1e-6), name
