@@ -175,9 +175,15 @@ class CheckpointConfig:
     save: str = "runs/latest"
     """Run directory: checkpoints, metrics, eval reports."""
     save_interval: int = 10
+    """Save every N train steps."""
+    save_interval_minutes: float | None = None
+    """Also save when this many minutes of wall clock have passed since the last save
+    (a preemptible job loses at most that much); None = by step only."""
     keep_last: int = 2
     resume: str | None = None
     """A checkpoint or run directory to continue from."""
+    overwrite: bool = False
+    """Start over in a `save` directory that holds an earlier run (its files are removed)."""
 
 
 @dataclass

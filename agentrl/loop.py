@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from agentrl import run_dir as run_dir_guard
 from agentrl.config import ConfigError, RunConfig
 from agentrl.data import TaskSource, load_tasks
 from agentrl.eval import evaluate, plot_eval_history
@@ -80,6 +81,20 @@ async def _train(cfg: RunConfig) -> TrainResult:
     eval_tasks = load_tasks(cfg.env, "test")[: cfg.eval.num_eval_tasks]
     model_path = _model_path(cfg)
     run_dir = Path(cfg.checkpoint.save)
+    is_resume = bool(cfg.checkpoint.resume)
+    run_dir_guard.check_writable(
+        run_dir, is_resume=is_resume, is_overwrite=cfg.checkpoint.overwrite
+    )
+    with run_dir_guard.hold_lock(run_dir):
+        if cfg.checkpoint.overwrite and not is_resume:
+            run_dir_guard.clear(run_dir)
+        return await _train_in(cfg, run_dir, model_path, source, eval_tasks)
+
+
+async def _train_in(
+    cfg: RunConfig, run_dir: Path, model_path: str, source: TaskSource, eval_tasks: list[Any]
+) -> TrainResult:
+    """The run proper, in a validated run directory this process holds the lock of."""
     (run_dir / "rollouts").mkdir(parents=True, exist_ok=True)
     (run_dir / "run_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     runtime = await make_runtime(cfg, model_path, _num_optimizer_steps(cfg))
@@ -113,6 +128,7 @@ async def _run(state: _State, start_step: int) -> TrainResult:
         if start_step == 0 and cfg.eval.eval_at_start:
             await state.run_eval(step=0)
         schedule = make_schedule(state, start_step)
+        last_save_t = time.monotonic()
         pace = Pace(state.runtime.engine, state.runner)
         with _progress(cfg, start_step) as bar:
             for step in range(start_step, cfg.train.num_rollout):
@@ -131,8 +147,9 @@ async def _run(state: _State, start_step: int) -> TrainResult:
                 if done < cfg.train.num_rollout and _is_due(cfg.eval.eval_interval, done):
                     await state.run_eval(step=done)
                     pace.restart()  # evaluation is no train step's time
-                if done < cfg.train.num_rollout and _is_due(cfg.checkpoint.save_interval, done):
+                if done < cfg.train.num_rollout and _is_save_due(cfg, done, last_save_t):
                     await state.save(done)
+                    last_save_t = time.monotonic()
                     pace.restart()
         await schedule.stop()
         steps = max(cfg.train.num_rollout, start_step)
@@ -158,6 +175,14 @@ def _check_async(cfg: RunConfig) -> None:
 
 def _is_due(interval: int | None, done: int) -> bool:
     return bool(interval) and done % interval == 0
+
+
+def _is_save_due(cfg: RunConfig, done: int, last_save_t: float) -> bool:
+    """Every `save_interval` steps, or once `save_interval_minutes` of wall clock have passed
+    since the last save (what a preempted job would otherwise lose)."""
+    minutes = cfg.checkpoint.save_interval_minutes
+    is_overdue = minutes is not None and time.monotonic() - last_save_t >= minutes * 60
+    return _is_due(cfg.checkpoint.save_interval, done) or is_overdue
 
 
 @contextlib.contextmanager

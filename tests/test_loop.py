@@ -173,3 +173,33 @@ def test_unbuilt_megatron_backend_is_refused_by_name(tmp_path):
     cfg.train.backend = "megatron"
     with pytest.raises(ValueError, match="train.backend='megatron'"):
         train(cfg)
+
+
+@pytest.mark.slow
+def test_save_interval_minutes_saves_by_clock_and_resumes_exactly(tiny_model_path, tmp_path):
+    """save_interval never falls due; a 0-minute clock interval saves after every step, and the
+    step-1 checkpoint it wrote replays step 2 exactly."""
+    run_a = tmp_path / "a"
+    cfg_a = _config(tiny_model_path, run_a)
+    cfg_a.checkpoint.save_interval = 1000
+    cfg_a.checkpoint.save_interval_minutes = 0.0
+    train(cfg_a)
+    assert (run_a / "checkpoints" / "step_000001" / "loop_state.pt").exists()
+
+    run_b = tmp_path / "b"
+    (run_b / "checkpoints").mkdir(parents=True)
+    shutil.copytree(run_a / "checkpoints" / "step_000001", run_b / "checkpoints" / "step_000001")
+    cfg_b = _config(tiny_model_path, run_b)
+    cfg_b.checkpoint.resume = str(run_b)
+    train(cfg_b)
+    traj_a = read_jsonl(str(run_a / "rollouts" / "step_000002.jsonl"))
+    traj_b = read_jsonl(str(run_b / "rollouts" / "step_000002.jsonl"))
+    assert [t.task["id"] for t in traj_a] == [t.task["id"] for t in traj_b]
+    assert [t.token_ids for t in traj_a] == [t.token_ids for t in traj_b]
+    assert [t.logprobs for t in traj_a] == [t.logprobs for t in traj_b]  # the restored weights
+
+    # The finished run released its lock, and its directory is now refused as a fresh --save.
+    from agentrl.run_dir import RunDirError
+
+    with pytest.raises(RunDirError, match="--overwrite"):
+        train(_config(tiny_model_path, run_a))

@@ -23,6 +23,7 @@ SLIME_FLAGS: dict[str, str] = {
     "rollout_temperature": "rollout.rollout_temperature",
     "rollout_max_response_len": "rollout.rollout_max_response_len",
     "save_interval": "checkpoint.save_interval",
+    "save_interval_minutes": "checkpoint.save_interval_minutes",
     "eval_interval": "eval.eval_interval",
     "prompt_data": "env.prompt_data",
     "input_key": "env.input_key",
@@ -53,11 +54,27 @@ PLACEMENT = "Placement (Ray; any of these runs trainer and engines as Ray actors
 TRAINER = "Trainer backend (Megatron flags need --train-backend megatron)"
 
 
-def build_config(env: str, flags: dict[str, object], overrides: list[str], resume: str | None):
-    """Recipe for the env, then slime-named flags, then `--set` overrides (last wins)."""
-    from agentrl.config import apply_overrides, recipe_for_env, set_field
+def build_config(
+    env: str | None,
+    flags: dict[str, object],
+    overrides: list[str],
+    resume: str | None,
+    *,
+    is_override: bool = False,
+):
+    """Recipe for the env (or, with `--resume`, the run's saved config), then slime-named
+    flags, then `--set` overrides (last wins). On resume, a flag that changes the saved config
+    is refused unless `is_override` (`--override`)."""
+    from agentrl.config import RunConfig, apply_overrides, recipe_for_env, set_field
+    from agentrl.run_dir import RunDirError, config_diff, saved_config
 
-    cfg = recipe_for_env(env)
+    saved = saved_config(resume) if resume else None
+    if saved is not None:
+        cfg = RunConfig.from_dict(saved)
+        if env is not None:
+            cfg.env.id = env
+    else:
+        cfg = recipe_for_env(env or "calculator")
     for name, value in flags.items():
         if value is not None:
             set_field(cfg, SLIME_FLAGS[name], value)
@@ -66,13 +83,26 @@ def build_config(env: str, flags: dict[str, object], overrides: list[str], resum
     apply_overrides(cfg, overrides)
     if resume:
         cfg.checkpoint.resume = resume
-        if "save" not in {k for k, v in flags.items() if v is not None}:
-            cfg.checkpoint.save = resume
-    return cfg
+        if flags.get("save") is None:
+            cfg.checkpoint.save = saved["checkpoint"]["save"] if saved else resume
+            if not Path(cfg.checkpoint.save).is_dir():  # the run dir was moved: resume in place
+                cfg.checkpoint.save = resume
+    changed = config_diff(saved, cfg.to_dict()) if saved is not None else []
+    if changed and not is_override:
+        raise RunDirError(
+            f"--resume {resume}: these flags change the saved run config: {'; '.join(changed)}; "
+            "add --override to apply them, or drop them to continue as saved"
+        )
+    return cfg, changed
 
 
 def train_command(
-    env: str = typer.Option("calculator", "--env", help="Registered env id (agentrl env list)."),
+    env: str | None = typer.Option(
+        None,
+        "--env",
+        help="Registered env id (agentrl env list), or module:Class importable from the working "
+        "directory (default: calculator; with --resume, the run's own).",
+    ),
     model: str | None = typer.Option(
         None, help="Transformers checkpoint dir (default: bundled SmolLM2-135M)."
     ),
@@ -92,7 +122,10 @@ def train_command(
     eps_clip_high: float | None = typer.Option(None),
     rollout_temperature: float | None = typer.Option(None),
     rollout_max_response_len: int | None = typer.Option(None, help="Most new tokens per turn."),
-    save_interval: int | None = typer.Option(None),
+    save_interval: int | None = typer.Option(None, help="Save a checkpoint every N steps."),
+    save_interval_minutes: float | None = typer.Option(
+        None, help="Also save when N minutes have passed since the last save (preemptible jobs)."
+    ),
     eval_interval: int | None = typer.Option(None),
     prompt_data: str | None = typer.Option(
         None, help="JSONL/parquet training tasks (default: the env's train split)."
@@ -181,7 +214,15 @@ def train_command(
     use_distributed_optimizer: bool | None = typer.Option(
         None, "--use-distributed-optimizer/--no-use-distributed-optimizer", rich_help_panel=TRAINER
     ),
-    resume: str | None = typer.Option(None, help="Continue the run saved in this directory."),
+    resume: str | None = typer.Option(
+        None, help="Continue the run saved in this directory, with its saved config."
+    ),
+    override: bool = typer.Option(
+        False, help="With --resume: apply flags that change the saved config (shown as a diff)."
+    ),
+    overwrite: bool = typer.Option(
+        False, help="Start over in a --save directory that holds an earlier run (deletes it)."
+    ),
     set_: list[str] = typer.Option(
         [], "--set", help="Override any config field: --set section.field=value"
     ),
@@ -198,10 +239,13 @@ def train_command(
     flags = {k: v for k, v in locals().items() if k in SLIME_FLAGS}
     console = Console()
     try:
-        cfg = build_config(env, flags, set_, resume)
+        cfg, changed = build_config(env, flags, set_, resume, is_override=override)
+        cfg.checkpoint.overwrite = overwrite
     except ConfigError as e:
-        console.print(f"[red]config error:[/red] {e}")
+        console.print(f"[red]config error:[/red] {e}", soft_wrap=True)
         raise typer.Exit(2)
+    for line in changed:
+        console.print(f"[yellow]override[/yellow] {line}", soft_wrap=True)
     if show_config:
         console.print_json(json.dumps(cfg.to_dict()))
         return

@@ -1,0 +1,90 @@
+"""`agentrl train` and its run directory: a non-empty --save is refused, one writer at a time,
+--resume restores the saved config and refuses changes it was not told to apply."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+
+from typer.testing import CliRunner
+
+from agentrl.cli import app
+from agentrl.config import recipe_for_env
+from agentrl.run_dir import LOCK_NAME
+
+runner = CliRunner()
+
+
+def _one_line(output: str) -> str:
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in output, output
+    return lines[0]
+
+
+def _saved_run(path, **changes):
+    """A run dir as `agentrl train` leaves it: run_config.json (and a checkpoints dir)."""
+    cfg = recipe_for_env("slow_tools")
+    cfg.checkpoint.save = str(path)
+    cfg.rollout.rollout_batch_size = 3
+    cfg.train.lr = 2e-5
+    (path / "checkpoints").mkdir(parents=True)
+    (path / "run_config.json").write_text(json.dumps(cfg.to_dict()))
+    return path
+
+
+def test_a_non_empty_save_dir_is_refused_naming_both_fixes(tmp_path, tiny_model_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("{}\n")
+    result = runner.invoke(app, ["train", "--model", tiny_model_path, "--save", str(run)])
+    assert result.exit_code == 2
+    line = _one_line(result.output)
+    assert str(run) in line and f"--resume {run}" in line and "--overwrite" in line
+    assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl"]
+
+
+def test_a_second_writer_is_refused_by_the_lock(tmp_path, tiny_model_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    fd = os.open(run / LOCK_NAME, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another run, as far as the kernel knows
+    try:
+        result = runner.invoke(app, ["train", "--model", tiny_model_path, "--save", str(run)])
+    finally:
+        os.close(fd)
+    assert result.exit_code == 2
+    line = _one_line(result.output)
+    assert "another agentrl run is writing" in line and str(run) in line
+    assert [p.name for p in run.iterdir()] == [LOCK_NAME]
+
+
+def test_resume_restores_the_saved_env_and_flags(tmp_path):
+    run = _saved_run(tmp_path / "run")
+    result = runner.invoke(app, ["train", "--resume", str(run), "--show-config"])
+    assert result.exit_code == 0, result.output
+    cfg = json.loads(result.output)
+    assert cfg["env"]["id"] == "slow_tools"  # not the calculator default
+    assert cfg["rollout"]["rollout_batch_size"] == 3 and cfg["train"]["lr"] == 2e-5
+    assert cfg["checkpoint"]["resume"] == str(run) and cfg["checkpoint"]["save"] == str(run)
+
+
+def test_resume_refuses_a_changed_flag_with_the_diff_unless_overridden(tmp_path):
+    run = _saved_run(tmp_path / "run")
+    args = ["train", "--resume", str(run), "--lr", "1e-3", "--env", "calculator"]
+    result = runner.invoke(app, [*args, "--show-config"])
+    assert result.exit_code == 2
+    line = _one_line(result.output)
+    assert "train.lr: 2e-05 -> 0.001" in line and "env.id: 'slow_tools' -> 'calculator'" in line
+    assert "--override" in line
+
+    result = runner.invoke(app, [*args, "--override", "--show-config"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "override train.lr: 2e-05 -> 0.001" in result.output
+    assert '"lr": 0.001' in result.output
+
+
+def test_resume_of_a_missing_dir_is_one_line(tmp_path):
+    result = runner.invoke(app, ["train", "--resume", str(tmp_path / "nope")])
+    assert result.exit_code == 2
+    assert "--resume" in _one_line(result.output) and not (tmp_path / "nope").exists()
