@@ -157,7 +157,11 @@ async def _run(state: _State, start_step: int) -> TrainResult:
             await state.run_eval(step=steps)
         last = await state.save(steps)
     except (KeyboardInterrupt, asyncio.CancelledError):
-        log.warning("interrupted: saving a checkpoint at step %d before exiting", state.step)
+        log.warning(
+            "interrupted: stopping the current step… saving a checkpoint of step %d (the last "
+            "completed) before exiting",
+            state.step,
+        )
         if schedule is not None:
             await schedule.stop()
         await state.save(state.step)

@@ -166,6 +166,7 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tiny_model_path, tmp_path):
     assert ckpt is not None, out
     assert checkpoint_step(ckpt) >= 1 and (ckpt / "loop_state.pt").exists()
     assert "saving a checkpoint" in out
+    assert f"saved in {ckpt}" in out.replace("\n", "") and f"--resume {run}" in out
 
 
 def test_unbuilt_megatron_backend_is_refused_by_name(tmp_path):

@@ -249,8 +249,9 @@ def train_command(
     if show_config:
         console.print_json(json.dumps(cfg.to_dict()))
         return
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
+    _quiet_libraries()
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("agentrl").setLevel(logging.INFO)  # ours only: no library INFO chatter
     from agentrl.data import DataError
     from agentrl.engine.model_store import ModelPathError
     from agentrl.engine.sglang.launcher import SGLangNotInstalled
@@ -270,10 +271,14 @@ def train_command(
         console.print(f"[red]error:[/red] {e}", soft_wrap=True)
         raise typer.Exit(2)
     except KeyboardInterrupt:
+        from agentrl.trainer.checkpoint import find_latest
+
         run_dir = Path(cfg.checkpoint.save)
+        ckpt = find_latest(run_dir / "checkpoints") or run_dir / "checkpoints"
         console.print(
-            f"[yellow]stopped[/yellow]: the last completed step is saved in {run_dir / 'checkpoints'}; "
-            f"continue with: agentrl train --resume {run_dir}"
+            f"[yellow]stopped[/yellow]: the last completed step is saved in {ckpt}; "
+            f"continue with: agentrl train --resume {run_dir}",
+            soft_wrap=True,
         )
         raise typer.Exit(130)
     last = result.evals[-1] if result.evals else {}
@@ -284,6 +289,20 @@ def train_command(
         f"{last.get('reward_mean', float('nan')):.3f} (step {last.get('step', '-')}); "
         f"checkpoint {result.last_checkpoint}"
     )
+
+
+def _quiet_libraries() -> None:
+    """transformers' weight-loading bars and INFO lines would break into the run's progress
+    display and logs; its warnings and errors still show."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        from huggingface_hub.utils import disable_progress_bars
+    except ImportError:
+        return
+    disable_progress_bars()
 
 
 def register(app: typer.Typer) -> None:

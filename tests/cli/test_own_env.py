@@ -56,6 +56,7 @@ def test_readme_train_command_trains_one_step(readme_env_dir, tiny_model_path):
     args = [*train[1:], "--num-rollout", "1", "--model", tiny_model_path, *TINY]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
+    assert "Loading weights" not in result.output and "INFO transformers" not in result.output
     save = train[train.index("--save") + 1]
     assert (readme_env_dir / save / "checkpoints" / "step_000001").is_dir()
     assert (readme_env_dir / save / "rollouts" / "step_000001.jsonl").exists()
