@@ -293,8 +293,8 @@ class TorchBackend:
         the 1-rank values up to float summation order; none is a per-rank approximation.
 
         A batch that cannot move the weights (no trained sequence, or every advantage 0 with no KL
-        or entropy term) runs no forward, backward nor update: `skipped_no_signal` is 1 and the lr
-        schedule still advances one step per optimizer step of the batch."""
+        or entropy term) runs no forward, backward nor update: `skipped_no_signal` is 1, loss and
+        pg_loss are their exact 0, and the lr schedule advances one step per optimizer step."""
         self._check_packing(batch)
         model = self.model
         if not self._has_signal(batch):
@@ -333,7 +333,8 @@ class TorchBackend:
                 self.optimizer_step += 1
         self.num_train_steps += 1
         metrics = {k.removeprefix("batch/"): v for k, v in batch.metrics.items()}
-        metrics.update(skipped_no_signal=1.0, lr=lr)
+        # Exact, not a stand-in: every per-token loss is 0 (advantage 0, no KL or entropy term).
+        metrics.update(skipped_no_signal=1.0, lr=lr, loss=0.0, pg_loss=0.0)
         return metrics
 
     def _optimizer_step(self, step: StepBatch) -> dict[str, float]:

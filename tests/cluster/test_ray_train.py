@@ -33,6 +33,9 @@ def _config(model_path: str, save: Path, layout: str) -> RunConfig:
     cfg.checkpoint.save_interval = 1
     cfg.train.num_rollout = 2
     cfg.train.lr = 1e-3
+    # The random model earns no reward, so its groups carry no advantage; the entropy term still
+    # moves the weights, so the trainer runs (a batch without signal is skipped) and syncs news.
+    cfg.algo.entropy_coef = 1e-3
     cfg.rollout.rollout_batch_size = 2
     cfg.rollout.n_samples_per_prompt = 2
     cfg.rollout.rollout_max_response_len = 12

@@ -110,7 +110,8 @@ def test_zero_variance_batch_costs_no_forward_nor_backward(tiny_llama_path, traj
     assert batch.max_abs_advantage == 0.0 and batch.metrics["batch/num_trained_sequences"] == 8
     metrics = backend.train_step(batch)
     assert calls[0] == 0
-    assert metrics["skipped_no_signal"] == 1.0 and "loss" not in metrics
+    assert metrics["skipped_no_signal"] == 1.0 and metrics["loss"] == metrics["pg_loss"] == 0.0
+    assert "grad_norm" not in metrics and "ratio_mean" not in metrics  # nothing was computed
     assert metrics["num_trained_sequences"] == 8.0 and metrics["lr"] == pytest.approx(1e-2)
     assert all(p.grad is None for p in backend.model.parameters())
     for name, p in backend.model.named_parameters():
