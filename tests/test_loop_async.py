@@ -22,6 +22,7 @@ def _config(model_path: str, save: Path, mode: str | None):
     cfg.model.path, cfg.checkpoint.save = model_path, str(save)
     cfg.env.kwargs = {"num_turns": 3, "median_latency_s": 0.05, "latency_sigma": 1.0}
     cfg.train.num_rollout, cfg.train.lr = 5, 1e-2
+    cfg.algo.entropy_coef = 1e-3  # every step trains, even a batch whose groups tie on reward
     cfg.rollout.rollout_batch_size, cfg.rollout.n_samples_per_prompt = 2, 2
     cfg.rollout.rollout_max_response_len, cfg.rollout.max_turns = 8, 3
     cfg.eval.num_eval_tasks, cfg.eval.eval_at_start = 2, False
