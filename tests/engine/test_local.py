@@ -400,7 +400,9 @@ async def test_a_diverging_input_reuses_only_the_common_prefix(engine: LocalEngi
 
 
 async def test_least_recently_used_prefix_is_evicted_under_pressure(tiny_model_path: str) -> None:
-    eng = LocalEngine.load(tiny_model_path, device="cpu", dtype="float32", max_batch_size=1, num_slots=2)
+    eng = LocalEngine.load(
+        tiny_model_path, device="cpu", dtype="float32", max_batch_size=1, num_slots=2
+    )
     sampling = SamplingParams(temperature=0.0, max_new_tokens=4)
     replies = {}
     for key, prompt in zip("abc", PROMPTS, strict=False):  # c takes the slot a held longest
@@ -513,7 +515,9 @@ async def test_cuda_release_mid_generation_prefills_again_and_finishes(
 async def test_cuda_release_without_host_copy_refuses_until_weights_are_sent(tiny_model_path):
     """weights_cpu_backup=False (a colocated engine): release frees the weights without a host
     copy; after resume nothing runs until every weight is sent again, then outputs match."""
-    eng = LocalEngine.load(tiny_model_path, device="cuda", dtype="float32", weights_cpu_backup=False)
+    eng = LocalEngine.load(
+        tiny_model_path, device="cuda", dtype="float32", weights_cpu_backup=False
+    )
     greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
     before = await eng.generate(PROMPTS[0], greedy)
     weights = [(n, t.detach().clone()) for n, t in eng.model.state_dict().items()]

@@ -16,7 +16,9 @@ from agentrl.types import EpisodeStatus, Task
 async def test_calculator_group_on_the_local_engine(tiny_model_path: str) -> None:
     from agentrl.engine.local import LocalEngine
 
-    engine = LocalEngine.load(tiny_model_path, device="cpu", dtype="float32", max_batch_size=4, seed=0)
+    engine = LocalEngine.load(
+        tiny_model_path, device="cpu", dtype="float32", max_batch_size=4, seed=0
+    )
     sampled: list[list[int]] = []
     generate = engine.generate
 
