@@ -24,6 +24,13 @@ def _megatron_core_installed() -> bool:
         return False
 
 
+def _transformer_engine_installed() -> bool:
+    try:
+        return importlib.util.find_spec("transformer_engine") is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def _cuda_available() -> bool:
     import torch
 
@@ -45,6 +52,13 @@ def check_megatron_usable(train_cfg: TrainConfig, num_gpus: int | None = None) -
             "False); on this machine use --train-backend torch"
         )
     check_parallel_sizes(train_cfg, num_gpus)
+    if train_cfg.sequence_parallel and not _transformer_engine_installed():
+        # Megatron's local layer spec builds torch norms, which refuse sequence parallel.
+        raise MegatronUnavailable(
+            "train.sequence_parallel=true (--sequence-parallel) needs TransformerEngine "
+            "(pip install transformer-engine): megatron-core's local layer spec, used without "
+            "it, does not support sequence parallel; drop --sequence-parallel"
+        )
 
 
 def check_parallel_sizes(train_cfg: TrainConfig, num_gpus: int | None) -> None:

@@ -48,3 +48,18 @@ def test_parallel_sizes_must_fit_the_gpus(monkeypatch):
         check_megatron_usable(cfg, num_gpus=6)
     with pytest.raises(MegatronUnavailable, match="--sequence-parallel"):
         check_megatron_usable(TrainConfig(backend="megatron", sequence_parallel=True))
+
+
+def test_sequence_parallel_needs_transformer_engine(monkeypatch):
+    """The local layer spec (no TransformerEngine) builds torch norms that refuse sequence
+    parallel; that is said before anything starts."""
+    monkeypatch.setattr(requirements, "_megatron_core_installed", lambda: True)
+    monkeypatch.setattr(requirements, "_cuda_available", lambda: True)
+    cfg = TrainConfig(backend="megatron", tensor_model_parallel_size=2, sequence_parallel=True)
+    monkeypatch.setattr(requirements, "_transformer_engine_installed", lambda: False)
+    with pytest.raises(
+        MegatronUnavailable, match="needs TransformerEngine.*drop --sequence-parallel"
+    ):
+        check_megatron_usable(cfg, num_gpus=2)
+    monkeypatch.setattr(requirements, "_transformer_engine_installed", lambda: True)
+    check_megatron_usable(cfg, num_gpus=2)
