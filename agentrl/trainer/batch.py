@@ -75,6 +75,17 @@ class TrainBatch:
             yield from step.micro_batches
 
 
+def pad_id_for(config: Any) -> int:
+    """The id padding uses (masked out of every loss, so any valid id works): a model config's
+    pad, else its (first) eos, else 0."""
+    for candidate in (getattr(config, "pad_token_id", None), getattr(config, "eos_token_id", None)):
+        if isinstance(candidate, list):
+            candidate = candidate[0] if candidate else None
+        if candidate is not None:
+            return int(candidate)
+    return 0
+
+
 def is_trainable(traj: Any) -> bool:
     status = traj.status if isinstance(traj.status, EpisodeStatus) else EpisodeStatus(traj.status)
     return status.is_trainable

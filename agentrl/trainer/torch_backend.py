@@ -14,7 +14,7 @@ from torch import Tensor
 
 from agentrl.config import AlgoConfig, TrainConfig
 from agentrl.trainer import sharded_checkpoint
-from agentrl.trainer.batch import MicroBatch, StepBatch, TrainBatch
+from agentrl.trainer.batch import MicroBatch, StepBatch, TrainBatch, pad_id_for
 from agentrl.trainer.fsdp import apply_fsdp, decoder_layers, dp_rank, dp_world_size, reduce_metrics
 from agentrl.trainer.logprobs import CausalLMLogprobs
 from agentrl.trainer.losses import build_objective, combine_metrics
@@ -142,15 +142,7 @@ class TorchBackend:
 
             self.model_path = _resolve_path(self.model_path)
             config = AutoConfig.from_pretrained(self.model_path)
-        for candidate in (
-            getattr(config, "pad_token_id", None),
-            getattr(config, "eos_token_id", None),
-        ):
-            if isinstance(candidate, list):
-                candidate = candidate[0] if candidate else None
-            if candidate is not None:
-                return int(candidate)
-        return 0
+        return pad_id_for(config)
 
     @property
     def uses_ref_model(self) -> bool:

@@ -22,7 +22,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from torch import Tensor
 
 from agentrl.config import AlgoConfig, TrainConfig
-from agentrl.trainer.batch import MicroBatch, StepBatch, TrainBatch
+from agentrl.trainer.batch import MicroBatch, StepBatch, TrainBatch, pad_id_for
 from agentrl.trainer.losses import build_objective, combine_metrics
 from agentrl.trainer.megatron import checkpoint
 from agentrl.trainer.megatron import model as gpt
@@ -83,15 +83,7 @@ class MegatronBackend:
     @property
     def pad_id(self) -> int:
         config = self.hf_config
-        for candidate in (
-            getattr(config, "pad_token_id", None),
-            getattr(config, "eos_token_id", None),
-        ):
-            if isinstance(candidate, list):
-                candidate = candidate[0] if candidate else None
-            if candidate is not None:
-                return int(candidate)
-        return 0
+        return pad_id_for(config)
 
     @property
     def model(self) -> Any:
