@@ -33,6 +33,17 @@ def _config(model_path: str, save: Path):
     return cfg
 
 
+def _resume_step_two(model_path: str, run_a: Path, run_b: Path) -> tuple[list, list]:
+    """Run step 2 again in `run_b`, resumed from `run_a`'s step-1 checkpoint; step 2's
+    trajectories of both runs."""
+    (run_b / "checkpoints").mkdir(parents=True)
+    shutil.copytree(run_a / "checkpoints" / "step_000001", run_b / "checkpoints" / "step_000001")
+    cfg_b = _config(model_path, run_b)
+    cfg_b.checkpoint.resume = str(run_b)
+    train(cfg_b)
+    return tuple(read_jsonl(str(r / "rollouts" / "step_000002.jsonl")) for r in (run_a, run_b))
+
+
 def _metrics(run_dir: Path) -> dict[int, dict]:
     rows = [
         json.loads(line)
@@ -56,14 +67,7 @@ def test_train_two_steps_then_resume_reproduces_step_two(tiny_model_path, tmp_pa
 
     # Resume from the step-1 checkpoint in a fresh run dir: step 2 must be the same.
     run_b = tmp_path / "b"
-    (run_b / "checkpoints").mkdir(parents=True)
-    shutil.copytree(run_a / "checkpoints" / "step_000001", run_b / "checkpoints" / "step_000001")
-    cfg_b = _config(tiny_model_path, run_b)
-    cfg_b.checkpoint.resume = str(run_b)
-    train(cfg_b)
-
-    traj_a = read_jsonl(str(run_a / "rollouts" / "step_000002.jsonl"))
-    traj_b = read_jsonl(str(run_b / "rollouts" / "step_000002.jsonl"))
+    traj_a, traj_b = _resume_step_two(tiny_model_path, run_a, run_b)
     assert [t.task["id"] for t in traj_a] == [t.task["id"] for t in traj_b]
     assert [t.token_ids for t in traj_a] == [t.token_ids for t in traj_b]
     assert _metrics(run_b)[2]["train/loss"] == pytest.approx(
@@ -188,13 +192,7 @@ def test_save_interval_minutes_saves_by_clock_and_resumes_exactly(tiny_model_pat
     assert (run_a / "checkpoints" / "step_000001" / "loop_state.pt").exists()
 
     run_b = tmp_path / "b"
-    (run_b / "checkpoints").mkdir(parents=True)
-    shutil.copytree(run_a / "checkpoints" / "step_000001", run_b / "checkpoints" / "step_000001")
-    cfg_b = _config(tiny_model_path, run_b)
-    cfg_b.checkpoint.resume = str(run_b)
-    train(cfg_b)
-    traj_a = read_jsonl(str(run_a / "rollouts" / "step_000002.jsonl"))
-    traj_b = read_jsonl(str(run_b / "rollouts" / "step_000002.jsonl"))
+    traj_a, traj_b = _resume_step_two(tiny_model_path, run_a, run_b)
     assert [t.task["id"] for t in traj_a] == [t.task["id"] for t in traj_b]
     assert [t.token_ids for t in traj_a] == [t.token_ids for t in traj_b]
     assert [t.logprobs for t in traj_a] == [t.logprobs for t in traj_b]  # the restored weights
