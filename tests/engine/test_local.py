@@ -477,6 +477,35 @@ async def test_cuda_graph_decode_bf16_matches_teacher_forcing_across_release_and
 
 
 @pytest.mark.gpu
+async def test_cuda_run_ahead_decode_ends_rows_exactly_and_keeps_batch_mates_exact(
+    tiny_model_path: str,
+) -> None:
+    """Graph decode steps run one ahead of the stop checks: a row that a stop id or its length
+    ends still ends exactly there (its extra token is dropped) and its batch mates stay exact."""
+    eng = LocalEngine.load(tiny_model_path, device="cuda", dtype="bfloat16", max_batch_size=8)
+    stops = list(range(3, 49152, 13))  # 8% of the ids of the tiny model (49,152) end a row
+    requests = [
+        SamplingParams(temperature=1.0, max_new_tokens=n, seed=i, stop_token_ids=stops)
+        for i, n in enumerate((64, 5, 64, 33, 64))
+    ]
+    results = await asyncio.gather(
+        *[eng.generate(p, s) for p, s in zip(PROMPTS, requests, strict=True)]
+    )
+    for prompt, sampling, c in zip(PROMPTS, requests, results, strict=True):
+        stopped_at = [i for i, t in enumerate(c.ids) if t in stops]
+        if c.finish_reason == FinishReason.STOP:
+            assert stopped_at == [len(c.ids) - 1]
+        else:
+            assert (c.finish_reason, stopped_at) == (FinishReason.LENGTH, [])
+            assert len(c.ids) == sampling.max_new_tokens
+        expected = teacher_forced_logprobs(eng.model, prompt, c.ids, sampling.temperature)
+        assert (torch.tensor(c.logprobs) - expected).abs().mean() <= 2e-2
+    assert any(c.finish_reason == FinishReason.STOP and len(c.ids) > 2 for c in results)
+    assert eng.stats.num_run_ahead_steps > 0
+    await eng.close()
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 async def test_cuda_prefix_reuse(tiny_model_path: str, dtype: str) -> None:
     eng = LocalEngine.load(tiny_model_path, device="cuda", dtype=dtype, max_batch_size=8)

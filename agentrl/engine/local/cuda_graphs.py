@@ -4,11 +4,13 @@ the KV arena plus the sampler, replayed for steps in which every running sequenc
 A graph reads static input buffers, so a step only copies its rows in (three host-to-device copies)
 and replays; rows past the real batch point at the arena's scratch slot. Weight updates copy into
 the same parameter storage and keep the graphs valid; after the weights or the arena move
-(`release_memory` / `resume_memory`) the engine captures them again.
+(`release_memory` / `resume_memory`) the engine captures them again. `replay_next` launches the
+following step from the device-side results, so the host checks step N's tokens while N + 1 runs.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,6 +28,17 @@ def buckets_up_to(max_batch_size: int) -> list[int]:
     return [b for b in BUCKETS if b < max_batch_size] + [max_batch_size]
 
 
+@dataclass
+class DecodeLaunch:
+    """A decode step on its way: its rows, and where their sampled ids and logprobs land in host
+    memory once `done` has completed."""
+
+    batch: list[Sequence]
+    ids: torch.Tensor
+    logprobs: torch.Tensor
+    done: torch.cuda.Event
+
+
 class DecodeGraphs:
     """Two CUDA graphs per bucket (with and without the top-k/top-p filter, whose sort costs a
     step's worth of small kernels), sharing a memory pool and the static buffers."""
@@ -41,6 +54,12 @@ class DecodeGraphs:
         self.ids = torch.zeros(n, dtype=torch.long, device=device)
         self.logprobs = torch.zeros(n, device=device)
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        # Two launches may be in flight (step N being checked while N + 1 computes): one pinned
+        # host buffer each, taken in turn.
+        self._host_ids = torch.zeros(2, n, dtype=torch.long, pin_memory=True)
+        self._host_logprobs = torch.zeros(2, n, pin_memory=True)
+        self._turn = 0
+        self._last = (self.buckets[0], False)  # the bucket and filter of the last replay
 
     @classmethod
     def capture(
@@ -83,8 +102,9 @@ class DecodeGraphs:
         self.ids[:b].copy_(ids)
         self.logprobs[:b].copy_(logprobs)
 
-    def run(self, batch: list[Sequence], num_vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One decode step for `batch` (each feeding its last sampled token): (ids, logprobs)."""
+    def replay(self, batch: list[Sequence], num_vocab: int) -> DecodeLaunch:
+        """Launch one decode step for `batch` (each row feeding its last sampled token); the
+        sampled ids and logprobs arrive in host memory when the returned launch is `done`."""
         n = len(batch)
         b = next(b for b in self.buckets if b >= n)
         ints, kv, floats, use_filter = [], [], [], False
@@ -101,8 +121,31 @@ class DecodeGraphs:
         self.kv[:, :n].copy_(torch.tensor(kv, dtype=torch.int32).T, non_blocking=True)
         self.floats[:, :n].copy_(torch.tensor(floats).T, non_blocking=True)
         self._fill_padding(n, b, num_vocab)
+        self._last = (b, use_filter)
+        return self._launch(batch)
+
+    def replay_next(self, batch: list[Sequence]) -> DecodeLaunch:
+        """Launch the step after the last one for the same rows, without waiting for its tokens:
+        on the device each row takes the id it just sampled as input and moves one position on
+        (what `replay` would lay out once the host had appended that id). The caller makes sure
+        no row can run past its slot (no row finishes by length at the last step)."""
+        n = len(batch)
+        self.ints[0, :n].copy_(self.ids[:n])
+        self.ints[1:3, :n] += 1  # position, write row
+        self.ints[5, :n] += 1  # sample position
+        self.kv[1, :n] += 1  # K/V length
+        return self._launch(batch)
+
+    def _launch(self, batch: list[Sequence]) -> DecodeLaunch:
+        n, (b, use_filter) = len(batch), self._last
         self.graphs[b, use_filter].replay()
-        return self.ids[:n], self.logprobs[:n]
+        self._turn ^= 1
+        ids, logprobs = self._host_ids[self._turn, :n], self._host_logprobs[self._turn, :n]
+        ids.copy_(self.ids[:n], non_blocking=True)
+        logprobs.copy_(self.logprobs[:n], non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return DecodeLaunch(batch, ids, logprobs, done)
 
     def _fill_padding(self, start: int, end: int, num_vocab: int) -> None:
         """Rows [start, end) decode a dummy token into the scratch slot, greedily."""

@@ -27,7 +27,7 @@ from agentrl.engine.local.attention import (
     use_arena_attention,
 )
 from agentrl.engine.local.batching import Sequence, StopChecker, pack_step
-from agentrl.engine.local.cuda_graphs import DecodeGraphs
+from agentrl.engine.local.cuda_graphs import DecodeGraphs, DecodeLaunch
 from agentrl.engine.local.kv_arena import KVArena
 from agentrl.engine.local.param_storage import (
     DroppedParameters,
@@ -59,6 +59,8 @@ class EngineStats:
     num_cached_tokens: int = 0
     """Prompt tokens reused from a routing key's slot instead of prefilled."""
     num_graph_replays: int = 0
+    num_run_ahead_steps: int = 0
+    """Graph decode steps launched before the previous step's tokens were checked."""
 
 
 class LocalEngine:
@@ -131,6 +133,7 @@ class LocalEngine:
         self._use_flash = flash_attention_supported(self.device, self.model.dtype)
         self._use_graphs = use_cuda_graphs and self._use_flash
         self._graphs: DecodeGraphs | None = None
+        self._in_flight: DecodeLaunch | None = None  # a graph decode step not yet checked
         self._stop_checker = StopChecker(
             self.tokenizer, self._eos_token_ids(), min(self._max_positions(), self.arena.max_len)
         )
@@ -362,6 +365,8 @@ class LocalEngine:
             torch.cuda.set_device(torch.device(self.device))
         while not self._is_closed:
             self._wake.clear()
+            while self._commands and self._in_flight is not None:
+                self._check_decode()  # launches nothing more while commands wait
             self._run_commands()
             # Dropped weights not yet sent again: nothing may run on them.
             if self._released or self._dropped is not None or not self._scheduler.has_work():
@@ -383,7 +388,11 @@ class LocalEngine:
 
     def _step(self) -> None:
         """Schedule (admit waiting requests into free slots) → run one forward over every running
-        sequence's uncached tokens → sample, check stops, deliver the finished."""
+        sequence's uncached tokens → sample, check stops, deliver the finished. A decode step under
+        CUDA graphs is checked while the next one already runs on the GPU (`_check_decode`)."""
+        if self._in_flight is not None:
+            self._check_decode()
+            return
         batch = self._scheduler.schedule()
         if not batch:
             return
@@ -392,14 +401,52 @@ class LocalEngine:
         is_decode_only = all(n == 1 for n in num_new) and all(s.output_ids for s in batch)
         if is_decode_only and self._graphs_ready(len(batch)):
             assert self._graphs is not None
-            ids, logprobs = self._graphs.run(batch, self._vocab_size)
+            self._in_flight = self._graphs.replay(batch, self._vocab_size)
             self.stats.num_graph_replays += 1
-        else:
-            ids, logprobs = self._forward_eager(batch)
-        self._count_step(batch, num_new)
+            self._check_decode()
+            return
+        ids, logprobs = self._forward_eager(batch)
+        self._finish_step(batch, ids.tolist(), logprobs.tolist())
+
+    def _check_decode(self) -> None:
+        """Step N is on the GPU: launch step N + 1 for the same rows when nothing can change the
+        batch in between, then append and check N's tokens while N + 1 computes. A row that N
+        finishes (a stop id or string) computed one token too many in N + 1: it is dropped."""
+        assert self._graphs is not None and self._in_flight is not None
+        current, self._in_flight = self._in_flight, None
+        if self._can_run_ahead(current.batch):
+            self._in_flight = self._graphs.replay_next(current.batch)
+            self.stats.num_graph_replays += 1
+            self.stats.num_run_ahead_steps += 1
+        current.done.synchronize()
+        alive = [i for i, s in enumerate(current.batch) if not (s.is_finished or s.is_cancelled)]
+        ids, logprobs = current.ids.tolist(), current.logprobs.tolist()
+        self._finish_step(
+            [current.batch[i] for i in alive], [ids[i] for i in alive], [logprobs[i] for i in alive]
+        )
+
+    def _can_run_ahead(self, batch: list[Sequence]) -> bool:
+        """Step N + 1 may start before N's tokens are checked when its rows are N's: no command
+        or admissible request waits, no row is done, and none can reach its length limit at N
+        (its next K/V row would fall outside its slot)."""
+        scheduler, limit = self._scheduler, self._stop_checker.max_positions
+        return (
+            not self._commands
+            and not (scheduler.pending and len(scheduler.running) < self.max_batch_size)
+            and len(batch) == len(scheduler.running)
+            and all(
+                not (s.is_finished or s.is_cancelled)
+                and len(s.output_ids) + 1 < s.sampling.max_new_tokens
+                and s.num_tokens + 1 < limit
+                for s in batch
+            )
+        )
+
+    def _finish_step(self, batch: list[Sequence], ids: list[int], logprobs: list[float]) -> None:
+        self._count_step(batch, [s.num_tokens - s.num_cached for s in batch])
         for seq in batch:
             seq.num_cached = seq.num_tokens
-        self._append(batch, ids.tolist(), logprobs.tolist())
+        self._append(batch, ids, logprobs)
         for seq in self._scheduler.retire():
             self._deliver(seq)
 
@@ -456,6 +503,7 @@ class LocalEngine:
         resolve(seq.loop, seq.future, seq.to_completion(self._weight_version))
 
     def _fail_running(self, error: Exception) -> None:
+        self._in_flight = None
         for seq in self._scheduler.running:
             self._scheduler.release_slot(seq, keep=False)
             resolve(seq.loop, seq.future, error)
