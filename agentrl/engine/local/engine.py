@@ -28,11 +28,14 @@ from agentrl.engine.local.attention import (
 )
 from agentrl.engine.local.batching import Sequence, StopChecker, pack_step
 from agentrl.engine.local.cuda_graphs import DecodeGraphs, DecodeLaunch
+from agentrl.engine.local.device_memory import PausableMemory
 from agentrl.engine.local.kv_arena import KVArena
 from agentrl.engine.local.param_storage import (
     DroppedParameters,
+    all_unsent,
     drop_parameters,
     mark_written,
+    pack_parameters,
     reallocate_parameters,
 )
 from agentrl.engine.local.sampling import SamplingRows, sample
@@ -76,6 +79,9 @@ class LocalEngine:
     - `max_prefill_tokens`: new tokens admitted into one step (a longer prompt still runs alone).
     - `use_prefix_cache`: keep a routing key's slot between turns and prefill only the new tail.
     - `use_cuda_graphs`: decode under CUDA graphs (CUDA in bf16/fp16 only; eager elsewhere).
+    - `pausable_memory`: on CUDA with `torch_memory_saver` installed, keep the weights and the KV
+      arena in pausable regions: `release_memory` unmaps their pages and `resume_memory` maps
+      fresh ones at the same addresses (fast; the arena keeps its size; graphs stay valid).
     """
 
     def __init__(
@@ -94,6 +100,7 @@ class LocalEngine:
         use_prefix_cache: bool = True,
         use_cuda_graphs: bool = True,
         weights_cpu_backup: bool = True,
+        pausable_memory: bool = True,
     ) -> None:
         """An engine around a loaded transformers `model` (on its device) and its `tokenizer`;
         `LocalEngine.load` reads them from a checkpoint. `weights_cpu_backup=False`:
@@ -122,8 +129,13 @@ class LocalEngine:
             num_slots=num_slots,
             mem_fraction=mem_fraction_static,
         )
+        self._memory = PausableMemory.create(self.device) if pausable_memory else None
+        if self._memory is not None:
+            with self._memory.region("weights", cpu_backup=weights_cpu_backup):
+                pack_parameters(self.model, self.device)
+            torch.cuda.empty_cache()  # the storage the weights were loaded into
         self.arena = self._size_arena()
-        self.arena.allocate(self.device)
+        self._allocate_arena()
         self._scheduler = Scheduler(
             self.arena,
             max_batch_size=max_batch_size,
@@ -144,6 +156,7 @@ class LocalEngine:
         self._commands: collections.deque[Command] = collections.deque()
         self._released: set[str] = set()  # memory tags given back: "weights", "kv_cache"
         self._dropped: DroppedParameters | None = None  # weights dropped by a release, not resent
+        self._host_weights: list[torch.Tensor] | None = None  # a release's copy, when kept
         self._is_closed = False
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="agentrl-local-engine", daemon=True)
@@ -316,30 +329,65 @@ class LocalEngine:
         self._weight_version = weight_version
         self._scheduler.drop_prefixes()
 
+    def _allocate_arena(self) -> None:
+        if self._memory is None:
+            self.arena.allocate(self.device)
+            return
+        with self._memory.region("kv_cache"):
+            self.arena.allocate(self.device)
+
     def _release(self, keep_weights: bool) -> None:
-        self._scheduler.preempt_all()  # running requests are prefilled again on resume
-        self._graphs = None
-        if keep_weights:
-            self.model.to("cpu")
+        # Running requests are prefilled again on resume.
+        self._scheduler.preempt_all(free_buffers=self._memory is None)
+        if self._memory is not None:
+            self._pause(keep_weights)
         else:
-            self._dropped = drop_parameters(self.model)
+            self._graphs = None  # the weights and the arena move: captured again
+            if keep_weights:
+                self.model.to("cpu")
+            else:
+                self._dropped = drop_parameters(self.model)
         if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):  # cached per stream, not in use
             torch._C._cuda_clearCublasWorkspaces()
         torch.cuda.empty_cache()
         self._released = {"weights", "kv_cache"}
 
+    def _pause(self, keep_weights: bool) -> None:
+        """Unmap the pages of the weights and the arena; their addresses (and graphs) stay."""
+        assert self._memory is not None
+        params = list(self.model.parameters())
+        if keep_weights and not self.weights_cpu_backup:  # the region keeps no host copy itself
+            self._host_weights = [p.detach().to("cpu") for p in params]
+        elif not keep_weights and not self.weights_cpu_backup:
+            self._dropped = all_unsent(self.model)
+        self._memory.pause("weights")
+        self._memory.pause("kv_cache")
+
     def _resume(self, tags: set[str]) -> None:
         t0 = time.perf_counter()
         if "weights" in tags & self._released:
-            if self._dropped is not None:
-                reallocate_parameters(self._dropped, self.device)
-            self.model.to(self.device)
+            if self._memory is not None:
+                self._memory.resume("weights")
+                if self._host_weights is not None:
+                    params = list(self.model.parameters())
+                    with torch.no_grad():
+                        for param, host in zip(params, self._host_weights, strict=True):
+                            param.copy_(host)
+                    self._host_weights = None
+            else:
+                if self._dropped is not None:
+                    reallocate_parameters(self._dropped, self.device)
+                self.model.to(self.device)
             self._released.discard("weights")
         t1 = time.perf_counter()
         if "kv_cache" in tags & self._released:
-            # Sized again: a colocated trainer may hold more (or less) memory than at the start.
-            self.arena = self._scheduler.arena = self._size_arena()
-            self.arena.allocate(self.device)
+            if self._memory is not None:
+                self._memory.resume("kv_cache")
+                self.arena.mark_dirty()  # fresh pages: nothing in them was written
+            else:
+                # Sized again: a colocated trainer may hold more (or less) memory than at start.
+                self.arena = self._scheduler.arena = self._size_arena()
+                self._allocate_arena()
             self._released.discard("kv_cache")
         logger.info(
             "LocalEngine resumed %s: weights %.3f s, KV arena (%.1f GB) %.3f s",

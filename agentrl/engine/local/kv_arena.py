@@ -120,7 +120,15 @@ class KVArena:
     def free_buffers(self) -> None:
         """Drop the buffers (their memory returns to the allocator); every slot becomes free."""
         self.keys, self.values = [], []
+        self.free_all_slots()
+
+    def free_all_slots(self) -> None:
         self._free = list(range(self.num_slots - 1, -1, -1))
+
+    def mark_dirty(self) -> None:
+        """The buffers hold garbage (pages mapped anew): rows are zeroed again before a path that
+        reads unwritten rows (`ensure_clean`) reads them."""
+        self._clean_len = [0] * (self.num_slots + 1)
 
     def take(self) -> int | None:
         """A free slot, or None when every slot is taken."""

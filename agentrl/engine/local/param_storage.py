@@ -1,6 +1,7 @@
-"""Dropping and re-allocating a model's parameter storage, for a colocated release that keeps
-no host copy (SGLang's default): the trainer sends every weight again before the next request,
-so copying them out and back in would only cost time."""
+"""A model's parameter storage as one block per dtype: dropped and re-allocated for a colocated
+release that keeps no host copy (SGLang's default: the trainer sends every weight again before the
+next request, so copying them out and back in would only cost time), or packed once into a pausable
+memory region, with the parameters not yet sent again tracked by their data pointers."""
 
 from __future__ import annotations
 
@@ -31,23 +32,48 @@ def drop_parameters(model: torch.nn.Module) -> DroppedParameters:
 
 
 def reallocate_parameters(dropped: DroppedParameters, device: str | torch.device) -> None:
-    """Fresh, uninitialised storage of the old shapes: one allocation per dtype, each parameter a
-    view of it at a 256-byte aligned offset (once the cache was emptied, a cudaMalloc per tensor
-    costs ~0.5 ms: 0.13 s for a 1.7B model's 218 tensors against a few ms for one block).
-    `unsent` tracks what no update wrote yet."""
+    """Fresh, uninitialised storage of the old shapes (`_place_in_blocks`); `unsent` tracks what
+    no update wrote yet."""
+    _place_in_blocks(dropped.params, device)
+    dropped.unsent = {param.data_ptr() for param, _ in dropped.params}
+
+
+def pack_parameters(model: torch.nn.Module, device: str | torch.device) -> None:
+    """Move every parameter, with its values, into one block per dtype (`_place_in_blocks`): what
+    a pausable memory region then pauses and resumes as a few allocations."""
+    params = [(param, param.shape) for param in model.parameters()]
+    values = [param.data for param, _ in params]
+    _place_in_blocks(params, device)
+    with torch.no_grad():
+        for (param, _), value in zip(params, values, strict=True):
+            param.data.copy_(value)
+
+
+def all_unsent(model: torch.nn.Module) -> DroppedParameters:
+    """Every parameter marked as not yet sent: its storage stays, its contents are gone."""
+    params = [(param, param.shape) for param in model.parameters()]
+    return DroppedParameters(params, {param.data_ptr() for param, _ in params})
+
+
+def _place_in_blocks(
+    params: list[tuple[torch.nn.Parameter, torch.Size]], device: str | torch.device
+) -> None:
+    """Give each parameter uninitialised storage of its shape: one allocation per dtype, each
+    parameter a view of it at a 256-byte aligned offset (once the cache was emptied, a cudaMalloc
+    per tensor costs ~0.5 ms: 0.13 s for a 1.7B model's 218 tensors against a few ms for one
+    block)."""
     by_dtype: dict[torch.dtype, list[tuple[torch.nn.Parameter, torch.Size]]] = {}
-    for param, shape in dropped.params:
+    for param, shape in params:
         by_dtype.setdefault(param.dtype, []).append((param, shape))
-    for dtype, params in by_dtype.items():
+    for dtype, group in by_dtype.items():
         align = max(1, _ALIGN_BYTES // dtype.itemsize)
         starts, total = [], 0
-        for _, shape in params:  # every view at least `align` long: distinct data_ptrs
+        for _, shape in group:  # every view at least `align` long: distinct data_ptrs
             starts.append(total)
             total += -(-max(1, math.prod(shape)) // align) * align
         block = torch.empty(total, dtype=dtype, device=device)
-        for (param, shape), start in zip(params, starts, strict=True):
+        for (param, shape), start in zip(group, starts, strict=True):
             param.data = block[start : start + math.prod(shape)].view(shape)
-    dropped.unsent = {param.data_ptr() for param, _ in dropped.params}
 
 
 def mark_written(dropped: DroppedParameters | None, tensor: torch.Tensor) -> None:

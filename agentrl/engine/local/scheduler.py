@@ -75,15 +75,18 @@ class Scheduler:
             self.release_slot(seq, keep=keep_prefixes)
         return taken
 
-    def preempt_all(self) -> None:
-        """The arena is about to be dropped: running sequences wait again, to be prefilled anew
-        (prompt and output so far); kept prefixes are forgotten."""
+    def preempt_all(self, *, free_buffers: bool = True) -> None:
+        """The arena's memory is about to go (freed, or paused): running sequences wait again, to
+        be prefilled anew (prompt and output so far); kept prefixes are forgotten."""
         for seq in self.running:
             seq.slot, seq.num_cached = None, 0
         self.pending.extendleft(reversed(self.running))
         self.running = []
         self.prefixes.clear()
-        self.arena.free_buffers()
+        if free_buffers:
+            self.arena.free_buffers()
+        else:
+            self.arena.free_all_slots()
 
     def drop_prefixes(self) -> None:
         """Forget every kept prefix (their K/V came from weights that just changed)."""

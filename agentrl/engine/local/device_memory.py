@@ -1,0 +1,67 @@
+"""Pausable device memory for a colocated engine, through `torch_memory_saver` (what SGLang uses):
+tensors allocated in a tagged region keep their virtual addresses when the memory is paused (the
+physical pages go back to the driver) and resumed (fresh pages mapped at the same addresses). So
+pausing the weights and the KV arena frees the GPU for the trainer, and resuming them takes a few
+driver calls, with no allocator round trip, no new tensors and CUDA graphs that stay valid.
+
+Optional (extra `cuda`): without the package, or off CUDA, `PausableMemory.create` returns None and
+the engine frees and re-allocates its tensors instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+_engine_ids = itertools.count()
+
+
+class PausableMemory:
+    """One engine's tagged regions ("weights", "kv_cache"), named apart from any other engine's
+    in the process (the saver is one per process)."""
+
+    def __init__(self, saver: Any) -> None:
+        self._saver = saver
+        self._prefix = f"agentrl-engine-{next(_engine_ids)}"
+
+    @classmethod
+    def create(cls, device: str) -> PausableMemory | None:
+        if not device.startswith("cuda"):
+            return None
+        try:
+            from torch_memory_saver import torch_memory_saver as saver
+
+            with contextlib.suppress(AttributeError, AssertionError):  # set before first use
+                saver.hook_mode = "torch"  # a pluggable allocator: no LD_PRELOAD needed
+            memory = cls(saver)
+            with memory.region("probe"):
+                pass  # loads the allocator now: a missing CUDA runtime fails here, not later
+            return memory
+        except Exception as e:  # ImportError, or a saver that cannot load on this machine
+            logger.info(
+                "torch_memory_saver unavailable (%s): release_memory frees and resume_memory "
+                "re-allocates the engine's tensors (pip install 'agentrl[cuda]' to keep them)",
+                e,
+            )
+            return None
+
+    def tag(self, name: str) -> str:
+        return f"{self._prefix}:{name}"
+
+    @contextlib.contextmanager
+    def region(self, name: str, *, cpu_backup: bool = False) -> Iterator[None]:
+        """Tensors allocated inside are paused and resumed with `name`; with `cpu_backup` their
+        contents are copied to host memory on pause and back on resume."""
+        with self._saver.region(tag=self.tag(name), enable_cpu_backup=cpu_backup):
+            yield
+
+    def pause(self, name: str) -> None:
+        self._saver.pause(self.tag(name))
+
+    def resume(self, name: str) -> None:
+        self._saver.resume(self.tag(name))
