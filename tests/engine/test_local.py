@@ -341,7 +341,8 @@ async def test_cuda_batching_invariance_bfloat16_and_release_memory(tiny_model_p
     for a, b in zip(alone, together, strict=True):
         assert a.ids == b.ids
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-3
-    eng = LocalEngine.load(tiny_model_path, device="cuda", dtype="auto")
+    # Without pausable memory, release_memory keeps the weights in host memory.
+    eng = LocalEngine.load(tiny_model_path, device="cuda", dtype="auto", pausable_memory=False)
     assert eng.model.dtype == torch.bfloat16
     seeded = SamplingParams(temperature=1.0, max_new_tokens=16, seed=3)
     first = await eng.generate(PROMPTS[1], seeded)
