@@ -586,6 +586,9 @@ async def test_cuda_release_without_host_copy_refuses_until_weights_are_sent(
     assert not waiting.done()  # no KV arena yet: the request waits for it
     await eng.resume_memory(["kv_cache"])
     after = await asyncio.wait_for(waiting, 60)
-    await eng.close()
     assert eng.arena.nbytes > 0
+    free_open = device_free_bytes()
+    await eng.close()
+    if pausable:  # closing gives the pausable regions back to the device
+        assert device_free_bytes() - free_open >= arena_bytes
     assert after.ids == before.ids and after.weight_version == "1"

@@ -16,6 +16,8 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+import torch
+
 logger = logging.getLogger(__name__)
 
 _engine_ids = itertools.count()
@@ -65,3 +67,13 @@ class PausableMemory:
 
     def resume(self, name: str) -> None:
         self._saver.resume(self.tag(name))
+
+    def close(self) -> None:
+        """Give the regions' memory back to the device once the engine dropped its tensors. The
+        saver keeps one allocator pool per region for the process's lifetime, and a pool's cached
+        blocks are freed only with the pool, so the pools of this engine's tags go."""
+        pools = getattr(getattr(self._saver, "_impl", None), "_mem_pools", None)
+        if pools is not None:
+            for key in [k for k in pools if str(k[0]).startswith(f"{self._prefix}:")]:
+                del pools[key]
+        torch.cuda.empty_cache()
