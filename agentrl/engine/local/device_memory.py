@@ -73,7 +73,13 @@ class PausableMemory:
         saver keeps one allocator pool per region for the process's lifetime, and a pool's cached
         blocks are freed only with the pool, so the pools of this engine's tags go."""
         pools = getattr(getattr(self._saver, "_impl", None), "_mem_pools", None)
-        if pools is not None:
+        if pools is None:
+            return
+        # The saver frees a block only when the freeing thread is inside one of its regions.
+        with self.region("closing"):
             for key in [k for k in pools if str(k[0]).startswith(f"{self._prefix}:")]:
-                del pools[key]
-        torch.cuda.empty_cache()
+                if key[0] != self.tag("closing"):
+                    del pools[key]
+            torch.cuda.empty_cache()
+        for key in [k for k in pools if str(k[0]) == self.tag("closing")]:
+            del pools[key]
