@@ -16,11 +16,10 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-import torch
-
 logger = logging.getLogger(__name__)
 
 _engine_ids = itertools.count()
+_closed: list[PausableMemory] = []  # regions of closed engines, paused, for the next engine
 
 
 class PausableMemory:
@@ -30,11 +29,17 @@ class PausableMemory:
     def __init__(self, saver: Any) -> None:
         self._saver = saver
         self._prefix = f"agentrl-engine-{next(_engine_ids)}"
+        self._paused: set[str] = set()
 
     @classmethod
     def create(cls, device: str) -> PausableMemory | None:
         if not device.startswith("cuda"):
             return None
+        if _closed:  # a closed engine's regions: its cached blocks are reused, not leaked
+            memory = _closed.pop()
+            for name in list(memory._paused):
+                memory.resume(name)
+            return memory
         try:
             from torch_memory_saver import torch_memory_saver as saver
 
@@ -63,23 +68,20 @@ class PausableMemory:
             yield
 
     def pause(self, name: str) -> None:
-        self._saver.pause(self.tag(name))
+        if name not in self._paused:
+            self._saver.pause(self.tag(name))
+            self._paused.add(name)
 
     def resume(self, name: str) -> None:
-        self._saver.resume(self.tag(name))
+        if name in self._paused:
+            self._saver.resume(self.tag(name))
+            self._paused.discard(name)
 
-    def close(self) -> None:
-        """Give the regions' memory back to the device once the engine dropped its tensors. The
-        saver keeps one allocator pool per region for the process's lifetime, and a pool's cached
-        blocks are freed only with the pool, so the pools of this engine's tags go."""
-        pools = getattr(getattr(self._saver, "_impl", None), "_mem_pools", None)
-        if pools is None:
-            return
-        # The saver frees a block only when the freeing thread is inside one of its regions.
-        with self.region("closing"):
-            for key in [k for k in pools if str(k[0]).startswith(f"{self._prefix}:")]:
-                if key[0] != self.tag("closing"):
-                    del pools[key]
-            torch.cuda.empty_cache()
-        for key in [k for k in pools if str(k[0]) == self.tag("closing")]:
-            del pools[key]
+    def close(self, names: tuple[str, ...] = ("weights", "kv_cache")) -> None:
+        """The engine dropped its tensors: give the pages back to the device. The saver frees a
+        block only inside its region and keeps each region's allocator pool for the process's
+        lifetime, so the blocks stay cached in the pools, paused, and the next engine created in
+        this process resumes and reuses them (an allocation that does not fit frees them)."""
+        for name in names:
+            self.pause(name)
+        _closed.append(self)

@@ -280,9 +280,7 @@ class LocalEngine:
         self._wake.set()
         await asyncio.to_thread(self._thread.join)
         self._fail_all(EngineError("LocalEngine was closed while the request was running"))
-        if self._memory is not None and not self._released:
-            # Pausable regions keep their pages until their pools go: free them now, so a
-            # next engine in this process finds the memory (a paused engine keeps none).
+        if self._memory is not None:  # the pausable regions' pages go back to the device
             self._graphs = None
             self.arena.free_buffers()
             drop_parameters(self.model)
