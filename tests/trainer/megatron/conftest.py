@@ -130,6 +130,7 @@ def megatron_on_cpu(monkeypatch):
     backend believes it has a GPU, megatron-core's "cuda" tensors land on the CPU. Megatron's
     process groups outlive the test, as they outlive a backend in a trainer process."""
     pytest.importorskip("megatron.core")
+    import asyncio
     import contextlib
 
     from agentrl.trainer.megatron import requirements
@@ -139,6 +140,16 @@ def megatron_on_cpu(monkeypatch):
                             Stream=_NoStream, stream=lambda *_, **__: contextlib.nullcontext(),
                             synchronize=lambda *_, **__: None, empty_cache=lambda: None).items():  # fmt: skip
         monkeypatch.setattr(torch.cuda, name, value)
+    to_thread = asyncio.to_thread
+
+    async def to_thread_on_cpu(func, /, *args, **kwargs):  # a torch function mode is per thread
+        def run():
+            with _CudaOnCpu():
+                return func(*args, **kwargs)
+
+        return await to_thread(run)
+
+    monkeypatch.setattr(asyncio, "to_thread", to_thread_on_cpu)
     with _CudaOnCpu():
         yield
 

@@ -113,3 +113,55 @@ def test_checkpoint_reload_reproduces_logprobs(configs, tmp_path):
     reloaded = fresh.compute_logprobs(_batch(groups, fresh.pad_id))
     for a, b in zip(after.micro_batches(), reloaded.micro_batches(), strict=True):
         torch.testing.assert_close(a.old_logprobs, b.old_logprobs, rtol=0, atol=1e-6)
+
+
+def test_a_batch_without_signal_changes_nothing(configs, tmp_path):
+    """Equal rewards in every group: no forward, no update (Adam's momentum would move the
+    weights), the step counted, as the torch backend does."""
+    from conftest import save_random_model
+
+    save_random_model(configs["llama"](), tmp_path)
+    backend = _megatron(tmp_path, lr=1e-3)
+    groups = _groups(100)
+    backend.train_step(_batch(groups, backend.pad_id))
+    before = dict(kv for bucket in backend.export_weights() for kv in bucket)
+    for group in groups:
+        for t in group:
+            t.reward = 1.0
+    metrics = backend.train_step(_batch(groups, backend.pad_id))
+    after = dict(kv for bucket in backend.export_weights() for kv in bucket)
+    assert metrics["skipped_no_signal"] == 1.0 and metrics["loss"] == 0.0
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert backend.optimizer_step == 2
+
+
+@pytest.mark.slow
+def test_agentrl_train_with_the_megatron_backend(tiny_model_path, tmp_path):
+    """`train()` with train.backend=megatron (in one process): two steps whose first loss equals
+    the torch backend's on the same episodes, checkpoints with Megatron's state, and a resume
+    from step 1 that reproduces step 2."""
+    import json
+
+    from agentrl.loop import train
+    from tests.test_loop import _config
+
+    def run(backend: str, save, resume=None):
+        cfg = _config(tiny_model_path, save)
+        cfg.train.backend, cfg.model.device, cfg.model.dtype = backend, "cpu", "float32"
+        cfg.algo.entropy_coef = 0.01  # a random model's rewards tie: this term makes steps train
+        cfg.checkpoint.resume = str(resume) if resume else None
+        train(cfg)
+        lines = (save / "metrics.jsonl").read_text().splitlines()
+        rows = [json.loads(line) for line in lines if line.strip()]
+        return {r["step"]: r for r in rows if "train/loss" in r}
+
+    ours, theirs = run("megatron", tmp_path / "mg"), run("torch", tmp_path / "torch")
+    assert sorted(ours) == [1, 2]
+    assert ours[1]["train/loss"] == pytest.approx(theirs[1]["train/loss"], abs=1e-5)
+    assert (tmp_path / "mg" / "checkpoints" / "step_000002" / "megatron").is_dir()
+    import shutil
+
+    step1 = tmp_path / "mg" / "checkpoints" / "step_000001"
+    shutil.copytree(step1, tmp_path / "resumed" / "checkpoints" / "step_000001")
+    resumed = run("megatron", tmp_path / "resumed", resume=tmp_path / "resumed")
+    assert resumed[2]["train/loss"] == pytest.approx(ours[2]["train/loss"], rel=1e-5, abs=1e-7)
