@@ -140,7 +140,10 @@ class TrainConfig:
     global_batch_size: int | None = None
     """Trajectories per optimizer step; None = the whole rollout batch in one step."""
     max_tokens_per_micro_batch: int = 4096
-    """Token budget of one packed micro-batch row set."""
+    """Token budget of one packed micro-batch row set (slime's --max-tokens-per-gpu)."""
+    micro_batch_size: int | None = None
+    """Sequences per micro-batch at most (slime's --micro-batch-size); None = as many as fit the
+    token budget."""
     lr: float = 1e-6
     min_lr: float = 0.0
     lr_warmup_steps: int = 0

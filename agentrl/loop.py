@@ -56,8 +56,8 @@ def train(cfg: RunConfig) -> TrainResult:
 
 
 def _check_megatron(cfg: RunConfig) -> None:
-    """What the machine lacks first (the extra, CUDA, a TP x PP that divides the GPUs); then the
-    honest state: the backend exists (`agentrl.trainer.megatron`) but no runtime builds it yet."""
+    """What the machine lacks, before anything starts: the megatron extra, CUDA, a TP x PP that
+    divides the trainer's GPUs, TransformerEngine for sequence parallel."""
     from agentrl.trainer.megatron import MegatronUnavailable, check_megatron_usable
 
     gpus = cfg.cluster.actor_num_nodes * cfg.cluster.actor_num_gpus_per_node
@@ -65,10 +65,6 @@ def _check_megatron(cfg: RunConfig) -> None:
         check_megatron_usable(cfg.train, gpus)
     except MegatronUnavailable as e:
         raise ConfigError(str(e)) from None
-    raise ConfigError(
-        "train.backend='megatron' (--train-backend megatron): the Megatron backend is not yet "
-        "wired into the trainer group (its GPU checks are pending, issue 11); use --train-backend torch"
-    )
 
 
 async def _train(cfg: RunConfig) -> TrainResult:
@@ -285,6 +281,7 @@ class _State:
             pad_id=self.runtime.pad_id,
             global_batch_size=cfg.train.global_batch_size,
             dp_size=self.runtime.dp_size,
+            micro_batch_size=cfg.train.micro_batch_size,
         )
         train_metrics = await self.runtime.train_step(batches)
         self.step, self.data_state = step + 1, rollout.data_state

@@ -64,9 +64,9 @@ async def make_runtime(cfg: RunConfig, model_path: str, num_optimizer_steps: int
 
         return await RayRuntime.start(cfg, model_path, num_optimizer_steps)
     from agentrl.engine.factory import make_engine
-    from agentrl.trainer.torch_backend import TorchBackend
+    from agentrl.trainer.backend import make_trainer_backend
 
-    backend = TorchBackend(
+    backend = make_trainer_backend(
         model_path,
         cfg.train,
         cfg.algo,

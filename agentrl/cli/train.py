@@ -48,6 +48,7 @@ SLIME_FLAGS: dict[str, str] = {
     "sequence_parallel": "train.sequence_parallel",
     "recompute_granularity": "train.recompute_granularity",
     "max_tokens_per_gpu": "train.max_tokens_per_micro_batch",
+    "micro_batch_size": "train.micro_batch_size",
     "use_distributed_optimizer": "train.use_distributed_optimizer",
 }
 PLACEMENT = "Placement (Ray; any of these runs trainer and engines as Ray actors)"
@@ -210,6 +211,11 @@ def train_command(
     ),
     max_tokens_per_gpu: int | None = typer.Option(
         None, help="Token budget of one packed micro-batch per GPU.", rich_help_panel=TRAINER
+    ),
+    micro_batch_size: int | None = typer.Option(
+        None,
+        help="Sequences per micro-batch at most (default: as many as fit).",
+        rich_help_panel=TRAINER,
     ),
     use_distributed_optimizer: bool | None = typer.Option(
         None, "--use-distributed-optimizer/--no-use-distributed-optimizer", rich_help_panel=TRAINER

@@ -84,6 +84,7 @@ class RayRuntime:
         self.cfg, self.placement, self.pg, self.ranks = cfg, placement, pg, ranks
         self.engines, self.owns_ray = engines, owns_ray
         self.engine: Any = GatedEngine(engines.engine)  # a weight update drains turns, never aborts
+        self.dp_ranks = list(range(len(ranks)))  # rank i trains on batches[dp_ranks[i]]
         self.dp_size = len(ranks)
         self.pad_id = 0
         self.num_engine_restarts = 0
@@ -117,6 +118,10 @@ class RayRuntime:
             raise
         runtime = cls(cfg, placement, pg, ranks, engines, owns_ray=owns_ray)
         runtime.pad_id = await ranks[0].pad_id.remote()
+        runtime.dp_ranks = list(
+            await asyncio.gather(*(r.data_parallel_rank.remote() for r in ranks))
+        )
+        runtime.dp_size = max(runtime.dp_ranks) + 1
         await runtime._connect_weights()
         log.info(
             "Ray runtime: %d trainer ranks, %d engines (%s, weights by %s) at %s",
@@ -168,7 +173,10 @@ class RayRuntime:
             metrics["engine/memory_before_release_gb"] = before / 1e9
             metrics["engine/memory_after_release_gb"] = await self._engine_memory_bytes() / 1e9
         results = await asyncio.gather(
-            *(r.train_step.remote(b) for r, b in zip(self.ranks, batches, strict=True))
+            *(
+                r.train_step.remote(b)
+                for r, b in zip(self.ranks, batches_per_rank(batches, self.dp_ranks), strict=True)
+            )
         )
         return {**results[0], **metrics}
 
@@ -272,6 +280,17 @@ class RayRuntime:
             remove_placement_group(self.pg)
         if self.owns_ray:
             ray.shutdown()
+
+
+def batches_per_rank(batches: list[Any], dp_ranks: list[int]) -> list[Any]:
+    """The batch of each trainer rank: one per data-parallel rank, shared by the tensor- and
+    pipeline-parallel ranks of a Megatron replica (`dp_ranks[i]` is rank i's DP rank)."""
+    if sorted(set(dp_ranks)) != list(range(len(batches))):
+        raise ValueError(
+            f"{len(batches)} batches for data-parallel ranks {sorted(set(dp_ranks))}: build one "
+            "batch per DP rank (dp_size = trainer GPUs / (TP x PP))"
+        )
+    return [batches[d] for d in dp_ranks]
 
 
 def _require_asked_packages(cfg: RunConfig) -> None:

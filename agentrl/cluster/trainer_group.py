@@ -1,5 +1,6 @@
-"""The trainer group: one Ray actor per trainer rank, each holding a `TorchBackend` inside one
-torch.distributed group (NCCL on GPU, gloo on CPU; FSDP2 across the ranks), and the weight sync
+"""The trainer group: one Ray actor per trainer rank, each holding the `train.backend` backend
+(`TorchBackend`: FSDP2 across the ranks; `MegatronBackend`: TP x PP x DP) inside one
+torch.distributed group (NCCL on GPU, gloo on CPU), and the weight sync
 from the ranks to the engines: CUDA IPC / shared memory to the colocated engine, a broadcast from
 rank 0 to every engine rank, or a checkpoint directory on disk."""
 
@@ -64,7 +65,7 @@ class TrainerRank:
         import torch
         import torch.distributed as dist
 
-        from agentrl.trainer.torch_backend import TorchBackend
+        from agentrl.trainer.backend import make_trainer_backend
         from agentrl.trainer.weights import serving_dtype
 
         self.spec, self.cfg = spec, cfg
@@ -87,7 +88,7 @@ class TrainerRank:
             world_size=spec.world_size,
             timeout=timedelta(minutes=30),
         )
-        self.backend = TorchBackend(
+        self.backend = make_trainer_backend(
             spec.model_path,
             cfg.train,
             cfg.algo,
@@ -109,6 +110,14 @@ class TrainerRank:
 
     def pad_id(self) -> int:
         return self.backend.pad_id
+
+    def data_parallel_rank(self) -> int:
+        """Which of `build_train_batches(..., dp_size)`'s batches this rank trains on: its own
+        rank under FSDP; under Megatron its replica's (the TP and PP ranks of a replica share the
+        batch). Collective under Megatron the first time (it builds the model and its groups)."""
+        if self.cfg.train.backend == "megatron":
+            return self.backend.dp_rank  # type: ignore[attr-defined]
+        return self.spec.rank
 
     def train_step(self, batch: Any) -> dict[str, float]:
         return self.backend.train_step(batch)

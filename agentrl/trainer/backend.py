@@ -1,4 +1,5 @@
-"""The `TrainerBackend` protocol: what the loop and the cluster layer ask of a trainer rank."""
+"""The `TrainerBackend` protocol: what the loop and the cluster layer ask of a trainer rank; and
+`make_trainer_backend`, which builds the one `train.backend` names."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from agentrl.config import AlgoConfig, TrainConfig
 from agentrl.trainer.batch import TrainBatch
 
 
@@ -49,3 +51,24 @@ class TrainerBackend(Protocol):
     def load(self, directory: str | Path) -> None:
         """Restore what `save` wrote (possibly with another number of ranks)."""
         ...
+
+
+def make_trainer_backend(
+    model_path: str,
+    train_cfg: TrainConfig,
+    algo_cfg: AlgoConfig,
+    *,
+    device: str,
+    dtype: str,
+    temperature: float,
+    num_optimizer_steps: int | None = None,
+) -> TrainerBackend:
+    """`train.backend`'s backend for one rank; megatron.core is imported only when asked for."""
+    if train_cfg.backend == "megatron":
+        from agentrl.trainer.megatron.backend import MegatronBackend as backend_cls
+    else:
+        from agentrl.trainer.torch_backend import TorchBackend as backend_cls
+    return backend_cls(  # type: ignore[return-value]
+        model_path, train_cfg, algo_cfg, device=device, dtype=dtype, temperature=temperature,
+        num_optimizer_steps=num_optimizer_steps,
+    )  # fmt: skip

@@ -171,9 +171,10 @@ def _make_sample(index: int, traj: Any, advantage: float, pad_id: int) -> _Sampl
 
 
 def pack_first_fit_decreasing(
-    lengths: list[int], budget: int, *, is_packed: bool
+    lengths: list[int], budget: int, *, is_packed: bool, max_seqs: int | None = None
 ) -> list[list[int]]:
-    """Indices grouped into micro-batches of at most `budget` tokens (a longer sequence sits alone).
+    """Indices grouped into micro-batches of at most `budget` tokens (a longer sequence sits alone)
+    and at most `max_seqs` sequences (None = no bound).
 
     Packed: the sum of lengths counts. Padded: rows x the longest row counts."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
@@ -182,7 +183,7 @@ def pack_first_fit_decreasing(
     for i in order:
         for b, members in enumerate(bins):
             cost = used[b] + lengths[i] if is_packed else (len(members) + 1) * lengths[members[0]]
-            if cost <= budget:
+            if cost <= budget and (max_seqs is None or len(members) < max_seqs):
                 members.append(i)
                 used[b] += lengths[i]
                 break
@@ -262,14 +263,21 @@ def split_balanced(lengths: list[int], num_parts: int) -> list[list[int]]:
 
 
 def _step_batches(
-    samples: list[_Sample], budget: int, is_packed: bool, pad_id: int, dp_size: int
+    samples: list[_Sample],
+    budget: int,
+    is_packed: bool,
+    pad_id: int,
+    dp_size: int,
+    max_seqs: int | None,
 ) -> list[StepBatch]:
     """One optimizer step as `dp_size` StepBatches (one per rank) with the step's global loss
     denominators and equal micro-batch counts (padded with empty micro-batches)."""
     per_rank: list[list[MicroBatch]] = []
     for part in split_balanced([s.length for s in samples], dp_size):
         mine = [samples[i] for i in part]
-        bins = pack_first_fit_decreasing([s.length for s in mine], budget, is_packed=is_packed)
+        bins = pack_first_fit_decreasing(
+            [s.length for s in mine], budget, is_packed=is_packed, max_seqs=max_seqs
+        )
         per_rank.append(
             [_rows_for([mine[i] for i in members], is_packed, pad_id) for members in bins]
         )
@@ -297,11 +305,13 @@ def build_train_batches(
     global_batch_size: int | None = None,
     is_packed: bool = True,
     dp_size: int = 1,
+    micro_batch_size: int | None = None,
 ) -> list[TrainBatch]:
     """One `TrainBatch` per data-parallel rank. Advantages over all groups, then trainable
     trajectories split into optimizer steps of `global_batch_size` (in order; None = one step);
     each step's sequences split over the ranks balanced by tokens and packed into micro-batches
-    of at most `max_tokens_per_micro_batch` tokens. Every rank gets the same number of steps and
+    of at most `max_tokens_per_micro_batch` tokens and `micro_batch_size` sequences (None = as
+    many as fit). Every rank gets the same number of steps and
     of micro-batches per step, and each step's global denominators, so summing the ranks'
     gradients gives the 1-rank update. ERROR/ABORTED trajectories are counted and left out."""
     if max_tokens_per_micro_batch < 1:
@@ -314,6 +324,11 @@ def build_train_batches(
         )
     if dp_size < 1:
         raise ValueError(f"dp_size={dp_size} must be >= 1 (the number of trainer ranks)")
+    if micro_batch_size is not None and micro_batch_size < 1:
+        raise ValueError(
+            f"train.micro_batch_size={micro_batch_size} (--micro-batch-size) must be >= 1, or "
+            "None to pack as many sequences as fit max_tokens_per_micro_batch"
+        )
     advantages = compute_advantages(groups, algo_cfg)
     trajs = [t for group in groups for t in group]
     flat_adv = [a for group_adv in advantages for a in group_adv]
@@ -332,7 +347,12 @@ def build_train_batches(
     step_size = global_batch_size or max(len(samples), 1)
     steps = [  # [step][rank]
         _step_batches(
-            samples[i : i + step_size], max_tokens_per_micro_batch, is_packed, pad_id, dp_size
+            samples[i : i + step_size],
+            max_tokens_per_micro_batch,
+            is_packed,
+            pad_id,
+            dp_size,
+            micro_batch_size,
         )
         for i in range(0, len(samples), step_size)
     ]

@@ -59,14 +59,14 @@ def test_megatron_flags_map_to_the_train_section():
     flags = ["--train-backend", "megatron", "--tensor-model-parallel-size", "2",
              "--pipeline-model-parallel-size", "2", "--sequence-parallel",
              "--recompute-granularity", "full", "--max-tokens-per-gpu", "8192",
-             "--use-distributed-optimizer"]  # fmt: skip
+             "--micro-batch-size", "4", "--use-distributed-optimizer"]  # fmt: skip
     result = runner.invoke(app, ["train", *flags, "--show-config"])
     assert result.exit_code == 0, result.output
     train = json.loads(result.output)["train"]
     assert train["backend"] == "megatron" and train["tensor_model_parallel_size"] == 2
     assert train["pipeline_model_parallel_size"] == 2 and train["sequence_parallel"] is True
     assert train["recompute_granularity"] == "full" and train["max_tokens_per_micro_batch"] == 8192
-    assert train["use_distributed_optimizer"] is True
+    assert train["use_distributed_optimizer"] is True and train["micro_batch_size"] == 4
 
 
 def test_placement_flags_map_to_the_cluster_section():

@@ -97,6 +97,13 @@ class MegatronBackend:
         self.model  # noqa: B018 (the groups exist once the model is built)
         return ps.get_data_parallel_world_size()
 
+    @property
+    def dp_rank(self) -> int:
+        """Which of `build_train_batches(..., dp_size)`'s batches this rank takes: the TP and PP
+        ranks of one model replica share it."""
+        self.model  # noqa: B018
+        return ps.get_data_parallel_rank()
+
     def _build(self, is_trained: bool) -> Any:
         stage = gpt.build_gpt(self.shape, self.tf_config, self.use_te)
         gpt.load_hf_weights(stage, self.wmap, self.model_path)
@@ -258,7 +265,10 @@ class MegatronBackend:
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One optimizer step per `batch.steps` entry; the steps' mean metrics, equal on every
-        rank, as TorchBackend.train_step reports them."""
+        rank, as TorchBackend.train_step reports them. A batch without signal is skipped as
+        there: no forward, backward nor update (Adam would move the weights on old momentum)."""
+        if not self._has_signal(batch):
+            return self._skip(batch)
         mbs = list(batch.micro_batches())
         need_old = len(batch.steps) > 1 and any(mb.old_logprobs is None for mb in mbs)
         need_ref = self._ref is not None and any(mb.ref_logprobs is None for mb in mbs)
@@ -271,6 +281,21 @@ class MegatronBackend:
             k: sum(m[k] for m in per_step if k in m) / sum(k in m for m in per_step) for k in names
         }
         metrics.update({k.removeprefix("batch/"): v for k, v in batch.metrics.items()})
+        metrics["skipped_no_signal"] = 0.0
+        return metrics
+
+    def _has_signal(self, batch: TrainBatch) -> bool:
+        if not any(step.micro_batches for step in batch.steps):
+            return False
+        is_advantage_free = self.objective.kl is not None or bool(self.objective.entropy_coef)
+        return is_advantage_free or batch.max_abs_advantage > 0
+
+    def _skip(self, batch: TrainBatch) -> dict[str, float]:
+        lr = self._set_lr()
+        self.optimizer_step += len(batch.steps)  # the lr schedule keeps its horizon
+        self.num_train_steps += 1
+        metrics = {k.removeprefix("batch/"): v for k, v in batch.metrics.items()}
+        metrics.update(skipped_no_signal=1.0, lr=lr, loss=0.0, pg_loss=0.0)
         return metrics
 
     def _set_lr(self) -> float:

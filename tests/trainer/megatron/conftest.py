@@ -79,3 +79,94 @@ def configs():
 @pytest.fixture
 def make_random_model():
     return random_model
+
+
+class _CudaOnCpu(torch.overrides.TorchFunctionMode):
+    """Tensors megatron-core asks for on "cuda" (its schedules, DDP buffers and optimizer name
+    the device outright) are made on the CPU, and `.type()` reports the CUDA type its asserts
+    expect. With gloo for the process groups, the whole backend then runs on a CPU machine."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if "device" in kwargs:
+            kwargs["device"] = _on_cpu(kwargs["device"])
+        name = getattr(func, "__name__", "")
+        if name == "cuda":
+            return args[0]
+        if name == "to" and len(args) > 1 and _is_device(args[1]):
+            args = (args[0], _on_cpu(args[1]), *args[2:])
+        out = func(*args, **kwargs)
+        if name == "type" and len(args) == 1 and not kwargs and isinstance(out, str):
+            return out.replace("torch.", "torch.cuda.", 1)
+        return out
+
+
+def _is_device(value) -> bool:
+    return isinstance(value, (str, torch.device)) or type(value) is int
+
+
+def _on_cpu(device):
+    if isinstance(device, torch.device) and device.type == "cuda":
+        return torch.device("cpu")
+    if (isinstance(device, str) and device.startswith("cuda")) or type(device) is int:
+        return "cpu"
+    return device
+
+
+class _NoStream:
+    def __init__(self, *_, **__) -> None:
+        pass
+
+    def wait_event(self, *_) -> None:
+        pass
+
+    def wait_stream(self, *_) -> None:
+        pass
+
+
+@pytest.fixture
+def megatron_on_cpu(monkeypatch):
+    """megatron-core's real model, schedule, DDP and optimizer on the CPU (gloo, 1 rank): the
+    backend believes it has a GPU, megatron-core's "cuda" tensors land on the CPU. Megatron's
+    process groups outlive the test, as they outlive a backend in a trainer process."""
+    pytest.importorskip("megatron.core")
+    import asyncio
+    import contextlib
+
+    from agentrl.trainer.megatron import requirements
+
+    monkeypatch.setattr(requirements, "_cuda_available", lambda: True)
+    for name, value in dict(current_device=lambda: "cpu", current_stream=lambda *_, **__: _NoStream(),
+                            Stream=_NoStream, stream=lambda *_, **__: contextlib.nullcontext(),
+                            synchronize=lambda *_, **__: None, empty_cache=lambda: None).items():  # fmt: skip
+        monkeypatch.setattr(torch.cuda, name, value)
+    to_thread = asyncio.to_thread
+
+    async def to_thread_on_cpu(func, /, *args, **kwargs):  # a torch function mode is per thread
+        def run():
+            with _CudaOnCpu():
+                return func(*args, **kwargs)
+
+        return await to_thread(run)
+
+    monkeypatch.setattr(asyncio, "to_thread", to_thread_on_cpu)
+    with _CudaOnCpu():
+        yield
+
+
+def save_random_model(hf_config, directory, seed: int = 0):
+    """`random_model` saved as an HF checkpoint in `directory`; returns the model."""
+    model = random_model(hf_config, seed)
+    model.save_pretrained(str(directory))
+    return model
+
+
+def logprobs_by_sequence(batch) -> list[torch.Tensor]:
+    """Each trained sequence's `old_logprobs` over its loss tokens, in batch order (by
+    `MicroBatch.sample_indices`): packing puts the longest sequences first, so a flat read of
+    the micro-batches is not in trajectory order."""
+    out = {}
+    for mb in batch.micro_batches():
+        for j, index in enumerate(mb.sample_indices):
+            out[index] = mb.old_logprobs[(mb.seq_index == j) & (mb.loss_mask > 0)]
+    return [out[i] for i in range(len(out))]

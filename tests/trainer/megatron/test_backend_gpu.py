@@ -47,6 +47,8 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out: str, cfg: dic
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0")
     torch.cuda.set_device(rank)
     torch.distributed.init_process_group("nccl", rank=rank, world_size=world)
+    from conftest import logprobs_by_sequence
+
     from agentrl.config import AlgoConfig, TrainConfig
     from agentrl.trainer.batch import build_train_batches
     from agentrl.trainer.megatron.backend import MegatronBackend
@@ -66,9 +68,11 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out: str, cfg: dic
     batch = batches[ps.get_data_parallel_rank()]
     backend.compute_logprobs(batch)
     before = [mb.old_logprobs for mb in batch.micro_batches()]
+    before_seqs = logprobs_by_sequence(batch)  # every sequence when DP = 1, in trajectory order
     metrics = backend.train_step(batch)
     backend.compute_logprobs(batch)
     after = [mb.old_logprobs for mb in batch.micro_batches()]
+    after_seqs = logprobs_by_sequence(batch)
     export = dict(
         kv for bucket in backend.export_weights(64 << 20, dtype=torch.float32) for kv in bucket
     )
@@ -83,6 +87,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out: str, cfg: dic
         torch.save(reloaded, Path(out) / "reloaded.pt") if rank == 0 else None
     if rank == 0:
         torch.save({"before": before, "after": after, "metrics": metrics,
+                    "before_seqs": before_seqs, "after_seqs": after_seqs,
                     "export": {k: v.cpu() for k, v in export.items()}}, Path(out) / "result.pt")  # fmt: skip
     torch.distributed.destroy_process_group()
 
@@ -111,15 +116,6 @@ def _hf_logprobs(model_dir: str, dtype: torch.dtype, vocab_seed_groups) -> list[
     return out
 
 
-def _per_sequence(result_lps, groups) -> list[torch.Tensor]:
-    """Flatten [R, T] micro-batch logprobs back to each trajectory's sampled tokens (one rank's
-    batch holds every sequence when DP = 1), in trajectory order."""
-    flat = torch.cat([lp.reshape(-1) for lp in result_lps])
-    values = flat[flat != 0]
-    lengths = [sum(t.loss_mask) for g in groups for t in g]
-    return list(values.split(lengths))
-
-
 @pytest.fixture(scope="module")
 def model_135m(tmp_path_factory) -> str:
     from agentrl.engine.model_store import make_shaped_model
@@ -143,7 +139,7 @@ def test_logprobs_equal_transformers(model_135m, tmp_path):
     groups = _groups(49152)
     for dtype, tol in (("float32", 1e-4), ("bfloat16", 2e-2)):
         result = _run(model_135m, tmp_path / dtype, 1, dtype=dtype, save=dtype == "float32")
-        ours = _per_sequence(result["before"], groups)
+        ours = result["before_seqs"]
         ref = _hf_logprobs(model_135m, torch.float32, groups)
         mean_abs = torch.cat([(a - b).abs() for a, b in zip(ours, ref, strict=True)]).mean().item()
         report[dtype] = mean_abs
@@ -155,7 +151,7 @@ def test_logprobs_equal_transformers(model_135m, tmp_path):
     result = torch.load(tmp_path / "float32" / "result.pt")
     assert max((copy[k] - result["export"][k]).abs().max().item() for k in copy) == 0.0
     after_hf = _hf_logprobs(str(tmp_path / "float32" / "ckpt"), torch.float32, groups)
-    after = _per_sequence(result["after"], groups)
+    after = result["after_seqs"]
     report["after_step_vs_hf_copy"] = (
         torch.cat([(a - b).abs() for a, b in zip(after, after_hf, strict=True)]).mean().item()
     )
@@ -172,7 +168,10 @@ def test_logprobs_equal_transformers(model_135m, tmp_path):
 def test_tp2_and_pp2_equal_one_gpu(model_tp, tmp_path):
     base = _run(model_tp, tmp_path / "tp1", 1, dtype="bfloat16")
     report = {}
-    for name, cfg in (("tp2", dict(tp=2)), ("tp2_sp", dict(tp=2, sp=True)), ("pp2", dict(pp=2))):
+    names = ("tp2", "tp2_sp", "pp2") if _has_transformer_engine() else ("tp2", "pp2")
+    configs = {"tp2": dict(tp=2), "tp2_sp": dict(tp=2, sp=True), "pp2": dict(pp=2)}
+    for name in names:
+        cfg = configs[name]
         result = _run(model_tp, tmp_path / name, 2, dtype="bfloat16", **cfg)
         before = torch.cat(
             [
@@ -190,6 +189,26 @@ def test_tp2_and_pp2_equal_one_gpu(model_tp, tmp_path):
     report["dp2"] = dict(loss_abs=abs(dp["metrics"]["loss"] - base["metrics"]["loss"]),
                          grad_norm=(dp["metrics"]["grad_norm"], base["metrics"]["grad_norm"]))  # fmt: skip
     print("MEGATRON_REPORT", json.dumps(report))
-    for name in ("tp2", "tp2_sp", "pp2"):
+    for name in names:
         assert report[name]["logprob_mean_abs"] <= 2e-2 and report[name]["loss_abs"] <= 2e-2, report
     assert report["dp2"]["loss_abs"] <= 2e-2, report
+
+
+def _has_transformer_engine() -> bool:
+    from agentrl.trainer.megatron import requirements
+
+    return requirements._transformer_engine_installed()
+
+
+@pytest.mark.skipif(_has_transformer_engine(), reason="TransformerEngine is installed")
+def test_sequence_parallel_without_transformer_engine_is_refused(model_tp):
+    """The local layer spec's torch norms cannot run sequence parallel: refused before any model
+    is built, in one line that names the flag and the fix."""
+    from agentrl.config import AlgoConfig, TrainConfig
+    from agentrl.trainer.megatron import MegatronUnavailable
+    from agentrl.trainer.megatron.backend import MegatronBackend
+
+    train = TrainConfig(backend="megatron", tensor_model_parallel_size=2, sequence_parallel=True)
+    with pytest.raises(MegatronUnavailable, match="--sequence-parallel.*TransformerEngine") as err:
+        MegatronBackend(model_tp, train, AlgoConfig())
+    assert "\n" not in str(err.value)
