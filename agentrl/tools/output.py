@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import pydantic
+
 CHARS_PER_TOKEN = 4
 """Character budget per token when no tokenizer is given (a common English average)."""
 
@@ -43,7 +45,7 @@ def format_output(value: Any) -> str:
         return bytes(value).decode("utf-8", errors="replace")
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         value = dataclasses.asdict(value)
-    elif hasattr(value, "model_dump"):
+    elif isinstance(value, pydantic.BaseModel):
         value = value.model_dump(mode="json")
     return json.dumps(value, ensure_ascii=False, default=str)
 
@@ -58,6 +60,7 @@ def truncate_middle(
     """
     if max_tokens is None or max_tokens <= 0:
         return text
+    units: Any  # the text's characters or its token ids
     if tokenizer is None:
         units, budget, what = text, max_tokens * CHARS_PER_TOKEN, "characters"
     else:

@@ -138,7 +138,9 @@ class Tool:
         except pydantic.ValidationError as e:
             raise argument_error(e, self.parameters) from None
         fields = type(model).model_fields
-        kwargs = {fields[n].alias: getattr(model, n) for n in model.model_fields_set if n in fields}
+        kwargs = {
+            fields[n].alias or n: getattr(model, n) for n in model.model_fields_set if n in fields
+        }
         kwargs.update({name: None for name in self.fills_none if name not in kwargs})
         return {**kwargs, **(model.model_extra or {})}
 
