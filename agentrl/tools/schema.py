@@ -72,6 +72,8 @@ def json_schema(model: type[pydantic.BaseModel], *, accepts_extra: bool) -> dict
 
 
 class _ToolSchema(GenerateJsonSchema):
+    """pydantic's JSON schema, written the way function-calling schemas usually are."""
+
     def sort(self, value: Any, parent_key: str | None = None) -> Any:
         return value  # keep "type" first, as tool schemas are usually written
 
@@ -83,7 +85,7 @@ class _ToolSchema(GenerateJsonSchema):
 
     def default_schema(self, schema: Any) -> Any:
         out = super().default_schema(schema)
-        if out.get("default", 0) is None:
+        if "default" in out and out["default"] is None:  # None is no default the model can use
             del out["default"]
         return out
 
