@@ -60,9 +60,10 @@ def test_train_two_steps_then_resume_reproduces_step_two(tiny_model_path, tmp_pa
     assert result.num_steps == 2
     ckpts = sorted(p.name for p in (run_a / "checkpoints").iterdir() if p.name.startswith("step_"))
     assert ckpts == ["step_000001", "step_000002"]
-    assert (run_a / "checkpoints" / "step_000002" / "model" / "config.json").exists() or any(
-        (run_a / "checkpoints" / "step_000002").rglob("*.safetensors")
-    )
+    # Each checkpoint holds an HF copy that transformers loads as a model (what eval reads).
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(run_a / "checkpoints" / "step_000002") is not None
     assert result.evals and result.evals[-1]["step"] == 2
 
     # Resume from the step-1 checkpoint in a fresh run dir: step 2 must be the same.
@@ -118,43 +119,30 @@ def test_train_through_http_engine_matches_in_process(tiny_model_path, tmp_path)
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
 
 
+def _train_cli(*args: str) -> list[str]:
+    import sys
+
+    return [sys.executable, "-m", "agentrl.cli", "train", *args]
+
+
 @pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_that_resumes(tiny_model_path, tmp_path):
-    """SIGINT during training writes a complete checkpoint of the last finished step."""
+    """SIGINT during training writes a complete checkpoint of the last finished step, and
+    `--resume` from it trains the next step on the tasks the interrupted run had drawn."""
     import signal
     import subprocess
-    import sys
     import time
 
+    from agentrl.trainer.checkpoint import checkpoint_step, find_latest
+
     run = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "agentrl.cli",
-        "train",
-        "--env",
-        "calculator",
-        "--model",
-        tiny_model_path,
-        "--save",
-        str(run),
-        "--num-rollout",
-        "200",
-        "--save-interval",
-        "1000",
-        "--rollout-batch-size",
-        "2",
-        "--n-samples-per-prompt",
-        "2",
-        "--rollout-max-response-len",
-        "8",
-        "--set",
-        "eval.eval_at_start=false",
-        "--set",
-        "log.progress=false",
-        "--set",
-        "log.use_tensorboard=false",
-    ]
+    cmd = _train_cli(
+        "--env", "calculator", "--model", tiny_model_path, "--save", str(run),
+        "--num-rollout", "200", "--save-interval", "1000", "--rollout-batch-size", "2",
+        "--n-samples-per-prompt", "2", "--rollout-max-response-len", "8",
+        "--set", "eval.eval_at_start=false", "--set", "log.progress=false",
+        "--set", "log.use_tensorboard=false",
+    )  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
     while not (run / "rollouts" / "step_000002.jsonl").exists():
@@ -164,13 +152,30 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tiny_model_path, tmp_path):
     proc.send_signal(signal.SIGINT)
     out = proc.communicate(timeout=300)[0].decode()
     assert proc.returncode != 0
-    from agentrl.trainer.checkpoint import checkpoint_step, find_latest
-
     ckpt = find_latest(run / "checkpoints")
     assert ckpt is not None, out
-    assert checkpoint_step(ckpt) >= 1 and (ckpt / "loop_state.pt").exists()
+    step = checkpoint_step(ckpt)
+    assert step >= 1 and (ckpt / "loop_state.pt").exists()
     assert "saving a checkpoint" in out
     assert f"saved in {ckpt}" in out.replace("\n", "") and f"--resume {run}" in out
+
+    # Resumed, the next step trains on the tasks that follow the checkpoint's in the seeded order.
+    from agentrl.data import TaskSource, load_tasks
+
+    recipe = recipe_for_env("calculator")
+    order = TaskSource(load_tasks(recipe.env, "train"), seed=recipe.rollout.seed)
+    order.next_batch(2 * step)  # the checkpointed steps' tasks (2 per step)
+    expected = [t.id for t in order.next_batch(2)]
+    resume = _train_cli(
+        "--resume", str(run), "--override", "--num-rollout", str(step + 1),
+        "--set", "eval.num_eval_tasks=2",
+    )  # fmt: skip
+    done = subprocess.run(resume, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert checkpoint_step(find_latest(run / "checkpoints")) == step + 1
+    assert "train/loss" in _metrics(run)[step + 1]
+    resumed = read_jsonl(str(run / "rollouts" / f"step_{step + 1:06d}.jsonl"))
+    assert list(dict.fromkeys(t.task["id"] for t in resumed)) == expected
 
 
 def test_unbuilt_megatron_backend_is_refused_by_name(tmp_path):

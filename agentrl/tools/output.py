@@ -1,15 +1,38 @@
-"""Tool return values as text, and long text cut to a budget keeping its head and tail."""
+"""Tool return values as text, and `truncate_middle`: long text cut to a token budget keeping
+its head and tail (the one such helper; observations and documents use it too)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import pydantic
 
 CHARS_PER_TOKEN = 4
-"""Character budget per token when no tokenizer is bound (a common English average)."""
-_MARKER_TOKENS = 16
-"""Room left in the budget for the truncation marker itself."""
+"""Character budget per token when no tokenizer is given (a common English average)."""
+
+
+class TextTokenizer(Protocol):
+    """Plain text to ids and back, no special tokens added: what `ChatCodec` offers."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+@dataclass(frozen=True)
+class HFTextTokenizer:
+    """A Hugging Face tokenizer as a `TextTokenizer` (its `encode` adds BOS by default)."""
+
+    tokenizer: Any
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
 
 
 def format_output(value: Any) -> str:
@@ -22,45 +45,35 @@ def format_output(value: Any) -> str:
         return bytes(value).decode("utf-8", errors="replace")
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         value = dataclasses.asdict(value)
-    elif hasattr(value, "model_dump"):
+    elif isinstance(value, pydantic.BaseModel):
         value = value.model_dump(mode="json")
     return json.dumps(value, ensure_ascii=False, default=str)
 
 
-def truncate(text: str, max_tokens: int | None, tokenizer: Any = None) -> str:
-    """Cut `text` to about `max_tokens` tokens: head, a marker saying how much went, tail.
+def truncate_middle(
+    text: str, max_tokens: int | None, tokenizer: TextTokenizer | None = None
+) -> str:
+    """`text` in at most about `max_tokens` tokens: its head, a marker saying how much went,
+    its tail. The marker counts against the budget; None or <= 0 means no limit.
 
-    Counts real tokens with a HF tokenizer; else characters (CHARS_PER_TOKEN per token).
+    Counts real tokens with `tokenizer`; without one, characters (CHARS_PER_TOKEN per token).
     """
     if max_tokens is None or max_tokens <= 0:
         return text
+    units: Any  # the text's characters or its token ids
+    if tokenizer is None:
+        units, budget, what = text, max_tokens * CHARS_PER_TOKEN, "characters"
+    else:
+        units, budget, what = tokenizer.encode(text), max_tokens, "tokens"
+    if len(units) <= budget:
+        return text
+    widest = _marker(len(units), what)  # as many digits as the real marker can have
+    keep = max(budget - (len(widest) if tokenizer is None else len(tokenizer.encode(widest))), 2)
+    head, tail = units[: (keep + 1) // 2], units[len(units) - keep // 2 :]
     if tokenizer is not None:
-        return _truncate_tokens(text, max_tokens, tokenizer)
-    return _truncate_chars(text, max_tokens * CHARS_PER_TOKEN)
+        head, tail = tokenizer.decode(head), tokenizer.decode(tail)
+    return f"{head}{_marker(len(units) - keep, what)}{tail}"
 
 
-def _split(budget: int) -> tuple[int, int]:
-    keep = max(budget - _MARKER_TOKENS, 2)
-    head = (keep + 1) // 2
-    return head, keep - head
-
-
-def _truncate_tokens(text: str, max_tokens: int, tokenizer: Any) -> str:
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    if len(ids) <= max_tokens:
-        return text
-    num_head, num_tail = _split(max_tokens)
-    num_cut = len(ids) - num_head - num_tail
-    head = tokenizer.decode(ids[:num_head])
-    tail = tokenizer.decode(ids[len(ids) - num_tail :]) if num_tail else ""
-    return f"{head}\n[... {num_cut} tokens truncated ...]\n{tail}"
-
-
-def _truncate_chars(text: str, max_chars: int) -> str:
-    if len(text) <= max_chars:
-        return text
-    num_head, num_tail = _split(max_chars // CHARS_PER_TOKEN)
-    num_head, num_tail = num_head * CHARS_PER_TOKEN, num_tail * CHARS_PER_TOKEN
-    num_cut = len(text) - num_head - num_tail
-    tail = text[len(text) - num_tail :] if num_tail else ""
-    return f"{text[:num_head]}\n[... {num_cut} characters truncated ...]\n{tail}"
+def _marker(num_cut: int, what: str) -> str:
+    return f"\n[... {num_cut} {what} truncated ...]\n"

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.tools.output import format_output, truncate
+from agentrl.tools.output import HFTextTokenizer, format_output, truncate_middle
 from agentrl.tools.tool import ArgumentError, Tool, make_tool
 from agentrl.types import Message, ToolCall
 
@@ -169,16 +169,17 @@ class ToolRegistry:
         max_tokens = (
             t.max_output_tokens if t.max_output_tokens is not None else self.max_output_tokens
         )
+        tokenizer = HFTextTokenizer(self.tokenizer) if self.tokenizer is not None else None
         try:
-            return truncate(text, max_tokens, self.tokenizer)
+            return truncate_middle(text, max_tokens, tokenizer)
         except Exception:  # a tokenizer that cannot encode this text: fall back to characters
-            return truncate(text, max_tokens, None)
+            return truncate_middle(text, max_tokens)
 
     def _message(self, call: ToolCall, text: str) -> Message:
         return Message(role="tool", content=text, tool_call_id=call.id or None, name=call.name)
 
     def _error(self, call: ToolCall, start: float, kind: ToolErrorKind, text: str) -> ToolResult:
-        message = self._message(call, truncate(text, self.max_output_tokens, None))
+        message = self._message(call, truncate_middle(text, self.max_output_tokens))
         return ToolResult(
             message, is_error=True, error_kind=kind.value, elapsed_s=time.perf_counter() - start
         )

@@ -1,169 +1,32 @@
-"""JSON schema from Python type hints, and parameter descriptions from docstrings."""
+"""A tool's arguments as a pydantic model: the JSON schema the model sees, the validation of
+what it writes, and errors it can act on. Parameter descriptions come from the docstring."""
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-import inspect
-import re
+import json
 import types
 import typing
-from typing import Any, Literal, Union
+from typing import Any
 
-try:  # pydantic comes with fastapi; tools work without it
-    import pydantic
-except ImportError:  # pragma: no cover
-    pydantic = None  # type: ignore[assignment]
+import docstring_parser
+import pydantic
+from pydantic.json_schema import GenerateJsonSchema
 
-_PRIMITIVES: dict[type, str] = {str: "string", bool: "boolean", int: "integer", float: "number"}
-_SECTION = re.compile(
-    r"^\s*(Args|Arguments|Parameters|Params|Returns?|Yields?|Raises|Examples?|Notes?|"
-    r"Attributes|See Also|References|Warnings?)\s*:?\s*$"
+_SUPPORTED = (
+    "use str, int, float, bool, an Enum or Literal, list[...], dict, X | None, a dataclass "
+    "or a pydantic model"
 )
-_NUMPY_RULE = re.compile(r"^\s*-{3,}\s*$")
-_PARAM_SECTIONS = ("Args", "Arguments", "Parameters", "Params", "Attributes")
-_GOOGLE_PARAM = re.compile(r"^\s*\*{0,2}(\w+)\s*(?:\(([^)]*)\))?\s*:\s*(.*)$")
-_NUMPY_PARAM = re.compile(r"^\s*(\w+)\s*(?::\s*(.*))?$")
 
 
-def is_pydantic_model(tp: Any) -> bool:
-    return pydantic is not None and isinstance(tp, type) and issubclass(tp, pydantic.BaseModel)
+class ArgumentError(ValueError):
+    """An argument the model wrote does not fit the tool's signature; the text is shown to it."""
 
 
-def is_optional(tp: Any) -> bool:
-    return is_union(tp) and type(None) in typing.get_args(tp)
-
-
-def strip_annotated(tp: Any) -> tuple[Any, str | None]:
-    """`Annotated[X, "text"]` -> (X, "text"); anything else -> (tp, None)."""
-    if typing.get_origin(tp) is typing.Annotated:
-        base, *extras = typing.get_args(tp)
-        text = next((e for e in extras if isinstance(e, str)), None)
-        return base, text
-    return tp, None
-
-
-def is_union(tp: Any) -> bool:
-    return typing.get_origin(tp) in (Union, types.UnionType)
-
-
-def type_schema(tp: Any) -> dict[str, Any]:
-    """The JSON schema of one annotation (OpenAI function-calling subset, no $ref)."""
-    tp, text = strip_annotated(tp)
-    schema = _type_schema(tp)
-    if text:
-        schema = {**schema, "description": text}
-    return schema
-
-
-def _type_schema(tp: Any) -> dict[str, Any]:
-    if tp is Any or tp is inspect.Parameter.empty or tp is object:
-        return {}
-    if tp in _PRIMITIVES:
-        return {"type": _PRIMITIVES[tp]}
-    if tp is type(None):
-        return {"type": "null"}
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if is_union(tp):
-        arms = [a for a in args if a is not type(None)]
-        if len(arms) == 1:  # Optional[X]: not required, so X alone describes it
-            return type_schema(arms[0])
-        return {"anyOf": [type_schema(a) for a in arms]}
-    if origin is Literal:
-        return _enum_schema(list(args))
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return _enum_schema([m.value for m in tp])
-    if tp in (list, tuple, set, frozenset) or origin in (
-        list,
-        tuple,
-        set,
-        frozenset,
-        typing.Sequence,
-    ):
-        return _array_schema(origin or tp, args)
-    if tp is dict or origin in (dict, typing.Mapping):
-        schema: dict[str, Any] = {"type": "object"}
-        if len(args) == 2 and args[1] is not Any:
-            schema["additionalProperties"] = type_schema(args[1])
-        return schema
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        return dataclass_schema(tp)
-    if is_pydantic_model(tp):
-        return pydantic_schema(tp)
-    raise TypeError(
-        f"cannot derive a JSON schema for type {tp!r}; use str, int, float, bool, an Enum or "
-        "Literal, list[...], dict, X | None, a dataclass or a pydantic model"
-    )
-
-
-def _enum_schema(values: list[Any]) -> dict[str, Any]:
-    json_types = {_PRIMITIVES.get(type(v)) for v in values}
-    schema: dict[str, Any] = {"enum": values}
-    if len(json_types) == 1 and None not in json_types:
-        schema = {"type": json_types.pop(), **schema}
-    return schema
-
-
-def _array_schema(container: Any, args: tuple[Any, ...]) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "array"}
-    if container is tuple and args and args[-1] is not Ellipsis:
-        schema["prefixItems"] = [type_schema(a) for a in args]
-        schema["minItems"] = schema["maxItems"] = len(args)
-    elif args:
-        schema["items"] = type_schema(args[0])
-    return schema
-
-
-def object_schema(fields: list[tuple[str, Any, bool, Any, str | None]]) -> dict[str, Any]:
-    """fields: (name, annotation, is_required, default, description)."""
-    properties: dict[str, Any] = {}
-    required: list[str] = []
-    for name, annotation, is_required, default, description in fields:
-        prop = type_schema(annotation)
-        if description and "description" not in prop:
-            prop["description"] = description
-        if not is_required and _is_json_default(default):
-            prop["default"] = default.value if isinstance(default, enum.Enum) else default
-        properties[name] = prop
-        if is_required:
-            required.append(name)
-    schema: dict[str, Any] = {"type": "object", "properties": properties}
-    if required:
-        schema["required"] = required
-    return schema
-
-
-def _is_json_default(value: Any) -> bool:
-    if isinstance(value, enum.Enum):
-        value = value.value
-    return value is not None and isinstance(value, (str, int, float, bool))
-
-
-def dataclass_schema(cls: type) -> dict[str, Any]:
-    hints = resolve_hints(cls)
-    docs = parse_docstring(cls.__doc__ or "")[1]
-    fields = []
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
-        has_default = (
-            f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
-        )
-        default = f.default if f.default is not dataclasses.MISSING else None
-        is_required = not has_default and not is_optional(hints[f.name])
-        fields.append((f.name, hints[f.name], is_required, default, docs.get(f.name)))
-    return object_schema(fields)
-
-
-def pydantic_schema(cls: type) -> dict[str, Any]:
-    docs = parse_docstring(cls.__doc__ or "")[1]
-    fields = []
-    for name, info in cls.model_fields.items():
-        annotation = info.annotation
-        default = None if info.is_required() else info.default
-        description = info.description or docs.get(name)
-        fields.append((info.alias or name, annotation, info.is_required(), default, description))
-    return object_schema(fields)
+def parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """(description, {param: description}) from a Google-, numpy- or reST-style docstring."""
+    parsed = docstring_parser.parse(doc or "")
+    params = {p.arg_name: " ".join(p.description.split()) for p in parsed.params if p.description}
+    return (parsed.description or "").strip(), params
 
 
 def resolve_hints(obj: Any) -> dict[str, Any]:
@@ -177,50 +40,178 @@ def resolve_hints(obj: Any) -> dict[str, Any]:
         ) from e
 
 
-def parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
-    """(description, {param: description}) from a Google- or numpy-style docstring."""
-    lines = inspect.cleandoc(doc).splitlines() if doc else []
-    description: list[str] = []
-    params: dict[str, str] = {}
-    section: str | None = None
-    is_numpy = False
-    body: list[str] = []
-    i = 0
-    while i < len(lines):
-        header = _SECTION.match(lines[i])
-        underlined = i + 1 < len(lines) and bool(_NUMPY_RULE.match(lines[i + 1]))
-        if (
-            header
-            and not lines[i].startswith((" ", "\t"))
-            and (lines[i].rstrip().endswith(":") or underlined)
-        ):
-            if section in _PARAM_SECTIONS:
-                params.update(_parse_params(body, is_numpy=is_numpy))
-            section, is_numpy, body = header.group(1), underlined, []
-            i += 2 if underlined else 1
-            continue
-        (description if section is None else body).append(lines[i])
-        i += 1
-    if section in _PARAM_SECTIONS:
-        params.update(_parse_params(body, is_numpy=is_numpy))
-    return "\n".join(description).strip(), params
+def build_args_model(
+    tool_name: str, params: list[tuple[str, Any, Any, str | None]], *, accepts_extra: bool
+) -> type[pydantic.BaseModel]:
+    """params: (name, annotation, default or `...` when required, description).
+
+    Strict, so "3" is no integer and true no number; each field is aliased to its parameter,
+    so a parameter may be called `schema` or `_id` without clashing with BaseModel.
+    """
+    fields: dict[str, Any] = {}
+    for i, (name, annotation, default, description) in enumerate(params):
+        text = _annotated_text(annotation) or description
+        fields[f"arg{i}"] = (annotation, pydantic.Field(default, alias=name, description=text))
+    config = pydantic.ConfigDict(extra="allow" if accepts_extra else "forbid", strict=True)
+    try:
+        return pydantic.create_model(tool_name, __config__=config, __doc__=None, **fields)
+    except pydantic.PydanticSchemaGenerationError as e:
+        raise TypeError(
+            f"tool {tool_name!r}: {e.message.partition('. ')[0]}; {_SUPPORTED}"
+        ) from None
 
 
-def _parse_params(body: list[str], *, is_numpy: bool) -> dict[str, str]:
-    """Lines at the section's base indent start a parameter; deeper lines continue it."""
-    indents = [len(line) - len(line.lstrip()) for line in body if line.strip()]
-    base = min(indents, default=0)
-    params: dict[str, list[str]] = {}
-    current: str | None = None
-    for line in body:
-        if not line.strip():
-            continue
-        indent = len(line) - len(line.lstrip())
-        match = (_NUMPY_PARAM if is_numpy else _GOOGLE_PARAM).match(line)
-        if indent == base and match:
-            current = match.group(1)
-            # numpy puts the type after the colon; Google puts the description there
-            params[current] = [] if is_numpy else [match.group(3)]
-        elif current is not None:
-            params[current].append(line.strip())
-    return {name: " ".join(" ".join(parts).split()) for name, parts in params.items()}
+def json_schema(model: type[pydantic.BaseModel], *, accepts_extra: bool) -> dict[str, Any]:
+    """OpenAI's function-calling subset: no titles, no $ref, `X | None` as X (not required)."""
+    schema = model.model_json_schema(schema_generator=_ToolSchema)
+    schema = _inline(schema, schema.pop("$defs", {}), ())
+    schema.pop("additionalProperties", None)
+    if accepts_extra:
+        schema["additionalProperties"] = True
+    return schema
+
+
+class _ToolSchema(GenerateJsonSchema):
+    """pydantic's JSON schema, written the way function-calling schemas usually are."""
+
+    def sort(self, value: Any, parent_key: str | None = None) -> Any:
+        return value  # keep "type" first, as tool schemas are usually written
+
+    def field_title_should_be_set(self, schema: Any) -> bool:
+        return False
+
+    def nullable_schema(self, schema: Any) -> Any:
+        return self.generate_inner(schema["schema"])
+
+    def default_schema(self, schema: Any) -> Any:
+        out = super().default_schema(schema)
+        if "default" in out and out["default"] is None:  # None is no default the model can use
+            del out["default"]
+        return out
+
+    def dict_schema(self, schema: Any) -> Any:
+        out = super().dict_schema(schema)
+        if out.get("additionalProperties") is True:
+            del out["additionalProperties"]
+        return out
+
+    def literal_schema(self, schema: Any) -> Any:
+        out = super().literal_schema(schema)
+        if "const" in out:
+            out["enum"] = [out.pop("const")]
+        return out
+
+    def dataclass_schema(self, schema: Any) -> Any:
+        return _documented(super().dataclass_schema(schema), schema["cls"])
+
+    def model_schema(self, schema: Any) -> Any:
+        return _documented(super().model_schema(schema), schema["cls"])
+
+    def complex_schema(self, schema: Any) -> Any:
+        raise TypeError(f"cannot derive a JSON schema for type complex; {_SUPPORTED}")
+
+
+def _documented(schema: dict[str, Any], cls: type) -> dict[str, Any]:
+    """A class's docstring describes its fields (`Attributes:`), not the object itself."""
+    schema.pop("title", None)
+    schema.pop("description", None)
+    docs = parse_docstring(cls.__doc__ or "")[1]
+    for name, prop in schema.get("properties", {}).items():
+        if name in docs:
+            prop.setdefault("description", docs[name])
+    return schema
+
+
+def _inline(node: Any, defs: dict[str, Any], seen: tuple[str, ...]) -> Any:
+    if isinstance(node, list):
+        return [_inline(item, defs, seen) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        name = node["$ref"].rsplit("/", 1)[-1]
+        if name in seen:
+            raise TypeError(f"recursive type {name!r} has no inline JSON schema")
+        # a class's name and docstring are no help to the model (an Enum's are added late)
+        target = {k: v for k, v in defs[name].items() if k not in ("title", "description")}
+        rest = {k: v for k, v in node.items() if k != "$ref"}
+        return {**_inline(target, defs, (*seen, name)), **_inline(rest, defs, seen)}
+    return {k: _inline(v, defs, seen) for k, v in node.items()}
+
+
+def _annotated_text(tp: Any) -> str | None:
+    """`Annotated[X, "text"]` -> "text"."""
+    if typing.get_origin(tp) is typing.Annotated:
+        return next((m for m in tp.__metadata__ if isinstance(m, str)), None)
+    return None
+
+
+def is_optional(tp: Any) -> bool:
+    """`X | None`, `Optional[X]`, also under `Annotated`."""
+    if typing.get_origin(tp) is typing.Annotated:
+        tp = typing.get_args(tp)[0]
+    is_union = typing.get_origin(tp) in (typing.Union, types.UnionType)
+    return is_union and type(None) in typing.get_args(tp)
+
+
+_TYPE_ERRORS = ("enum", "literal_error", "int_from_float", "model_attributes_type")
+
+
+def argument_error(error: pydantic.ValidationError, schema: dict[str, Any]) -> ArgumentError:
+    """The first problem, in the words of the JSON schema the model was shown."""
+    first = error.errors(include_url=False)[0]
+    kind, loc = first["type"], first["loc"]
+    if kind == "extra_forbidden":
+        parent_path, parent = _locate(schema, loc[:-1])
+        accepted = ", ".join(parent.get("properties", {})) or "none"
+        path = _join(parent_path, loc[-1])
+        return ArgumentError(f"unexpected argument '{path}'; accepted arguments: {accepted}")
+    path, expected = _locate(schema, loc)
+    if kind == "missing":
+        return ArgumentError(f"missing required argument '{path}' ({describe(expected)})")
+    got = _got(first.get("input"))
+    if kind.endswith(("_type", "_parsing")) or kind in _TYPE_ERRORS:
+        return ArgumentError(f"argument '{path}' must be {describe(expected)}, got {got}")
+    return ArgumentError(f"argument '{path}': {first['msg']} (got {got})")
+
+
+def _locate(schema: dict[str, Any], loc: tuple[Any, ...]) -> tuple[str, dict[str, Any]]:
+    """('items', 0, 'price') -> ("items[0].price", its schema); stops at a union arm's tag."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int) and "items" in schema:
+            schema = schema["items"]
+        elif isinstance(part, int) and part < len(schema.get("prefixItems", ())):
+            schema = schema["prefixItems"][part]
+        elif part in schema.get("properties", {}):
+            schema = schema["properties"][part]
+        elif isinstance(schema.get("additionalProperties"), dict):
+            schema = schema["additionalProperties"]
+        else:
+            break
+        path = _join(path, part)
+    return path, schema
+
+
+def _join(path: str, part: Any) -> str:
+    if isinstance(part, int):
+        return f"{path}[{part}]"
+    return f"{path}.{part}" if path else str(part)
+
+
+def describe(schema: dict[str, Any]) -> str:
+    """A JSON schema in words, for error messages the model reads."""
+    if "enum" in schema:
+        return "one of " + ", ".join(json.dumps(v) for v in schema["enum"])
+    if "anyOf" in schema:
+        return " or ".join(describe(arm) for arm in schema["anyOf"])
+    if schema.get("type") == "array" and "items" in schema:
+        return f"array of {describe(schema['items'])}"
+    return schema.get("type", "any value")
+
+
+def _got(value: Any) -> str:
+    kinds = {str: "string", bool: "boolean", int: "integer", float: "number", list: "array"}
+    kind = "object" if isinstance(value, dict) else kinds.get(type(value), type(value).__name__)
+    text = json.dumps(value, default=str)
+    text = text if len(text) <= 40 else text[:37] + "..."
+    return f"{'null' if value is None else kind} {text}"

@@ -6,14 +6,24 @@ import asyncio
 import functools
 import importlib
 import inspect
+import json
 import sys
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, overload
 
-from agentrl.tools.schema import is_optional, object_schema, parse_docstring, resolve_hints
-from agentrl.tools.validation import ArgumentError, check_keys, coerce
+import pydantic
+
+from agentrl.tools.schema import (
+    ArgumentError,
+    argument_error,
+    build_args_model,
+    is_optional,
+    json_schema,
+    parse_docstring,
+    resolve_hints,
+)
 
 
 class ConcurrencyLimit:
@@ -45,15 +55,6 @@ class ConcurrencyLimit:
         return sem
 
 
-@dataclass(frozen=True)
-class Param:
-    name: str
-    annotation: Any
-    is_required: bool
-    has_default: bool
-    default: Any
-
-
 @dataclass(eq=False)
 class Tool:
     """A function the model may call. Calling the Tool calls the function directly."""
@@ -63,7 +64,10 @@ class Tool:
     description: str
     parameters: dict[str, Any]
     """JSON schema of the arguments (an object)."""
-    params: dict[str, Param]
+    args_model: type[pydantic.BaseModel] | None = field(default=None, repr=False)
+    """Validates the arguments; made at run time, so rebuilt from `fn` after unpickling."""
+    fills_none: tuple[str, ...] = ()
+    """Parameters `x: T | None` without a default: passed as None when left out."""
     timeout_s: float | None = 30.0
     """Seconds before a call becomes a timeout observation; None = no limit."""
     max_concurrency: int | None = None
@@ -88,6 +92,9 @@ class Tool:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "args_model": None}
 
     def __reduce__(self) -> Any:
         """A module-level tool pickles by reference (its name now points at the Tool, not the
@@ -119,22 +126,23 @@ class Tool:
         }
 
     def bind(self, arguments: dict[str, Any]) -> dict[str, Any]:
-        """Validated keyword arguments for `fn`, or ArgumentError naming what is wrong."""
-        annotations = {p.name: p.annotation for p in self.params.values()}
-        required = [p.name for p in self.params.values() if p.is_required]
-        check_keys(
-            arguments, annotations, path=None, required=required, allow_extra=self.accepts_extra
-        )
+        """Validated keyword arguments for `fn`, or ArgumentError naming what is wrong.
+
+        Validated as JSON, where the arguments came from: an object fills a dataclass, a
+        string an Enum, and nothing is coerced across JSON types but integer to number.
+        """
+        if self.args_model is None:
+            self.args_model = _signature_model(self.fn, self.name)[0]
+        try:
+            model = self.args_model.model_validate_json(json.dumps(arguments))
+        except pydantic.ValidationError as e:
+            raise argument_error(e, self.parameters) from None
+        fields = type(model).model_fields
         kwargs = {
-            name: coerce(value, self.params[name].annotation, name)
-            if name in self.params
-            else value
-            for name, value in arguments.items()
+            fields[n].alias or n: getattr(model, n) for n in model.model_fields_set if n in fields
         }
-        for p in self.params.values():  # `x: int | None` with no default may be left out
-            if p.name not in kwargs and not p.has_default:
-                kwargs[p.name] = None
-        return kwargs
+        kwargs.update({name: None for name in self.fills_none if name not in kwargs})
+        return {**kwargs, **(model.model_extra or {})}
 
     async def run(self, kwargs: dict[str, Any]) -> Any:
         """Call the function; a sync one runs in a worker thread so it never blocks the loop."""
@@ -212,28 +220,20 @@ def make_tool(
     tool_name = name or getattr(target, "__name__", None)
     if not tool_name or tool_name == "<lambda>":
         raise ValueError(f"cannot name the tool {fn!r}: pass @tool(name=...)")
-    description, param_docs = parse_docstring(inspect.getdoc(target) or "")
-    is_method = _is_unbound_method(fn)
-    params, accepts_extra = _signature_params(fn, tool_name, skip_first=is_method)
-    parameters = object_schema(
-        [
-            (p.name, p.annotation, p.is_required, p.default, param_docs.get(p.name))
-            for p in params.values()
-        ]
-    )
-    if accepts_extra:
-        parameters["additionalProperties"] = True
+    description = parse_docstring(inspect.getdoc(target) or "")[0]
+    model, fills_none, accepts_extra = _signature_model(fn, tool_name)
     return Tool(
         fn=fn,
         name=tool_name,
         description=description or tool_name,
-        parameters=parameters,
-        params=params,
+        parameters=json_schema(model, accepts_extra=accepts_extra),
+        args_model=model,
+        fills_none=fills_none,
         timeout_s=timeout_s,
         max_concurrency=max_concurrency,
         max_output_tokens=max_output_tokens,
         accepts_extra=accepts_extra,
-        is_method=is_method,
+        is_method=_is_unbound_method(fn),
     )
 
 
@@ -245,16 +245,19 @@ def _is_unbound_method(fn: Callable[..., Any]) -> bool:
     return first in ("self", "cls")
 
 
-def _signature_params(
-    fn: Callable[..., Any], tool_name: str, *, skip_first: bool
-) -> tuple[dict[str, Param], bool]:
-    signature = inspect.signature(fn)
+def _signature_model(
+    fn: Callable[..., Any], tool_name: str
+) -> tuple[type[pydantic.BaseModel], tuple[str, ...], bool]:
+    """The arguments model of `fn`, its `x: T | None` parameters without a default, and
+    whether it takes `**kwargs` (extra arguments pass unchecked)."""
     target = fn.func if isinstance(fn, functools.partial) else fn
     hints = resolve_hints(target) if inspect.isfunction(target) or inspect.ismethod(target) else {}
-    params: dict[str, Param] = {}
+    docs = parse_docstring(inspect.getdoc(target) or "")[1]
+    params: list[tuple[str, Any, Any, str | None]] = []
+    fills_none: list[str] = []
     accepts_extra = False
-    for i, p in enumerate(signature.parameters.values()):
-        if i == 0 and skip_first:
+    for i, p in enumerate(inspect.signature(fn).parameters.values()):
+        if i == 0 and _is_unbound_method(fn):
             continue  # the instance is bound later, on attribute access
         if p.kind is p.VAR_KEYWORD:
             accepts_extra = True
@@ -262,12 +265,14 @@ def _signature_params(
         if p.kind in (p.VAR_POSITIONAL, p.POSITIONAL_ONLY):
             raise TypeError(f"tool {tool_name!r}: parameter {p.name!r} must be passable by keyword")
         annotation = hints.get(p.name, Any)
-        has_default = p.default is not p.empty
-        is_required = not has_default and not is_optional(annotation)
-        params[p.name] = Param(
-            p.name, annotation, is_required, has_default, p.default if has_default else None
-        )
-    return params, accepts_extra
+        default = p.default
+        if default is p.empty:
+            default = None if is_optional(annotation) else ...
+            if default is None:
+                fills_none.append(p.name)
+        params.append((p.name, annotation, default, docs.get(p.name)))
+    model = build_args_model(tool_name, params, accepts_extra=accepts_extra)
+    return model, tuple(fills_none), accepts_extra
 
 
 __all__ = ["ArgumentError", "Tool", "make_tool", "tool"]

@@ -79,7 +79,7 @@ def fakes(monkeypatch):
 
     monkeypatch.setattr("agentrl.data.load_tasks", load_tasks)
     monkeypatch.setattr("agentrl.engine.factory.make_engine", make_engine)
-    monkeypatch.setattr("agentrl.rollout.build_runner", build_runner, raising=False)
+    monkeypatch.setattr("agentrl.rollout.build_runner", build_runner)
     return seen
 
 

@@ -77,15 +77,67 @@ async def test_dynamic_sampling_drops_flat_groups_and_refills(smol_tokenizer: An
     assert source.cursor == 6  # 2 tasks in the first round, then 2 more in each extra round
 
 
-def test_filter_keeps_groups_with_reward_variance_among_trainable_episodes():
-    class T:
-        def __init__(self, reward: float, status: EpisodeStatus = EpisodeStatus.COMPLETED):
-            self.reward, self.status = reward, status
+class Episode:
+    def __init__(self, reward: float, status: EpisodeStatus = EpisodeStatus.COMPLETED):
+        self.reward, self.status = reward, status
 
-    varied = [T(1.0), T(0.0)]
-    flat = [T(1.0), T(1.0)]
+
+class RewardsRunner:
+    """Stands in for the episodes: a task's group has the rewards its data names."""
+
+    def __init__(self) -> None:
+        self.rounds: list[tuple[list[str], int]] = []  # (task ids, seed) per run_groups call
+
+    async def run_groups(self, tasks: list[Task], n: int, *, seed: int) -> list[list[Episode]]:
+        self.rounds.append(([t.id for t in tasks], seed))
+        return [[Episode(r) for r in t.data["rewards"]] for t in tasks]
+
+
+def _reward_tasks(*rewards: list[float]) -> Tasks:
+    return Tasks([Task(f"t{i}", {"rewards": r}) for i, r in enumerate(rewards)])
+
+
+FLAT, VARIED = [1.0, 1.0], [1.0, 0.0]
+
+
+async def test_dynamic_sampling_refills_with_only_the_missing_tasks():
+    source = _reward_tasks(FLAT, VARIED, FLAT, VARIED, FLAT, VARIED, VARIED, VARIED)
+    runner = RewardsRunner()
+    cfg = RolloutConfig(
+        rollout_batch_size=3, n_samples_per_prompt=2, dynamic_sampling=True, max_sampling_rounds=5
+    )
+    out = await collect_groups(runner, source, cfg, seed_for_round=lambda r: 100 + r)
+    # 3 drawn, 1 kept; the 2 missing drawn, 1 kept; the 1 missing drawn and kept: full, stop.
+    assert runner.rounds == [(["t0", "t1", "t2"], 100), (["t3", "t4"], 101), (["t5"], 102)]
+    assert len(out.groups) == 3 and all(g[0].reward != g[1].reward for g in out.groups)
+    assert out.num_zero_variance_dropped == 3 and source.cursor == 6
+
+
+async def test_dynamic_sampling_gives_a_short_batch_when_its_rounds_run_out():
+    source = _reward_tasks(FLAT, VARIED, FLAT, FLAT, VARIED)
+    runner = RewardsRunner()
+    cfg = RolloutConfig(
+        rollout_batch_size=2, n_samples_per_prompt=2, dynamic_sampling=True, max_sampling_rounds=1
+    )
+    out = await collect_groups(runner, source, cfg, seed_for_round=lambda r: r)
+    assert [ids for ids, _ in runner.rounds] == [["t0", "t1"], ["t2"]]  # one extra round only
+    assert len(out.groups) == 1 and out.num_zero_variance_dropped == 2
+
+
+async def test_without_dynamic_sampling_flat_groups_are_kept_and_nothing_is_refilled():
+    source = _reward_tasks(FLAT, VARIED, FLAT)
+    runner = RewardsRunner()
+    cfg = RolloutConfig(rollout_batch_size=2, n_samples_per_prompt=2, max_sampling_rounds=3)
+    out = await collect_groups(runner, source, cfg, seed_for_round=lambda r: r)
+    assert runner.rounds == [(["t0", "t1"], 0)] and len(out.groups) == 2
+    assert out.num_zero_variance_dropped == 0
+
+
+def test_filter_keeps_groups_with_reward_variance_among_trainable_episodes():
+    varied = [Episode(1.0), Episode(0.0)]
+    flat = [Episode(1.0), Episode(1.0)]
     # The ERROR member's reward 0 must not make a flat group look varied.
-    flat_with_error = [T(1.0), T(0.0, EpisodeStatus.ERROR)]
-    all_error = [T(0.0, EpisodeStatus.ERROR)]
+    flat_with_error = [Episode(1.0), Episode(0.0, EpisodeStatus.ERROR)]
+    all_error = [Episode(0.0, EpisodeStatus.ERROR)]
     kept, dropped = filter_zero_variance_groups([varied, flat, flat_with_error, all_error])
     assert kept == [varied] and dropped == 3

@@ -204,7 +204,7 @@ class DockerSandbox:
             environment={},
         )["Id"]
         sock = self.api.exec_start(exec_id, socket=True)
-        raw = getattr(sock, "_sock", sock)
+        raw: Any = getattr(sock, "_sock", sock)  # the socket under docker-py's wrapper
         try:
             raw.sendall(b"%d\n" % len(body) + body)
             return exec_id, _pump_frames(raw, limits, cancel)

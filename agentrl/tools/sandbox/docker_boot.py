@@ -12,6 +12,7 @@ import os
 import resource
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -60,7 +61,7 @@ def _fetch(names):
         except OSError:
             continue
         try:
-            if os.path.stat.S_ISREG(os.fstat(fd).st_mode):
+            if stat.S_ISREG(os.fstat(fd).st_mode):
                 out[name] = base64.b64encode(os.read(fd, 1 << 26)).decode()
         finally:
             os.close(fd)
@@ -110,11 +111,13 @@ def _run(payload):
         close_fds=True,
     )
     stdin = base64.b64decode(payload["stdin"])
+    pipe = proc.stdin
+    assert pipe is not None  # stdin=PIPE
 
     def feed():
         try:
-            proc.stdin.write(stdin)
-            proc.stdin.close()
+            pipe.write(stdin)
+            pipe.close()
         except OSError:
             pass
 

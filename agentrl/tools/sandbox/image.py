@@ -90,6 +90,7 @@ def build_image(
 ) -> str:
     """Import the image into the local daemon (idempotent unless `force`); returns its tag."""
     import docker
+    import docker.errors
 
     client = client or docker.from_env()
     if not force:
