@@ -19,7 +19,6 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 _engine_ids = itertools.count()
-_closed: list[PausableMemory] = []  # regions of closed engines, paused, for the next engine
 
 
 class PausableMemory:
@@ -35,11 +34,6 @@ class PausableMemory:
     def create(cls, device: str) -> PausableMemory | None:
         if not device.startswith("cuda"):
             return None
-        if _closed:  # a closed engine's regions: its cached blocks are reused, not leaked
-            memory = _closed.pop()
-            for name in list(memory._paused):
-                memory.resume(name)
-            return memory
         try:
             from torch_memory_saver import torch_memory_saver as saver
 
@@ -78,10 +72,9 @@ class PausableMemory:
             self._paused.discard(name)
 
     def close(self, names: tuple[str, ...] = ("weights", "kv_cache")) -> None:
-        """The engine dropped its tensors: give the pages back to the device. The saver frees a
+        """The engine dropped its tensors: give their pages back to the device. The saver frees a
         block only inside its region and keeps each region's allocator pool for the process's
-        lifetime, so the blocks stay cached in the pools, paused, and the next engine created in
-        this process resumes and reuses them (an allocation that does not fit frees them)."""
+        lifetime, so the dropped blocks stay cached in the pools, paused: they hold address space,
+        no device memory (a next engine gets regions of its own)."""
         for name in names:
             self.pause(name)
-        _closed.append(self)

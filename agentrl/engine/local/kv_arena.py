@@ -161,7 +161,7 @@ class KVArena:
 
 
 def _free_cuda_bytes(device: str) -> int:
-    """Free device memory, counting what this process's allocator caches but does not use."""
-    index = torch.device(device)
-    cached = torch.cuda.memory_reserved(index) - torch.cuda.memory_allocated(index)
-    return torch.cuda.mem_get_info(index)[0] + cached
+    """Free device memory once this process's allocator gave back what it caches unused (the
+    blocks of paused pausable regions look cached but hold no device memory: not counted)."""
+    torch.cuda.empty_cache()
+    return torch.cuda.mem_get_info(torch.device(device))[0]
