@@ -482,8 +482,10 @@ async def test_cuda_graph_decode_bf16_matches_teacher_forcing_across_release_and
     assert eng.stats.num_graph_replays > 0
     before = device_free_bytes()
     held = eng.arena.nbytes + sum(p.numel() * p.element_size() for p in eng.model.parameters())
+    engine_held = eng.device_memory_bytes()
     await eng.release_memory()
     assert device_free_bytes() - before >= held  # weights and KV arena given back to the device
+    assert eng.device_memory_bytes() <= engine_held - held  # and the engine reports them gone
     await eng.resume_memory()
     replays = eng.stats.num_graph_replays
     assert await run_and_check() == first  # same seeded draws on the resumed memory

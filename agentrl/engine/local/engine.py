@@ -265,6 +265,19 @@ class LocalEngine:
         if self.device != "cpu":
             await self._call(lambda: self._resume(wanted))
 
+    def device_memory_bytes(self) -> int:
+        """Accelerator memory this engine holds (0 on CPU). The allocator counts the tensors of
+        paused regions as allocated, but their pages are back with the driver: not counted."""
+        if self.device == "cpu":
+            return 0
+        held = torch.cuda.memory_allocated(self.device)
+        if self._memory is not None:
+            if "weights" in self._released:
+                held -= sum(p.numel() * p.element_size() for p in self.model.parameters())
+            if "kv_cache" in self._released:
+                held -= self.arena.nbytes
+        return max(0, held)
+
     async def abort(self) -> None:
         """End every running and queued request now; each returns its ids so far with ABORT."""
         await self._call(self._abort_all)

@@ -56,7 +56,7 @@ def add_control_routes(app: FastAPI, state: Any) -> None:
                     "num_running_reqs": s.num_running,
                     "num_waiting_reqs": s.num_waiting,
                     "released_tags": sorted(s.released_tags),
-                    "memory_allocated_bytes": _memory_allocated(getattr(s.engine, "device", None)),
+                    "memory_allocated_bytes": _memory_allocated(s.engine),
                 }
             ],
         }
@@ -141,10 +141,13 @@ def add_control_routes(app: FastAPI, state: Any) -> None:
         return None
 
 
-def _memory_allocated(device: Any) -> int:
-    """Accelerator memory the engine's device holds (0 on CPU): what a colocated release frees."""
+def _memory_allocated(engine: Any) -> int:
+    """Accelerator memory the engine holds (0 on CPU): what a colocated release frees."""
+    if hasattr(engine, "device_memory_bytes"):
+        return int(engine.device_memory_bytes())
     import torch
 
+    device = getattr(engine, "device", None)
     if not torch.cuda.is_available() or str(device or "cuda").startswith("cpu"):
         return 0
     return int(torch.cuda.memory_allocated(device))
