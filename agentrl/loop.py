@@ -209,7 +209,7 @@ def _num_optimizer_steps(cfg: RunConfig) -> int:
 
 
 def _model_path(cfg: RunConfig) -> str:
-    from agentrl.engine.model_store import resolve_model_path
+    from agentrl.model_store import resolve_model_path
 
     return resolve_model_path(cfg.model.path, cfg.model.cache_dir)
 

@@ -59,7 +59,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def make_model(args: argparse.Namespace, root: Path) -> str:
-    from agentrl.engine.model_store import make_shaped_model, resolve_model_path, save_random_llama
+    from agentrl.model_store import make_shaped_model, resolve_model_path, save_random_llama
 
     if args.model:
         return args.model

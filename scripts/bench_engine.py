@@ -27,7 +27,7 @@ from rich.table import Table
 
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.local import LocalEngine
-from agentrl.engine.model_store import make_shaped_model, resolve_model_path
+from agentrl.model_store import make_shaped_model, resolve_model_path
 
 
 def sync(device: str) -> None:

@@ -328,7 +328,7 @@ def report(result: dict, console: Console) -> None:
 async def run(args: argparse.Namespace, console: Console) -> dict:
     from transformers import AutoTokenizer
 
-    from agentrl.engine.model_store import resolve_model_path
+    from agentrl.model_store import resolve_model_path
 
     args.model = resolve_model_path(args.model)
     result: dict = {"args": vars(args)}

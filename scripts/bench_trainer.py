@@ -40,7 +40,7 @@ def log(message: str) -> None:
 
 
 def build_model(args: argparse.Namespace, use_gpu: bool) -> str:
-    from agentrl.engine.model_store import SHAPES, save_random_llama
+    from agentrl.model_store import SHAPES, save_random_llama
     from tests.support.models import make_tiny_model
 
     if args.model:

@@ -35,7 +35,7 @@ LAYOUTS = {
 
 
 def build_model(shape: str, tokenizer: str, out: str, use_gpu: bool) -> str:
-    from agentrl.engine.model_store import make_shaped_model
+    from agentrl.model_store import make_shaped_model
     from tests.support.models import make_tiny_model
 
     if shape == "tiny":

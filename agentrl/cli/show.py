@@ -96,7 +96,7 @@ def _decoder(model: str, console: Console) -> Any:
     try:
         from transformers import AutoTokenizer
 
-        from agentrl.engine.model_store import resolve_model_path
+        from agentrl.model_store import resolve_model_path
 
         tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(model))
     except Exception as e:  # still useful without a tokenizer

@@ -259,10 +259,10 @@ def train_command(
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("agentrl").setLevel(logging.INFO)  # ours only: no library INFO chatter
     from agentrl.data import DataError
-    from agentrl.engine.model_store import ModelPathError
     from agentrl.engine.sglang.launcher import SGLangNotInstalled
     from agentrl.envs.registry import EnvLoadError, UnknownEnvError
     from agentrl.loop import train
+    from agentrl.model_store import ModelPathError
 
     try:
         result = train(cfg)

@@ -22,8 +22,8 @@ def make_engine(cfg: RunConfig) -> Engine:
             )
         return _client(cfg, cfg.engine.url)
     if kind == "sglang":
-        from agentrl.engine.model_store import resolve_model_path
         from agentrl.engine.sglang.launcher import launch_servers
+        from agentrl.model_store import resolve_model_path
 
         model_path = resolve_model_path(cfg.model.path, cfg.model.cache_dir)
         cluster = launch_servers(model_path, cfg.engine, router_policy=cfg.engine.router_policy)

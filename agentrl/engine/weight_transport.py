@@ -42,12 +42,9 @@ class FlattenedTensorMetadata:
 def _metadata_class() -> type:
     # A real SGLang server unpickles only allow-listed modules (its SafeUnpickler), so when
     # sglang is installed the metadata must be its own class; our server accepts either.
-    try:
-        from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata as cls
+    from agentrl.engine.sglang.compat import flattened_metadata_class
 
-        return cls
-    except ImportError:
-        return FlattenedTensorMetadata
+    return flattened_metadata_class(FlattenedTensorMetadata)
 
 
 def flatten_bucket(named_tensors: list[tuple[str, torch.Tensor]]) -> dict[str, Any]:
@@ -95,10 +92,9 @@ def serialize_for_ipc(obj: Any) -> str:
 
     import torch.multiprocessing as tmp
 
-    with contextlib.suppress(ImportError):
-        from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
+    from agentrl.engine.sglang.compat import patch_torch_reductions
 
-        monkey_patch_torch_reductions()  # device UUIDs instead of ordinals, as SGLang does
+    patch_torch_reductions()  # device UUIDs instead of ordinals, as SGLang does
     buf = io.BytesIO()
     with _SHARING_LOCK:
         old = tmp.get_sharing_strategy()

@@ -230,7 +230,7 @@ def build_runner(cfg: RunConfig, engine: Engine) -> RolloutRunner:
     if tokenizer is not None:
         codec = ChatCodec(tokenizer, tool_call_format=tool_call_format)
     else:
-        from agentrl.engine.model_store import resolve_model_path
+        from agentrl.model_store import resolve_model_path
 
         path = getattr(engine, "model_path", None) or resolve_model_path(
             cfg.model.path, cfg.model.cache_dir

@@ -63,7 +63,7 @@ def _resolve_path(model_path: str) -> str:
     if Path(model_path).is_dir():
         return model_path
     try:
-        from agentrl.engine.model_store import resolve_model_path
+        from agentrl.model_store import resolve_model_path
     except ImportError:
         return model_path
     return resolve_model_path(model_path)

@@ -41,7 +41,7 @@ from agentrl.engine.local.param_storage import (
 from agentrl.engine.local.sampling import SamplingRows, sample
 from agentrl.engine.local.scheduler import Scheduler
 from agentrl.engine.local.worker import Command, check_request, resolve
-from agentrl.engine.model_store import load_model_and_tokenizer, resolve_device, resolve_model_path
+from agentrl.model_store import load_model_and_tokenizer, resolve_device, resolve_model_path
 
 if TYPE_CHECKING:
     from agentrl.config import EngineConfig, ModelConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrl.engine.model_store import SHAPES
+from agentrl.model_store import SHAPES
 
 
 def smollm2_config(shape: str = "smollm2-135m", **overrides):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from agentrl.engine.model_store import load_model_and_tokenizer, resolve_dtype, resolve_model_path
+from agentrl.model_store import load_model_and_tokenizer, resolve_dtype, resolve_model_path
 from tests.support.models import make_tiny_model
 
 
