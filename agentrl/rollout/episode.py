@@ -14,6 +14,7 @@ from agentrl.engine.base import Completion, Engine, EngineUnavailable, FinishRea
 from agentrl.envs.base import AgentEnv, StepResult
 from agentrl.rollout.codec import ChatCodec
 from agentrl.rollout.trajectory import Trajectory, Turn
+from agentrl.tools.output import truncate_middle
 from agentrl.types import EpisodeStatus, Message, StatusReason, Task
 
 logger = logging.getLogger(__name__)
@@ -245,20 +246,11 @@ def cut_observation(
         budgets[i] = min(counts[i], remaining // (len(messages) - rank))
         remaining -= budgets[i]
     return [
-        dataclasses.replace(m, content=_head_and_tail(m.content, codec, budgets[i]))
+        dataclasses.replace(m, content=truncate_middle(m.content, max(budgets[i], 1), codec))
         if counts[i] > budgets[i]
         else m
         for i, m in enumerate(messages)
     ]
-
-
-def _head_and_tail(text: str, codec: ChatCodec, budget: int) -> str:
-    ids = codec.encode(text)
-    marker = f"\n[... {len(ids) - budget} tokens cut ...]\n"
-    keep = max(budget - len(codec.encode(marker)), 0)  # the marker counts against the budget
-    head, tail = (keep + 1) // 2, keep // 2
-    kept_tail = codec.decode(ids[len(ids) - tail :]) if tail else ""
-    return f"{codec.decode(ids[:head])}{marker}{kept_tail}"
 
 
 async def _close(env: AgentEnv, rec: _Recorder) -> None:

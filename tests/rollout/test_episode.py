@@ -254,7 +254,7 @@ async def test_long_observations_are_cut_keeping_head_and_tail(codec: ChatCodec)
     first = traj.turns[0]
     text = codec.decode(traj.token_ids[first.start + first.num_sampled : traj.turns[1].start])
     assert "line 0" in text and "line 399" in text and "line 200" not in text
-    assert "tokens cut" in text
+    assert "tokens truncated" in text
     assert first.num_observation < 60 + 12  # the budget and the role tokens
 
 
