@@ -76,6 +76,7 @@ class TaskSource:
     epoch: int = 0
     cursor: int = 0
     _order: list[int] = field(default_factory=list, repr=False)
+    _skip: set[int] = field(default_factory=set, repr=False)  # positions to pass over
 
     def __post_init__(self) -> None:
         if not self.tasks:
@@ -86,24 +87,39 @@ class TaskSource:
         self._order = list(range(len(self.tasks)))
         random.Random(f"{self.seed}:{self.epoch}").shuffle(self._order)
 
+    @property
+    def position(self) -> int:
+        """Draws so far over all epochs: the next task's place in the endless seeded order."""
+        return self.epoch * len(self.tasks) + self.cursor
+
     def next_batch(self, n: int) -> list[Task]:
-        out = []
-        for _ in range(n):
+        out: list[Task] = []
+        while len(out) < n:
             if self.cursor >= len(self._order):
                 self.epoch += 1
                 self.cursor = 0
                 self._shuffle()
-            out.append(self.tasks[self._order[self.cursor]])
+            position = self.position
+            task = self.tasks[self._order[self.cursor]]
             self.cursor += 1
+            if position in self._skip:  # already trained on before the checkpoint was taken
+                self._skip.discard(position)
+                continue
+            out.append(task)
         return out
 
-    def state(self) -> dict[str, int]:
-        return {
+    def state(self) -> dict[str, Any]:
+        """Where the order stands; `skip` (positions ahead, relative to here) lists tasks the run
+        already consumed past the cursor: a resumed fully-async run draws every other one."""
+        state: dict[str, Any] = {
             "seed": self.seed,
             "epoch": self.epoch,
             "cursor": self.cursor,
             "num_tasks": len(self.tasks),
         }
+        if self._skip:
+            state["skip"] = sorted(p - self.position for p in self._skip)
+        return state
 
     def load_state(self, state: dict[str, int]) -> None:
         if state.get("num_tasks", len(self.tasks)) != len(self.tasks):
@@ -112,4 +128,5 @@ class TaskSource:
                 "resume with the same data"
             )
         self.seed, self.epoch, self.cursor = state["seed"], state["epoch"], state["cursor"]
+        self._skip = {self.position + p for p in state.get("skip", [])}
         self._shuffle()

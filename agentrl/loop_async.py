@@ -109,7 +109,9 @@ class FullAsyncSchedule(SyncSchedule):
             max_staleness=cfg.train.max_staleness,
             dynamic_sampling=cfg.rollout.dynamic_sampling,
         )
-        return _Rollout(collected, self.state.source.state(), time.perf_counter() - t0)
+        # Not the source's cursor, which ran ahead: the tasks still in flight or queued are
+        # drawn again on resume, and the ones taken after them are not.
+        return _Rollout(collected, self.worker.data_state(), time.perf_counter() - t0)
 
     def queue_depth(self) -> int:
         return self.worker.queue_depth

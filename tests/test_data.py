@@ -57,3 +57,18 @@ def test_read_rows_bad_line_names_line(tmp_path):
     p.write_text('{"a": 1}\n{oops\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:2: not valid JSON"):
         read_rows(p)
+
+
+def test_task_source_skips_positions_a_checkpoint_marks_taken():
+    tasks = _tasks(5)
+    full = TaskSource(tasks, seed=3)
+    order = [t.id for t in full.next_batch(8)]  # crosses into the second epoch
+    src = TaskSource(tasks, seed=3)
+    src.next_batch(1)
+    state = {**src.state(), "skip": [1, 4]}  # places 2 and 5 of the order were already trained
+    resumed = TaskSource(tasks, seed=0)
+    resumed.load_state(state)
+    assert [t.id for t in resumed.next_batch(2)] == [order[1], order[3]]
+    assert resumed.state()["skip"] == [1]  # place 5 still ahead, now 1 past the cursor
+    assert [t.id for t in resumed.next_batch(3)] == [order[4], order[6], order[7]]
+    assert "skip" not in resumed.state()

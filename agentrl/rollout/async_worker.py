@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from agentrl.rollout.collect import (
     Collected,
@@ -21,6 +22,52 @@ from agentrl.rollout.staleness import drop_stale
 from agentrl.types import Task
 
 log = logging.getLogger(__name__)
+
+
+class DrawLedger:
+    """The tasks a fully-async run drew, and which of them the trainer has taken. Groups finish
+    out of order, so the source's cursor runs ahead of what was trained; `state()` is the data
+    state a checkpoint must keep to resume exactly: the source as it stood before the oldest
+    draw still in flight or queued, with the later draws already taken marked to skip."""
+
+    def __init__(self, source: TaskSupply) -> None:
+        self.source = source
+        self._before: dict[int, dict[str, Any]] = {}  # draw -> source state before it
+        self._position: dict[int, int] = {}  # draw -> the task's place in the source's order
+        self._open: set[int] = set()
+        self._num_draws = 0
+
+    def draw(self) -> tuple[int, Task]:
+        before = self._state_of_source()
+        task = self.source.next_batch(1)[0]
+        draw, self._num_draws = self._num_draws, self._num_draws + 1
+        position = getattr(self.source, "position", None)
+        if before is not None and position is not None:
+            self._before[draw], self._position[draw] = before, position - 1
+        self._open.add(draw)
+        return draw, task
+
+    def taken(self, draw: int) -> None:
+        self._open.discard(draw)
+        if not self._open:  # nothing older in flight: the snapshots are not needed any more
+            self._before.clear()
+            self._position.clear()
+
+    def state(self) -> dict[str, Any] | None:
+        current = self._state_of_source()
+        if not self._open or current is None or min(self._open) not in self._before:
+            return current
+        first = min(self._open)
+        base = dict(self._before[first])
+        start = base["epoch"] * base["num_tasks"] + base["cursor"]  # the source's position then
+        skip = {start + p for p in base.get("skip", [])}  # taken in an earlier run
+        skip |= {self._position[d] for d in self._position if d > first and d not in self._open}
+        base["skip"] = sorted(p - start for p in skip)
+        return base
+
+    def _state_of_source(self) -> dict[str, Any] | None:
+        state = getattr(self.source, "state", None)
+        return dict(state()) if callable(state) else None
 
 
 class RolloutWorker:
@@ -47,12 +94,13 @@ class RolloutWorker:
         self.runner, self.source, self.n = runner, source, n
         self.num_groups_in_flight, self.max_queued = num_groups_in_flight, max_queued
         self.seed_for_group, self.heal = seed_for_group, heal
-        self.done: asyncio.Queue[Group] = asyncio.Queue()
+        self.ledger = DrawLedger(source)
+        self.done: asyncio.Queue[tuple[int, Group]] = asyncio.Queue()
         self.running: set[asyncio.Task[None]] = set()
         self.num_groups_started = 0
         self.num_engine_reruns = 0
         self.num_engine_restarts = 0
-        self._retry: list[Task] = []
+        self._retry: list[tuple[int, Task]] = []
         self._changed = asyncio.Event()
         self._main: asyncio.Task[None] | None = None
 
@@ -74,22 +122,22 @@ class RolloutWorker:
             await self._changed.wait()
 
     def _start_group(self) -> None:
-        task = self._retry.pop(0) if self._retry else self.source.next_batch(1)[0]
+        draw, task = self._retry.pop(0) if self._retry else self.ledger.draw()
         seed = self.seed_for_group(self.num_groups_started)
         self.num_groups_started += 1
-        job = asyncio.ensure_future(self._run(task, seed))
+        job = asyncio.ensure_future(self._run(draw, task, seed))
         self.running.add(job)
         job.add_done_callback(self._finished)
 
-    async def _run(self, task: Task, seed: int) -> None:
+    async def _run(self, draw: int, task: Task, seed: int) -> None:
         group = await self.runner.run_group(task, self.n, seed=seed)
         if is_engine_aborted(group):  # infrastructure, not the policy: heal and play it again
             self.num_engine_reruns += 1
             if self.heal is not None:
                 self.num_engine_restarts += await self.heal()
-            self._retry.append(task)
+            self._retry.append((draw, task))
             return
-        self.done.put_nowait(group)
+        self.done.put_nowait((draw, group))
 
     def _finished(self, job: asyncio.Task[None]) -> None:
         self.running.discard(job)
@@ -101,9 +149,14 @@ class RolloutWorker:
         """The oldest finished group (waits for one); frees a queue slot for a new group."""
         if self._main is not None and self._main.done():
             self._main.result()  # the worker died: raise its error here
-        group = await self.done.get()
+        draw, group = await self.done.get()
+        self.ledger.taken(draw)
         self._changed.set()
         return group
+
+    def data_state(self) -> dict[str, Any] | None:
+        """The data state to checkpoint now (see `DrawLedger`)."""
+        return self.ledger.state()
 
     async def stop(self) -> None:
         """Cancel the worker and every group in flight (their episodes end ABORTED)."""
