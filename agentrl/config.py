@@ -85,6 +85,10 @@ class RolloutConfig:
     """Assistant turns per episode before it is TRUNCATED (max_turns)."""
     max_observation_tokens: int = 512
     """Tool/env observations longer than this are cut (head and tail kept)."""
+    observation_format: Literal["chat", "raw"] = "chat"
+    """How env replies enter the token stream: chat = a turn of their own with the chat
+    template's headers (instruct models); raw = their text right after the sampled ids
+    (Search-R1's rendering for base models)."""
     max_concurrent_episodes: int = 64
     episode_timeout_s: float = 600.0
     """Wall clock per episode before it is TRUNCATED (wall_clock)."""
