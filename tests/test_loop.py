@@ -169,7 +169,10 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tiny_model_path, tmp_path):
     ckpt = find_latest(run / "checkpoints")
     assert ckpt is not None, out
     assert checkpoint_step(ckpt) >= 1 and (ckpt / "loop_state.pt").exists()
-    assert "saving a checkpoint" in out
+    # said at once, then what is saved, then where it is and how to go on
+    said, saving = out.index("Ctrl-C: finishing the current step…"), out.index("saving step ")
+    assert said < saving < out.index(f"saved in {ckpt}")
+    assert f"saving step {checkpoint_step(ckpt)} (the last completed)" in out
     assert f"saved in {ckpt}" in out.replace("\n", "") and f"--resume {run}" in out
 
 

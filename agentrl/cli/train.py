@@ -257,9 +257,10 @@ def train_command(
     from agentrl.engine.sglang.launcher import SGLangNotInstalled
     from agentrl.envs.registry import EnvLoadError, UnknownEnvError
     from agentrl.loop import train
+    from agentrl.progress import RunProgress
 
     try:
-        result = train(cfg)
+        result = train(cfg, RunProgress(enabled=cfg.log.progress, console=console))
     except (
         DataError,
         ConfigError,
@@ -281,14 +282,35 @@ def train_command(
             soft_wrap=True,
         )
         raise typer.Exit(130)
-    last = result.evals[-1] if result.evals else {}
+    console.print(done_line(result), soft_wrap=True)
+
+
+def done_line(result) -> str:
+    """The run's outcome: held-out reward and pass rate at the first and last evaluation, with
+    the paired difference over the same tasks and its 95% interval."""
+    from agentrl.eval.compare import compare_dirs, format_diff
+
     first = result.evals[0] if result.evals else {}
-    console.print(
-        f"[green]done[/green]: {result.num_steps} steps, run dir {Path(result.run_dir)}; held-out reward "
+    last = result.evals[-1] if result.evals else {}
+    line = (
+        f"done: {result.num_steps} steps, run dir {Path(result.run_dir)}; held-out reward "
         f"{first.get('reward_mean', float('nan')):.3f} (step {first.get('step', '-')}) -> "
-        f"{last.get('reward_mean', float('nan')):.3f} (step {last.get('step', '-')}); "
-        f"checkpoint {result.last_checkpoint}"
+        f"{last.get('reward_mean', float('nan')):.3f} (step {last.get('step', '-')})"
     )
+    if len(result.evals) > 1:
+        eval_dir = Path(result.run_dir) / "eval"
+        try:
+            diffs = compare_dirs(
+                eval_dir / f"step_{first['step']:06d}", eval_dir / f"step_{last['step']:06d}"
+            )
+        except FileNotFoundError:
+            diffs = {}
+        shown = [
+            format_diff(name, diffs[name]) for name in ("reward", "pass_rate") if name in diffs
+        ]
+        if shown:
+            line += "; change (paired, 95% CI): " + ", ".join(shown)
+    return f"{line}; checkpoint {result.last_checkpoint}"
 
 
 def _quiet_libraries() -> None:
