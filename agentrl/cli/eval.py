@@ -74,6 +74,10 @@ def eval_command(
     """Evaluate a model on held-out tasks: mean reward, pass@k, maj@k, status mix, tools."""
     from rich.console import Console
 
+    from agentrl.cli import quiet_libraries
+
+    quiet_libraries()
+
     console = Console()
     try:
         cfg = build_config(

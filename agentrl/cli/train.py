@@ -234,6 +234,7 @@ def train_command(
 
     from rich.console import Console
 
+    from agentrl.cli import quiet_libraries
     from agentrl.config import ConfigError
 
     flags = {k: v for k, v in locals().items() if k in SLIME_FLAGS}
@@ -249,7 +250,7 @@ def train_command(
     if show_config:
         console.print_json(json.dumps(cfg.to_dict()))
         return
-    _quiet_libraries()
+    quiet_libraries()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("agentrl").setLevel(logging.INFO)  # ours only: no library INFO chatter
     from agentrl.data import DataError
@@ -311,20 +312,6 @@ def done_line(result) -> str:
         if shown:
             line += "; change (paired, 95% CI): " + ", ".join(shown)
     return f"{line}; checkpoint {result.last_checkpoint}"
-
-
-def _quiet_libraries() -> None:
-    """transformers' weight-loading bars and INFO lines would break into the run's progress
-    display and logs; its warnings and errors still show."""
-    import transformers
-
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    try:
-        from huggingface_hub.utils import disable_progress_bars
-    except ImportError:
-        return
-    disable_progress_bars()
 
 
 def register(app: typer.Typer) -> None:
