@@ -28,13 +28,8 @@ for _name in _COMMAND_MODULES:
 
 def quiet_libraries() -> None:
     """transformers' weight-loading bars and INFO lines would break into the run's progress
-    display and logs; its warnings and errors still show. bm25s sets its own logger to DEBUG
-    (an INFO line per empty search query): back to WARNING."""
-    import logging
-
+    display and logs; its warnings and errors still show."""
     import transformers
-
-    logging.getLogger("bm25s").setLevel(logging.WARNING)
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()

@@ -253,6 +253,8 @@ def train_command(
     quiet_libraries()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("agentrl").setLevel(logging.INFO)  # ours only: no library INFO chatter
+    for handler in logging.getLogger().handlers:  # libraries that set their own level (bm25s
+        handler.addFilter(_ours_or_warning)  # logs an INFO line per empty query) too
     from agentrl.data import DataError
     from agentrl.engine.model_store import ModelPathError
     from agentrl.engine.sglang.launcher import SGLangNotInstalled
@@ -312,6 +314,10 @@ def done_line(result) -> str:
         if shown:
             line += "; change (paired, 95% CI): " + ", ".join(shown)
     return f"{line}; checkpoint {result.last_checkpoint}"
+
+
+def _ours_or_warning(record) -> bool:
+    return record.levelno >= 30 or record.name.split(".")[0] in ("agentrl", "agentrl_envs")
 
 
 def register(app: typer.Typer) -> None:
