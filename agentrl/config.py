@@ -431,7 +431,8 @@ def recipe_search_r1() -> RunConfig:
     for a valid one, 1 when also right); EM is still reported on its own (pass rate). Given the
     paper's prompt alone the model wrote `<answer>` in 0 of 32 first turns, so every group tied
     and nothing was learned: the env shows one worked episode first (`demonstration`) and
-    samples at temperature 0.7. No KL term: no reference model to hold or run, and groups whose
+    samples at temperature 0.5 (greedy, it then answered 75% of held-out questions; at 0.7, 10%
+    of training episodes did). No KL term: no reference model to hold or run, and groups whose
     rewards tie then cost no compute. Shorter episodes (2 searches, then the answer turn; 64
     tokens a turn; 256-token observations) and a higher lr fit the run into 30 minutes.
     """
@@ -447,13 +448,13 @@ def recipe_search_r1() -> RunConfig:
     cfg.rollout.n_samples_per_prompt = 5
     cfg.rollout.rollout_max_response_len = 64
     cfg.rollout.rollout_max_context_len = 1536
-    cfg.rollout.rollout_temperature = 0.7
+    cfg.rollout.rollout_temperature = 0.5
     cfg.rollout.max_turns = 3
     cfg.rollout.max_observation_tokens = 300
-    cfg.train.num_rollout = 8
-    cfg.train.lr = 1e-5
+    cfg.train.num_rollout = 6
+    cfg.train.lr = 2e-5
     cfg.checkpoint.save = "runs/search_r1"
-    cfg.eval.num_eval_tasks = 48
+    cfg.eval.num_eval_tasks = 32
     return cfg
 
 

@@ -334,7 +334,7 @@ class _State:
             global_batch_size=cfg.train.global_batch_size,
             dp_size=self.runtime.dp_size,
         )
-        num_tokens = batches[0].metrics.get("batch/num_tokens", 0.0)
+        num_tokens = batches[0].metrics.get("batch/num_packed_tokens", 0.0)
         name = f"step {step + 1}/{cfg.train.num_rollout} train"
         with self.progress.phase(name, num_tokens, "tokens", kind="train") as phase:
             update = asyncio.ensure_future(self.runtime.train_step(batches))

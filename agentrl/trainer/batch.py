@@ -356,10 +356,9 @@ def build_train_batches(
         for i in range(0, len(samples), step_size)
     ]
     metrics = _batch_metrics(trajs, samples, steps, max_tokens_per_micro_batch, num_no_loss)
-    num_packed = sum(
-        len(mb.sample_indices) for step in steps for r in step for mb in r.micro_batches
-    )
-    metrics["batch/num_zero_advantage_skipped"] = float(len(samples) - num_packed)
+    packed = [s for s in samples if s.advantage != 0.0] if is_advantage_only else samples
+    metrics["batch/num_zero_advantage_skipped"] = float(len(samples) - len(packed))
+    metrics["batch/num_packed_tokens"] = float(sum(s.length for s in packed))  # the work
     max_abs_advantage = max((abs(s.advantage) for s in samples), default=0.0)
     return [
         TrainBatch(

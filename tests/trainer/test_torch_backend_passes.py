@@ -163,6 +163,9 @@ def test_zero_variance_groups_are_not_packed_and_the_update_is_unchanged(
     full = build_train_batch(groups, packs_all, max_tokens_per_micro_batch=400, pad_id=0)
     assert batch.metrics["batch/num_zero_advantage_skipped"] == 8.0
     assert full.metrics["batch/num_zero_advantage_skipped"] == 0.0
+    lengths = [mb.num_tokens for mb in full.steps[0].micro_batches]  # one packed row each
+    assert full.metrics["batch/num_packed_tokens"] == sum(lengths)
+    assert 0 < batch.metrics["batch/num_packed_tokens"] < full.metrics["batch/num_packed_tokens"]
     (step,), (full_step,) = batch.steps, full.steps
     assert sum(len(mb.sample_indices) for mb in step.micro_batches) == 8
     assert (step.num_loss_tokens, step.num_seqs) == (full_step.num_loss_tokens, 16)
