@@ -453,6 +453,10 @@ def recipe_search_r1() -> RunConfig:
     cfg.rollout.max_observation_tokens = 300
     cfg.train.num_rollout = 6
     cfg.train.lr = 2e-5
+    # On CPU a packed row's block-diagonal mask sends SDPA down its math path, which keeps
+    # [heads, T, T] scores per layer for backward: 4096-token rows peaked at 19.5 GB RSS.
+    # 1024 holds one or two episodes per row.
+    cfg.train.max_tokens_per_micro_batch = 1024
     cfg.checkpoint.save = "runs/search_r1"
     cfg.eval.num_eval_tasks = 32
     return cfg
