@@ -167,14 +167,16 @@ class RunProgress:
         self.phase_now = phase
         if self.enabled:
             self._show_start(phase)
+        is_done = False
         try:
             yield phase
+            is_done = True
         finally:
-            if phase.completed and phase.elapsed_s > 0:
+            if is_done and phase.completed and phase.elapsed_s > 0:
                 self._rates[kind] = phase.completed / phase.elapsed_s
             self.phase_now = None
             if self.enabled:
-                self._show_end(phase)
+                self._show_end(phase, is_done=is_done)
 
     def note(self, text: str) -> None:
         """A message for the reader, whatever `enabled` says (e.g. what an interrupt does)."""
@@ -188,17 +190,24 @@ class RunProgress:
         else:
             self._print(phase.describe())
 
-    def _show_end(self, phase: Phase) -> None:
+    def _show_end(self, phase: Phase, *, is_done: bool) -> None:
+        if not is_done:  # interrupted: what ended (episodes cut short included) is no result
+            self._remove_bar_task()
+            self._print(f"{phase.name} stopped after {format_duration(phase.elapsed_s)}")
+            return
         done = (
             f"{phase.name} done: {phase.completed:,.0f} {phase.unit} in "
             f"{format_duration(phase.elapsed_s)}"
         )
         if phase.rate and phase.completed:
             done += f" ({phase.rate:.3g} {phase.unit}/s)"
+        self._remove_bar_task()
+        self._print(done)
+
+    def _remove_bar_task(self) -> None:
         if self._bar is not None and self._bar_task is not None:
             self._bar.remove_task(self._bar_task)
             self._bar_task = None
-        self._print(done)
 
     def _tick(self) -> None:
         """Refresh the live bar every second; print the phase line every `interval_s` in a log."""

@@ -78,3 +78,15 @@ def test_before_the_first_episode_ends_the_token_budget_bounds_the_eta() -> None
         r"\((19\.\d|20(\.\d)?)/s\)",
         line,
     ), line
+
+
+def test_an_interrupted_phase_says_it_stopped_not_done() -> None:
+    progress, out = _log_display()
+    try:
+        with progress, progress.phase("eval", total=3, unit="episodes") as phase:
+            phase.advance(3)  # episodes cut short by the interrupt still end
+            raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        pass
+    last = out.getvalue().splitlines()[-1]
+    assert last.endswith("eval stopped after 0:00:00") and "done" not in last
