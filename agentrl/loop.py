@@ -336,6 +336,7 @@ class _State:
         )
         num_tokens = batches[0].metrics.get("batch/num_packed_tokens", 0.0)
         name = f"step {step + 1}/{cfg.train.num_rollout} train"
+        is_interrupted = False
         with self.progress.phase(name, num_tokens, "tokens", kind="train") as phase:
             update = asyncio.ensure_future(self.runtime.train_step(batches))
             try:
@@ -343,11 +344,11 @@ class _State:
             except asyncio.CancelledError:
                 # Interrupted mid-update: the weights are changing on a worker; let the step
                 # finish and count it, so the checkpoint taken on the way out holds whole steps.
-                await update
-                self.step, self.data_state = step + 1, rollout.data_state
-                raise
+                train_metrics, is_interrupted = await update, True
             phase.advance(num_tokens)
         self.step, self.data_state = step + 1, rollout.data_state
+        if is_interrupted:
+            raise asyncio.CancelledError
         metrics.update({**rollout_metrics(groups), **_prefixed("train/", train_metrics)})
         metrics.update(staleness_metrics(groups, step))
         metrics["rollout/num_zero_variance_groups"] = float(_num_tied_groups(groups))
