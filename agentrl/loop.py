@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import signal
 import threading
 import time
@@ -22,6 +23,7 @@ from agentrl.data import TaskSource, load_tasks
 from agentrl.eval import evaluate, plot_eval_history
 from agentrl.loop_async import Pace, Schedule, check_async, make_schedule
 from agentrl.metrics import MetricsLogger, rollout_metrics
+from agentrl.progress import RunProgress, format_duration, sampled_tokens
 from agentrl.rollout import RolloutRunner, build_runner
 from agentrl.rollout.collect import Collected, collect_groups
 from agentrl.rollout.staleness import drop_stale, lag_gap_metrics, probe_sample, staleness_metrics
@@ -46,11 +48,14 @@ class TrainResult:
     last_checkpoint: Path | None
 
 
-def train(cfg: RunConfig) -> TrainResult:
-    """Run `cfg` to the end. Ctrl-C or SIGTERM save the last completed step, stop every worker
-    and raise KeyboardInterrupt."""
+def train(cfg: RunConfig, progress: RunProgress | None = None) -> TrainResult:
+    """Run `cfg` to the end. Ctrl-C or SIGTERM let a weight update under way finish, save the
+    last completed step, stop every worker and raise KeyboardInterrupt. `progress`: the display
+    (default: one on stdout, off when `log.progress` is false)."""
+    progress = progress or RunProgress(enabled=cfg.log.progress)
     try:
-        return asyncio.run(_train(cfg))
+        with progress:
+            return asyncio.run(_train(cfg, progress))
     except asyncio.CancelledError:  # SIGTERM cancelled the run
         raise KeyboardInterrupt from None
 
@@ -67,7 +72,7 @@ def _check_megatron(cfg: RunConfig) -> None:
         raise ConfigError(str(e)) from None
 
 
-async def _train(cfg: RunConfig) -> TrainResult:
+async def _train(cfg: RunConfig, progress: RunProgress) -> TrainResult:
     if cfg.train.backend == "megatron":
         _check_megatron(cfg)
     # Everything a user can get wrong fails first, in a second, before anything is written:
@@ -84,15 +89,25 @@ async def _train(cfg: RunConfig) -> TrainResult:
     with run_dir_guard.hold_lock(run_dir):
         if cfg.checkpoint.overwrite and not is_resume:
             run_dir_guard.clear(run_dir)
-        return await _train_in(cfg, run_dir, model_path, source, eval_tasks)
+        return await _train_in(cfg, run_dir, model_path, source, eval_tasks, progress)
 
 
 async def _train_in(
-    cfg: RunConfig, run_dir: Path, model_path: str, source: TaskSource, eval_tasks: list[Any]
+    cfg: RunConfig,
+    run_dir: Path,
+    model_path: str,
+    source: TaskSource,
+    eval_tasks: list[Any],
+    progress: RunProgress,
 ) -> TrainResult:
     """The run proper, in a validated run directory this process holds the lock of."""
     (run_dir / "rollouts").mkdir(parents=True, exist_ok=True)
     (run_dir / "run_config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    progress.note(
+        f"run dir {run_dir}: loading {cfg.model.path} and env {cfg.env.id!r} "
+        f"({cfg.train.num_rollout} steps of {cfg.rollout.rollout_batch_size} tasks x "
+        f"{cfg.rollout.n_samples_per_prompt} episodes)"
+    )
     runtime = await make_runtime(cfg, model_path, _num_optimizer_steps(cfg))
     logger = MetricsLogger(
         run_dir,
@@ -105,8 +120,8 @@ async def _train_in(
         runner = build_runner(cfg, runtime.engine)
         start_step, evals = await _maybe_resume(cfg, runtime, source)
         state = _State(cfg, run_dir, runtime, runner, source, eval_tasks, logger, evals)
-        state.step = start_step
-        with _stop_on_sigterm():
+        state.step, state.progress = start_step, progress
+        with _stop_on_signals(progress):
             return await _run(state, start_step)
     finally:
         logger.close()
@@ -126,38 +141,36 @@ async def _run(state: _State, start_step: int) -> TrainResult:
         schedule = make_schedule(state, start_step)
         last_save_t = time.monotonic()
         pace = Pace(state.runtime.engine, state.runner)
-        with _progress(cfg, start_step) as bar:
-            for step in range(start_step, cfg.train.num_rollout):
-                rollout = await schedule.next_rollout(step)
-                t0 = time.perf_counter()
-                metrics = await state.learn(step, rollout)
-                busy_s, done = time.perf_counter() - t0, step + 1
-                if not cfg.train.use_async or _is_due(cfg.train.update_weights_interval, done):
-                    await schedule.before_sync()  # trainer idle: not in busy_s
-                    t1 = time.perf_counter()
-                    metrics.update(await state.sync(step))
-                    busy_s += time.perf_counter() - t1
-                metrics.update(pace.step_metrics(busy_s, schedule.queue_depth()))
-                state.logger.log(done, metrics)
-                bar.advance(metrics)
-                if done < cfg.train.num_rollout and _is_due(cfg.eval.eval_interval, done):
-                    await state.run_eval(step=done)
-                    pace.restart()  # evaluation is no train step's time
-                if done < cfg.train.num_rollout and _is_save_due(cfg, done, last_save_t):
-                    await state.save(done)
-                    last_save_t = time.monotonic()
-                    pace.restart()
+        clock = _StepClock(start_step, cfg.train.num_rollout)
+        for step in range(start_step, cfg.train.num_rollout):
+            rollout = await schedule.next_rollout(step)
+            t0 = time.perf_counter()
+            metrics = await state.learn(step, rollout)
+            busy_s, done = time.perf_counter() - t0, step + 1
+            if not cfg.train.use_async or _is_due(cfg.train.update_weights_interval, done):
+                await schedule.before_sync()  # trainer idle: not in busy_s
+                t1 = time.perf_counter()
+                metrics.update(await state.sync(step))
+                busy_s += time.perf_counter() - t1
+            metrics.update(pace.step_metrics(busy_s, schedule.queue_depth()))
+            state.logger.log(done, metrics)
+            state.progress.note(step_line(done, cfg.train.num_rollout, metrics, clock.done()))
+            if done < cfg.train.num_rollout and _is_due(cfg.eval.eval_interval, done):
+                await state.run_eval(step=done)
+                pace.restart()  # evaluation is no train step's time
+                clock.pause()
+            if done < cfg.train.num_rollout and _is_save_due(cfg, done, last_save_t):
+                await state.save(done)
+                last_save_t = time.monotonic()
+                pace.restart()
+                clock.pause()
         await schedule.stop()
         steps = max(cfg.train.num_rollout, start_step)
         if not state.evals or state.evals[-1]["step"] != steps:
             await state.run_eval(step=steps)
         last = await state.save(steps)
     except (KeyboardInterrupt, asyncio.CancelledError):
-        log.warning(
-            "interrupted: stopping the current step… saving a checkpoint of step %d (the last "
-            "completed) before exiting",
-            state.step,
-        )
+        state.progress.note(f"saving step {state.step} (the last completed)…")
         if schedule is not None:
             await schedule.stop()
         await state.save(state.step)
@@ -186,19 +199,34 @@ def _is_save_due(cfg: RunConfig, done: int, last_save_t: float) -> bool:
 
 
 @contextlib.contextmanager
-def _stop_on_sigterm() -> Iterator[None]:
-    """SIGTERM (a scheduler's preemption) stops the run the way Ctrl-C does: the current task is
-    cancelled, the last completed step is saved, and every worker is stopped."""
+def _stop_on_signals(progress: RunProgress) -> Iterator[None]:
+    """Ctrl-C and SIGTERM (a scheduler's preemption) stop the run alike: say so at once, cancel
+    the run (a weight update under way finishes first, see `_State.learn`), save the last
+    completed step, stop every worker. A second signal only says the save is still going."""
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     if task is None or threading.current_thread() is not threading.main_thread():
         yield
         return
-    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    signals = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
+    is_stopping = False
+
+    def stop(name: str) -> None:
+        nonlocal is_stopping
+        if is_stopping:
+            progress.note(f"{name} again: still saving the checkpoint, please wait")
+            return
+        is_stopping = True
+        progress.note(f"{name}: finishing the current step…")
+        task.cancel()
+
+    for signum, name in signals.items():
+        loop.add_signal_handler(signum, stop, name)
     try:
         yield
     finally:
-        loop.remove_signal_handler(signal.SIGTERM)
+        for signum in signals:
+            loop.remove_signal_handler(signum)
 
 
 def _num_optimizer_steps(cfg: RunConfig) -> int:
@@ -231,24 +259,44 @@ class _State:
         self.cfg, self.run_dir, self.runtime = cfg, run_dir, runtime
         self.runner, self.source, self.eval_tasks, self.logger = runner, source, eval_tasks, logger
         self.evals: list[dict[str, Any]] = evals
+        self.progress = RunProgress(enabled=False)
         self.is_resumed = bool(cfg.checkpoint.resume)
         self.step = 0
         # What a checkpoint records: both advance together, only once a step's update is done,
         # so a checkpoint taken on Ctrl-C mid-step replays that step's tasks on resume.
         self.data_state = source.state()
 
-    async def collect(self, step: int) -> _Rollout:
+    async def collect(self, step: int, *, is_shown: bool = False) -> _Rollout:
         """The step's groups, and the data cursor just past its tasks (what a checkpoint taken
-        after this step records, even while the next step's tasks are already drawn)."""
+        after this step records, even while the next step's tasks are already drawn).
+        `is_shown`: the progress display follows it (a rollout ahead of training is not)."""
         cfg, t0 = self.cfg, time.perf_counter()
-        collected = await collect_groups(
-            self.runner,
-            self.source,
-            cfg.rollout,
-            seed_for_round=lambda r: _rollout_seed(cfg.rollout.seed, step, r),
-            max_rerun_rounds=cfg.cluster.max_rerun_rounds,
-            heal=self.runtime.heal_engines,
+        num_episodes = cfg.rollout.rollout_batch_size * cfg.rollout.n_samples_per_prompt
+        name = f"step {step + 1}/{cfg.train.num_rollout} rollout"
+        shown = (
+            self.progress.phase(
+                name,
+                num_episodes,
+                "episodes",
+                kind="rollout",
+                work=sampled_tokens(self.runtime.engine),
+                max_work=num_episodes
+                * cfg.rollout.max_turns
+                * cfg.rollout.rollout_max_response_len,
+            )
+            if is_shown
+            else contextlib.nullcontext(None)
         )
+        with shown as phase:
+            collected = await collect_groups(
+                self.runner,
+                self.source,
+                cfg.rollout,
+                seed_for_round=lambda r: _rollout_seed(cfg.rollout.seed, step, r),
+                max_rerun_rounds=cfg.cluster.max_rerun_rounds,
+                heal=self.runtime.heal_engines,
+                on_episode=None if phase is None else lambda _: phase.advance(),
+            )
         if not collected.groups:
             raise RuntimeError(
                 f"step {step}: every group had zero reward variance after "
@@ -283,10 +331,24 @@ class _State:
             dp_size=self.runtime.dp_size,
             micro_batch_size=cfg.train.micro_batch_size,
         )
-        train_metrics = await self.runtime.train_step(batches)
+        num_tokens = batches[0].metrics.get("batch/num_packed_tokens", 0.0)
+        name = f"step {step + 1}/{cfg.train.num_rollout} train"
+        is_interrupted = False
+        with self.progress.phase(name, num_tokens, "tokens", kind="train") as phase:
+            update = asyncio.ensure_future(self.runtime.train_step(batches))
+            try:
+                train_metrics = await asyncio.shield(update)
+            except asyncio.CancelledError:
+                # Interrupted mid-update: the weights are changing on a worker; let the step
+                # finish and count it, so the checkpoint taken on the way out holds whole steps.
+                train_metrics, is_interrupted = await update, True
+            phase.advance(num_tokens)
         self.step, self.data_state = step + 1, rollout.data_state
+        if is_interrupted:
+            raise asyncio.CancelledError
         metrics.update({**rollout_metrics(groups), **_prefixed("train/", train_metrics)})
         metrics.update(staleness_metrics(groups, step))
+        metrics["rollout/num_zero_variance_groups"] = float(_num_tied_groups(groups))
         metrics.update(
             {
                 "rollout/num_zero_variance_groups_dropped": float(
@@ -334,7 +396,7 @@ class _State:
             k=self.cfg.eval.n_samples,
             temperature=self.cfg.eval.temperature,
             out_dir=out_dir,
-            progress=self.cfg.log.progress,
+            progress=self.progress if self.cfg.log.progress else False,
             resume=self.is_resumed,
             meta={"env": self.cfg.env.id, "model": self.cfg.model.path, "step": step},
         )
@@ -421,40 +483,44 @@ def _rollout_seed(seed: int, step: int, round_index: int) -> int:
     return (seed * 1_000_003 + step * 101 + round_index) % (2**31)
 
 
-class _progress:
-    """A rich progress bar over train steps with rate, ETA and the last reward."""
+def _num_tied_groups(groups: list[Any]) -> int:
+    """Groups whose scored rewards all match: GRPO gives them advantage 0, no signal."""
+    from agentrl.eval import stats
 
-    def __init__(self, cfg: RunConfig, start_step: int):
-        self.cfg, self.start = cfg, start_step
+    rewards = [[t.reward for t in g if stats.is_scored(t)] for g in groups]
+    return sum(len(r) > 1 and max(r) == min(r) for r in rewards)
 
-    def __enter__(self) -> _progress:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
 
-        self.progress = Progress(
-            TextColumn("[bold]train"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            disable=not self.cfg.log.progress,
-        )
-        self.progress.__enter__()
-        self.task = self.progress.add_task(
-            "train", total=self.cfg.train.num_rollout, completed=self.start, info=""
-        )
-        return self
+def step_line(done: int, num_steps: int, metrics: dict[str, float], eta_s: float | None) -> str:
+    """One line per train step: reward, EM, tied groups (and whether their compute was
+    skipped), where the time went, and the run's ETA."""
+    m = metrics.get
+    num_groups = int(m("rollout/num_groups", 0))
+    num_tied = int(m("rollout/num_zero_variance_groups", 0))
+    skipped = m("train/num_zero_advantage_skipped", 0) > 0 or m("train/skipped_no_signal") == 1
+    tied = f"{num_tied}/{num_groups} groups tied, no signal" + (" (skipped)" if skipped else "")
+    return (
+        f"step {done}/{num_steps}: reward {m('rollout/reward_mean', math.nan):.3f} · pass rate "
+        f"{m('rollout/pass_rate', math.nan):.3f} · {tied} · rollout "
+        f"{m('time/rollout_s', math.nan):.0f}s, train {m('time/train_s', math.nan):.0f}s · "
+        f"run ETA {format_duration(eta_s)}"
+    )
 
-    def advance(self, metrics: dict[str, float]) -> None:
-        info = f"reward {metrics.get('rollout/reward_mean', float('nan')):.3f}"
-        self.progress.update(self.task, advance=1, info=info)
 
-    def __exit__(self, *exc: Any) -> None:
-        self.progress.__exit__(*exc)
+class _StepClock:
+    """The run's ETA from the mean wall time of its steps (evaluation and saves excluded)."""
+
+    def __init__(self, start_step: int, num_steps: int) -> None:
+        self.remaining, self.num_timed, self.busy_s = num_steps - start_step, 0, 0.0
+        self.t0 = time.monotonic()
+
+    def done(self) -> float:
+        """Count a step; the seconds the remaining steps should take."""
+        self.busy_s += time.monotonic() - self.t0
+        self.t0 = time.monotonic()
+        self.num_timed += 1
+        self.remaining -= 1
+        return self.busy_s / self.num_timed * self.remaining
+
+    def pause(self) -> None:
+        self.t0 = time.monotonic()

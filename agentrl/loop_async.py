@@ -38,7 +38,7 @@ class SyncSchedule:
         self.state = state
 
     async def next_rollout(self, step: int) -> _Rollout:
-        return await self.state.collect(step)
+        return await self.state.collect(step, is_shown=True)
 
     async def before_sync(self) -> None:
         return None

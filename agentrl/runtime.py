@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import time
 from pathlib import Path
@@ -58,6 +59,17 @@ def uses_ray(cfg: RunConfig) -> bool:
     )
 
 
+def _return_free_heap() -> None:
+    """Give glibc's freed heap pages back to the OS. A CPU train step frees gigabytes of
+    activations of a different shape every step; glibc kept them, and a 6-step search_r1 run
+    grew from 5.4 to 11.9 GB peak RSS."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (macOS, musl): nothing to trim
+        return
+    libc.malloc_trim(0)
+
+
 async def make_runtime(cfg: RunConfig, model_path: str, num_optimizer_steps: int) -> Runtime:
     if uses_ray(cfg):
         from agentrl.cluster import RayRuntime
@@ -106,7 +118,10 @@ class InProcessRuntime:
         if self.backend.device.type == "cuda":
             await self.engine.release_memory()
             self._is_released = True
-        return await asyncio.to_thread(self.backend.train_step, batch)
+        metrics = await asyncio.to_thread(self.backend.train_step, batch)
+        if self.backend.device.type == "cpu":
+            _return_free_heap()
+        return metrics
 
     async def policy_logprobs(self, token_ids: list[int], start: int) -> list[float]:
         return await asyncio.to_thread(self.backend.sequence_logprobs, token_ids, start)

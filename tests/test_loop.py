@@ -156,7 +156,10 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tiny_model_path, tmp_path):
     assert ckpt is not None, out
     step = checkpoint_step(ckpt)
     assert step >= 1 and (ckpt / "loop_state.pt").exists()
-    assert "saving a checkpoint" in out
+    # said at once, then what is saved, then where it is and how to go on
+    said, saving = out.index("Ctrl-C: finishing the current step…"), out.index("saving step ")
+    assert said < saving < out.index(f"saved in {ckpt}")
+    assert f"saving step {step} (the last completed)" in out
     assert f"saved in {ckpt}" in out.replace("\n", "") and f"--resume {run}" in out
 
     # Resumed, the next step trains on the tasks that follow the checkpoint's in the seeded order.

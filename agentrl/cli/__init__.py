@@ -26,5 +26,19 @@ for _name in _COMMAND_MODULES:
     _module.register(app)
 
 
+def quiet_libraries() -> None:
+    """transformers' weight-loading bars and INFO lines would break into the run's progress
+    display and logs; its warnings and errors still show."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        from huggingface_hub.utils import disable_progress_bars
+    except ImportError:
+        return
+    disable_progress_bars()
+
+
 def main() -> None:
     app()

@@ -74,6 +74,10 @@ def eval_command(
     """Evaluate a model on held-out tasks: mean reward, pass@k, maj@k, status mix, tools."""
     from rich.console import Console
 
+    from agentrl.cli import quiet_libraries
+
+    quiet_libraries()
+
     console = Console()
     try:
         cfg = build_config(
@@ -220,6 +224,7 @@ def print_report(console: Any, report: EvalReport, out_dir: Path) -> None:
     rows = [("reward", report.reward), ("pass rate", report.pass_rate)]
     rows += [(f"pass@{j}", iv) for j, iv in report.pass_at_k.items()]
     rows.append((f"maj@{report.k}", report.maj_at_k))
+    rows += [(f"{name} (component)", iv) for name, iv in report.components.items()]
     for name, iv in rows:
         table.add_row(name, _fmt(iv.mean), f"[{_fmt(iv.low)}, {_fmt(iv.high)}]", str(iv.n))
     console.print(table)

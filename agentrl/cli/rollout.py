@@ -35,7 +35,10 @@ def rollout_command(
 
     from rich.console import Console
 
+    from agentrl.cli import quiet_libraries
     from agentrl.config import ConfigError, apply_overrides, recipe_for_env
+
+    quiet_libraries()
 
     console = Console(stderr=True)
     if num_tasks < 1 or n_samples < 1:

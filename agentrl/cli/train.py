@@ -240,6 +240,7 @@ def train_command(
 
     from rich.console import Console
 
+    from agentrl.cli import quiet_libraries
     from agentrl.config import ConfigError
 
     flags = {k: v for k, v in locals().items() if k in SLIME_FLAGS}
@@ -255,17 +256,20 @@ def train_command(
     if show_config:
         console.print_json(json.dumps(cfg.to_dict()))
         return
-    _quiet_libraries()
+    quiet_libraries()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("agentrl").setLevel(logging.INFO)  # ours only: no library INFO chatter
+    for handler in logging.getLogger().handlers:  # libraries that set their own level (bm25s
+        handler.addFilter(_ours_or_warning)  # logs an INFO line per empty query) too
     from agentrl.data import DataError
     from agentrl.engine.sglang.launcher import SGLangNotInstalled
     from agentrl.envs.registry import EnvLoadError, UnknownEnvError
     from agentrl.loop import train
     from agentrl.model_store import ModelPathError
+    from agentrl.progress import RunProgress
 
     try:
-        result = train(cfg)
+        result = train(cfg, RunProgress(enabled=cfg.log.progress, console=console))
     except (
         DataError,
         ConfigError,
@@ -287,28 +291,39 @@ def train_command(
             soft_wrap=True,
         )
         raise typer.Exit(130)
-    last = result.evals[-1] if result.evals else {}
+    console.print(done_line(result), soft_wrap=True)
+
+
+def done_line(result) -> str:
+    """The run's outcome: held-out reward and pass rate at the first and last evaluation, with
+    the paired difference over the same tasks and its 95% interval."""
+    from agentrl.eval.compare import compare_dirs, format_diff
+
     first = result.evals[0] if result.evals else {}
-    console.print(
-        f"[green]done[/green]: {result.num_steps} steps, run dir {Path(result.run_dir)}; held-out reward "
+    last = result.evals[-1] if result.evals else {}
+    line = (
+        f"done: {result.num_steps} steps, run dir {Path(result.run_dir)}; held-out reward "
         f"{first.get('reward_mean', float('nan')):.3f} (step {first.get('step', '-')}) -> "
-        f"{last.get('reward_mean', float('nan')):.3f} (step {last.get('step', '-')}); "
-        f"checkpoint {result.last_checkpoint}"
+        f"{last.get('reward_mean', float('nan')):.3f} (step {last.get('step', '-')})"
     )
+    if len(result.evals) > 1:
+        eval_dir = Path(result.run_dir) / "eval"
+        try:
+            diffs = compare_dirs(
+                eval_dir / f"step_{first['step']:06d}", eval_dir / f"step_{last['step']:06d}"
+            )
+        except FileNotFoundError:
+            diffs = {}
+        shown = [
+            format_diff(name, diffs[name]) for name in ("reward", "pass_rate") if name in diffs
+        ]
+        if shown:
+            line += "; change (paired, 95% CI): " + ", ".join(shown)
+    return f"{line}; checkpoint {result.last_checkpoint}"
 
 
-def _quiet_libraries() -> None:
-    """transformers' weight-loading bars and INFO lines would break into the run's progress
-    display and logs; its warnings and errors still show."""
-    import transformers
-
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
-    try:
-        from huggingface_hub.utils import disable_progress_bars
-    except ImportError:
-        return
-    disable_progress_bars()
+def _ours_or_warning(record) -> bool:
+    return record.levelno >= 30 or record.name.split(".")[0] in ("agentrl", "agentrl_envs")
 
 
 def register(app: typer.Typer) -> None:

@@ -41,6 +41,9 @@ class EvalReport:
     tool_calls_per_episode: float
     tool_errors_per_episode: float
     response_len_mean: float
+    components: dict[str, Interval] = field(default_factory=dict)
+    """Means of what the env reports beside its reward (`info["reward_components"]`, e.g.
+    search_r1's em, format and is_answered), each over per-task means like `reward`."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Who produced it: env, split, model, train step, wall time..."""
 
@@ -54,6 +57,7 @@ class EvalReport:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["pass_at_k"] = {str(k): v.to_dict() for k, v in self.pass_at_k.items()}
+        out["components"] = {k: v.to_dict() for k, v in self.components.items()}
         out["status_mix"] = self.status_mix
         return _finite(out)
 
@@ -63,6 +67,7 @@ class EvalReport:
         for name in ("reward", "pass_rate", "maj_at_k"):
             d[name] = _interval(d[name])
         d["pass_at_k"] = {int(k): _interval(v) for k, v in d["pass_at_k"].items()}
+        d["components"] = {k: _interval(v) for k, v in d.get("components", {}).items()}
         return cls(**d)
 
     def summary(self, prefix: str = "") -> dict[str, float]:
@@ -81,6 +86,7 @@ class EvalReport:
             "num_episodes": float(self.num_episodes),
         }
         out.update({f"pass@{k}": v.mean for k, v in self.pass_at_k.items()})
+        out.update({f"{name}_mean": v.mean for name, v in self.components.items()})
         out.update({f"status/{s}": frac for s, frac in self.status_mix.items()})
         return {prefix + k: float(v) for k, v in out.items()}
 
@@ -91,6 +97,7 @@ class EvalReport:
         rows = [("reward (mean)", self.reward), ("pass rate", self.pass_rate)]
         rows += [(f"pass@{k}", v) for k, v in self.pass_at_k.items()]
         rows.append((f"maj@{self.k}", self.maj_at_k))
+        rows += [(f"{name} (component)", v) for name, v in self.components.items()]
         lines = [
             f"# Evaluation{': ' + title if title else ''}",
             "",
@@ -169,8 +176,20 @@ def build_report(
         tool_calls_per_episode=_mean([stats.num_tool_calls(t) for t in scored]),
         tool_errors_per_episode=_mean([stats.num_tool_errors(t) for t in scored]),
         response_len_mean=_mean([t.response_len for t in scored]),
+        components=_components(scored_groups),
         meta=dict(meta or {}),
     )
+
+
+def _components(scored_groups: list[list[Any]]) -> dict[str, Interval]:
+    """Each reward component's mean over per-task means, in the order the env reports them."""
+    per_task = [[stats.reward_components(t) for t in g] for g in scored_groups if g]
+    names = list(dict.fromkeys(name for task in per_task for c in task for name in c))
+    out = {}
+    for name in names:
+        means = [_mean([c[name] for c in task if name in c]) for task in per_task]
+        out[name] = stats.task_mean_ci([m for m in means if not math.isnan(m)])
+    return out
 
 
 def _pass_at(scored_groups: list[list[Any]], k: int) -> Interval:

@@ -3,6 +3,7 @@ to a resumable JSONL file, then summarised as an `EvalReport` (report.json/md/pn
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrl.eval.report import EvalReport, build_report
+from agentrl.progress import RunProgress, sampled_tokens
 from agentrl.rollout.trajectory import Trajectory, write_jsonl
 from agentrl.types import EpisodeStatus, Task
 
@@ -36,7 +38,7 @@ async def evaluate(
     temperature: float,
     out_dir: Path,
     resume: bool = True,
-    progress: bool = True,
+    progress: bool | RunProgress = True,
     seed: int | None = None,
     meta: dict[str, Any] | None = None,
 ) -> EvalReport:
@@ -150,7 +152,7 @@ async def _run_pending(
     temperature: float,
     seed: int | None,
     path: Path,
-    progress: bool,
+    progress: bool | RunProgress,
 ) -> dict[str, list[Trajectory]]:
     """Run the tasks; each group is appended to `path` as soon as its k-th episode ends
     (when episodes carry their task id), else when `run_groups` returns."""
@@ -164,7 +166,10 @@ async def _run_pending(
         write_jsonl(str(path), group, append=True)
         written.add(task_id)
 
-    with _progress_bar(len(tasks) * k, enabled=progress) as advance:
+    cfg = getattr(runner, "cfg", None)  # the token budget of these episodes: an ETA bound
+    budget = len(tasks) * k * cfg.max_turns * cfg.rollout_max_response_len if cfg else None
+    work = sampled_tokens(getattr(runner, "engine", None))
+    with _progress_bar(len(tasks) * k, progress, work, budget) as advance:
 
         def on_episode(traj: Trajectory) -> None:
             advance()
@@ -187,39 +192,16 @@ async def _run_pending(
 
 
 @contextmanager
-def _progress_bar(num_episodes: int, *, enabled: bool) -> Iterator[Any]:
-    """Yields `advance()`; a rich bar with episodes/s and ETA when enabled."""
-    if not enabled:
+def _progress_bar(
+    num_episodes: int, progress: bool | RunProgress, work: Any, max_work: float | None
+) -> Iterator[Any]:
+    """Yields `advance()`: the "eval" phase of `progress` (a run's display), of a display of
+    its own when True, or nothing when False."""
+    if progress is False:
         yield lambda: None
         return
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    columns = (
-        TextColumn("[bold]eval[/]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("episodes"),
-        TextColumn("{task.fields[rate]}"),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns) as bar:
-        task = bar.add_task("eval", total=num_episodes, rate="")
-
-        def advance() -> None:
-            bar.advance(task)
-            # The mean rate since the start: episodes of a batch often end together, so rich's
-            # windowed speed would jump.
-            state = bar.tasks[0]
-            if state.elapsed:
-                bar.update(task, rate=f"{state.completed / state.elapsed:.2f}/s")
-
-        yield advance
+    display = progress if isinstance(progress, RunProgress) else RunProgress()
+    owned = contextlib.nullcontext(display) if display is progress else display
+    phase_cm = display.phase("eval", num_episodes, "episodes", work=work, max_work=max_work)
+    with owned, phase_cm as phase:
+        yield phase.advance

@@ -136,6 +136,15 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95) -> Interval:
     return Interval(mean, mean - half, mean + half, n)
 
 
+def paired_diff_ci(
+    before: dict[str, float], after: dict[str, float], confidence: float = 0.95
+) -> Interval:
+    """Mean of `after[t] - before[t]` over the tasks t both hold, with a Student-t interval on
+    those per-task differences: a paired comparison, so each task's difficulty cancels."""
+    common = sorted(before.keys() & after.keys())
+    return mean_ci([after[t] - before[t] for t in common], confidence)
+
+
 def task_mean_ci(values: Sequence[float], confidence: float = 0.95) -> Interval:
     """The interval for a mean over tasks: Wilson when every value is 0 or 1 (a t interval
     collapses to a point at 0/n or n/n), else Student t."""
@@ -180,6 +189,17 @@ def is_correct(traj: Any) -> bool:
     if "correct" in traj.info:
         return bool(traj.info["correct"])
     return traj.reward > 0
+
+
+def reward_components(traj: Any) -> dict[str, float]:
+    """The numeric and boolean entries of `info["reward_components"]`, as floats: what an env
+    reports beside the reward it pays (search_r1: em, f1, format, is_answered, ...)."""
+    components = traj.info.get("reward_components") or {}
+    return {
+        name: float(value)
+        for name, value in components.items()
+        if isinstance(value, int | float) and math.isfinite(float(value))
+    }
 
 
 ANSWER_KEYS = ("predicted", "answer")

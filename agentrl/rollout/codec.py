@@ -14,6 +14,7 @@ from agentrl.rollout.tool_parser import parse_hermes, parse_tags, tag_parameters
 from agentrl.types import Message
 
 ToolCallFormat = Literal["hermes", "tags"]
+ObservationFormat = Literal["chat", "raw"]
 
 # A dummy assistant turn that observation deltas are rendered after (the SkyRL/verl trick):
 # whatever the template writes between this marker and the next generation prompt is the delta.
@@ -33,9 +34,12 @@ _HERMES_TOOLS_PROMPT = (
 class ChatCodec:
     """Turns messages into token ids and sampled ids into messages, for one tokenizer.
 
-    `tool_call_format="hermes"`: observations are chat messages rendered by the template and
-    actions are `<tool_call>{json}</tool_call>`. `"tags"` (Search-R1): observation text is
-    appended raw and actions are `<tool_name>argument</tool_name>`.
+    `tool_call_format`: how actions are written, `"hermes"` (`<tool_call>{json}</tool_call>`)
+    or `"tags"` (Search-R1's `<tool_name>argument</tool_name>`).
+    `observation_format`: how env replies are rendered, `"chat"` (a turn of their own with the
+    template's headers, after the assistant turn's end-of-turn suffix: what an instruct model
+    was tuned on) or `"raw"` (their text right after the sampled ids, as Search-R1 does for
+    base models).
     """
 
     def __init__(
@@ -43,12 +47,19 @@ class ChatCodec:
         tokenizer: Any,
         *,
         tool_call_format: ToolCallFormat = "hermes",
+        observation_format: ObservationFormat = "chat",
         chat_template: str | None = None,
     ) -> None:
         if tool_call_format not in ("hermes", "tags"):
             raise ValueError(f"tool_call_format={tool_call_format!r} is not one of: hermes, tags")
+        if observation_format not in ("chat", "raw"):
+            raise ValueError(
+                f"observation_format={observation_format!r} is not one of: chat (instruct "
+                "models), raw (base models)"
+            )
         self.tokenizer = tokenizer
         self.tool_call_format: ToolCallFormat = tool_call_format
+        self.observation_format: ObservationFormat = observation_format
         self.chat_template: str | None = chat_template or getattr(tokenizer, "chat_template", None)
         if not self.chat_template:
             raise ValueError(
@@ -62,12 +73,18 @@ class ChatCodec:
         path: str,
         *,
         tool_call_format: ToolCallFormat = "hermes",
+        observation_format: ObservationFormat = "chat",
         chat_template: str | None = None,
     ) -> ChatCodec:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(path)
-        return cls(tokenizer, tool_call_format=tool_call_format, chat_template=chat_template)
+        return cls(
+            tokenizer,
+            tool_call_format=tool_call_format,
+            observation_format=observation_format,
+            chat_template=chat_template,
+        )
 
     # ------------------------------------------------------------ identity
 
@@ -160,11 +177,11 @@ class ChatCodec:
         """Ids to append after `sampled_ids` so the sequence reads as the template would render
         the conversation with `messages` added, up to the next generation prompt.
 
-        hermes: the end-of-turn suffix (minus whatever of it the model already sampled, e.g. an
+        chat: the end-of-turn suffix (minus whatever of it the model already sampled, e.g. an
         EOS that is `<|im_end|>`), then the messages and the generation prompt as the template
-        renders them after an assistant turn. tags: the messages' text, raw.
+        renders them after an assistant turn. raw: the messages' text, as written.
         """
-        if self.tool_call_format == "tags":
+        if self.observation_format == "raw":
             return self.encode("".join(m.content for m in messages)) if messages else []
         return self.encode(
             self._pending_end_of_turn(sampled_ids or []) + self._observation_text(messages)

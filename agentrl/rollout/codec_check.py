@@ -43,13 +43,18 @@ def run_check(codec: ChatCodec, tools: list[dict[str, Any]] | None) -> CheckRepo
     import jinja2
 
     report = CheckReport()
-    if codec.tool_call_format == "tags":
+    if codec.observation_format == "raw":
         # Observations are raw text appended after the sampled ids: there is no template render to
         # match beyond the prompt, which must at least render.
         ids = codec.render_prompt([Message("user", "Question: why?")], tools)
         report.num_conversations, report.num_tokens = 1, len(ids)
         return report
-    for conv in _conversations(tools, renders_tool_calls=_renders_tool_calls(codec)):
+    conversations = (
+        _tag_conversations(tools)
+        if codec.tool_call_format == "tags"
+        else _conversations(tools, renders_tool_calls=_renders_tool_calls(codec))
+    )
+    for conv in conversations:
         for stopped_on_eos in (True, False):
             try:
                 report.num_tokens += _replay(codec, conv, tools, stopped_on_eos=stopped_on_eos)
@@ -184,6 +189,46 @@ def _conversations(
             [
                 (a("Let me check.", c4), [tool('  {"result": [1.4142, "≈"]}\n\n', c4)]),
                 (a("About 1.41.\n"), [Message("user", "\nand with   spaces   ")]),
+            ],
+        ),
+    ]
+
+
+def _tag_conversations(tools: list[dict[str, Any]] | None) -> list[_Conversation]:
+    """Search-R1-style turns: actions are tags in the assistant's text (a turn stops on the
+    closing tag, or on EOS when it wrote none), replies are tool turns and user hints."""
+    name = ((tools or [{}])[0].get("function", {}) or {}).get("name", "search")
+
+    def a(content: str) -> Message:
+        return Message("assistant", content)
+
+    def tool(content: str, index: int) -> Message:
+        return Message("tool", content, tool_call_id=f"{name}-{index}", name=name)
+
+    docs = '\n\n<information>Doc 1(Title: "Hamlet") Hamlet is a tragedy by Shakespeare.\n</information>\n\n'
+    hint = "\nMy previous action is invalid. Let me try again.\n"
+    return [
+        _Conversation(
+            "tag action, tool reply, then a user hint",
+            [Message("user", "Answer the given question. Question: who wrote Hamlet?\n")],
+            [
+                (
+                    a(f"<think>\nI should look it up.\n</think>\n<{name}> Hamlet author </{name}>"),
+                    [tool(docs, 1)],
+                ),
+                (a("<think>Shakespeare.</think> It was him."), [Message("user", hint)]),
+                (a(f"<{name}>Hamlet\n</{name}>"), [tool('  √2 ≈ 1.41 {"x": [1]}\n', 3)]),
+            ],
+        ),
+        _Conversation(
+            "system message, unicode and whitespace",
+            [Message("system", "Be brief."), Message("user", "  Roughly what is √2?  \n")],
+            [
+                (
+                    a(f"<{name}> square root of 2 </{name}>"),
+                    [tool("\n\n<information></information>\n\n", 1)],
+                ),
+                (a("<answer> 1.41 </answer>\n"), [Message("user", "\nand with   spaces   ")]),
             ],
         ),
     ]

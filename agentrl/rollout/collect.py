@@ -60,9 +60,11 @@ async def collect_groups(
     seed_for_round: Callable[[int], int],
     max_rerun_rounds: int = 2,
     heal: Callable[[], Awaitable[int]] = _no_heal,
+    on_episode: Callable[[Trajectory], Any] | None = None,
 ) -> Collected:
     """`cfg.rollout_batch_size` groups of `cfg.n_samples_per_prompt` episodes. `heal()` restarts
-    dead engines and syncs them; it runs before each round and before each re-run."""
+    dead engines and syncs them; it runs before each round and before each re-run.
+    `on_episode(trajectory)` is called as each episode ends (the progress display)."""
     want = cfg.rollout_batch_size
     out = Collected(groups=[])
     extra_rounds = cfg.max_sampling_rounds if cfg.dynamic_sampling else 0
@@ -70,7 +72,7 @@ async def collect_groups(
         tasks = source.next_batch(want - len(out.groups))
         groups = await _run_with_reruns(
             runner, tasks, cfg.n_samples_per_prompt, seed_for_round(round_index),
-            max_rerun_rounds, heal, out,
+            max_rerun_rounds, heal, out, on_episode,
         )  # fmt: skip
         if cfg.dynamic_sampling:
             groups, dropped = filter_zero_variance_groups(groups)
@@ -90,9 +92,10 @@ async def _run_with_reruns(
     max_rerun_rounds: int,
     heal: Callable[[], Awaitable[int]],
     out: Collected,
+    on_episode: Callable[[Trajectory], Any] | None = None,
 ) -> list[Group]:
     out.num_engine_restarts += await heal()
-    groups = await runner.run_groups(tasks, n, seed=seed)
+    groups = await runner.run_groups(tasks, n, seed=seed, on_episode=on_episode)
     for _ in range(max_rerun_rounds):
         broken = [i for i, g in enumerate(groups) if is_engine_aborted(g)]
         if not broken:
@@ -100,7 +103,9 @@ async def _run_with_reruns(
         out.num_engine_reruns += len(broken)
         out.num_engine_restarts += await heal()
         # Same seed: the re-run plays the episodes the dead engine would have served.
-        redone = await runner.run_groups([tasks[i] for i in broken], n, seed=seed)
+        redone = await runner.run_groups(
+            [tasks[i] for i in broken], n, seed=seed, on_episode=on_episode
+        )
         for i, group in zip(broken, redone, strict=True):
             groups[i] = group
     return groups

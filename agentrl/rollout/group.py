@@ -128,7 +128,11 @@ class RolloutRunner:
                     f"{type(self.engine).__name__} exposes no tokenizer; pass RolloutRunner(..., codec="
                     "ChatCodec.from_pretrained(model_path, tool_call_format=...)) or use build_runner(cfg, engine)"
                 )
-            self.codec = ChatCodec(tokenizer, tool_call_format=env.tool_call_format)
+            self.codec = ChatCodec(
+                tokenizer,
+                tool_call_format=env.tool_call_format,
+                observation_format=self.cfg.observation_format,
+            )
         report = self.codec.check(env.tools.schemas())
         logger.info(
             "chat codec check passed for %s: %d conversations, %d tokens compared",
@@ -225,15 +229,18 @@ def build_runner(cfg: RunConfig, engine: Engine) -> RolloutRunner:
     from agentrl.envs import make, spec
 
     env_factory = functools.partial(make, cfg.env.id, **cfg.env.kwargs)
-    tool_call_format = spec(cfg.env.id).load_class().tool_call_format
+    formats = {
+        "tool_call_format": spec(cfg.env.id).load_class().tool_call_format,
+        "observation_format": cfg.rollout.observation_format,
+    }
     tokenizer = getattr(engine, "tokenizer", None)
     if tokenizer is not None:
-        codec = ChatCodec(tokenizer, tool_call_format=tool_call_format)
+        codec = ChatCodec(tokenizer, **formats)
     else:
         from agentrl.model_store import resolve_model_path
 
         path = getattr(engine, "model_path", None) or resolve_model_path(
             cfg.model.path, cfg.model.cache_dir
         )
-        codec = ChatCodec.from_pretrained(path, tool_call_format=tool_call_format)
+        codec = ChatCodec.from_pretrained(path, **formats)
     return RolloutRunner(engine, env_factory, cfg.rollout, codec=codec)

@@ -269,19 +269,26 @@ def _step_batches(
     pad_id: int,
     dp_size: int,
     max_seqs: int | None,
+    *,
+    is_advantage_only: bool = False,
 ) -> list[StepBatch]:
     """One optimizer step as `dp_size` StepBatches (one per rank) with the step's global loss
-    denominators and equal micro-batch counts (padded with empty micro-batches)."""
+    denominators and equal micro-batch counts (padded with empty micro-batches).
+
+    `is_advantage_only` (every loss term is scaled by the advantage: no KL, no entropy): a
+    sequence with advantage 0 adds exactly 0 to the loss and the gradient, so it is not packed
+    at all; it still counts in the denominators, so the update is the one it would have been."""
+    trained = [s for s in samples if s.advantage != 0.0] if is_advantage_only else samples
     per_rank: list[list[MicroBatch]] = []
-    for part in split_balanced([s.length for s in samples], dp_size):
-        mine = [samples[i] for i in part]
+    for part in split_balanced([s.length for s in trained], dp_size):
+        mine = [trained[i] for i in part]
         bins = pack_first_fit_decreasing(
             [s.length for s in mine], budget, is_packed=is_packed, max_seqs=max_seqs
         )
         per_rank.append(
             [_rows_for([mine[i] for i in members], is_packed, pad_id) for members in bins]
         )
-    num_micro = max(len(mbs) for mbs in per_rank)
+    num_micro = max((len(mbs) for mbs in per_rank), default=0)
     num_loss_tokens = int(sum(sum(s.loss_mask) for s in samples))
     return [
         StepBatch(
@@ -311,7 +318,9 @@ def build_train_batches(
     trajectories split into optimizer steps of `global_batch_size` (in order; None = one step);
     each step's sequences split over the ranks balanced by tokens and packed into micro-batches
     of at most `max_tokens_per_micro_batch` tokens and `micro_batch_size` sequences (None = as
-    many as fit). Every rank gets the same number of steps and
+    many as fit). Without a KL or entropy term, sequences with advantage 0 (e.g. every one of a
+    group whose rewards tie) cost no forward or backward pass: they are left out of the
+    micro-batches but kept in the denominators. Every rank gets the same number of steps and
     of micro-batches per step, and each step's global denominators, so summing the ranks'
     gradients gives the 1-rank update. ERROR/ABORTED trajectories are counted and left out."""
     if max_tokens_per_micro_batch < 1:
@@ -345,6 +354,7 @@ def build_train_batches(
     for i, s in enumerate(samples):
         s.index = i  # position among trained sequences, as MicroBatch.sample_indices reports it
     step_size = global_batch_size or max(len(samples), 1)
+    is_advantage_only = not _has_advantage_free_term(algo_cfg)
     steps = [  # [step][rank]
         _step_batches(
             samples[i : i + step_size],
@@ -353,10 +363,14 @@ def build_train_batches(
             pad_id,
             dp_size,
             micro_batch_size,
+            is_advantage_only=is_advantage_only,
         )
         for i in range(0, len(samples), step_size)
     ]
     metrics = _batch_metrics(trajs, samples, steps, max_tokens_per_micro_batch, num_no_loss)
+    packed = [s for s in samples if s.advantage != 0.0] if is_advantage_only else samples
+    metrics["batch/num_zero_advantage_skipped"] = float(len(samples) - len(packed))
+    metrics["batch/num_packed_tokens"] = float(sum(s.length for s in packed))  # the work
     max_abs_advantage = max((abs(s.advantage) for s in samples), default=0.0)
     return [
         TrainBatch(
@@ -367,6 +381,11 @@ def build_train_batches(
         )
         for rank in range(dp_size)
     ]
+
+
+def _has_advantage_free_term(algo_cfg: AlgoConfig) -> bool:
+    """A KL or entropy term pulls on every trained token, whatever its advantage."""
+    return (algo_cfg.use_kl_loss and algo_cfg.kl_loss_coef > 0) or bool(algo_cfg.entropy_coef)
 
 
 def build_train_batch(

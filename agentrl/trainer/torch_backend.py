@@ -297,7 +297,12 @@ class TorchBackend:
         if need_old or need_ref:
             self.compute_logprobs(batch, old=need_old, ref=need_ref)
         model.train()
-        per_step = [self._optimizer_step(step) for step in batch.steps if step.micro_batches]
+        per_step = []
+        for step in batch.steps:  # a step all of whose sequences had advantage 0 has none
+            if step.micro_batches:
+                per_step.append(self._optimizer_step(step))
+            else:
+                self._advance_schedule(1)
         self.num_train_steps += 1
         names = {k for m in per_step for k in m}
         metrics = {k: _mean([m[k] for m in per_step if k in m]) for k in sorted(names)}
@@ -316,18 +321,24 @@ class TorchBackend:
     def _skip(self, batch: TrainBatch) -> dict[str, float]:
         """No compute for a batch without signal. Adam's moments and weight decay stay put too:
         an update from old momentum alone would not be learning from this batch."""
-        assert self.optimizer is not None and self.scheduler is not None
+        assert self.optimizer is not None
         lr = float(self.optimizer.param_groups[0]["lr"])
-        with warnings.catch_warnings():  # "lr_scheduler.step() before optimizer.step()": meant
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
-            for _ in batch.steps:  # as skipped_nonfinite_grad steps do, keeping the lr horizon
-                self.scheduler.step()
-                self.optimizer_step += 1
+        self._advance_schedule(len(batch.steps))
         self.num_train_steps += 1
         metrics = {k.removeprefix("batch/"): v for k, v in batch.metrics.items()}
         # Exact, not a stand-in: every per-token loss is 0 (advantage 0, no KL or entropy term).
         metrics.update(skipped_no_signal=1.0, lr=lr, loss=0.0, pg_loss=0.0)
         return metrics
+
+    def _advance_schedule(self, num_steps: int) -> None:
+        """Count optimizer steps that update nothing, as skipped_nonfinite_grad steps do, so the
+        lr schedule keeps its horizon."""
+        assert self.scheduler is not None
+        with warnings.catch_warnings():  # "lr_scheduler.step() before optimizer.step()": meant
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+            for _ in range(num_steps):
+                self.scheduler.step()
+                self.optimizer_step += 1
 
     def _optimizer_step(self, step: StepBatch) -> dict[str, float]:
         assert self.optimizer is not None and self.scheduler is not None

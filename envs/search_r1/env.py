@@ -13,6 +13,8 @@ from agentrl_envs.search_r1 import embedded, tasks
 from agentrl_envs.search_r1.bm25 import BM25Retriever
 from agentrl_envs.search_r1.http_client import HTTPRetriever, RetrieverUnavailableError
 from agentrl_envs.search_r1.protocol import (
+    DEMONSTRATION_QUESTION,
+    DEMONSTRATION_TURNS,
     INVALID_ACTION_HINT,
     PROMPT_TEMPLATE,
     STOP,
@@ -57,7 +59,9 @@ class SearchR1Env(AgentEnv):
     Reward (`reward=`): "em" (SQuAD exact match of the last `<answer>` of the response),
     "f1", or "format" (Search-R1's format-aware score). Retrieval: the embedded BM25 index
     (`retriever="bm25"`, optionally over `corpus=PATH`) or any Search-R1 server
-    (`retriever_url="http://127.0.0.1:8000"`).
+    (`retriever_url="http://127.0.0.1:8000"`). `demonstration=True` puts one worked episode
+    (search, documents, answer) before the question as chat turns: small instruct models
+    otherwise never write the tags (the paper's prompt alone is the default).
     """
 
     tool_call_format: ClassVar = "tags"
@@ -82,6 +86,7 @@ class SearchR1Env(AgentEnv):
         format_scores: dict[str, float] | None = None,
         prompt_template: str = PROMPT_TEMPLATE,
         invalid_action_hint: str = INVALID_ACTION_HINT,
+        demonstration: bool = False,
         seed: int = embedded.DEFAULT_SEED,
     ) -> None:
         super().__init__()
@@ -112,6 +117,7 @@ class SearchR1Env(AgentEnv):
         self.format_scores = FormatScores(**(format_scores or {}))
         self.prompt_template = prompt_template
         self.invalid_action_hint = invalid_action_hint
+        self.use_demonstration = demonstration
         self.seed = seed
         # max_output_tokens=None: the env caps whole observations itself (see _cap).
         self.tools = ToolRegistry([self.search], max_output_tokens=None)
@@ -150,10 +156,17 @@ class SearchR1Env(AgentEnv):
         self._infra_error = None
         await self._warm_up()
         prompt = task.data.get("prompt") or make_prompt(task.data["question"], self.prompt_template)
-        return [Message(role="user", content=prompt)], {
+        return [*self._demonstration(), Message(role="user", content=prompt)], {
             "task_id": task.id,
             "golden_answers": self._episode.golden_answers,
         }
+
+    def _demonstration(self) -> list[Message]:
+        if not self.use_demonstration:
+            return []
+        question = make_prompt(DEMONSTRATION_QUESTION, self.prompt_template)
+        turns = [Message(role=role, content=text) for role, text in DEMONSTRATION_TURNS]
+        return [Message(role="user", content=question), *turns]
 
     async def _warm_up(self) -> None:
         """Fail before the first generation: load (or build) the index, or reach the server."""

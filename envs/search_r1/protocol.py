@@ -85,3 +85,26 @@ def format_documents(contents: list[str]) -> str:
 
 def format_observation(documents_text: str) -> str:
     return f"\n\n<information>{documents_text.strip()}</information>\n\n"
+
+
+# One worked episode (search, documents, answer) shown before the question when the env is made
+# with `demonstration=True`: a 135M instruct model given the paper's prompt alone wrote
+# `<answer>` in 0 of 32 first turns; after this example, in 9 of 32 (temperature 0.7), which is
+# what gives GRPO groups a reward spread to learn from.
+DEMONSTRATION_QUESTION = (
+    'What is the subject of this description: "___ is the capital and largest city of France."'
+)
+DEMONSTRATION_TURNS: tuple[tuple[str, str], ...] = (
+    (
+        "assistant",
+        "<think> I need to find the capital of France. </think>\n<search> capital of France </search>",
+    ),
+    (
+        "tool",
+        format_observation(
+            'Doc 1(Title: "Paris") Paris is the capital and largest city of France.\n'
+            'Doc 2(Title: "France") France is a country in Western Europe.\n'
+        ),
+    ),
+    ("assistant", "<think> The documents say Paris. </think>\n<answer> Paris </answer>"),
+)

@@ -112,6 +112,8 @@ class RewardBreakdown:
     """Every component, whichever one the env pays out; goes into `info["reward_components"]`."""
 
     answer: str | None
+    is_answered: bool
+    """An `<answer>` block was given (the answer rate, whatever its content)."""
     em: float
     f1: float
     is_valid_format: bool
@@ -137,6 +139,7 @@ def score_response(
     is_retrieved = is_valid and is_retrieval_correct(transcript, golden_answers)
     return RewardBreakdown(
         answer,
+        answer is not None,
         em,
         f1,
         is_valid,

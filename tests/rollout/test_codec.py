@@ -160,7 +160,9 @@ def test_parse_strips_end_of_turn_and_keeps_plain_answers(smol_codec: ChatCodec)
 def test_tags_format_parses_search_r1_actions_and_appends_raw_observations(
     smollm2_path: str,
 ) -> None:
-    codec = ChatCodec(load_tokenizer(smollm2_path), tool_call_format="tags")
+    codec = ChatCodec(
+        load_tokenizer(smollm2_path), tool_call_format="tags", observation_format="raw"
+    )
     text = "<think>who?</think><search> capital of France </search>"
     message = codec.parse(codec.encode(text), [SEARCH_SCHEMA])
     assert message.tool_calls == [
@@ -176,6 +178,53 @@ def test_tags_format_parses_search_r1_actions_and_appends_raw_observations(
     # Search-R1 prompts describe the tags themselves: no tool block in the prompt
     assert "<tools>" not in codec.render_text([Message("user", "q")], [SEARCH_SCHEMA])
     assert codec.check([SEARCH_SCHEMA]).num_conversations == 1
+
+
+@pytest.fixture(scope="module", params=["smollm2", "qwen_tools", "llama3"])
+def tags_chat_codec(request: pytest.FixtureRequest, smollm2_path: str) -> ChatCodec:
+    template = None if request.param == "smollm2" else request.param
+    return ChatCodec(load_tokenizer(smollm2_path, template), tool_call_format="tags")
+
+
+def test_tags_with_chat_observations_pass_the_token_exact_check(
+    tags_chat_codec: ChatCodec,
+) -> None:
+    report = tags_chat_codec.check([SEARCH_SCHEMA])
+    assert report.num_conversations == 2 and not report.skipped
+    assert report.num_tokens > 300  # whole conversations compared, not just a prompt
+
+
+def test_tags_chat_observation_is_a_turn_with_the_templates_headers(smollm2_path: str) -> None:
+    """A search stops on `</search>` (no EOS): the delta closes the assistant turn, opens a tool
+    turn and the next assistant turn, and equals a full render of the conversation."""
+    codec = ChatCodec(load_tokenizer(smollm2_path), tool_call_format="tags")
+    prompt = [Message("user", "Question: capital of France?")]
+    action = "<think>who?</think>\n<search> capital of France </search>"
+    sampled = codec.encode(action)
+    observation = [
+        Message("tool", "\n\n<information>Doc 1 Paris.</information>\n\n", name="search")
+    ]
+
+    delta = codec.decode(codec.render_observation(observation, sampled_ids=sampled))
+
+    assert delta == (
+        "<|im_end|>\n<|im_start|>tool\n\n\n<information>Doc 1 Paris.</information>\n\n"
+        "<|im_end|>\n<|im_start|>assistant\n"
+    )
+    full = codec.render_prompt([*prompt, Message("assistant", action), *observation])
+    ids = codec.render_prompt(prompt) + sampled
+    assert ids + codec.render_observation(observation, sampled_ids=sampled) == full
+
+
+def test_tags_chat_check_catches_a_template_that_rewrites_history(smollm2_path: str) -> None:
+    codec = ChatCodec(load_tokenizer(smollm2_path, "drops_think"), tool_call_format="tags")
+    with pytest.raises(CodecCheckError, match="not prefix-preserving"):
+        codec.check([SEARCH_SCHEMA])
+
+
+def test_unknown_observation_format_is_a_clear_error(smollm2_path: str) -> None:
+    with pytest.raises(ValueError, match="observation_format='text' is not one of: chat"):
+        ChatCodec(load_tokenizer(smollm2_path), observation_format="text")  # type: ignore[arg-type]
 
 
 def test_unknown_format_and_missing_template_are_clear_errors(smollm2_path: str) -> None:

@@ -70,6 +70,42 @@ async def test_reward_options(corpus_path: Path, reward: str, expected: float) -
     assert result.reward == pytest.approx(expected)
 
 
+async def test_recipe_pays_the_format_reward_and_reports_em_and_answer_rate(
+    corpus_path: Path,
+) -> None:
+    from agentrl.config import recipe_for_env
+
+    kwargs = {**recipe_for_env("search_r1").env.kwargs, "demonstration": False}
+    assert kwargs["reward"] == "format"
+    env = await started(corpus_path, **kwargs)
+    wrong = await env.step(say("<answer> Lyon </answer>"))  # an answer, no <think>: 0.1
+    assert wrong.reward == pytest.approx(0.1)
+    parts = wrong.info["reward_components"]
+    assert parts["is_answered"] is True and parts["em"] == 0.0 and parts["format"] == 0.1
+    assert wrong.info["correct"] is False
+    env = await started(corpus_path, **kwargs)
+    for _ in range(env.max_turns + 1):  # never answers: truncated, nothing paid
+        last = await env.step(say("hmm"))
+    assert last.truncated and last.reward == 0.0
+    assert last.info["reward_components"]["is_answered"] is False
+
+
+async def test_demonstration_is_one_worked_episode_before_the_question(
+    corpus_path: Path,
+) -> None:
+    env = SearchR1Env(corpus=str(corpus_path), demonstration=True)
+    messages, _ = await env.reset(options={"task": TASK})
+    assert [m.role for m in messages] == ["user", "assistant", "tool", "assistant", "user"]
+    assert messages[-1].content == make_prompt("what is the capital of France")
+    assert "<search> capital of France </search>" in messages[1].content
+    assert messages[2].content.startswith("\n\n<information>Doc 1")
+    assert messages[3].content.endswith("<answer> Paris </answer>")
+    # only the episode's own turns are scored: an answer-less episode still gets nothing
+    for _ in range(env.max_turns + 1):
+        last = await env.step(say("hmm"))
+    assert last.info["reward_components"]["is_answered"] is False
+
+
 async def test_invalid_action_gets_the_hint_and_goes_on(corpus_path: Path) -> None:
     env = await started(corpus_path)
     result = await env.step(say("I am not sure what to do."))

@@ -41,6 +41,18 @@ def codec(smollm2_path: str) -> ChatCodec:
     return ChatCodec.from_pretrained(smollm2_path, tool_call_format="tags")
 
 
+@pytest.fixture(scope="module")
+def raw_codec(smollm2_path: str) -> ChatCodec:
+    """Search-R1's base-model rendering: observation text right after the sampled ids."""
+    return ChatCodec.from_pretrained(
+        smollm2_path, tool_call_format="tags", observation_format="raw"
+    )
+
+
+_TOOL_TURN = "<|im_end|>\n<|im_start|>tool\n"
+_NEXT_TURN = "<|im_end|>\n<|im_start|>assistant\n"
+
+
 async def play(
     codec: ChatCodec, corpus_path: Path, replies: list[str], **env_kwargs
 ) -> tuple[Any, ScriptedEngine]:
@@ -81,9 +93,9 @@ async def test_search_then_answer_masks_information(codec: ChatCodec, corpus_pat
     assert traj.status == EpisodeStatus.COMPLETED and traj.reward == 1.0
     assert set(engine.stops[0]) >= {"</search>", "</answer>"}
     masked = masked_text(codec, traj)
-    assert masked.startswith('\n\n<information>Doc 1(Title: "Paris")') and masked.endswith(
-        "</information>\n\n"
-    )
+    # a chat turn of its own: the assistant turn closed, a tool turn, the next assistant turn
+    assert masked.startswith(_TOOL_TURN + '\n\n<information>Doc 1(Title: "Paris")')
+    assert masked.endswith("</information>\n\n" + _NEXT_TURN)
     sampled = codec.decode(
         [t for t, m in zip(traj.token_ids, traj.loss_mask, strict=True) if m == 1]
     )
@@ -95,7 +107,23 @@ async def test_search_then_answer_masks_information(codec: ChatCodec, corpus_pat
 async def test_invalid_action_hint_is_masked(codec: ChatCodec, corpus_path: Path) -> None:
     traj, _ = await play(codec, corpus_path, ["I will just guess.", "<answer> Lyon </answer>"])
     assert traj.status == EpisodeStatus.COMPLETED and traj.reward == 0.0
-    assert masked_text(codec, traj) == INVALID_ACTION_HINT
+    # the hint is a user turn with the template's headers, not text right after <|im_end|>
+    # (which the model sampled here: the delta completes its end-of-turn suffix)
+    assert masked_text(codec, traj) == ("\n<|im_start|>user\n" + INVALID_ACTION_HINT + _NEXT_TURN)
+
+
+@pytest.mark.slow
+async def test_raw_rendering_appends_observations_after_the_sampled_ids(
+    raw_codec: ChatCodec, corpus_path: Path
+) -> None:
+    replies = [
+        "<think>look it up</think>\n<search> capital of France </search>",
+        "<think>found</think>\n<answer> Paris </answer>",
+    ]
+    traj, _ = await play(raw_codec, corpus_path, replies)
+    masked = masked_text(raw_codec, traj)
+    assert masked.startswith('\n\n<information>Doc 1(Title: "Paris")')
+    assert masked.endswith("</information>\n\n") and traj.reward == 1.0
 
 
 @pytest.mark.slow

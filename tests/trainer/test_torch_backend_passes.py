@@ -149,3 +149,32 @@ def test_a_batch_with_signal_says_it_was_not_skipped(tiny_llama_path, groups_fac
     )
     assert batch.max_abs_advantage > 0
     assert _backend(tiny_llama_path).train_step(batch)["skipped_no_signal"] == 0.0
+
+
+def test_zero_variance_groups_are_not_packed_and_the_update_is_unchanged(
+    tiny_llama_path, traj, groups_factory
+):
+    """A tied group's sequences (advantage 0) cost no forward/backward, yet stay in the
+    denominators: the gradients equal those of packing them (forced here by a negligible
+    entropy term, which makes every sequence count)."""
+    groups = groups_factory(num_groups=2, group_size=4, seed=3) + _flat_groups(traj)
+    algo, packs_all = AlgoConfig(), AlgoConfig(entropy_coef=1e-30)
+    batch = build_train_batch(groups, algo, max_tokens_per_micro_batch=400, pad_id=0)
+    full = build_train_batch(groups, packs_all, max_tokens_per_micro_batch=400, pad_id=0)
+    assert batch.metrics["batch/num_zero_advantage_skipped"] == 8.0
+    assert full.metrics["batch/num_zero_advantage_skipped"] == 0.0
+    lengths = [mb.num_tokens for mb in full.steps[0].micro_batches]  # one packed row each
+    assert full.metrics["batch/num_packed_tokens"] == sum(lengths)
+    assert 0 < batch.metrics["batch/num_packed_tokens"] < full.metrics["batch/num_packed_tokens"]
+    (step,), (full_step,) = batch.steps, full.steps
+    assert sum(len(mb.sample_indices) for mb in step.micro_batches) == 8
+    assert (step.num_loss_tokens, step.num_seqs) == (full_step.num_loss_tokens, 16)
+    grads = []
+    for algo_cfg, b in ((algo, batch), (packs_all, full)):
+        backend = _backend(tiny_llama_path, algo_cfg, lr=0.0, clip_grad=0.0)
+        metrics = backend.train_step(b)
+        assert metrics["skipped_no_signal"] == 0.0
+        grads.append(_grads(backend.model))
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for name, g in grads[0].items():
+        assert (g - grads[1][name]).abs().max() <= 1e-6, name
