@@ -88,9 +88,15 @@ class RewardsRunner:
     def __init__(self) -> None:
         self.rounds: list[tuple[list[str], int]] = []  # (task ids, seed) per run_groups call
 
-    async def run_groups(self, tasks: list[Task], n: int, *, seed: int) -> list[list[Episode]]:
+    async def run_groups(
+        self, tasks: list[Task], n: int, *, seed: int, on_episode: Any = None
+    ) -> list[list[Episode]]:
         self.rounds.append(([t.id for t in tasks], seed))
-        return [[Episode(r) for r in t.data["rewards"]] for t in tasks]
+        groups = [[Episode(r) for r in t.data["rewards"]] for t in tasks]
+        for episode in (e for g in groups for e in g):
+            if on_episode is not None:
+                on_episode(episode)
+        return groups
 
 
 def _reward_tasks(*rewards: list[float]) -> Tasks:
