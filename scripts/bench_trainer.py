@@ -109,7 +109,22 @@ def time_steps(name: str, step, args: argparse.Namespace, use_gpu: bool) -> list
         log(f"{name}: step {k + 1}/{args.warmup + args.repeats} ({kind}) {elapsed:.3f} s")
         if k >= args.warmup:
             times.append(elapsed)
+    if args.profile:
+        print_profile(name, step, use_gpu)
     return times
+
+
+def print_profile(name: str, step, use_gpu: bool, top: int = 15) -> None:
+    """One more step under torch.profiler: the operators that took the most device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if use_gpu else [])
+    with profile(activities=activities) as prof:
+        step()
+        _sync(use_gpu)
+    sort_by = "self_cuda_time_total" if use_gpu else "self_cpu_time_total"
+    log(f"{name}: profile of one step, top {top} by {sort_by}")
+    print(prof.key_averages().table(sort_by=sort_by, row_limit=top, max_name_column_width=60))
 
 
 def plain_transformers(model_path: str, batch, args, use_gpu: bool, dtype: torch.dtype):
@@ -202,6 +217,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--backends", default=",".join(BACKENDS))
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--profile", action="store_true", help="print each backend's top operators")
     p.add_argument("--peak-tflops", type=float, help="bf16 dense peak (default: from GPU name)")
     p.add_argument("--out", default="benchmarks/bench_trainer.json")
     args = p.parse_args(argv)

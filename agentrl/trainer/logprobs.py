@@ -8,6 +8,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from agentrl.trainer.packing import PACKED_ATTENTION, packed_attention_kwargs
+
 
 def _chunk_logprobs(
     hidden: Tensor,
@@ -16,9 +18,14 @@ def _chunk_logprobs(
     target_ids: Tensor,
     temperature: float,
     is_entropy_trained: bool,
+    matmul_dtype: torch.dtype | None,
 ) -> tuple[Tensor, Tensor]:
-    """[C, H] -> logprob of target [C] and entropy [C] of softmax(logits / T), in float32."""
-    logits = F.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
+    """[C, H] -> logprob of target [C] and entropy [C] of softmax(logits / T), in float32; the
+    vocab projection runs in `matmul_dtype` (None = the weight's), as the engine's LM head does."""
+    dtype = matmul_dtype or weight.dtype
+    logits = F.linear(
+        hidden.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)
+    ).float()
     if temperature != 1.0:
         logits = logits / temperature  # [C, V]
     # Only log_softmax's output is kept for backward; the logits themselves can be freed.
@@ -38,8 +45,10 @@ def chunked_logprobs(
     chunk_size: int = 1024,
     temperature: float = 1.0,
     is_entropy_trained: bool = True,
+    matmul_dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """log_softmax(hidden @ weight.T / T)[target] and the entropy, for hidden [M, H] -> [M], [M].
+    """log_softmax(hidden @ weight.T / T)[target] and the entropy, for hidden [M, H] -> [M], [M],
+    the softmax in float32 over logits from a `matmul_dtype` projection (None = weight's dtype).
 
     With gradients on, each chunk is recomputed in backward (activation checkpointing), so only
     one chunk of logits is alive at any time; the engine's logprobs use the same definition.
@@ -63,10 +72,13 @@ def chunked_logprobs(
                 t,
                 temperature,
                 is_entropy_trained,
+                matmul_dtype,
                 use_reentrant=False,
             )
         else:
-            lp, ent = _chunk_logprobs(h, weight, bias, t, temperature, is_entropy_trained)
+            lp, ent = _chunk_logprobs(
+                h, weight, bias, t, temperature, is_entropy_trained, matmul_dtype
+            )
         logprob_parts.append(lp)
         entropy_parts.append(ent)
     if not logprob_parts:
@@ -109,9 +121,12 @@ class CausalLMLogprobs(torch.nn.Module):
         with torch.autocast(
             device_type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
         ):
-            # No attention mask: transformers reads packed-sequence boundaries from position_ids.
+            # No attention mask: transformers reads packed-sequence boundaries from position_ids,
+            # or packed attention takes them precomputed.
+            is_packed_attention = self.model.config._attn_implementation == PACKED_ATTENTION
+            bounds = packed_attention_kwargs(position_ids) if is_packed_attention else {}
             out = self.model.base_model(
-                input_ids=input_ids, position_ids=position_ids, use_cache=False
+                input_ids=input_ids, position_ids=position_ids, use_cache=False, **bounds
             )
         hidden = out.last_hidden_state  # [R, T, H]
         is_loss = loss_mask > 0  # [R, T]
@@ -130,6 +145,7 @@ class CausalLMLogprobs(torch.nn.Module):
             chunk_size=self.chunk_size,
             temperature=self.temperature,
             is_entropy_trained=is_entropy_trained,
+            matmul_dtype=self.autocast_dtype,
         )
         if is_empty:
             logprobs, entropy = logprobs * 0.0, entropy * 0.0

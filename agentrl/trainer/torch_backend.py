@@ -18,6 +18,7 @@ from agentrl.trainer.batch import MicroBatch, StepBatch, TrainBatch, pad_id_for
 from agentrl.trainer.fsdp import apply_fsdp, decoder_layers, dp_rank, dp_world_size, reduce_metrics
 from agentrl.trainer.logprobs import CausalLMLogprobs
 from agentrl.trainer.losses import build_objective, combine_metrics
+from agentrl.trainer.packing import use_packed_attention
 from agentrl.trainer.weights import (
     DEFAULT_BUCKET_SIZE_BYTES,
     bucket_by_dtype,
@@ -73,7 +74,8 @@ class TorchBackend:
     """The torch `TrainerBackend`. Weights load on first use, so construction only checks config.
 
     Parameters stay in `dtype` (auto = float32) and the forward pass runs under bf16 autocast on
-    CUDA; logprobs are always computed in float32 as log_softmax(logits / temperature).
+    CUDA, attention by FlashAttention over each packed sequence; logprobs are computed as
+    float32 log_softmax(logits / temperature), the logits projected in the forward's dtype.
 
     Data parallel: construct it in each rank of an initialised process group (world size > 1), on
     that rank's `device`; the model is then sharded with FSDP2 over all ranks, and every method but
@@ -155,6 +157,8 @@ class TorchBackend:
         major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
         dtype_kw = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
         model = AutoModelForCausalLM.from_pretrained(path, **{dtype_kw: self.param_dtype})
+        if self.device.type == "cuda":  # FlashAttention over packed sequences: no block mask
+            use_packed_attention(model)
         return model.to(self.device)
 
     def _wrap(self, model: torch.nn.Module) -> CausalLMLogprobs:
@@ -188,6 +192,7 @@ class TorchBackend:
             lr=cfg.lr,
             betas=(cfg.adam_beta1, cfg.adam_beta2),
             weight_decay=cfg.weight_decay,
+            fused=self.device.type == "cuda",
         )
         min_ratio = cfg.min_lr / cfg.lr if cfg.lr > 0 else 0.0
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(

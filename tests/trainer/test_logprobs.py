@@ -95,3 +95,51 @@ def test_causal_lm_logprobs_equal_the_models_own_logits_in_float32(tiny_llama_pa
     ((lp + 0.1 * ent) * weights).sum().backward()
     for name, p in model.named_parameters():  # fp32 summation order: ~1e-6 on entries ~0.1
         assert torch.allclose(p.grad, want_grads[name], rtol=1e-5, atol=1e-6), name
+
+
+def test_packed_attention_equals_transformers_own_packed_mask(tiny_llama_path: str):
+    """Rows packing several sequences (positions restarting at 0, plus a pad tail): the packed
+    attention the torch trainer uses on CUDA gives the logprobs and gradients of transformers'
+    SDPA with the block mask it builds from position_ids; no token sees another sequence."""
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.trainer.logprobs import CausalLMLogprobs
+    from agentrl.trainer.packing import PACKED_ATTENTION, use_packed_attention
+
+    gen = torch.Generator().manual_seed(3)
+    input_ids = torch.randint(3, 64, (2, 12), generator=gen)
+    positions = torch.tensor(
+        [[0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 5, 6, 0, 1, 0, 1, 2]]
+    )
+    target_ids = torch.randint(3, 64, (2, 12), generator=gen)
+    loss_mask = (torch.rand(2, 12, generator=gen) > 0.2).float()
+    results = []
+    for packed in (False, True):
+        model = AutoModelForCausalLM.from_pretrained(tiny_llama_path, dtype=torch.float32)
+        if packed:
+            use_packed_attention(model)
+            assert model.config._attn_implementation == PACKED_ATTENTION
+        policy = CausalLMLogprobs(model, chunk_size=5, temperature=1.0, autocast_dtype=None)
+        lp, ent = policy(input_ids, positions, target_ids, loss_mask, True)
+        (lp.sum() + 0.1 * ent.sum()).backward()
+        results.append((lp, ent, {n: p.grad for n, p in model.named_parameters()}))
+    (lp0, ent0, grads0), (lp1, ent1, grads1) = results
+    assert (lp0 - lp1).abs().max() <= 1e-5 and (ent0 - ent1).abs().max() <= 1e-5
+    for name, grad in grads0.items():
+        assert torch.allclose(grads1[name], grad, rtol=1e-4, atol=1e-5), name
+
+    # A sequence's logprobs do not depend on its row mates: change the first sequence's tokens.
+    other = input_ids.clone()
+    other[0, :4] = torch.randint(3, 64, (4,), generator=gen)
+    with torch.no_grad():
+        lp2, _ = policy(other, positions, target_ids, loss_mask)
+    assert torch.equal(lp2[0, 4:], lp1[0, 4:].detach()) and not torch.equal(lp2[0, :3], lp1[0, :3])
+
+
+def test_packed_attention_refuses_rows_that_do_not_start_a_sequence():
+    from agentrl.trainer.packing import packed_attention_kwargs
+
+    with pytest.raises(ValueError, match="every row to start a sequence"):
+        packed_attention_kwargs(torch.tensor([[0, 1, 2], [3, 4, 5]]))
+    bounds = packed_attention_kwargs(torch.tensor([[0, 1, 0], [0, 1, 2]]))
+    assert bounds["cu_seq_lens_q"].tolist() == [0, 2, 3, 6] and bounds["max_length_q"] == 3

@@ -1,7 +1,6 @@
-"""Causal self-attention over packed sequences (THD with `cu_seqlens`), for the core-attention
-slot of Megatron's local layer spec, whose own DotProductAttention takes no packed sequences and
-TransformerEngine (which does) is not installed: FlashAttention-2 as bundled in torch (varlen) on
-CUDA in half precision, otherwise SDPA over each sequence. Plain torch: no megatron import."""
+"""Causal self-attention over packed sequences (THD with `cu_seqlens`, `trainer.packing`), for the
+core-attention slot of Megatron's local layer spec, whose own DotProductAttention takes no packed
+sequences and TransformerEngine (which does) is not installed. Plain torch: no megatron import."""
 
 from __future__ import annotations
 
@@ -12,25 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-
-def packed_causal_attention(
-    query: Tensor, key: Tensor, value: Tensor, cu_seqlens: Tensor, max_seqlen: int, scale: float
-) -> Tensor:
-    """query [T, H, D], key/value [T, KVH, D] of sequences packed back to back (sequence i is
-    rows cu_seqlens[i]:cu_seqlens[i+1]) -> [T, H, D]; no token sees another sequence."""
-    if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16):
-        cu = cu_seqlens.to(device=query.device, dtype=torch.int32)
-        query, key, value = (t.contiguous() for t in (query, key, value))
-        return torch.ops.aten._flash_attention_forward(
-            query, key, value, cu, cu, max_seqlen, max_seqlen, 0.0, True, False, scale=scale
-        )[0]  # fmt: skip
-    outputs = []
-    bounds = cu_seqlens.tolist()
-    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
-        q, k, v = (t[start:end].transpose(0, 1)[None] for t in (query, key, value))  # [1, H, L, D]
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
-        outputs.append(out[0].transpose(0, 1))
-    return torch.cat(outputs)
+from agentrl.trainer.packing import packed_causal_attention
 
 
 class PackedCoreAttention(torch.nn.Module):

@@ -27,7 +27,6 @@ from agentrl.trainer.losses import build_objective, combine_metrics
 from agentrl.trainer.megatron import checkpoint
 from agentrl.trainer.megatron import model as gpt
 from agentrl.trainer.megatron.model_config import check_parallel_fit, model_shape
-from agentrl.trainer.megatron.packing import pack_tokens
 from agentrl.trainer.megatron.parallel import (
     broadcast_from_last_stage,
     init_parallel,
@@ -36,6 +35,7 @@ from agentrl.trainer.megatron.parallel import (
 )
 from agentrl.trainer.megatron.requirements import check_megatron_usable
 from agentrl.trainer.megatron.vocab_parallel import vocab_parallel_logprobs
+from agentrl.trainer.packing import pack_tokens
 from agentrl.trainer.torch_backend import _resolve_path, lr_factor
 from agentrl.trainer.weights import DEFAULT_BUCKET_SIZE_BYTES, bucket_by_dtype
 

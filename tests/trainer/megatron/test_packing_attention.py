@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-from agentrl.trainer.megatron.attention import PackedCoreAttention, packed_causal_attention
-from agentrl.trainer.megatron.packing import pack_tokens
+from agentrl.trainer.megatron.attention import PackedCoreAttention
+from agentrl.trainer.packing import pack_tokens, packed_causal_attention
 
 
 def test_packed_row_splits_at_position_zero():
