@@ -71,6 +71,13 @@ def build_gpt(shape: ModelShape, config: Any, use_te: bool) -> GPTModel:
         post_process=ps.is_pipeline_last_stage(),
         **gpt_model_kwargs(shape, config.tensor_model_parallel_size),
     )
+    for param in model.parameters():
+        # Without Apex the local spec's norms are torch.nn.RMSNorm in float32 whatever
+        # params_dtype says; a half-precision optimizer then loses track of them in its state
+        # (dist_checkpointing: "Param id ... does not match any model sharded param"). Megatron's
+        # Float16Module casts them the same way.
+        if param.is_floating_point() and param.dtype != config.params_dtype:
+            param.data = param.data.to(config.params_dtype)
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())
     return model

@@ -41,11 +41,11 @@ def _hf_logprobs(model, trajectory) -> torch.Tensor:
     return logprobs.gather(-1, ids[0, 1:, None])[trajectory.prompt_len - 1 :, 0]
 
 
-def _megatron(path, **train):
+def _megatron(path, dtype: str = "float32", **train):
     from agentrl.trainer.megatron.backend import MegatronBackend
 
     train_cfg = TrainConfig(backend="megatron", **train)
-    return MegatronBackend(str(path), train_cfg, AlgoConfig(), device="cpu", dtype="float32")
+    return MegatronBackend(str(path), train_cfg, AlgoConfig(), device="cpu", dtype=dtype)
 
 
 def _batch(groups, pad_id: int):
@@ -99,16 +99,21 @@ def _hf_state(path) -> dict[str, torch.Tensor]:
     return load_file(str(path / "model.safetensors"))
 
 
-def test_checkpoint_reload_reproduces_logprobs(configs, tmp_path):
+@pytest.mark.parametrize(("family", "dtype"), [("qwen3", "float32"), ("llama", "bfloat16")])
+def test_checkpoint_reload_reproduces_logprobs(configs, tmp_path, family, dtype):
+    """In bf16 too: every parameter is in the model's dtype (the local spec's norms included,
+    which megatron-core builds in float32), so the optimizer state maps onto the model's."""
     from conftest import save_random_model
 
-    save_random_model(configs["qwen3"](), tmp_path / "hf")
-    backend = _megatron(tmp_path / "hf", lr=1e-3)
+    save_random_model(configs[family](), tmp_path / "hf")
+    backend = _megatron(tmp_path / "hf", dtype, lr=1e-3)
+    want = getattr(torch, dtype)
+    assert {p.dtype for p in backend.model.parameters()} == {want}
     groups = _groups(96)
     backend.train_step(_batch(groups, backend.pad_id))
     backend.save(tmp_path / "ckpt")
     after = backend.compute_logprobs(_batch(groups, backend.pad_id))
-    fresh = _megatron(tmp_path / "hf", lr=1e-3)
+    fresh = _megatron(tmp_path / "hf", dtype, lr=1e-3)
     fresh.load(tmp_path / "ckpt")
     reloaded = fresh.compute_logprobs(_batch(groups, fresh.pad_id))
     for a, b in zip(after.micro_batches(), reloaded.micro_batches(), strict=True):
