@@ -235,11 +235,8 @@ class MegatronBackend:
             if not wanted or stage is None:
                 continue
             stage.eval()
-            outputs = (
-                [o["logprobs"].cpu() for o in self._run(stage, mbs, "logprobs")]
-                if is_last_stage()
-                else None
-            )
+            results = self._run(stage, mbs, "logprobs")  # every stage runs the schedule
+            outputs = [o["logprobs"].cpu() for o in results] if is_last_stage() else None
             for mb, lp in zip(mbs, broadcast_from_last_stage(outputs), strict=True):  # type: ignore[arg-type]
                 setattr(mb, field, lp)
         return batch

@@ -1,0 +1,100 @@
+"""TP=2, PP=2 and DP=2 on the CPU (two gloo processes, megatron-core's real schedules and
+collectives, as `megatron_on_cpu` runs one): the same logprobs, loss, gradient norm and updated
+weights as one rank. Pipeline stages that are not last must run the schedule too, or the last
+stage waits for activations that never come."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.usefixtures("megatron_on_cpu")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, model_dir: str, out: str, cfg: dict) -> None:
+    import conftest as c
+
+    from agentrl.config import AlgoConfig, TrainConfig
+    from agentrl.trainer.batch import build_train_batches
+    from agentrl.trainer.megatron import requirements
+    from agentrl.trainer.megatron.backend import MegatronBackend
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    requirements._cuda_available = lambda: True
+    for name, value in dict(current_device=lambda: "cpu", current_stream=lambda *_, **__: c._NoStream(),
+                            Stream=c._NoStream, stream=lambda *_, **__: contextlib.nullcontext(),
+                            synchronize=lambda *_, **__: None, empty_cache=lambda: None).items():  # fmt: skip
+        setattr(torch.cuda, name, value)
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    with c._CudaOnCpu():
+        from megatron.core import parallel_state as ps
+        from test_backend_cpu import _groups
+
+        train = TrainConfig(backend="megatron", lr=1e-3, clip_grad=1.0,
+                            tensor_model_parallel_size=cfg.get("tp", 1),
+                            pipeline_model_parallel_size=cfg.get("pp", 1))  # fmt: skip
+        backend = MegatronBackend(model_dir, train, AlgoConfig(), device="cpu", dtype="float32")
+        batches = build_train_batches(_groups(96), AlgoConfig(), max_tokens_per_micro_batch=64,
+                                      pad_id=backend.pad_id, dp_size=backend.dp_size)  # fmt: skip
+        batch = batches[ps.get_data_parallel_rank()]
+        backend.compute_logprobs(batch)
+        before = [mb.old_logprobs for mb in batch.micro_batches()]
+        metrics = backend.train_step(batch)
+        export = dict(kv for bucket in backend.export_weights() for kv in bucket)
+    if rank == 0:
+        torch.save(
+            {"before": before, "metrics": metrics, "export": export}, Path(out) / "result.pt"
+        )
+    torch.distributed.destroy_process_group()
+
+
+def _run(model_dir: Path, out: Path, world: int, **cfg) -> dict:
+    import torch.multiprocessing as mp
+
+    out.mkdir(parents=True, exist_ok=True)
+    mp.start_processes(_worker, args=(world, _port(), str(model_dir), str(out), cfg), nprocs=world,
+                       start_method="spawn")  # fmt: skip
+    return torch.load(out / "result.pt")
+
+
+def _megatron_version() -> tuple[int, int]:
+    import megatron.core
+
+    major, minor = megatron.core.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+@pytest.mark.slow
+def test_tp2_pp2_and_dp2_equal_one_rank(configs, tmp_path):
+    from conftest import save_random_model
+
+    save_random_model(configs["llama"](), tmp_path / "hf")  # 6 heads, 2 KV heads, 2 layers
+    base = _run(tmp_path / "hf", tmp_path / "one", 1)
+    for name, cfg in {"tp2": dict(tp=2), "pp2": dict(pp=2), "dp2": {}}.items():
+        result = _run(tmp_path / "hf", tmp_path / name, 2, **cfg)
+        assert result["metrics"]["loss"] == pytest.approx(base["metrics"]["loss"], abs=1e-6), name
+        if name != "tp2" or _megatron_version() >= (0, 19):
+            # megatron-core 0.16 (Python 3.11) reports a TP=2 norm without the other TP rank's
+            # shards on this CPU setup; the update itself agrees (checked below), as it is
+            # unclipped here.
+            assert result["metrics"]["grad_norm"] == pytest.approx(
+                base["metrics"]["grad_norm"], rel=1e-5
+            ), name
+        if name == "dp2":  # each rank has half the sequences: only the global values compare
+            continue
+        for ours, theirs in zip(result["before"], base["before"], strict=True):
+            torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
+        assert sorted(result["export"]) == sorted(base["export"])
+        worst = max((result["export"][k] - v).abs().max().item() for k, v in base["export"].items())
+        assert worst <= 1e-5, (name, worst)
