@@ -187,10 +187,11 @@ async def _run(
 ) -> EvalReport:
     from agentrl.data import load_tasks
     from agentrl.engine.factory import make_engine
+    from agentrl.envs import spec
     from agentrl.eval import evaluate
     from agentrl.rollout import build_runner
 
-    tasks = load_tasks(cfg.env, split)
+    tasks = load_tasks(cfg.env, split, spec(cfg.env.id).load_class())
     if cfg.eval.num_eval_tasks is not None:
         tasks = tasks[: cfg.eval.num_eval_tasks]
     if not tasks:

@@ -74,10 +74,11 @@ async def _rollout(
 
     from agentrl.data import load_tasks
     from agentrl.engine.factory import make_engine
+    from agentrl.envs import spec
     from agentrl.rollout import build_runner
     from agentrl.rollout.trajectory import Trajectory, write_jsonl
 
-    tasks = load_tasks(cfg.env, split)[:num_tasks]
+    tasks = load_tasks(cfg.env, split, spec(cfg.env.id).load_class())[:num_tasks]
     with console.status("[bold]Loading the engine…"):
         engine = make_engine(cfg)
     statuses: Counter[str] = Counter()
