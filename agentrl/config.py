@@ -1,4 +1,5 @@
-"""Typed config sections, the run config that holds them, recipes and `--set a.b=v` overrides.
+"""Typed config sections, the run config that holds them, recipes, and configs from command-line
+flags and `--set a.b=v` overrides.
 
 Field names follow slime where a slime user would look for the knob.
 """
@@ -6,12 +7,14 @@ Field names follow slime where a slime user would look for the knob.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
-import types
 import typing
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Literal
+
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 
 @dataclass
@@ -296,70 +299,47 @@ def _check_section(cfg: RunConfig, section: str) -> None:
         raise ConfigError(f"unknown config section {section!r}; sections are: {', '.join(names)}")
 
 
+_FIXES = {  # the kind of value pydantic expected -> how the one-line error ends
+    "int": "is not an integer; e.g. {key}=8",
+    "float": "is not a number; e.g. {key}=0.5",
+    "bool": "is not a boolean; use true or false",
+    "literal": "is not allowed; choose one of: {choices}",
+    "dict": "is not a JSON object; e.g. {key}='{{\"a\": 1}}'",
+    "list": 'is not a list; e.g. {key}=\'["a", "b"]\'',
+}
+
+
+@functools.cache
+def _adapter(hint: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(hint, config=ConfigDict(coerce_numbers_to_str=True))
+
+
 def _coerce(key: str, value: Any, hint: Any) -> Any:
-    """Turn `value` (a string from the command line, or a JSON value) into type `hint`."""
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        is_none = value is None or (isinstance(value, str) and value.lower() in ("none", "null"))
-        if is_none and type(None) in args:
+    """Turn `value` (a string from the command line, or a JSON value) into type `hint`:
+    pydantic's lax mode ("8" -> 8, "off" -> False), "none" for optional fields, JSON (or a
+    comma-separated list) for list and dict fields."""
+    if isinstance(value, str):
+        origin = typing.get_origin(hint)
+        if value.lower() in ("none", "null") and type(None) in typing.get_args(hint):
             return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(key, value, arg)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"{key}: cannot use {value!r}")
-    if origin is Literal:
-        if value in args:
-            return value
-        raise ConfigError(
-            f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, args))}"
-        )
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
-            return True
-        if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
-            return False
-        raise ConfigError(f"{key}={value!r} is not a boolean; use true or false")
-    if hint is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"{key}={value!r} is not an integer")
-        try:
-            return int(value) if not isinstance(value, float) or value.is_integer() else _fail()
-        except (ValueError, TypeError):
-            raise ConfigError(f"{key}={value!r} is not an integer; e.g. {key}=8")
-    if hint is float:
-        try:
-            return float(value)
-        except (ValueError, TypeError):
-            raise ConfigError(f"{key}={value!r} is not a number; e.g. {key}=0.5")
-    if hint is str:
-        return str(value)
-    if origin in (list, dict):
-        if isinstance(value, str):
+        if origin in (list, dict):
             try:
                 value = json.loads(value)
             except json.JSONDecodeError:
-                if origin is list:
-                    value = [v for v in value.split(",") if v]
-                else:
-                    raise ConfigError(
-                        f"{key}={value!r} is not a JSON object; e.g. {key}='{{\"a\": 1}}'"
-                    )
-        if not isinstance(value, origin):
-            raise ConfigError(f"{key}={value!r} is not a {origin.__name__}")
-        return value
-    return value
+                value = [v for v in value.split(",") if v] if origin is list else value
+    try:
+        return _adapter(hint).validate_python(value)
+    except ValidationError as e:
+        error = e.errors()[0]
+        fix = _FIXES.get(error["type"].split("_")[0], "is not a {hint}: {msg}")
+        fix = fix.format(key=key, choices=_choices(hint), hint=hint, msg=error["msg"])
+        raise ConfigError(f"{key}={value!r} {fix}") from None
 
 
-def _fail() -> Any:
-    raise ValueError
+def _choices(hint: Any) -> str:
+    """The values a Literal field (optional or not) allows, comma-separated."""
+    literals = [a for a in (hint, *typing.get_args(hint)) if typing.get_origin(a) is Literal]
+    return ", ".join(str(v) for v in typing.get_args(literals[0])) if literals else ""
 
 
 def set_field(cfg: RunConfig, key: str, value: Any) -> None:
@@ -394,6 +374,18 @@ def _parse_scalar(value: Any) -> Any:
         return json.loads(value)
     except json.JSONDecodeError:
         return value
+
+
+def config_from_flags(
+    base: RunConfig | str, values: dict[str, Any], overrides: list[str]
+) -> RunConfig:
+    """What a command line asks for: `base` (a config, or an env id for its recipe), then flag
+    values by config key (None = flag not given), then `--set` overrides; the last wins."""
+    cfg = recipe_for_env(base) if isinstance(base, str) else base
+    for key, value in values.items():
+        if value is not None:
+            set_field(cfg, key, value)
+    return apply_overrides(cfg, overrides)
 
 
 def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:

@@ -36,7 +36,7 @@ def rollout_command(
     from rich.console import Console
 
     from agentrl.cli import quiet_libraries
-    from agentrl.config import ConfigError, apply_overrides, recipe_for_env
+    from agentrl.config import ConfigError, config_from_flags
 
     quiet_libraries()
 
@@ -47,10 +47,7 @@ def rollout_command(
         )
         raise typer.Exit(2)
     try:
-        cfg = recipe_for_env(env)
-        if model:
-            cfg.model.path = model
-        apply_overrides(cfg, set_)
+        cfg = config_from_flags(env, {"model.path": model or None}, set_)
     except ConfigError as e:
         console.print(f"[red]config error:[/red] {e}")
         raise typer.Exit(2)
