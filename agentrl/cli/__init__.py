@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import warnings
 from importlib.metadata import entry_points
 
 import typer
@@ -22,7 +23,14 @@ entry points at a `register(app)` function."""
 for _name in ("env", "rollout", "show", "train", "eval", "serve", "sandbox"):
     importlib.import_module(f"agentrl.cli.{_name}").register(app)
 for _entry in entry_points(group=CLI_ENTRY_POINT_GROUP):
-    _entry.load()(app)
+    try:
+        _entry.load()(app)
+    except ImportError as e:  # a broken package must not take the whole command line down
+        warnings.warn(
+            f"agentrl: skipped command group {_entry.name!r} ({_entry.value}): {e}; reinstall "
+            "the package that provides it",
+            stacklevel=1,
+        )
 
 
 def quiet_libraries() -> None:
