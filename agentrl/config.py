@@ -1,4 +1,5 @@
-"""Typed config sections, the run config that holds them, recipes and `--set a.b=v` overrides.
+"""Typed config sections, the run config that holds them, recipes, and configs from command-line
+flags and `--set a.b=v` overrides.
 
 Field names follow slime where a slime user would look for the knob.
 """
@@ -6,11 +7,14 @@ Field names follow slime where a slime user would look for the knob.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
-import types
 import typing
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from typing import Any, Literal
+
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 
 @dataclass
@@ -295,70 +299,47 @@ def _check_section(cfg: RunConfig, section: str) -> None:
         raise ConfigError(f"unknown config section {section!r}; sections are: {', '.join(names)}")
 
 
+_FIXES = {  # the kind of value pydantic expected -> how the one-line error ends
+    "int": "is not an integer; e.g. {key}=8",
+    "float": "is not a number; e.g. {key}=0.5",
+    "bool": "is not a boolean; use true or false",
+    "literal": "is not allowed; choose one of: {choices}",
+    "dict": "is not a JSON object; e.g. {key}='{{\"a\": 1}}'",
+    "list": 'is not a list; e.g. {key}=\'["a", "b"]\'',
+}
+
+
+@functools.cache
+def _adapter(hint: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(hint, config=ConfigDict(coerce_numbers_to_str=True))
+
+
 def _coerce(key: str, value: Any, hint: Any) -> Any:
-    """Turn `value` (a string from the command line, or a JSON value) into type `hint`."""
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        is_none = value is None or (isinstance(value, str) and value.lower() in ("none", "null"))
-        if is_none and type(None) in args:
+    """Turn `value` (a string from the command line, or a JSON value) into type `hint`:
+    pydantic's lax mode ("8" -> 8, "off" -> False), "none" for optional fields, JSON (or a
+    comma-separated list) for list and dict fields."""
+    if isinstance(value, str):
+        origin = typing.get_origin(hint)
+        if value.lower() in ("none", "null") and type(None) in typing.get_args(hint):
             return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(key, value, arg)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"{key}: cannot use {value!r}")
-    if origin is Literal:
-        if value in args:
-            return value
-        raise ConfigError(
-            f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, args))}"
-        )
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
-            return True
-        if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
-            return False
-        raise ConfigError(f"{key}={value!r} is not a boolean; use true or false")
-    if hint is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"{key}={value!r} is not an integer")
-        try:
-            return int(value) if not isinstance(value, float) or value.is_integer() else _fail()
-        except (ValueError, TypeError):
-            raise ConfigError(f"{key}={value!r} is not an integer; e.g. {key}=8")
-    if hint is float:
-        try:
-            return float(value)
-        except (ValueError, TypeError):
-            raise ConfigError(f"{key}={value!r} is not a number; e.g. {key}=0.5")
-    if hint is str:
-        return str(value)
-    if origin in (list, dict):
-        if isinstance(value, str):
+        if origin in (list, dict):
             try:
                 value = json.loads(value)
             except json.JSONDecodeError:
-                if origin is list:
-                    value = [v for v in value.split(",") if v]
-                else:
-                    raise ConfigError(
-                        f"{key}={value!r} is not a JSON object; e.g. {key}='{{\"a\": 1}}'"
-                    )
-        if not isinstance(value, origin):
-            raise ConfigError(f"{key}={value!r} is not a {origin.__name__}")
-        return value
-    return value
+                value = [v for v in value.split(",") if v] if origin is list else value
+    try:
+        return _adapter(hint).validate_python(value)
+    except ValidationError as e:
+        error = e.errors()[0]
+        fix = _FIXES.get(error["type"].split("_")[0], "is not a {hint}: {msg}")
+        fix = fix.format(key=key, choices=_choices(hint), hint=hint, msg=error["msg"])
+        raise ConfigError(f"{key}={value!r} {fix}") from None
 
 
-def _fail() -> Any:
-    raise ValueError
+def _choices(hint: Any) -> str:
+    """The values a Literal field (optional or not) allows, comma-separated."""
+    literals = [a for a in (hint, *typing.get_args(hint)) if typing.get_origin(a) is Literal]
+    return ", ".join(str(v) for v in typing.get_args(literals[0])) if literals else ""
 
 
 def set_field(cfg: RunConfig, key: str, value: Any) -> None:
@@ -395,6 +376,18 @@ def _parse_scalar(value: Any) -> Any:
         return value
 
 
+def config_from_flags(
+    base: RunConfig | str, values: dict[str, Any], overrides: list[str]
+) -> RunConfig:
+    """What a command line asks for: `base` (a config, or an env id for its recipe), then flag
+    values by config key (None = flag not given), then `--set` overrides; the last wins."""
+    cfg = recipe_for_env(base) if isinstance(base, str) else base
+    for key, value in values.items():
+        if value is not None:
+            set_field(cfg, key, value)
+    return apply_overrides(cfg, overrides)
+
+
 def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
     """Apply `["section.field=value", ...]` (from `--set`) in order."""
     for item in overrides:
@@ -426,74 +419,18 @@ def recipe_calculator() -> RunConfig:
     return cfg
 
 
-def recipe_search_r1() -> RunConfig:
-    """Search-R1 (paper: lr 1e-6, group 5, KL 0.001, temperature 1.0) scaled to the embedded
-    SmolLM2-135M on a 2-core CPU, so the first command learns something in under 30 minutes.
-
-    Reward: Search-R1's format-aware `qa_em_format` (0.1 for an answer in a broken format, 0.2
-    for a valid one, 1 when also right); EM is still reported on its own (pass rate). Given the
-    paper's prompt alone the model wrote `<answer>` in 0 of 32 first turns, so every group tied
-    and nothing was learned: the env shows one worked episode first (`demonstration`) and
-    samples at temperature 0.5 (greedy, it then answered 75% of held-out questions; at 0.7, 10%
-    of training episodes did). No KL term: no reference model to hold or run, and groups whose
-    rewards tie then cost no compute. Shorter episodes (2 searches, then the answer turn; 64
-    tokens a turn; 256-token observations) and a higher lr fit the run into 30 minutes.
-    """
-    cfg = RunConfig()
-    cfg.env.id = "search_r1"
-    cfg.env.kwargs = {
-        "reward": "format",
-        "demonstration": True,
-        "max_turns": 2,
-        "max_observation_tokens": 256,
-    }
-    cfg.rollout.rollout_batch_size = 4
-    cfg.rollout.n_samples_per_prompt = 5
-    cfg.rollout.rollout_max_response_len = 64
-    cfg.rollout.rollout_max_context_len = 1536
-    cfg.rollout.rollout_temperature = 0.5
-    cfg.rollout.max_turns = 3
-    cfg.rollout.max_observation_tokens = 300
-    cfg.train.num_rollout = 6
-    cfg.train.lr = 2e-5
-    # Memory (peak RSS 19.5 GB with 4096-token rows, 10.8 GB with 1024): on CPU a packed row's
-    # block-diagonal mask sends SDPA down its math path, which keeps [heads, T, T] scores per
-    # layer for backward. An episode here is longer than 512 tokens, so each sits alone in its
-    # row: no mask, SDPA's memory-efficient causal kernel, no attention across episodes.
-    cfg.train.max_tokens_per_micro_batch = 512
-    # The engine keeps 2 x max_batch_size KV slots, and every slot it has written stays
-    # resident: 20 = one step's episodes (eval runs its 32 in two waves).
-    cfg.engine.max_batch_size = 20
-    cfg.checkpoint.save = "runs/search_r1"
-    cfg.eval.num_eval_tasks = 32
-    return cfg
-
-
-def recipe_code_sandbox() -> RunConfig:
-    cfg = RunConfig()
-    cfg.env.id = "code_sandbox"
-    cfg.rollout.rollout_batch_size = 2
-    cfg.rollout.n_samples_per_prompt = 4
-    cfg.rollout.rollout_max_response_len = 256
-    cfg.rollout.rollout_max_context_len = 2048
-    cfg.rollout.max_turns = 3
-    cfg.train.num_rollout = 5
-    cfg.checkpoint.save = "runs/code_sandbox"
-    cfg.eval.num_eval_tasks = 16
-    return cfg
-
-
-RECIPES: dict[str, typing.Callable[[], RunConfig]] = {
-    "calculator": recipe_calculator,
-    "search_r1": recipe_search_r1,
-    "code_sandbox": recipe_code_sandbox,
-}
+RECIPE_ENTRY_POINT_GROUP = "agentrl.recipes"
+"""Installed packages (the bundled envs among them) add a recipe for their env here: an entry
+named after the env id, pointing at a function that returns a RunConfig."""
 
 
 def recipe_for_env(env_id: str) -> RunConfig:
-    """The recipe named after the env, else defaults with `env.id` set."""
-    if env_id in RECIPES:
-        return RECIPES[env_id]()
+    """The recipe named after the env (built in, or an installed `agentrl.recipes` entry
+    point), else defaults with `env.id` set."""
+    if env_id == "calculator":
+        return recipe_calculator()
+    for entry in entry_points(group=RECIPE_ENTRY_POINT_GROUP, name=env_id):
+        return entry.load()()
     cfg = RunConfig()
     cfg.env.id = env_id
     return cfg

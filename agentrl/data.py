@@ -7,7 +7,7 @@ import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from agentrl.config import EnvConfig
 from agentrl.types import Task
@@ -42,12 +42,20 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def load_tasks(env_cfg: EnvConfig, split: str) -> list[Task]:
-    """Tasks of `split` ("train", "test", ...): from the user's file when configured
-    (`prompt_data` for train, `eval_data` otherwise), else the env's own split."""
-    from agentrl.envs import spec
+class TaskRows(Protocol):
+    """What `load_tasks` needs of an env class; every `AgentEnv` subclass has it."""
 
-    env_cls = spec(env_cfg.id).load_class()
+    def load_tasks(self, split: str, **kwargs: Any) -> list[Task]: ...
+
+    def task_from_row(
+        self, row: dict[str, Any], *, index: int, input_key: str | None, label_key: str | None
+    ) -> Task: ...
+
+
+def load_tasks(env_cfg: EnvConfig, split: str, env_cls: TaskRows) -> list[Task]:
+    """Tasks of `split` ("train", "test", ...): from the user's file when configured
+    (`prompt_data` for train, `eval_data` otherwise), rows turned into tasks by `env_cls`;
+    else the env's own split. The caller resolves the env class (data sits below envs)."""
     path = env_cfg.prompt_data if split == "train" else env_cfg.eval_data
     if path is None:
         return env_cls.load_tasks(split, **env_cfg.kwargs)

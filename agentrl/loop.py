@@ -20,12 +20,13 @@ import torch
 from agentrl import run_dir as run_dir_guard
 from agentrl.config import ConfigError, RunConfig
 from agentrl.data import TaskSource, load_tasks
+from agentrl.envs import spec
 from agentrl.eval import evaluate, plot_eval_history
-from agentrl.loop_async import Pace, Schedule, check_async, make_schedule
+from agentrl.loop_async import Pace, Rollout, Schedule, check_async, make_schedule
 from agentrl.metrics import MetricsLogger, rollout_metrics
 from agentrl.progress import RunProgress, format_duration, sampled_tokens
 from agentrl.rollout import RolloutRunner, build_runner
-from agentrl.rollout.collect import Collected, collect_groups
+from agentrl.rollout.collect import collect_groups
 from agentrl.rollout.staleness import drop_stale, lag_gap_metrics, probe_sample, staleness_metrics
 from agentrl.rollout.trajectory import write_jsonl
 from agentrl.runtime import Runtime, make_runtime, uses_ray
@@ -78,8 +79,9 @@ async def _train(cfg: RunConfig, progress: RunProgress) -> TrainResult:
     # Everything a user can get wrong fails first, in a second, before anything is written:
     # flags, the env id and its data rows, the model path.
     _check_async(cfg)
-    source = TaskSource(load_tasks(cfg.env, "train"), seed=cfg.rollout.seed)
-    eval_tasks = load_tasks(cfg.env, "test")[: cfg.eval.num_eval_tasks]
+    env_cls = spec(cfg.env.id).load_class()
+    source = TaskSource(load_tasks(cfg.env, "train", env_cls), seed=cfg.rollout.seed)
+    eval_tasks = load_tasks(cfg.env, "test", env_cls)[: cfg.eval.num_eval_tasks]
     model_path = _model_path(cfg)
     run_dir = Path(cfg.checkpoint.save)
     is_resume = bool(cfg.checkpoint.resume)
@@ -266,7 +268,7 @@ class _State:
         # so a checkpoint taken on Ctrl-C mid-step replays that step's tasks on resume.
         self.data_state = source.state()
 
-    async def collect(self, step: int, *, is_shown: bool = False) -> _Rollout:
+    async def collect(self, step: int, *, is_shown: bool = False) -> Rollout:
         """The step's groups, and the data cursor just past its tasks (what a checkpoint taken
         after this step records, even while the next step's tasks are already drawn).
         `is_shown`: the progress display follows it (a rollout ahead of training is not)."""
@@ -303,9 +305,9 @@ class _State:
                 f"{cfg.rollout.max_sampling_rounds} extra rounds; raise rollout.max_sampling_rounds "
                 "or turn off rollout.dynamic_sampling"
             )
-        return _Rollout(collected, self.source.state(), time.perf_counter() - t0)
+        return Rollout(collected, self.source.state(), time.perf_counter() - t0)
 
-    async def learn(self, step: int, rollout: _Rollout) -> dict[str, float]:
+    async def learn(self, step: int, rollout: Rollout) -> dict[str, float]:
         """Drop trajectories past the staleness bound, write the rest, train on them; metrics
         (logged by the caller). The trainer is at policy version `step` (its updates so far)."""
         cfg, collected = self.cfg, rollout.collected
@@ -430,13 +432,6 @@ class _State:
             write,
             keep_last=self.cfg.checkpoint.keep_last,
         )
-
-
-@dataclass
-class _Rollout:
-    collected: Collected
-    data_state: dict[str, int]
-    seconds: float
 
 
 def _prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:

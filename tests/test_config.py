@@ -59,3 +59,18 @@ def test_recipe_for_unknown_env_keeps_defaults():
     cfg = recipe_for_env("my_env")
     assert cfg.env.id == "my_env"
     assert cfg.rollout == RunConfig().rollout
+
+
+def test_an_installed_package_contributes_the_recipe_of_its_env(tmp_path, monkeypatch):
+    (tmp_path / "toy_recipes.py").write_text(
+        "from agentrl.config import RunConfig\n\n"
+        "def recipe():\n    cfg = RunConfig()\n    cfg.env.id = 'toy'\n"
+        "    cfg.train.num_rollout = 3\n    return cfg\n"
+    )
+    dist = tmp_path / "toy_recipes-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-recipes\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[agentrl.recipes]\ntoy = toy_recipes:recipe\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert recipe_for_env("toy").train.num_rollout == 3
+    assert recipe_for_env("search_r1").env.kwargs["reward"] == "format"  # the bundled env's own

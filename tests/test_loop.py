@@ -164,9 +164,12 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tiny_model_path, tmp_path):
 
     # Resumed, the next step trains on the tasks that follow the checkpoint's in the seeded order.
     from agentrl.data import TaskSource, load_tasks
+    from agentrl.envs import spec
 
     recipe = recipe_for_env("calculator")
-    order = TaskSource(load_tasks(recipe.env, "train"), seed=recipe.rollout.seed)
+    order = TaskSource(
+        load_tasks(recipe.env, "train", spec(recipe.env.id).load_class()), seed=recipe.rollout.seed
+    )
     order.next_batch(2 * step)  # the checkpointed steps' tasks (2 per step)
     expected = [t.id for t in order.next_batch(2)]
     resume = _train_cli(

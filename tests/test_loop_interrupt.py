@@ -8,7 +8,8 @@ import threading
 
 from agentrl.config import recipe_for_env
 from agentrl.data import TaskSource
-from agentrl.loop import _Rollout, _State
+from agentrl.loop import _State
+from agentrl.loop_async import Rollout
 from agentrl.metrics import MetricsLogger
 from agentrl.rollout.collect import Collected
 from agentrl.types import Task
@@ -40,7 +41,7 @@ async def test_interrupt_mid_update_finishes_the_step_and_counts_it(tmp_path):
     source = TaskSource([Task(id="t0", data={})], seed=0)
     state = _State(cfg, tmp_path, trainer, None, source, [], logger, [])  # type: ignore[arg-type]
     groups = [[build_traj(float(i % 2), task_id="t0") for i in range(4)]]
-    rollout = _Rollout(Collected(groups=groups), {"cursor": 1}, 0.1)
+    rollout = Rollout(Collected(groups=groups), {"cursor": 1}, 0.1)
     assert state.data_state != {"cursor": 1}
     (tmp_path / "rollouts").mkdir()
 

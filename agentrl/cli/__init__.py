@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import warnings
+from importlib.metadata import entry_points
 
 import typer
 
@@ -13,17 +15,22 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
-# Each module defines `register(app)`; heavy imports stay inside the commands.
-_COMMAND_MODULES = ("env", "rollout", "show", "train", "eval", "serve", "retriever", "sandbox")
+CLI_ENTRY_POINT_GROUP = "agentrl.cli"
+"""Installed packages add command groups here (the bundled search_r1 adds `retriever`): each
+entry points at a `register(app)` function."""
 
-for _name in _COMMAND_MODULES:
+# Each module defines `register(app)`; heavy imports stay inside the commands.
+for _name in ("env", "rollout", "show", "train", "eval", "serve", "sandbox"):
+    importlib.import_module(f"agentrl.cli.{_name}").register(app)
+for _entry in entry_points(group=CLI_ENTRY_POINT_GROUP):
     try:
-        _module = importlib.import_module(f"agentrl.cli.{_name}")
-    except ModuleNotFoundError as e:  # a command group not built yet
-        if e.name != f"agentrl.cli.{_name}":
-            raise
-        continue
-    _module.register(app)
+        _entry.load()(app)
+    except ImportError as e:  # a broken package must not take the whole command line down
+        warnings.warn(
+            f"agentrl: skipped command group {_entry.name!r} ({_entry.value}): {e}; reinstall "
+            "the package that provides it",
+            stacklevel=1,
+        )
 
 
 def quiet_libraries() -> None:

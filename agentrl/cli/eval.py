@@ -131,30 +131,24 @@ def build_config(
     overrides: list[str] | None = None,
 ) -> RunConfig:
     """The env's recipe, then the flags, then `--set` overrides."""
-    from agentrl.config import apply_overrides, recipe_for_env
+    from agentrl.config import config_from_flags
 
     if checkpoint is not None and model is not None:
         raise ValueError(
             "--checkpoint and --model both name the model to evaluate; pass one of them"
         )
-    cfg = recipe_for_env(env)
-    if checkpoint is not None:
-        cfg.model.path = str(checkpoint_model_dir(checkpoint))
-    if model is not None:
-        cfg.model.path = model
-    if data is not None:
-        if not data.exists():
-            raise FileNotFoundError(
-                f"--data {data} does not exist; pass a JSONL or parquet file of tasks"
-            )
-        cfg.env.eval_data = str(data)
-    if k is not None:
-        cfg.eval.n_samples = k
-    if num_tasks is not None:
-        cfg.eval.num_eval_tasks = num_tasks
-    if temperature is not None:
-        cfg.eval.temperature = temperature
-    apply_overrides(cfg, overrides or [])
+    if data is not None and not data.exists():
+        raise FileNotFoundError(
+            f"--data {data} does not exist; pass a JSONL or parquet file of tasks"
+        )
+    values = {
+        "model.path": str(checkpoint_model_dir(checkpoint)) if checkpoint else model,
+        "env.eval_data": str(data) if data else None,
+        "eval.n_samples": k,
+        "eval.num_eval_tasks": num_tasks,
+        "eval.temperature": temperature,
+    }
+    cfg = config_from_flags(env, values, overrides or [])
     if cfg.eval.n_samples < 1:
         raise ValueError(f"-k {cfg.eval.n_samples} must be at least 1 (episodes per task)")
     return cfg
@@ -187,10 +181,11 @@ async def _run(
 ) -> EvalReport:
     from agentrl.data import load_tasks
     from agentrl.engine.factory import make_engine
+    from agentrl.envs import spec
     from agentrl.eval import evaluate
     from agentrl.rollout import build_runner
 
-    tasks = load_tasks(cfg.env, split)
+    tasks = load_tasks(cfg.env, split, spec(cfg.env.id).load_class())
     if cfg.eval.num_eval_tasks is not None:
         tasks = tasks[: cfg.eval.num_eval_tasks]
     if not tasks:

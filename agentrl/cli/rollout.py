@@ -36,7 +36,7 @@ def rollout_command(
     from rich.console import Console
 
     from agentrl.cli import quiet_libraries
-    from agentrl.config import ConfigError, apply_overrides, recipe_for_env
+    from agentrl.config import ConfigError, config_from_flags
 
     quiet_libraries()
 
@@ -47,10 +47,7 @@ def rollout_command(
         )
         raise typer.Exit(2)
     try:
-        cfg = recipe_for_env(env)
-        if model:
-            cfg.model.path = model
-        apply_overrides(cfg, set_)
+        cfg = config_from_flags(env, {"model.path": model or None}, set_)
     except ConfigError as e:
         console.print(f"[red]config error:[/red] {e}")
         raise typer.Exit(2)
@@ -74,10 +71,11 @@ async def _rollout(
 
     from agentrl.data import load_tasks
     from agentrl.engine.factory import make_engine
+    from agentrl.envs import spec
     from agentrl.rollout import build_runner
     from agentrl.rollout.trajectory import Trajectory, write_jsonl
 
-    tasks = load_tasks(cfg.env, split)[:num_tasks]
+    tasks = load_tasks(cfg.env, split, spec(cfg.env.id).load_class())[:num_tasks]
     with console.status("[bold]Loading the engine…"):
         engine = make_engine(cfg)
     statuses: Counter[str] = Counter()

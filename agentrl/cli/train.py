@@ -66,22 +66,15 @@ def build_config(
     """Recipe for the env (or, with `--resume`, the run's saved config), then slime-named
     flags, then `--set` overrides (last wins). On resume, a flag that changes the saved config
     is refused unless `is_override` (`--override`)."""
-    from agentrl.config import RunConfig, apply_overrides, recipe_for_env, set_field
+    from agentrl.config import RunConfig, config_from_flags
     from agentrl.run_dir import RunDirError, config_diff, saved_config
 
     saved = saved_config(resume) if resume else None
-    if saved is not None:
-        cfg = RunConfig.from_dict(saved)
-        if env is not None:
-            cfg.env.id = env
-    else:
-        cfg = recipe_for_env(env or "calculator")
-    for name, value in flags.items():
-        if value is not None:
-            set_field(cfg, SLIME_FLAGS[name], value)
+    values = {"env.id": env, **{SLIME_FLAGS[name]: value for name, value in flags.items()}}
     if flags.get("async_mode") is not None and flags.get("async_") is None:
-        cfg.train.use_async = True  # --async-mode full says --async too
-    apply_overrides(cfg, overrides)
+        values["train.use_async"] = True  # --async-mode full says --async too
+    base = RunConfig.from_dict(saved) if saved is not None else env or "calculator"
+    cfg = config_from_flags(base, values, overrides)
     if resume:
         cfg.checkpoint.resume = resume
         if flags.get("save") is None:

@@ -117,6 +117,7 @@ def _resume_in_one_process_reproduces_step_two(model_path: str, tmp_path: Path, 
 def test_a_killed_engine_is_restarted_synced_and_its_tasks_rerun(tiny_model_path, tmp_path):
     from agentrl.cluster import RayRuntime
     from agentrl.data import TaskSource, load_tasks
+    from agentrl.envs import spec
     from agentrl.rollout import build_runner
     from agentrl.rollout.collect import collect_groups
 
@@ -130,7 +131,7 @@ def test_a_killed_engine_is_restarted_synced_and_its_tasks_rerun(tiny_model_path
         try:
             await runtime.sync_weights("1")
             runner = build_runner(cfg, runtime.engine)
-            source = TaskSource(load_tasks(cfg.env, "train"), seed=0)
+            source = TaskSource(load_tasks(cfg.env, "train", spec(cfg.env.id).load_class()), seed=0)
             (victim,) = [p for p in await runtime.engines.pids()][:1]
             rollout = asyncio.ensure_future(
                 collect_groups(

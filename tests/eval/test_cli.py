@@ -64,7 +64,7 @@ def fakes(monkeypatch):
     """Fake data, engine and rollout runner behind the names the command imports."""
     seen: dict = {"runners": []}
 
-    def load_tasks(env_cfg, split):
+    def load_tasks(env_cfg, split, env_cls):
         seen["load"] = (env_cfg.id, split)
         return make_tasks(4)
 

@@ -145,13 +145,14 @@ async def test_evaluate_with_the_real_rollout_runner_resumes(tiny_model_path, tm
     from agentrl.config import recipe_calculator
     from agentrl.data import load_tasks
     from agentrl.engine.factory import make_engine
+    from agentrl.envs import spec
     from agentrl.rollout import build_runner
 
     cfg = recipe_calculator()
     cfg.model.path = tiny_model_path
     cfg.rollout.rollout_max_response_len = 8
     cfg.rollout.max_turns = 1
-    tasks = load_tasks(cfg.env, "test")[:3]
+    tasks = load_tasks(cfg.env, "test", spec(cfg.env.id).load_class())[:3]
     engine = make_engine(cfg)
     try:
         runner = build_runner(cfg, engine)

@@ -1,4 +1,5 @@
-"""`agentrl retriever serve | build-corpus`: Search-R1's retrieval API over a BM25 index."""
+"""`agentrl retriever serve | build-corpus`: Search-R1's retrieval API over a BM25 index, added
+to the `agentrl` command line through the `agentrl.cli` entry-point group."""
 
 from __future__ import annotations
 
