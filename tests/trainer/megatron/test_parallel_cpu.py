@@ -14,6 +14,7 @@ import pytest
 import torch
 
 pytestmark = pytest.mark.usefixtures("megatron_on_cpu")
+HERE = Path(__file__).resolve().parent
 
 
 def _port() -> int:
@@ -23,7 +24,13 @@ def _port() -> int:
 
 
 def _worker(rank: int, world: int, port: int, model_dir: str, out: str, cfg: dict) -> None:
-    import conftest as c
+    import importlib.util
+
+    # This directory's conftest by path: `import conftest` may find another directory's first.
+    spec = importlib.util.spec_from_file_location("_megatron_conftest", HERE / "conftest.py")
+    assert spec is not None and spec.loader is not None
+    c = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(c)
 
     from agentrl.config import AlgoConfig, TrainConfig
     from agentrl.trainer.batch import build_train_batches
