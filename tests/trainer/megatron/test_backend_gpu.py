@@ -68,11 +68,12 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out: str, cfg: dic
     batch = batches[ps.get_data_parallel_rank()]
     backend.compute_logprobs(batch)
     before = [mb.old_logprobs for mb in batch.micro_batches()]
-    before_seqs = logprobs_by_sequence(batch)  # every sequence when DP = 1, in trajectory order
+    # Every sequence in trajectory order when DP = 1; under DP each rank has only its share.
+    before_seqs = logprobs_by_sequence(batch) if dp == 1 else None
     metrics = backend.train_step(batch)
     backend.compute_logprobs(batch)
     after = [mb.old_logprobs for mb in batch.micro_batches()]
-    after_seqs = logprobs_by_sequence(batch)
+    after_seqs = logprobs_by_sequence(batch) if dp == 1 else None
     export = dict(
         kv for bucket in backend.export_weights(64 << 20, dtype=torch.float32) for kv in bucket
     )
