@@ -5,18 +5,40 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from agentrl.types import Message, ToolCall
-
-if TYPE_CHECKING:
-    from agentrl.rollout.codec import ChatCodec
 
 _FIX = (
     "Use a prefix-preserving chat template, one that renders earlier turns the same way in every "
     "later prompt (e.g. keep earlier <think> blocks instead of dropping them): pass "
     "ChatCodec(tokenizer, chat_template=...) or set tokenizer.chat_template to a fixed template."
 )
+
+
+class Codec(Protocol):
+    """What the check replays through: `ChatCodec`, named here by shape only because
+    `agentrl.rollout.codec` imports this module (never the other way)."""
+
+    @property
+    def tool_call_format(self) -> str: ...
+    @property
+    def observation_format(self) -> str: ...
+    @property
+    def template_id(self) -> str: ...
+    @property
+    def end_of_turn_text(self) -> str: ...
+    @property
+    def stop_token_ids(self) -> list[int]: ...
+    def encode(self, text: str) -> list[int]: ...
+    def decode(self, ids: list[int]) -> str: ...
+    def render_text(
+        self, messages: list[Message], tools: Any = None, *, add_generation_prompt: bool = False
+    ) -> str: ...
+    def render_prompt(self, messages: list[Message], tools: Any = None) -> list[int]: ...
+    def render_observation(
+        self, messages: list[Message], *, sampled_ids: list[int] | None = None
+    ) -> list[int]: ...
 
 
 class CodecCheckError(RuntimeError):
@@ -39,7 +61,7 @@ class _Conversation:
     turns: list[tuple[Message, list[Message]]]  # (assistant message, observation messages)
 
 
-def run_check(codec: ChatCodec, tools: list[dict[str, Any]] | None) -> CheckReport:
+def run_check(codec: Codec, tools: list[dict[str, Any]] | None) -> CheckReport:
     import jinja2
 
     report = CheckReport()
@@ -70,7 +92,7 @@ def run_check(codec: ChatCodec, tools: list[dict[str, Any]] | None) -> CheckRepo
     return report
 
 
-def _replay(codec: ChatCodec, conv: _Conversation, tools: Any, *, stopped_on_eos: bool) -> int:
+def _replay(codec: Codec, conv: _Conversation, tools: Any, *, stopped_on_eos: bool) -> int:
     messages = list(conv.prompt)
     ids = codec.render_prompt(messages, tools)
     eot = codec.end_of_turn_text
@@ -96,7 +118,7 @@ def _replay(codec: ChatCodec, conv: _Conversation, tools: Any, *, stopped_on_eos
 
 
 def _mismatch_message(
-    codec: ChatCodec, name: str, stopped_on_eos: bool, ids: list[int], full: list[int]
+    codec: Codec, name: str, stopped_on_eos: bool, ids: list[int], full: list[int]
 ) -> str:
     i = next(
         (k for k, (a, b) in enumerate(zip(ids, full, strict=False)) if a != b),
@@ -116,7 +138,7 @@ def _mismatch_message(
     )
 
 
-def _renders_tool_calls(codec: ChatCodec) -> bool:
+def _renders_tool_calls(codec: Codec) -> bool:
     """Templates without tool-call support (SmolLM2's) render only the content; the model then
     writes the Hermes block itself, so the check puts it in the content."""
     probe = Message("assistant", "", tool_calls=[ToolCall("agentrl_probe_tool", "{}", id="call_0")])
