@@ -168,6 +168,14 @@ def load_model_and_tokenizer(
     return model.to(device).eval(), tokenizer
 
 
+def eos_token_ids(tokenizer: Any, generation_config: Any = None) -> list[int]:
+    """The ids that end a generation, each once, in order: the tokenizer's eos, then the
+    generation config's (one id or a list). The one place agentrl looks them up."""
+    eos = getattr(generation_config, "eos_token_id", None)
+    candidates = [tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])]
+    return list(dict.fromkeys(int(i) for i in candidates if i is not None))
+
+
 # Real SmolLM2 shapes (they share one tokenizer), for random-init speed work.
 SHAPES: dict[str, dict[str, int]] = {
     "smollm2-135m": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9,

@@ -8,7 +8,12 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from agentrl.model_store import load_model_and_tokenizer, resolve_dtype, resolve_model_path
+from agentrl.model_store import (
+    eos_token_ids,
+    load_model_and_tokenizer,
+    resolve_dtype,
+    resolve_model_path,
+)
 from tests.support.models import make_tiny_model
 
 
@@ -41,6 +46,25 @@ def test_cache_dir_falls_back_to_env_var(tmp_path: Path, monkeypatch: pytest.Mon
     _fake_checkpoint(tmp_path / "smollm2-135m-instruct")
     monkeypatch.setenv("AGENTRL_CACHE", str(tmp_path))
     assert resolve_model_path("smollm2-135m-instruct") == str(tmp_path / "smollm2-135m-instruct")
+
+
+@pytest.mark.parametrize(
+    ("tokenizer_eos", "config_eos", "expected"),
+    [
+        (2, None, [2]),
+        (None, None, []),
+        (2, 7, [2, 7]),
+        (2, [2, 7, 9], [2, 7, 9]),  # each id once, the tokenizer's first
+        (None, [9, 7], [9, 7]),
+    ],
+)
+def test_eos_token_ids_merge_tokenizer_and_generation_config(
+    tokenizer_eos, config_eos, expected
+) -> None:
+    tokenizer = type("Tok", (), {"eos_token_id": tokenizer_eos})()
+    config = type("GenerationConfig", (), {"eos_token_id": config_eos})()
+    assert eos_token_ids(tokenizer, config) == expected
+    assert eos_token_ids(tokenizer) == ([] if tokenizer_eos is None else [tokenizer_eos])
 
 
 def test_resolve_dtype() -> None:

@@ -9,6 +9,7 @@ import hashlib
 import json
 from typing import Any, Literal
 
+from agentrl.model_store import eos_token_ids
 from agentrl.rollout.codec_check import CheckReport, CodecCheckError, run_check
 from agentrl.rollout.tool_parser import parse_hermes, parse_tags, tag_parameters
 from agentrl.types import Message
@@ -101,7 +102,7 @@ class ChatCodec:
     @functools.cached_property
     def stop_token_ids(self) -> list[int]:
         """EOS and the first token of the end-of-turn suffix: generation stops on either."""
-        ids = [] if self.tokenizer.eos_token_id is None else [int(self.tokenizer.eos_token_id)]
+        ids = eos_token_ids(self.tokenizer)
         eot_ids = self.encode(self.end_of_turn_text)
         if eot_ids and self._is_special(eot_ids[0]) and eot_ids[0] not in ids:
             ids.append(eot_ids[0])

@@ -41,7 +41,12 @@ from agentrl.engine.local.param_storage import (
 from agentrl.engine.local.sampling import SamplingRows, sample
 from agentrl.engine.local.scheduler import Scheduler
 from agentrl.engine.local.worker import Command, check_request, resolve
-from agentrl.model_store import load_model_and_tokenizer, resolve_device, resolve_model_path
+from agentrl.model_store import (
+    eos_token_ids,
+    load_model_and_tokenizer,
+    resolve_device,
+    resolve_model_path,
+)
 
 if TYPE_CHECKING:
     from agentrl.config import EngineConfig, ModelConfig
@@ -147,7 +152,9 @@ class LocalEngine:
         self._graphs: DecodeGraphs | None = None
         self._in_flight: DecodeLaunch | None = None  # a graph decode step not yet checked
         self._stop_checker = StopChecker(
-            self.tokenizer, self._eos_token_ids(), min(self._max_positions(), self.arena.max_len)
+            self.tokenizer,
+            set(eos_token_ids(self.tokenizer, self.model.generation_config)),
+            min(self._max_positions(), self.arena.max_len),
         )
         self._vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         # HF name -> the Parameter (or buffer) itself; release and resume swap `.data`, never the
@@ -184,12 +191,6 @@ class LocalEngine:
             max_batch_size=engine_cfg.max_batch_size,
             mem_fraction_static=engine_cfg.mem_fraction_static,
         )
-
-    def _eos_token_ids(self) -> set[int]:
-        ids = {self.tokenizer.eos_token_id}
-        eos = getattr(self.model.generation_config, "eos_token_id", None)
-        ids |= set(eos) if isinstance(eos, list) else {eos}
-        return {i for i in ids if i is not None}
 
     def _max_positions(self) -> int:
         return int(getattr(self.model.config, "max_position_embeddings", None) or 1 << 30)

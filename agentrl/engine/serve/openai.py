@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from agentrl.engine.base import Completion, FinishReason, SamplingParams
 from agentrl.engine.serve.protocol import error_response
+from agentrl.model_store import eos_token_ids
 
 
 class _OpenAIRequest(BaseModel):
@@ -63,15 +64,6 @@ def _sampling(
         stop_token_ids=stop_token_ids,
         seed=None if req.seed is None else req.seed + index,  # n choices must differ
     )
-
-
-def _eos_ids(tokenizer: Any) -> list[int]:
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    for token in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>"):
-        tid = tokenizer.convert_tokens_to_ids(token)
-        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
-            ids.add(tid)
-    return sorted(ids)
 
 
 def _message_text(content: Any) -> str:
@@ -170,7 +162,7 @@ def add_openai_routes(app: FastAPI, state: Any) -> None:
                 *(
                     s.run(
                         list(prompt),
-                        _sampling(req, max_new_tokens, _eos_ids(s.tokenizer), i),
+                        _sampling(req, max_new_tokens, eos_token_ids(s.tokenizer), i),
                         uuid.uuid4().hex,
                     )
                     for i in range(req.n)
