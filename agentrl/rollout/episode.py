@@ -88,6 +88,13 @@ class _Recorder:
         )
 
 
+def error_trajectory(task: Task, group_id: str, episode_id: str, where: str) -> Trajectory:
+    """An empty ERROR/env trajectory for the exception being handled, raised by `where` outside
+    an episode's own handling (making the env, or `run_episode` itself)."""
+    rec = _Recorder(task, group_id, episode_id)
+    return rec.finish(rec.fail(StatusReason.ENV, where))
+
+
 @dataclasses.dataclass
 class _Limits:
     max_turns: int

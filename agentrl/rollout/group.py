@@ -14,9 +14,9 @@ from agentrl.config import RolloutConfig
 from agentrl.engine.base import Engine, SamplingParams
 from agentrl.envs.base import AgentEnv
 from agentrl.rollout.codec import ChatCodec
-from agentrl.rollout.episode import run_episode
+from agentrl.rollout.episode import error_trajectory, run_episode
 from agentrl.rollout.trajectory import Trajectory
-from agentrl.types import EpisodeStatus, StatusReason, Task
+from agentrl.types import Task
 
 if TYPE_CHECKING:
     from agentrl.config import RunConfig
@@ -164,7 +164,7 @@ class RolloutRunner:
             try:
                 env = self.env_factory()
             except Exception:
-                traj = _error_trajectory(task, group_id, episode_id, "env_factory")
+                traj = error_trajectory(task, group_id, episode_id, "env_factory")
             else:
                 traj = await self._episode(env, task, sampling, group_id, episode_id)
             finally:
@@ -191,7 +191,7 @@ class RolloutRunner:
                 episode_id=episode_id,
             )
         except Exception:  # run_episode handles its own failures; this is the last line of defence
-            return _error_trajectory(task, group_id, episode_id, "run_episode")
+            return error_trajectory(task, group_id, episode_id, "run_episode")
 
 
 def _notify(on_episode: Callable[[Trajectory], Any] | None, traj: Trajectory) -> None:
@@ -201,24 +201,6 @@ def _notify(on_episode: Callable[[Trajectory], Any] | None, traj: Trajectory) ->
         on_episode(traj)
     except Exception:
         logger.warning("on_episode callback raised (ignored)\n%s", traceback.format_exc())
-
-
-def _error_trajectory(task: Task, group_id: str, episode_id: str, where: str) -> Trajectory:
-    error = traceback.format_exc()
-    logger.warning("episode %s: %s raised; status ERROR/env\n%s", episode_id, where, error)
-    return Trajectory(
-        token_ids=[],
-        loss_mask=[],
-        logprobs=[],
-        prompt_len=0,
-        reward=0.0,
-        status=EpisodeStatus.ERROR,
-        status_reason=StatusReason.ENV,
-        task=task.to_dict(),
-        group_id=group_id,
-        episode_id=episode_id,
-        info={"error": error, "error_where": where},
-    )
 
 
 def build_runner(cfg: RunConfig, engine: Engine) -> RolloutRunner:
