@@ -125,3 +125,24 @@ async def test_build_runner_makes_envs_from_the_registry(smol_tokenizer: Any) ->
     (traj,) = await runner.run_group(Task("c0", {"question": "What is 2 + 3?", "answer": 5}), 1)
     assert (traj.status, traj.reward, traj.num_turns) == (EpisodeStatus.COMPLETED, 1.0, 2)
     assert traj.turns[0].num_tool_calls == 1 and traj.turns[0].num_tool_errors == 0
+
+
+async def test_an_env_factory_that_raises_gives_an_error_trajectory(smol_tokenizer: Any) -> None:
+    made: list[ToolEnv] = []
+
+    def factory() -> ToolEnv:
+        if made:  # the codec check's probe env works; the episodes' do not
+            raise RuntimeError("no sandbox left")
+        made.append(ToolEnv())
+        return made[0]
+
+    engine = ScriptedEngine(smol_tokenizer, ["<answer>5</answer>"])
+    runner = RolloutRunner(engine, factory, RolloutConfig(max_turns=3))
+    group = await runner.run_group(Task("t0", {"answer": 5}), 2)
+    assert [(t.status, t.status_reason) for t in group] == [
+        (EpisodeStatus.ERROR, StatusReason.ENV)
+    ] * 2
+    assert all(t.info["error_where"] == "env_factory" for t in group)
+    assert all("no sandbox left" in t.info["error"] for t in group)
+    assert [t.episode_id for t in group] == [f"{group[0].group_id}/{i}" for i in range(2)]
+    assert group[0].token_ids == [] and not engine.calls
