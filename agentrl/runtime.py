@@ -127,7 +127,8 @@ class InProcessRuntime:
         return await asyncio.to_thread(self.backend.sequence_logprobs, token_ids, start)
 
     async def sync_weights(self, version: str) -> dict[str, float]:
-        from agentrl.trainer.weights import nbytes, serving_dtype
+        from agentrl.trainer.weights import serving_dtype
+        from agentrl.weight_buckets import nbytes
 
         if self._is_released:
             await self.engine.resume_memory()

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from agentrl.config import RunConfig
-from agentrl.trainer.weights import nbytes
+from agentrl.weight_buckets import nbytes
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -18,7 +18,6 @@ import math
 import os
 import pickle
 import threading
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -104,17 +103,6 @@ def serialize_for_ipc(obj: Any) -> str:
         finally:
             tmp.set_sharing_strategy(old)
     return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def group_by_dtype(
-    named_tensors: Iterable[tuple[str, torch.Tensor]],
-) -> list[list[tuple[str, torch.Tensor]]]:
-    """One list per dtype, in first-seen order: a flattened bucket holds one dtype. Sizing the
-    buckets is the trainer's exporter's job (`agentrl.trainer.weights`), not the transport's."""
-    by_dtype: dict[Any, list[tuple[str, torch.Tensor]]] = {}
-    for name, t in named_tensors:
-        by_dtype.setdefault(t.dtype, []).append((name, t))
-    return list(by_dtype.values())
 
 
 # ---------------------------------------------------------------- weight-update process group

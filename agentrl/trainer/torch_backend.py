@@ -19,12 +19,8 @@ from agentrl.trainer.fsdp import apply_fsdp, decoder_layers, dp_rank, dp_world_s
 from agentrl.trainer.logprobs import CausalLMLogprobs
 from agentrl.trainer.losses import build_objective, combine_metrics
 from agentrl.trainer.packing import use_packed_attention
-from agentrl.trainer.weights import (
-    DEFAULT_BUCKET_SIZE_BYTES,
-    bucket_by_dtype,
-    full_tensor,
-    unique_named_tensors,
-)
+from agentrl.trainer.weights import DEFAULT_BUCKET_SIZE_BYTES, full_tensor, unique_named_tensors
+from agentrl.weight_buckets import bucket_by_dtype
 
 
 def lr_factor(

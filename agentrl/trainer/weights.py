@@ -1,9 +1,9 @@
-"""Weight export: a model's HF-named tensors, gathered whole from their shards one at a time, and
-the one bucketer that groups them into per-dtype buckets of a bounded size for the engines."""
+"""Weight export: a model's HF-named tensors, gathered whole from their shards one at a time (the
+exporters cut them into buckets with `agentrl.weight_buckets`), and the dtype engines serve in."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
@@ -13,12 +13,7 @@ try:  # a DTensor is what FSDP2 leaves in place of each parameter
 except ImportError:  # torch built without distributed
     DTensor = ()  # type: ignore[assignment,misc]
 
-NamedTensors = list[tuple[str, Tensor]]
 DEFAULT_BUCKET_SIZE_BYTES = 2 * 2**30  # cluster.update_weight_buffer_size (slime: 512 MiB)
-
-
-def nbytes(tensor: Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
 
 
 def full_tensor(tensor: Tensor) -> Tensor:
@@ -41,30 +36,6 @@ def unique_named_tensors(
         if dtype is not None and tensor.is_floating_point():
             tensor = tensor.to(dtype)  # before the gather: fewer bytes on the wire
         yield name, full_tensor(tensor)
-
-
-def bucket_by_dtype(
-    named_tensors: Iterable[tuple[str, Tensor]], bucket_size_bytes: int
-) -> Iterator[NamedTensors]:
-    """Buckets that each hold one dtype and at most `bucket_size_bytes` (a larger tensor alone).
-
-    Lazy: a bucket is yielded as soon as the next tensor of its dtype would overflow it, so at
-    most one open bucket per dtype is alive. Names keep their order within each dtype."""
-    if bucket_size_bytes < 1:
-        raise ValueError(
-            f"bucket_size_bytes={bucket_size_bytes} must be >= 1 "
-            "(cluster.update_weight_buffer_size; the default is 2 GiB, slime's 512 MiB)"
-        )
-    open_buckets: dict[torch.dtype, tuple[NamedTensors, int]] = {}
-    for name, tensor in named_tensors:
-        bucket, size = open_buckets.get(tensor.dtype, ([], 0))
-        if bucket and size + nbytes(tensor) > bucket_size_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, tensor))
-        open_buckets[tensor.dtype] = (bucket, size + nbytes(tensor))
-    for bucket, _ in open_buckets.values():
-        yield bucket
 
 
 def serving_dtype(dtype: str, is_cuda: bool) -> torch.dtype:

@@ -25,7 +25,6 @@ from agentrl.engine.sglang.protocol import (
 from agentrl.engine.weight_transport import (
     deserialize_named_tensors,
     flatten_bucket,
-    group_by_dtype,
     serialize_for_ipc,
 )
 from tests.support.servers import run_app_in_thread
@@ -261,12 +260,6 @@ async def test_update_weights_sends_flattened_buckets_with_version_on_the_last(
     assert [b.get("weight_version") for b in bodies] == [None, "3"]
     assert engine.weight_version == "3"
     await engine.close()
-
-
-def test_group_by_dtype_keeps_first_seen_order() -> None:
-    named = [("a", torch.ones(4)), ("b", torch.ones(4, dtype=torch.bfloat16)), ("c", torch.ones(4))]
-    groups = group_by_dtype(named)
-    assert [[n for n, _ in g] for g in groups] == [["a", "c"], ["b"]]
 
 
 def test_flattened_bucket_roundtrips_through_ipc_serialization() -> None:

@@ -13,7 +13,8 @@ import httpx
 from agentrl.engine.base import EngineError
 from agentrl.engine.sglang.protocol import num_requests_from_load
 from agentrl.engine.sglang.weight_sender import DistributedWeightSender
-from agentrl.engine.weight_transport import flatten_bucket, group_by_dtype, serialize_for_ipc
+from agentrl.engine.weight_transport import flatten_bucket, serialize_for_ipc
+from agentrl.weight_buckets import bucket_by_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -276,7 +277,8 @@ class SGLangControl:
             await self._sender.send(list(named_tensors), weight_version=weight_version)
             return
         tp_size = await self.tp_size()
-        buckets = group_by_dtype(named_tensors)  # the caller's bucket, one flat tensor per dtype
+        # The caller cut the buckets (sized); here each becomes one flat tensor per dtype.
+        buckets = list(bucket_by_dtype(named_tensors))
         for i, bucket in enumerate(buckets):
             flat = flatten_bucket(bucket)  # stays referenced until the server has copied it
             is_last = i == len(buckets) - 1

@@ -37,7 +37,8 @@ from agentrl.trainer.megatron.requirements import check_megatron_usable
 from agentrl.trainer.megatron.vocab_parallel import vocab_parallel_logprobs
 from agentrl.trainer.packing import pack_tokens
 from agentrl.trainer.torch_backend import _resolve_path, lr_factor
-from agentrl.trainer.weights import DEFAULT_BUCKET_SIZE_BYTES, bucket_by_dtype
+from agentrl.trainer.weights import DEFAULT_BUCKET_SIZE_BYTES
+from agentrl.weight_buckets import bucket_by_dtype
 
 
 class MegatronBackend:

@@ -1,0 +1,42 @@
+"""The one weight bucketer: (name, tensor) pairs grouped into per-dtype buckets of bounded size.
+The trainer's exporters cut their weights with it, the SGLang client its flattened buckets."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+NamedTensors = list[tuple[str, "Tensor"]]
+
+
+def nbytes(tensor: Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def bucket_by_dtype(
+    named_tensors: Iterable[tuple[str, Tensor]], bucket_size_bytes: float = math.inf
+) -> Iterator[NamedTensors]:
+    """Buckets that each hold one dtype and at most `bucket_size_bytes` (a larger tensor alone);
+    unbounded, one bucket per dtype. Dtypes come in first-seen order, names in theirs.
+
+    Lazy: a bucket is yielded as soon as the next tensor of its dtype would overflow it, so at
+    most one open bucket per dtype is alive."""
+    if bucket_size_bytes < 1:
+        raise ValueError(
+            f"bucket_size_bytes={bucket_size_bytes} must be >= 1 "
+            "(cluster.update_weight_buffer_size; the default is 2 GiB, slime's 512 MiB)"
+        )
+    open_buckets: dict[Any, tuple[NamedTensors, int]] = {}
+    for name, tensor in named_tensors:
+        bucket, size = open_buckets.get(tensor.dtype, ([], 0))
+        if bucket and size + nbytes(tensor) > bucket_size_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        open_buckets[tensor.dtype] = (bucket, size + nbytes(tensor))
+    for bucket, _ in open_buckets.values():
+        yield bucket
