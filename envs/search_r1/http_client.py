@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import httpx
+import tenacity
 from agentrl_envs.search_r1.retrieval import Document, QueryBatcher
 
 START_HINT = (
@@ -18,6 +19,10 @@ START_HINT = (
 
 class RetrieverUnavailableError(RuntimeError):
     """The configured retrieval server cannot be reached: an infrastructure failure, never a reward."""
+
+
+class _ServerError(RuntimeError):
+    """A 5xx answer: retried like a connection error."""
 
 
 class HTTPRetriever:
@@ -86,28 +91,31 @@ class HTTPRetriever:
         return self._client
 
     async def _post(self, queries: list[str], topk: int) -> list[list[Document]]:
+        retrying = tenacity.AsyncRetrying(
+            stop=tenacity.stop_after_attempt(self.max_retries + 1),
+            wait=tenacity.wait_exponential(multiplier=0.2, max=5.0),
+            retry=tenacity.retry_if_exception_type((httpx.TransportError, _ServerError)),
+            reraise=True,
+        )
+        try:
+            return await retrying(self._post_once, queries, topk)
+        except (httpx.TransportError, _ServerError) as e:
+            raise self._unavailable(e) from None
+
+    async def _post_once(self, queries: list[str], topk: int) -> list[list[Document]]:
         client = self._http()
-        payload = {"queries": queries, "topk": topk, "return_scores": True}
-        last_error: Exception | None = None
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                await asyncio.sleep(min(0.2 * 2 ** (attempt - 1), 5.0))
-            try:
-                assert self._semaphore is not None
-                async with self._semaphore:
-                    response = await client.post(self.endpoint, json=payload)
-            except httpx.TransportError as e:
-                last_error = e
-                continue
-            if response.status_code >= 500:
-                last_error = RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
-                continue
-            if response.status_code != 200:
-                raise RuntimeError(
-                    f"retrieval server {self.endpoint} answered HTTP {response.status_code}: {response.text[:300]}"
-                )
-            return parse_response(response.json(), num_queries=len(queries))
-        raise self._unavailable(last_error)
+        assert self._semaphore is not None
+        async with self._semaphore:
+            response = await client.post(
+                self.endpoint, json={"queries": queries, "topk": topk, "return_scores": True}
+            )
+        if response.status_code >= 500:
+            raise _ServerError(f"HTTP {response.status_code}: {response.text[:200]}")
+        if response.status_code != 200:
+            raise RuntimeError(
+                f"retrieval server {self.endpoint} answered HTTP {response.status_code}: {response.text[:300]}"
+            )
+        return parse_response(response.json(), num_queries=len(queries))
 
     def _unavailable(self, error: Exception | None) -> RetrieverUnavailableError:
         port = httpx.URL(self.url).port or 8000

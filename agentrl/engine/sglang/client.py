@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
+import tenacity
 
 from agentrl.engine.base import Completion, EngineError, EngineUnavailable, SamplingParams
 from agentrl.engine.sglang.control import SGLangControl
@@ -34,6 +34,14 @@ __all__ = ["SGLangEngine"]
 logger = logging.getLogger(__name__)
 
 _RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
+
+
+class _Retryable(Exception):
+    """A connection error or a 5xx: worth another attempt after a backoff."""
+
+    def __init__(self, error: str, *, is_unreachable: bool = False) -> None:
+        super().__init__(error)
+        self.is_unreachable = is_unreachable
 
 
 # ---------------------------------------------------------------- the client
@@ -131,46 +139,50 @@ class SGLangEngine(SGLangControl):
         headers: dict[str, str] | None = None,
         timeout_s: float | None = None,
     ) -> httpx.Response:
-        timeout = httpx.Timeout(timeout_s or self.request_timeout_s)
-        last_error = ""
-        is_unreachable = False
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                await asyncio.sleep(
-                    self.retry_backoff_s * 2 ** (attempt - 1) * (1 + 0.1 * random.random())
-                )
-            try:
-                response = await self._http().request(
-                    method, url, json=json, headers=headers, timeout=timeout
-                )
-            except (
-                httpx.ConnectError,
-                httpx.ConnectTimeout,
-                httpx.RemoteProtocolError,
-                httpx.ReadError,
-            ) as e:
-                last_error = f"{type(e).__name__}: {e}"
-                is_unreachable = True
-                continue
-            except httpx.TimeoutException as e:
-                raise EngineError(
-                    f"{method} {url} timed out after {timeout_s or self.request_timeout_s}s ({type(e).__name__}); "
-                    "raise engine.request_timeout_s if generations are legitimately this long"
-                ) from e
-            if response.status_code in _RETRYABLE_STATUS:
-                last_error = f"HTTP {response.status_code}: {response.text[:300]}"
-                is_unreachable = False
-                continue
-            if response.status_code >= 400:
-                raise EngineError(
-                    f"{method} {url} -> HTTP {response.status_code} (not retried): {response.text[:500]}"
-                )
-            return response
-        error_cls = EngineUnavailable if is_unreachable else EngineError
-        raise error_cls(
-            f"{method} {url} failed after {self.max_retries + 1} attempts; last error: {last_error}"
-            + self._cluster_note()
+        retrying = tenacity.AsyncRetrying(
+            stop=tenacity.stop_after_attempt(self.max_retries + 1),
+            wait=tenacity.wait_exponential(multiplier=self.retry_backoff_s)
+            + tenacity.wait_random(0, 0.1 * self.retry_backoff_s),
+            retry=tenacity.retry_if_exception_type(_Retryable),
+            reraise=True,
         )
+        try:
+            return await retrying(
+                self._attempt, method, url, json, headers, timeout_s or self.request_timeout_s
+            )
+        except _Retryable as e:
+            error_cls = EngineUnavailable if e.is_unreachable else EngineError
+            raise error_cls(
+                f"{method} {url} failed after {self.max_retries + 1} attempts; last error: {e}"
+                + self._cluster_note()
+            ) from None
+
+    async def _attempt(
+        self, method: str, url: str, json: Any, headers: dict[str, str] | None, timeout_s: float
+    ) -> httpx.Response:
+        try:
+            response = await self._http().request(
+                method, url, json=json, headers=headers, timeout=httpx.Timeout(timeout_s)
+            )
+        except (
+            httpx.ConnectError,
+            httpx.ConnectTimeout,
+            httpx.RemoteProtocolError,
+            httpx.ReadError,
+        ) as e:
+            raise _Retryable(f"{type(e).__name__}: {e}", is_unreachable=True) from e
+        except httpx.TimeoutException as e:
+            raise EngineError(
+                f"{method} {url} timed out after {timeout_s}s ({type(e).__name__}); "
+                "raise engine.request_timeout_s if generations are legitimately this long"
+            ) from e
+        if response.status_code in _RETRYABLE_STATUS:
+            raise _Retryable(f"HTTP {response.status_code}: {response.text[:300]}")
+        if response.status_code >= 400:
+            raise EngineError(
+                f"{method} {url} -> HTTP {response.status_code} (not retried): {response.text[:500]}"
+            )
+        return response
 
     def _cluster_note(self) -> str:
         """A launched server that died explains the connection errors: say so, with its logs."""
