@@ -18,23 +18,10 @@ from agentrl.trainer.batch import MicroBatch, StepBatch, TrainBatch, pad_id_for
 from agentrl.trainer.fsdp import apply_fsdp, decoder_layers, dp_rank, dp_world_size, reduce_metrics
 from agentrl.trainer.logprobs import CausalLMLogprobs
 from agentrl.trainer.losses import build_objective, combine_metrics
+from agentrl.trainer.lr_schedule import lr_scheduler
 from agentrl.trainer.packing import use_packed_attention
 from agentrl.trainer.weights import DEFAULT_BUCKET_SIZE_BYTES, full_tensor, unique_named_tensors
 from agentrl.weight_buckets import bucket_by_dtype
-
-
-def lr_factor(
-    step: int, *, warmup_steps: int, total_steps: int, style: str, min_ratio: float
-) -> float:
-    """Multiplier of the peak lr at optimizer step `step`: linear warmup, then constant, linear or
-    cosine decay to `min_ratio` at `total_steps`."""
-    if warmup_steps > 0 and step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if style == "constant":
-        return 1.0
-    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-    decay = 1.0 - progress if style == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
-    return min_ratio + (1.0 - min_ratio) * decay
 
 
 def _resolve_device(device: str) -> torch.device:
@@ -117,7 +104,7 @@ class TorchBackend:
         self.dp_size = 1
         """Data-parallel ranks, read from the process group when the model loads."""
         self.optimizer: torch.optim.Optimizer | None = None
-        self.scheduler: torch.optim.lr_scheduler.LambdaLR | None = None
+        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
 
     # ------------------------------------------------------------ setup
 
@@ -190,17 +177,7 @@ class TorchBackend:
             weight_decay=cfg.weight_decay,
             fused=self.device.type == "cuda",
         )
-        min_ratio = cfg.min_lr / cfg.lr if cfg.lr > 0 else 0.0
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            lambda step: lr_factor(
-                step,
-                warmup_steps=cfg.lr_warmup_steps,
-                total_steps=self.num_optimizer_steps,
-                style=cfg.lr_decay_style,
-                min_ratio=min_ratio,
-            ),
-        )
+        self.scheduler = lr_scheduler(self.optimizer, cfg, self.num_optimizer_steps)
 
     # ------------------------------------------------------------ logprobs
 

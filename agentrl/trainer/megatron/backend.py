@@ -24,6 +24,7 @@ from torch import Tensor
 from agentrl.config import AlgoConfig, TrainConfig
 from agentrl.trainer.batch import MicroBatch, StepBatch, TrainBatch, pad_id_for
 from agentrl.trainer.losses import build_objective, combine_metrics
+from agentrl.trainer.lr_schedule import LRSchedule
 from agentrl.trainer.megatron import checkpoint
 from agentrl.trainer.megatron import model as gpt
 from agentrl.trainer.megatron.model_config import check_parallel_fit, model_shape
@@ -36,7 +37,7 @@ from agentrl.trainer.megatron.parallel import (
 from agentrl.trainer.megatron.requirements import check_megatron_usable
 from agentrl.trainer.megatron.vocab_parallel import vocab_parallel_logprobs
 from agentrl.trainer.packing import pack_tokens
-from agentrl.trainer.torch_backend import _resolve_path, lr_factor
+from agentrl.trainer.torch_backend import _resolve_path
 from agentrl.trainer.weights import DEFAULT_BUCKET_SIZE_BYTES
 from agentrl.weight_buckets import bucket_by_dtype
 
@@ -68,6 +69,7 @@ class MegatronBackend:
         self.num_optimizer_steps = num_optimizer_steps or train_cfg.num_rollout
         self.optimizer_step = 0
         self.num_train_steps = 0
+        self._lr_schedule = LRSchedule(train_cfg, self.num_optimizer_steps)
         self._ddp: Any = None  # DistributedDataParallel around this rank's GPTModel stage
         self._ref: Any = None  # the reference model's stage, without gradients
         self._optimizer: Any = None
@@ -297,13 +299,10 @@ class MegatronBackend:
         return metrics
 
     def _set_lr(self) -> float:
-        cfg = self.train_cfg
-        factor = lr_factor(self.optimizer_step, warmup_steps=cfg.lr_warmup_steps,
-                           total_steps=self.num_optimizer_steps, style=cfg.lr_decay_style,
-                           min_ratio=cfg.min_lr / cfg.lr if cfg.lr > 0 else 0.0)  # fmt: skip
+        lr = self._lr_schedule.lr_at(self.optimizer_step)
         for group in self.optimizer.param_groups:
-            group["lr"] = cfg.lr * factor
-        return cfg.lr * factor
+            group["lr"] = lr
+        return lr
 
     def _optimizer_step(self, step: StepBatch) -> dict[str, float]:
         model = self.model

@@ -1,0 +1,54 @@
+"""The learning-rate schedule, composed of torch's schedulers: linear warmup over
+`lr_warmup_steps`, then constant, linear or cosine decay to `min_lr` at the last optimizer step."""
+
+from __future__ import annotations
+
+import torch
+from torch.optim import lr_scheduler as schedulers
+
+from agentrl.config import TrainConfig
+
+_FOREVER = 2**62  # steps a phase lasts when nothing follows it
+
+
+def lr_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: TrainConfig, total_steps: int
+) -> schedulers.LRScheduler:
+    """Step it once per optimizer step; the lr at step s is the peak lr times (s + 1) / warmup
+    during warmup, then decays over the remaining `total_steps` and holds `min_lr` after them."""
+    min_ratio = cfg.min_lr / cfg.lr if cfg.lr > 0 else 0.0
+    if not 0.0 <= min_ratio <= 1.0:
+        raise ValueError(f"train.min_lr={cfg.min_lr} must lie between 0 and train.lr={cfg.lr}")
+    warmup, num_decay = cfg.lr_warmup_steps, max(1, total_steps - cfg.lr_warmup_steps)
+    phases: list[schedulers.LRScheduler] = []
+    milestones: list[int] = []  # the step each phase after the first starts at
+    if warmup > 0:  # the factor reaches 1 on the last warmup step
+        phases.append(schedulers.LinearLR(optimizer, 1 / warmup, 1.0, max(warmup - 1, 1)))
+        milestones.append(warmup)
+    if cfg.lr_decay_style == "linear":
+        phases.append(schedulers.LinearLR(optimizer, 1.0, min_ratio, num_decay))
+    elif cfg.lr_decay_style == "cosine":  # past its end a cosine rises again: hold min_lr
+        phases.append(schedulers.CosineAnnealingLR(optimizer, num_decay, cfg.min_lr))
+        phases.append(schedulers.ConstantLR(optimizer, min_ratio, _FOREVER))
+        milestones.append(warmup + num_decay)
+    else:
+        phases.append(schedulers.ConstantLR(optimizer, 1.0, 0))
+    return schedulers.SequentialLR(optimizer, phases, milestones)
+
+
+class LRSchedule:
+    """The same schedule for an optimizer torch's schedulers cannot drive (Megatron's):
+    `lr_at(step)` replays it on a stand-in optimizer."""
+
+    def __init__(self, cfg: TrainConfig, total_steps: int) -> None:
+        self.cfg, self.total_steps = cfg, total_steps
+        self._scheduler: schedulers.LRScheduler | None = None
+
+    def lr_at(self, step: int) -> float:
+        if self._scheduler is None or self._scheduler.last_epoch > step:  # first, or rewound
+            stand_in = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=self.cfg.lr)
+            self._scheduler = lr_scheduler(stand_in, self.cfg, self.total_steps)
+        while self._scheduler.last_epoch < step:
+            self._scheduler.optimizer.step()  # no gradients: changes nothing, orders the calls
+            self._scheduler.step()
+        return float(self._scheduler.get_last_lr()[0])
