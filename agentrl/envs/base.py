@@ -49,6 +49,9 @@ class AgentEnv:
     `tags` = Search-R1-style `<name>argument</name>` for each tool name (and `<answer>`)."""
     stop: ClassVar[tuple[str, ...]] = ()
     """Extra stop strings for the engine (kept in the output), e.g. ("</search>", "</answer>")."""
+    max_observation_tokens: int | None = None
+    """Token budget of one step's observation: the codec cuts longer ones, keeping each message's
+    head and tail (the runner's `rollout.max_observation_tokens` applies too, the smaller wins)."""
     metadata: ClassVar[dict[str, Any]] = {}
 
     def __init__(self) -> None:

@@ -53,6 +53,10 @@ class Wrapper(AgentEnv):
         return self.env.metadata
 
     @property
+    def max_observation_tokens(self) -> int | None:  # type: ignore[override]
+        return self.env.max_observation_tokens
+
+    @property
     def unwrapped(self) -> AgentEnv:
         return self.env.unwrapped
 

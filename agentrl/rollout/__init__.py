@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agentrl.rollout.codec import ChatCodec, CheckReport, CodecCheckError
-from agentrl.rollout.episode import cut_observation, run_episode
+from agentrl.rollout.episode import run_episode
 from agentrl.rollout.group import RolloutRunner, build_runner, episode_seed
 from agentrl.rollout.trajectory import Trajectory, Turn, read_jsonl, write_jsonl
 
@@ -15,7 +15,6 @@ __all__ = [
     "Trajectory",
     "Turn",
     "build_runner",
-    "cut_observation",
     "episode_seed",
     "read_jsonl",
     "run_episode",

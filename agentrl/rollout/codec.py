@@ -4,6 +4,7 @@ re-tokenized), and tool calls are parsed from the sampled text."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -12,6 +13,7 @@ from typing import Any, Literal
 from agentrl.model_store import eos_token_ids
 from agentrl.rollout.codec_check import CheckReport, CodecCheckError, run_check
 from agentrl.rollout.tool_parser import parse_hermes, parse_tags, tag_parameters
+from agentrl.tools.output import truncate_middle
 from agentrl.types import Message
 
 ToolCallFormat = Literal["hermes", "tags"]
@@ -187,6 +189,28 @@ class ChatCodec:
         return self.encode(
             self._pending_end_of_turn(sampled_ids or []) + self._observation_text(messages)
         )
+
+    def cut_observation(self, messages: list[Message], max_tokens: int | None) -> list[Message]:
+        """Cut message texts so together they hold about `max_tokens` tokens (the budget the
+        env declares, or the runner's if smaller), keeping each one's head and tail. Short
+        messages keep all of theirs; long ones share what is left."""
+        if max_tokens is None or not messages:
+            return messages
+        if sum(len(m.content.encode()) for m in messages) <= max_tokens:  # a token is >= 1 byte
+            return messages
+        counts = [len(self.encode(m.content)) for m in messages]
+        if sum(counts) <= max_tokens:
+            return messages
+        budgets, remaining = [0] * len(messages), max_tokens
+        for rank, i in enumerate(sorted(range(len(messages)), key=counts.__getitem__)):
+            budgets[i] = min(counts[i], remaining // (len(messages) - rank))
+            remaining -= budgets[i]
+        return [
+            dataclasses.replace(m, content=truncate_middle(m.content, max(budgets[i], 1), self))
+            if counts[i] > budgets[i]
+            else m
+            for i, m in enumerate(messages)
+        ]
 
     @functools.cached_property
     def end_of_turn_text(self) -> str:

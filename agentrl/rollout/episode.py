@@ -14,8 +14,7 @@ from agentrl.engine.base import Completion, Engine, EngineUnavailable, FinishRea
 from agentrl.envs.base import AgentEnv, StepResult
 from agentrl.rollout.codec import ChatCodec
 from agentrl.rollout.trajectory import Trajectory, Turn
-from agentrl.tools.output import truncate_middle
-from agentrl.types import EpisodeStatus, Message, StatusReason, Task
+from agentrl.types import EpisodeStatus, StatusReason, Task
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +186,8 @@ async def _play(
         if ending is not None:
             return ending
         try:
-            observation = cut_observation(result.observation, codec, limits.max_observation_tokens)
+            budget = _smaller(limits.max_observation_tokens, env.max_observation_tokens)
+            observation = codec.cut_observation(result.observation, budget)
             obs_ids = codec.render_observation(observation, sampled_ids=completion.ids)
         except Exception:
             return rec.fail(StatusReason.PARSE, "codec.render_observation")
@@ -195,6 +195,10 @@ async def _play(
             return EpisodeStatus.TRUNCATED, StatusReason.CONTEXT  # no room to answer it
         rec.add_observation(obs_ids)
     return EpisodeStatus.TRUNCATED, StatusReason.MAX_TURNS  # max_turns < 1
+
+
+def _smaller(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
 def _episode_sampling(sampling: SamplingParams, env: AgentEnv, codec: ChatCodec) -> SamplingParams:
@@ -234,30 +238,6 @@ def _step_ending(result: StepResult, *, is_last_turn: bool) -> _Ending | None:
     if is_last_turn:
         return EpisodeStatus.TRUNCATED, StatusReason.MAX_TURNS
     return None
-
-
-def cut_observation(
-    messages: list[Message], codec: ChatCodec, max_tokens: int | None
-) -> list[Message]:
-    """Cut message texts so together they hold about `max_tokens` tokens, keeping each one's
-    head and tail. Short messages keep all of theirs; long ones share what is left."""
-    if max_tokens is None or not messages:
-        return messages
-    if sum(len(m.content.encode()) for m in messages) <= max_tokens:  # a token spans >= 1 byte
-        return messages
-    counts = [len(codec.encode(m.content)) for m in messages]
-    if sum(counts) <= max_tokens:
-        return messages
-    budgets, remaining = [0] * len(messages), max_tokens
-    for rank, i in enumerate(sorted(range(len(messages)), key=counts.__getitem__)):
-        budgets[i] = min(counts[i], remaining // (len(messages) - rank))
-        remaining -= budgets[i]
-    return [
-        dataclasses.replace(m, content=truncate_middle(m.content, max(budgets[i], 1), codec))
-        if counts[i] > budgets[i]
-        else m
-        for i, m in enumerate(messages)
-    ]
 
 
 async def _close(env: AgentEnv, rec: _Recorder) -> None:

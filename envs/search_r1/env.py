@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -119,7 +118,8 @@ class SearchR1Env(AgentEnv):
         self.invalid_action_hint = invalid_action_hint
         self.use_demonstration = demonstration
         self.seed = seed
-        # max_output_tokens=None: the env caps whole observations itself (see _cap).
+        # max_output_tokens=None: whole observations are cut to max_observation_tokens, by the
+        # codec (keeping the documents' head and tail, so the closing </information> too).
         self.tools = ToolRegistry([self.search], max_output_tokens=None)
         self._episode: _Episode | None = None
         self._infra_error: Exception | None = None
@@ -204,10 +204,10 @@ class SearchR1Env(AgentEnv):
         if self._infra_error is not None:
             raise self._infra_error
         ep.num_searches += 1
-        text, is_cut = self._cap(format_observation(result.content))
+        text = format_observation(result.content)
         message = Message(role="tool", content=text, tool_call_id=call.id, name="search")
         step = self._observe(ep, message, num_tool_calls=1, num_tool_errors=int(result.is_error))
-        step.info.update({"query": _query_of(call), "observation_truncated": is_cut})
+        step.info["query"] = _query_of(call)
         if result.is_error:
             step.info["tool_error_kind"] = result.error_kind
         return step
@@ -244,21 +244,6 @@ class SearchR1Env(AgentEnv):
         reward = pick_reward(breakdown, self.reward_kind)  # type: ignore[arg-type]
         return StepResult(
             observation=[], reward=reward, terminated=not truncated, truncated=truncated, info=info
-        )
-
-    def _cap(self, observation: str) -> tuple[str, bool]:
-        """Cut the documents so the whole observation fits `max_observation_tokens`, keeping
-        the closing `</information>` (Search-R1 cut the token ids and could lose it)."""
-        limit = self.max_observation_tokens
-        if limit is None or _count_tokens(observation, self.tokenizer) <= limit:
-            return observation, False
-        head, body_tail = observation.split("<information>", 1)
-        body, tail = body_tail.rsplit("</information>", 1)
-        wrapper = f"{head}<information></information>{tail}"
-        budget = max(limit - _count_tokens(wrapper, self.tokenizer), 0)
-        return (
-            f"{head}<information>{_head_tokens(body, budget, self.tokenizer).rstrip()}</information>{tail}",
-            True,
         )
 
     def _require_episode(self) -> _Episode:
@@ -345,16 +330,3 @@ def _query_of(call: ToolCall) -> str:
     except (json.JSONDecodeError, TypeError):
         return str(call.arguments).strip()
     return str(args.get("query", "")).strip() if isinstance(args, dict) else str(args).strip()
-
-
-def _count_tokens(text: str, tokenizer: Any) -> int:
-    if tokenizer is None:
-        return len(text.split())  # no tokenizer bound (unit use): words stand in for tokens
-    return len(tokenizer.encode(text, add_special_tokens=False))
-
-
-def _head_tokens(text: str, budget: int, tokenizer: Any) -> str:
-    if tokenizer is None:
-        return "".join(re.findall(r"\S+\s*", text)[:budget])
-    ids = tokenizer.encode(text, add_special_tokens=False)[:budget]
-    return tokenizer.decode(ids)

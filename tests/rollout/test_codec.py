@@ -234,3 +234,11 @@ def test_unknown_format_and_missing_template_are_clear_errors(smollm2_path: str)
     tok.chat_template = None
     with pytest.raises(ValueError, match="has no chat template"):
         ChatCodec(tok)
+
+
+def test_cut_observation_shares_the_budget(smol_codec: ChatCodec) -> None:
+    short, long = Message("tool", "ok"), Message("tool", " ".join(f"w{i}" for i in range(500)))
+    cut = smol_codec.cut_observation([short, long], 100)
+    assert cut[0] is short
+    assert 90 <= len(smol_codec.encode(cut[1].content)) <= 100 + 2  # + merges at the cut
+    assert smol_codec.cut_observation([short], 100) == [short]

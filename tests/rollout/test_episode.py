@@ -11,7 +11,7 @@ import pytest
 from agentrl.engine.base import EngineError, FinishReason, SamplingParams
 from agentrl.envs.wrappers import MaxTurns
 from agentrl.rollout.codec import ChatCodec
-from agentrl.rollout.episode import cut_observation, run_episode
+from agentrl.rollout.episode import run_episode
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.types import EpisodeStatus, Message, StatusReason
 
@@ -258,9 +258,13 @@ async def test_long_observations_are_cut_keeping_head_and_tail(codec: ChatCodec)
     assert first.num_observation < 60 + 12  # the budget and the role tokens
 
 
-def test_cut_observation_shares_the_budget(codec: ChatCodec) -> None:
-    short, long = Message("tool", "ok"), Message("tool", " ".join(f"w{i}" for i in range(500)))
-    cut = cut_observation([short, long], codec, 100)
-    assert cut[0] is short
-    assert 90 <= len(codec.encode(cut[1].content)) <= 100 + 2  # + merges at the cut
-    assert cut_observation([short], codec, 100) == [short]
+async def test_the_env_declares_its_observation_budget(codec: ChatCodec) -> None:
+    """The smaller of the env's budget and the runner's applies; the env holds no tokenizer."""
+    replies = [call("dump", '{"size": 400}'), "<answer>5</answer>"]
+    lengths = []
+    for env_budget, runner_budget in [(60, None), (60, 1000), (1000, 60), (None, None)]:
+        env = ToolEnv()
+        env.max_observation_tokens = env_budget
+        traj, _, _ = await play(codec, replies, env=env, max_observation_tokens=runner_budget)
+        lengths.append(traj.turns[0].num_observation)
+    assert lengths[0] == lengths[1] == lengths[2] < 60 + 12 < lengths[3]

@@ -9,6 +9,7 @@ from agentrl_envs.search_r1.env import SearchR1Env
 from agentrl_envs.search_r1.protocol import INVALID_ACTION_HINT, make_prompt
 
 from agentrl.envs import make
+from agentrl.envs.wrappers import MaxTurns
 from agentrl.types import Message, StatusReason, Task, ToolCall
 
 TASK = Task(
@@ -141,24 +142,13 @@ async def test_without_final_turn_max_turns_is_the_last(corpus_path: Path) -> No
     assert result.truncated and result.info["truncated_reason"] == "max_turns"
 
 
-class CharTokenizer:
-    """One token per character: makes the cap exact and visible."""
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return [ord(c) for c in text]
-
-    def decode(self, ids: list[int]) -> str:
-        return "".join(chr(i) for i in ids)
-
-
-async def test_observation_cap_keeps_the_closing_tag(corpus_path: Path) -> None:
-    env = await started(corpus_path, max_observation_tokens=80)
-    env.bind_tokenizer(CharTokenizer())
-    result = await env.step(say("<search> capital city </search>"))
-    text = result.observation[0].content
-    assert len(text) <= 80
+async def test_observation_budget_is_declared_for_the_codec(corpus_path: Path) -> None:
+    """Envs speak messages: the codec applies the budget (see test_episode.py), not the env."""
+    env = await started(corpus_path, max_observation_tokens=20)
+    assert env.max_observation_tokens == 20 and MaxTurns(env, 3).max_observation_tokens == 20
+    text = (await env.step(say("<search> capital city </search>"))).observation[0].content
+    assert len(text) > 20 * 4 and "truncated" not in text
     assert text.startswith("\n\n<information>Doc 1(Title:") and text.endswith("</information>\n\n")
-    assert result.info["observation_truncated"] is True
 
 
 async def test_codec_tool_call_with_bad_json_is_a_tool_error(corpus_path: Path) -> None:

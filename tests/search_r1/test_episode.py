@@ -104,6 +104,19 @@ async def test_search_then_answer_masks_information(codec: ChatCodec, corpus_pat
 
 
 @pytest.mark.slow
+async def test_long_search_results_are_cut_by_the_codec_keeping_the_closing_tag(
+    codec: ChatCodec, corpus_path: Path
+) -> None:
+    replies = ["<search> capital of France </search>", "<answer> Paris </answer>"]
+    traj, _ = await play(codec, corpus_path, replies, max_observation_tokens=40)
+    masked = masked_text(codec, traj)
+    assert masked.startswith(_TOOL_TURN + "\n\n<information>Doc 1(Title:")
+    assert "tokens truncated" in masked and masked.endswith("</information>\n\n" + _NEXT_TURN)
+    assert traj.turns[0].num_observation <= 40 + 12  # the budget and the turn headers
+    assert traj.status == EpisodeStatus.COMPLETED and traj.reward == 1.0
+
+
+@pytest.mark.slow
 async def test_invalid_action_hint_is_masked(codec: ChatCodec, corpus_path: Path) -> None:
     traj, _ = await play(codec, corpus_path, ["I will just guess.", "<answer> Lyon </answer>"])
     assert traj.status == EpisodeStatus.COMPLETED and traj.reward == 0.0
