@@ -213,3 +213,74 @@ def test_save_interval_minutes_saves_by_clock_and_resumes_exactly(tiny_model_pat
 
     with pytest.raises(RunDirError, match="--overwrite"):
         train(_config(tiny_model_path, run_a))
+
+
+class _RecordingState:
+    """Stands in for the run's `_State`: trains instantly and records what `_run` asks for."""
+
+    def __init__(self, cfg, *, interrupt_at: int | None = None) -> None:
+        from types import SimpleNamespace
+
+        from agentrl.progress import RunProgress
+
+        self.cfg, self.run_dir, self.step, self.interrupt_at = cfg, Path("unused"), 0, interrupt_at
+        self.runtime = SimpleNamespace(engine=None)
+        self.runner = SimpleNamespace(num_episodes_in_flight=0)
+        self.logger = SimpleNamespace(log=lambda step, metrics: None)
+        self.progress = RunProgress(enabled=False)
+        self.evals: list[dict] = []
+        self.saves: list[int] = []
+
+    async def collect(self, step: int, *, is_shown: bool = False) -> None:
+        return None
+
+    async def learn(self, step: int, rollout) -> dict:
+        if step == self.interrupt_at:
+            raise KeyboardInterrupt
+        self.step = step + 1
+        return {}
+
+    async def sync(self, step: int) -> dict:
+        return {}
+
+    async def run_eval(self, step: int) -> dict:
+        self.evals.append({"step": step})
+        return {}
+
+    async def save(self, step: int) -> Path:
+        self.saves.append(step)
+        return Path(f"step_{step:06d}")
+
+
+@pytest.mark.parametrize(
+    ("start_step", "eval_interval", "eval_steps", "save_steps"),
+    [
+        (0, 2, [0, 2, 4, 6, 7], [3, 6, 7]),  # at start, every 2, and the last step once
+        (0, None, [0, 7], [3, 6, 7]),
+        (2, 2, [4, 6, 7], [3, 6, 7]),  # a resumed run does not evaluate at its start
+        (7, 2, [7], [7]),  # nothing left to train: the final eval and save only
+    ],
+)
+async def test_eval_and_save_cadence(start_step, eval_interval, eval_steps, save_steps):
+    from agentrl.loop import _run
+
+    cfg = _config("unused", Path("unused"))
+    cfg.train.num_rollout, cfg.checkpoint.save_interval = 7, 3
+    cfg.eval.eval_interval, cfg.eval.eval_at_start = eval_interval, True
+    state = _RecordingState(cfg)
+    state.step = start_step
+    result = await _run(state, start_step)  # type: ignore[arg-type]
+    assert [e["step"] for e in state.evals] == eval_steps
+    assert state.saves == save_steps
+    assert result.num_steps == 7 and result.last_checkpoint == Path("step_000007")
+
+
+async def test_interrupt_saves_the_last_completed_step_and_stops():
+    from agentrl.loop import _run
+
+    cfg = _config("unused", Path("unused"))
+    cfg.train.num_rollout, cfg.checkpoint.save_interval, cfg.eval.eval_at_start = 7, 3, False
+    state = _RecordingState(cfg, interrupt_at=4)  # steps 1-4 done, the 5th interrupted
+    with pytest.raises(KeyboardInterrupt):
+        await _run(state, 0)  # type: ignore[arg-type]
+    assert state.saves == [3, 4] and state.evals == []
