@@ -3,6 +3,7 @@ ids, observation deltas) and prove the ids equal a full render of the same conve
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -26,9 +27,9 @@ class Codec(Protocol):
     def observation_format(self) -> str: ...
     @property
     def template_id(self) -> str: ...
-    @property
+    @functools.cached_property
     def end_of_turn_text(self) -> str: ...
-    @property
+    @functools.cached_property
     def stop_token_ids(self) -> list[int]: ...
     def encode(self, text: str) -> list[int]: ...
     def decode(self, ids: list[int]) -> str: ...
