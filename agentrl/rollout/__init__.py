@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from agentrl.rollout.codec import ChatCodec, CheckReport, CodecCheckError
+from agentrl.rollout.codec import ChatCodec, CodecCheckError
+from agentrl.rollout.codec_check import CheckReport, check_codec
 from agentrl.rollout.episode import run_episode
 from agentrl.rollout.group import RolloutRunner, build_runner, episode_seed
 from agentrl.rollout.trajectory import Trajectory, Turn, read_jsonl, write_jsonl
@@ -15,6 +16,7 @@ __all__ = [
     "Trajectory",
     "Turn",
     "build_runner",
+    "check_codec",
     "episode_seed",
     "read_jsonl",
     "run_episode",

@@ -11,7 +11,6 @@ import json
 from typing import Any, Literal
 
 from agentrl.model_store import eos_token_ids
-from agentrl.rollout.codec_check import CheckReport, CodecCheckError, run_check
 from agentrl.rollout.tool_parser import parse_hermes, parse_tags, tag_parameters
 from agentrl.tools.output import truncate_middle
 from agentrl.types import Message
@@ -32,6 +31,10 @@ _HERMES_TOOLS_PROMPT = (
     "<tool_call></tool_call> XML tags:\n<tool_call>\n"
     '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
 )
+
+
+class CodecCheckError(RuntimeError):
+    """The chat template cannot be rendered incrementally (it is not prefix-preserving)."""
 
 
 class ChatCodec:
@@ -282,13 +285,6 @@ class ChatCodec:
         if self.tool_call_format == "tags":
             return parse_tags(text, tag_parameters(_schemas(tools)))
         return parse_hermes(text)
-
-    # ------------------------------------------------------------ self-check
-
-    def check(self, tools: Any = None) -> CheckReport:
-        """Prove on synthetic conversations that prompt + sampled ids + observation deltas equal
-        a full render token for token; raise CodecCheckError naming the first differing token."""
-        return run_check(self, _schemas(tools))
 
 
 def _schemas(tools: Any) -> list[dict[str, Any]] | None:

@@ -3,11 +3,11 @@ ids, observation deltas) and prove the ids equal a full render of the same conve
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
+from agentrl.rollout.codec import ChatCodec, CodecCheckError
 from agentrl.types import Message, ToolCall
 
 _FIX = (
@@ -15,35 +15,6 @@ _FIX = (
     "later prompt (e.g. keep earlier <think> blocks instead of dropping them): pass "
     "ChatCodec(tokenizer, chat_template=...) or set tokenizer.chat_template to a fixed template."
 )
-
-
-class Codec(Protocol):
-    """What the check replays through: `ChatCodec`, named here by shape only because
-    `agentrl.rollout.codec` imports this module (never the other way)."""
-
-    @property
-    def tool_call_format(self) -> str: ...
-    @property
-    def observation_format(self) -> str: ...
-    @property
-    def template_id(self) -> str: ...
-    @functools.cached_property
-    def end_of_turn_text(self) -> str: ...
-    @functools.cached_property
-    def stop_token_ids(self) -> list[int]: ...
-    def encode(self, text: str) -> list[int]: ...
-    def decode(self, ids: list[int]) -> str: ...
-    def render_text(
-        self, messages: list[Message], tools: Any = None, *, add_generation_prompt: bool = False
-    ) -> str: ...
-    def render_prompt(self, messages: list[Message], tools: Any = None) -> list[int]: ...
-    def render_observation(
-        self, messages: list[Message], *, sampled_ids: list[int] | None = None
-    ) -> list[int]: ...
-
-
-class CodecCheckError(RuntimeError):
-    """The chat template cannot be rendered incrementally (it is not prefix-preserving)."""
 
 
 @dataclass
@@ -62,8 +33,13 @@ class _Conversation:
     turns: list[tuple[Message, list[Message]]]  # (assistant message, observation messages)
 
 
-def run_check(codec: Codec, tools: list[dict[str, Any]] | None) -> CheckReport:
+def check_codec(codec: ChatCodec, tools: list[dict[str, Any]] | None = None) -> CheckReport:
+    """Prove on synthetic conversations that prompt + sampled ids + observation deltas equal a
+    full render token for token (`tools`: the env's schemas); raise CodecCheckError naming the
+    first differing token."""
     import jinja2
+
+    tools = list(tools or []) or None
 
     report = CheckReport()
     if codec.observation_format == "raw":
@@ -93,7 +69,7 @@ def run_check(codec: Codec, tools: list[dict[str, Any]] | None) -> CheckReport:
     return report
 
 
-def _replay(codec: Codec, conv: _Conversation, tools: Any, *, stopped_on_eos: bool) -> int:
+def _replay(codec: ChatCodec, conv: _Conversation, tools: Any, *, stopped_on_eos: bool) -> int:
     messages = list(conv.prompt)
     ids = codec.render_prompt(messages, tools)
     eot = codec.end_of_turn_text
@@ -119,7 +95,7 @@ def _replay(codec: Codec, conv: _Conversation, tools: Any, *, stopped_on_eos: bo
 
 
 def _mismatch_message(
-    codec: Codec, name: str, stopped_on_eos: bool, ids: list[int], full: list[int]
+    codec: ChatCodec, name: str, stopped_on_eos: bool, ids: list[int], full: list[int]
 ) -> str:
     i = next(
         (k for k, (a, b) in enumerate(zip(ids, full, strict=False)) if a != b),
@@ -139,7 +115,7 @@ def _mismatch_message(
     )
 
 
-def _renders_tool_calls(codec: Codec) -> bool:
+def _renders_tool_calls(codec: ChatCodec) -> bool:
     """Templates without tool-call support (SmolLM2's) render only the content; the model then
     writes the Hermes block itself, so the check puts it in the content."""
     probe = Message("assistant", "", tool_calls=[ToolCall("agentrl_probe_tool", "{}", id="call_0")])

@@ -14,6 +14,7 @@ from agentrl.config import RolloutConfig
 from agentrl.engine.base import Engine, SamplingParams
 from agentrl.envs.base import AgentEnv
 from agentrl.rollout.codec import ChatCodec
+from agentrl.rollout.codec_check import check_codec
 from agentrl.rollout.episode import error_trajectory, run_episode
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.types import Task
@@ -34,7 +35,7 @@ class RolloutRunner:
     """Runs groups of episodes against one engine.
 
     `env_factory()` makes a fresh env per episode. Concurrency across every group in flight is
-    bounded by `cfg.max_concurrent_episodes`. Before the first episode the codec's `check()`
+    bounded by `cfg.max_concurrent_episodes`. Before the first episode `check_codec`
     proves the chat template renders incrementally (it raises CodecCheckError otherwise).
     """
 
@@ -133,7 +134,7 @@ class RolloutRunner:
                 tool_call_format=env.tool_call_format,
                 observation_format=self.cfg.observation_format,
             )
-        report = self.codec.check(env.tools.schemas())
+        report = check_codec(self.codec, env.tools.schemas())
         logger.info(
             "chat codec check passed for %s: %d conversations, %d tokens compared",
             self.codec.template_id,

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from agentrl.rollout.codec import ChatCodec, CodecCheckError
+from agentrl.rollout.codec_check import check_codec
 from agentrl.types import Message, ToolCall
 
 from .conftest import load_tokenizer
@@ -53,7 +54,7 @@ def smol_codec(smollm2_path: str) -> ChatCodec:
 def test_check_passes_for_prefix_preserving_families(
     family_codec: ChatCodec, tools: list | None
 ) -> None:
-    report = family_codec.check(tools)
+    report = check_codec(family_codec, tools)
     assert report.num_conversations >= 2
     assert report.num_tokens > 500
 
@@ -61,7 +62,7 @@ def test_check_passes_for_prefix_preserving_families(
 def test_check_rejects_template_that_drops_earlier_think_blocks(smollm2_path: str) -> None:
     codec = ChatCodec(load_tokenizer(smollm2_path, "drops_think"))
     with pytest.raises(CodecCheckError) as info:
-        codec.check([CALC_SCHEMA])
+        check_codec(codec, [CALC_SCHEMA])
     message = str(info.value)
     assert "not prefix-preserving" in message
     assert "chat template sha256:" in message and codec.template_id in message
@@ -72,7 +73,7 @@ def test_check_rejects_template_that_drops_earlier_think_blocks(smollm2_path: st
 
 
 def test_llama3_check_skips_conversations_the_template_refuses(smollm2_path: str) -> None:
-    report = ChatCodec(load_tokenizer(smollm2_path, "llama3")).check([CALC_SCHEMA])
+    report = check_codec(ChatCodec(load_tokenizer(smollm2_path, "llama3")), [CALC_SCHEMA])
     assert any("single tool-calls" in s for s in report.skipped)
 
 
@@ -177,7 +178,7 @@ def test_tags_format_parses_search_r1_actions_and_appends_raw_observations(
     assert codec.render_observation([Message("user", observation)]) == codec.encode(observation)
     # Search-R1 prompts describe the tags themselves: no tool block in the prompt
     assert "<tools>" not in codec.render_text([Message("user", "q")], [SEARCH_SCHEMA])
-    assert codec.check([SEARCH_SCHEMA]).num_conversations == 1
+    assert check_codec(codec, [SEARCH_SCHEMA]).num_conversations == 1
 
 
 @pytest.fixture(scope="module", params=["smollm2", "qwen_tools", "llama3"])
@@ -189,7 +190,7 @@ def tags_chat_codec(request: pytest.FixtureRequest, smollm2_path: str) -> ChatCo
 def test_tags_with_chat_observations_pass_the_token_exact_check(
     tags_chat_codec: ChatCodec,
 ) -> None:
-    report = tags_chat_codec.check([SEARCH_SCHEMA])
+    report = check_codec(tags_chat_codec, [SEARCH_SCHEMA])
     assert report.num_conversations == 2 and not report.skipped
     assert report.num_tokens > 300  # whole conversations compared, not just a prompt
 
@@ -219,7 +220,7 @@ def test_tags_chat_observation_is_a_turn_with_the_templates_headers(smollm2_path
 def test_tags_chat_check_catches_a_template_that_rewrites_history(smollm2_path: str) -> None:
     codec = ChatCodec(load_tokenizer(smollm2_path, "drops_think"), tool_call_format="tags")
     with pytest.raises(CodecCheckError, match="not prefix-preserving"):
-        codec.check([SEARCH_SCHEMA])
+        check_codec(codec, [SEARCH_SCHEMA])
 
 
 def test_unknown_observation_format_is_a_clear_error(smollm2_path: str) -> None:
