@@ -149,7 +149,7 @@ class TokenBudget(Wrapper):
     """Truncates once the model's responses in this episode reach `max_tokens` tokens.
 
     Counts each action's content and tool-call text with the bound tokenizer (the runner
-    binds the policy's), else about 4 characters per token. The runner's own per-turn
+    binds its chat codec), else about 4 characters per token. The runner's own per-turn
     limits are exact; this caps the episode total.
     """
 
@@ -174,5 +174,5 @@ class TokenBudget(Wrapper):
     def count_tokens(self, action: Message) -> int:
         text = action.content + "".join(tc.name + tc.arguments for tc in action.tool_calls)
         if self.tokenizer is not None:
-            return len(self.tokenizer.encode(text, add_special_tokens=False))
+            return len(self.tokenizer.encode(text))
         return (len(text) + 3) // 4

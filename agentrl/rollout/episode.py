@@ -143,7 +143,7 @@ async def _play(
     limits: _Limits,
 ) -> _Ending:
     try:
-        env.bind_tokenizer(codec.tokenizer)
+        env.bind_tokenizer(codec)
         messages, reset_info = await env.reset(seed=sampling.seed, options={"task": rec.task})
         rec.info.update(reset_info or {})
         tools = env.tools.schemas()
@@ -186,7 +186,8 @@ async def _play(
         if ending is not None:
             return ending
         try:
-            budget = _smaller(limits.max_observation_tokens, env.max_observation_tokens)
+            budgets = (limits.max_observation_tokens, env.max_observation_tokens)
+            budget = min((b for b in budgets if b is not None), default=None)
             observation = codec.cut_observation(result.observation, budget)
             obs_ids = codec.render_observation(observation, sampled_ids=completion.ids)
         except Exception:
@@ -195,10 +196,6 @@ async def _play(
             return EpisodeStatus.TRUNCATED, StatusReason.CONTEXT  # no room to answer it
         rec.add_observation(obs_ids)
     return EpisodeStatus.TRUNCATED, StatusReason.MAX_TURNS  # max_turns < 1
-
-
-def _smaller(a: int | None, b: int | None) -> int | None:
-    return b if a is None else a if b is None else min(a, b)
 
 
 def _episode_sampling(sampling: SamplingParams, env: AgentEnv, codec: ChatCodec) -> SamplingParams:

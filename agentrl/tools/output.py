@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import pydantic
@@ -20,19 +19,6 @@ class TextTokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: list[int]) -> str: ...
-
-
-@dataclass(frozen=True)
-class HFTextTokenizer:
-    """A Hugging Face tokenizer as a `TextTokenizer` (its `encode` adds BOS by default)."""
-
-    tokenizer: Any
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids)
 
 
 def format_output(value: Any) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.tools.output import HFTextTokenizer, format_output, truncate_middle
+from agentrl.tools.output import TextTokenizer, format_output, truncate_middle
 from agentrl.tools.tool import ArgumentError, Tool, make_tool
 from agentrl.types import Message, ToolCall
 
@@ -61,8 +61,8 @@ class ToolRegistry:
         self._tools: dict[str, Tool] = {}
         self.max_output_tokens = max_output_tokens
         """Default cap on one tool reply, in tokens (None = no cap); a tool may set its own."""
-        self.tokenizer: Any = None
-        """A HF tokenizer (bound by the env) to count output tokens exactly."""
+        self.tokenizer: TextTokenizer | None = None
+        """Counts output tokens exactly: the chat codec, bound by the runner through the env."""
         for t in tools or ():
             self.register(t)
 
@@ -169,9 +169,8 @@ class ToolRegistry:
         max_tokens = (
             t.max_output_tokens if t.max_output_tokens is not None else self.max_output_tokens
         )
-        tokenizer = HFTextTokenizer(self.tokenizer) if self.tokenizer is not None else None
         try:
-            return truncate_middle(text, max_tokens, tokenizer)
+            return truncate_middle(text, max_tokens, self.tokenizer)
         except Exception:  # a tokenizer that cannot encode this text: fall back to characters
             return truncate_middle(text, max_tokens)
 

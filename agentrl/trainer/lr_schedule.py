@@ -36,19 +36,12 @@ def lr_scheduler(
     return schedulers.SequentialLR(optimizer, phases, milestones)
 
 
-class LRSchedule:
-    """The same schedule for an optimizer torch's schedulers cannot drive (Megatron's):
-    `lr_at(step)` replays it on a stand-in optimizer."""
-
-    def __init__(self, cfg: TrainConfig, total_steps: int) -> None:
-        self.cfg, self.total_steps = cfg, total_steps
-        self._scheduler: schedulers.LRScheduler | None = None
-
-    def lr_at(self, step: int) -> float:
-        if self._scheduler is None or self._scheduler.last_epoch > step:  # first, or rewound
-            stand_in = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=self.cfg.lr)
-            self._scheduler = lr_scheduler(stand_in, self.cfg, self.total_steps)
-        while self._scheduler.last_epoch < step:
-            self._scheduler.optimizer.step()  # no gradients: changes nothing, orders the calls
-            self._scheduler.step()
-        return float(self._scheduler.get_last_lr()[0])
+def lr_at(cfg: TrainConfig, total_steps: int, step: int) -> float:
+    """The lr at optimizer step `step`, replayed on a stand-in optimizer: for optimizers torch's
+    schedulers cannot drive (Megatron's). Microseconds a step, against seconds a train step."""
+    stand_in = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=cfg.lr)
+    scheduler = lr_scheduler(stand_in, cfg, total_steps)
+    for _ in range(step):
+        stand_in.step()  # no gradients: changes nothing, and keeps torch from warning
+        scheduler.step()
+    return float(scheduler.get_last_lr()[0])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.tools.output import HFTextTokenizer, truncate_middle
+from agentrl.tools.output import truncate_middle
 
 
 class WordTokenizer:
@@ -38,15 +38,3 @@ def test_without_a_tokenizer_characters_stand_in() -> None:
     cut = truncate_middle("a" * 500 + "b" * 500, 50)  # 200 characters
     assert len(cut) <= 200 and cut.startswith("aaa") and cut.endswith("bbb")
     assert "characters truncated" in cut
-
-
-def test_hf_tokenizer_adds_no_special_tokens() -> None:
-    class Tokenizer:
-        def encode(self, text: str, add_special_tokens: bool = True) -> list[str]:
-            return (["<s>"] if add_special_tokens else []) + text.split()
-
-        def decode(self, ids: list[str]) -> str:
-            return " ".join(ids)
-
-    cut = truncate_middle(" ".join(["x"] * 100), 20, HFTextTokenizer(Tokenizer()))
-    assert "<s>" not in cut and len(cut.split()) <= 20

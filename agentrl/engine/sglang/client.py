@@ -34,6 +34,12 @@ __all__ = ["SGLangEngine"]
 logger = logging.getLogger(__name__)
 
 _RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
+_UNREACHABLE = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.RemoteProtocolError,
+    httpx.ReadError,
+)
 
 
 class _Retryable(Exception):
@@ -164,12 +170,7 @@ class SGLangEngine(SGLangControl):
             response = await self._http().request(
                 method, url, json=json, headers=headers, timeout=httpx.Timeout(timeout_s)
             )
-        except (
-            httpx.ConnectError,
-            httpx.ConnectTimeout,
-            httpx.RemoteProtocolError,
-            httpx.ReadError,
-        ) as e:
+        except _UNREACHABLE as e:
             raise _Retryable(f"{type(e).__name__}: {e}", is_unreachable=True) from e
         except httpx.TimeoutException as e:
             raise EngineError(

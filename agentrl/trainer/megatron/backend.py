@@ -24,7 +24,7 @@ from torch import Tensor
 from agentrl.config import AlgoConfig, TrainConfig
 from agentrl.trainer.batch import MicroBatch, StepBatch, TrainBatch, pad_id_for
 from agentrl.trainer.losses import build_objective, combine_metrics
-from agentrl.trainer.lr_schedule import LRSchedule
+from agentrl.trainer.lr_schedule import lr_at
 from agentrl.trainer.megatron import checkpoint
 from agentrl.trainer.megatron import model as gpt
 from agentrl.trainer.megatron.model_config import check_parallel_fit, model_shape
@@ -69,7 +69,6 @@ class MegatronBackend:
         self.num_optimizer_steps = num_optimizer_steps or train_cfg.num_rollout
         self.optimizer_step = 0
         self.num_train_steps = 0
-        self._lr_schedule = LRSchedule(train_cfg, self.num_optimizer_steps)
         self._ddp: Any = None  # DistributedDataParallel around this rank's GPTModel stage
         self._ref: Any = None  # the reference model's stage, without gradients
         self._optimizer: Any = None
@@ -299,7 +298,7 @@ class MegatronBackend:
         return metrics
 
     def _set_lr(self) -> float:
-        lr = self._lr_schedule.lr_at(self.optimizer_step)
+        lr = lr_at(self.train_cfg, self.num_optimizer_steps, self.optimizer_step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         return lr
