@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from agentrl.tools import ToolRegistry, ToolResult
-from agentrl.tools.output import TextTokenizer
 from agentrl.types import Message, Task
 
 
@@ -57,7 +56,6 @@ class AgentEnv:
 
     def __init__(self) -> None:
         self.tools = ToolRegistry()
-        self.tokenizer: TextTokenizer | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -65,12 +63,6 @@ class AgentEnv:
             fn = cls.__dict__.get(name)
             if fn is not None and not inspect.iscoroutinefunction(fn):
                 setattr(cls, name, _off_loop(fn))
-
-    def bind_tokenizer(self, tokenizer: TextTokenizer) -> None:
-        """Called by the runner before `reset` with its chat codec, a `TextTokenizer` (text to ids
-        and back, no special tokens): lets tools cut their output in tokens."""
-        self.tokenizer = tokenizer
-        self.tools.tokenizer = tokenizer
 
     async def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None

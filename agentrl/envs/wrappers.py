@@ -33,10 +33,6 @@ class Wrapper(AgentEnv):
         self.env.tools = value
 
     @property
-    def tokenizer(self) -> Any:  # type: ignore[override]
-        return self.env.tokenizer
-
-    @property
     def reward_range(self) -> tuple[float, float]:  # type: ignore[override]
         return self.env.reward_range
 
@@ -59,9 +55,6 @@ class Wrapper(AgentEnv):
     @property
     def unwrapped(self) -> AgentEnv:
         return self.env.unwrapped
-
-    def bind_tokenizer(self, tokenizer: Any) -> None:
-        self.env.bind_tokenizer(tokenizer)
 
     async def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -148,8 +141,8 @@ class WallClock(Wrapper):
 class TokenBudget(Wrapper):
     """Truncates once the model's responses in this episode reach `max_tokens` tokens.
 
-    Counts each action's content and tool-call text with the bound tokenizer (the runner
-    binds its chat codec), else about 4 characters per token. The runner's own per-turn
+    Counts each action's content and tool-call text with the tools' tokenizer (the runner
+    binds its chat codec there), else about 4 characters per token. The runner's own per-turn
     limits are exact; this caps the episode total.
     """
 
@@ -173,6 +166,6 @@ class TokenBudget(Wrapper):
 
     def count_tokens(self, action: Message) -> int:
         text = action.content + "".join(tc.name + tc.arguments for tc in action.tool_calls)
-        if self.tokenizer is not None:
-            return len(self.tokenizer.encode(text))
+        if self.tools.tokenizer is not None:
+            return len(self.tools.tokenizer.encode(text))
         return (len(text) + 3) // 4

@@ -143,7 +143,7 @@ async def _play(
     limits: _Limits,
 ) -> _Ending:
     try:
-        env.bind_tokenizer(codec)
+        env.tools.tokenizer = codec  # tools cut their output in the policy's tokens
         messages, reset_info = await env.reset(seed=sampling.seed, options={"task": rec.task})
         rec.info.update(reset_info or {})
         tools = env.tools.schemas()

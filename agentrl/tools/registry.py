@@ -62,7 +62,7 @@ class ToolRegistry:
         self.max_output_tokens = max_output_tokens
         """Default cap on one tool reply, in tokens (None = no cap); a tool may set its own."""
         self.tokenizer: TextTokenizer | None = None
-        """Counts output tokens exactly: the chat codec, bound by the runner through the env."""
+        """Counts output tokens exactly: the runner binds its chat codec here before `reset`."""
         for t in tools or ():
             self.register(t)
 

@@ -76,10 +76,3 @@ def test_step_result_unpacks_like_gymnasium() -> None:
         reward=0.5, truncated=True, info={"k": 1}
     )
     assert (observation, reward, terminated, truncated, info) == ([], 0.5, False, True, {"k": 1})
-
-
-def test_bind_tokenizer_reaches_the_tool_registry() -> None:
-    env = ToolEnv()
-    sentinel = object()
-    env.bind_tokenizer(sentinel)
-    assert env.tokenizer is sentinel and env.tools.tokenizer is sentinel

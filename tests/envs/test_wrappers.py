@@ -88,7 +88,7 @@ async def test_token_budget_counts_with_the_bound_tokenizer() -> None:
             return text.split()
 
     env = TokenBudget(CountingEnv(), max_tokens=20)
-    env.bind_tokenizer(WordTokenizer())
+    env.tools.tokenizer = WordTokenizer()  # what the runner binds: its chat codec
     results = await run_steps(env, 2)  # 10 words per action
     assert [r.truncated for r in results] == [False, True]
     assert env.unwrapped.tools.tokenizer is not None

@@ -179,10 +179,6 @@ class ToolEnv(AgentEnv):
         self.actions: list[Message] = []
         self.answer = ""
 
-    def bind_tokenizer(self, tokenizer: Any) -> None:
-        self.events.append("bind_tokenizer")
-        super().bind_tokenizer(tokenizer)
-
     async def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         self.events.append("reset")
         if self.fail_on == "reset":
