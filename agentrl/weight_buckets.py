@@ -20,11 +20,9 @@ def nbytes(tensor: Tensor) -> int:
 def bucket_by_dtype(
     named_tensors: Iterable[tuple[str, Tensor]], bucket_size_bytes: float = math.inf
 ) -> Iterator[NamedTensors]:
-    """Buckets that each hold one dtype and at most `bucket_size_bytes` (a larger tensor alone);
-    unbounded, one bucket per dtype. Dtypes come in first-seen order, names in theirs.
-
-    Lazy: a bucket is yielded as soon as the next tensor of its dtype would overflow it, so at
-    most one open bucket per dtype is alive."""
+    """Buckets that each hold one dtype and at most `bucket_size_bytes` (a larger tensor alone;
+    unbounded: one per dtype), dtypes and names in first-seen order. Lazy: a bucket is yielded
+    once the next tensor of its dtype would overflow it, so one open bucket per dtype is alive."""
     if bucket_size_bytes < 1:
         raise ValueError(
             f"bucket_size_bytes={bucket_size_bytes} must be >= 1 "

@@ -88,8 +88,7 @@ class _Recorder:
 
 
 def error_trajectory(task: Task, group_id: str, episode_id: str, where: str) -> Trajectory:
-    """An empty ERROR/env trajectory for the exception being handled, raised by `where` outside
-    an episode's own handling (making the env, or `run_episode` itself)."""
+    """ERROR/env for the exception being handled, raised by `where` outside an episode's own."""
     rec = _Recorder(task, group_id, episode_id)
     return rec.finish(rec.fail(StatusReason.ENV, where))
 

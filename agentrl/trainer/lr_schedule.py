@@ -20,19 +20,16 @@ def lr_scheduler(
     if not 0.0 <= min_ratio <= 1.0:
         raise ValueError(f"train.min_lr={cfg.min_lr} must lie between 0 and train.lr={cfg.lr}")
     warmup, num_decay = cfg.lr_warmup_steps, max(1, total_steps - cfg.lr_warmup_steps)
-    phases: list[schedulers.LRScheduler] = []
-    milestones: list[int] = []  # the step each phase after the first starts at
-    if warmup > 0:  # the factor reaches 1 on the last warmup step
-        phases.append(schedulers.LinearLR(optimizer, 1 / warmup, 1.0, max(warmup - 1, 1)))
-        milestones.append(warmup)
+    # The factor reaches 1 on the last warmup step and stays there: all of "constant".
+    phases: list[schedulers.LRScheduler] = [
+        schedulers.LinearLR(optimizer, 1 / max(warmup, 1), 1.0, max(warmup - 1, 1))
+    ]
     if cfg.lr_decay_style == "linear":
         phases.append(schedulers.LinearLR(optimizer, 1.0, min_ratio, num_decay))
     elif cfg.lr_decay_style == "cosine":  # past its end a cosine rises again: hold min_lr
         phases.append(schedulers.CosineAnnealingLR(optimizer, num_decay, cfg.min_lr))
         phases.append(schedulers.ConstantLR(optimizer, min_ratio, _FOREVER))
-        milestones.append(warmup + num_decay)
-    else:
-        phases.append(schedulers.ConstantLR(optimizer, 1.0, 0))
+    milestones = [warmup, warmup + num_decay][: len(phases) - 1]  # where each next phase starts
     return schedulers.SequentialLR(optimizer, phases, milestones)
 
 
