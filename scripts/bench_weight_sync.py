@@ -63,6 +63,8 @@ async def time_layout(
     runtime = await RayRuntime.start(cfg, model_path, num_optimizer_steps=1)
     try:
         await runtime.sync_weights("warmup")
+        info = await runtime.engine.clients[0].get_server_info()
+        pausable = bool((info.get("internal_states") or [{}])[0].get("pausable_memory", False))
         times, phases, num_bytes = [], [], 0.0
         for i in range(repeats):
             if runtime.placement.is_colocated:  # as after a train step: the engine gave memory back
@@ -85,6 +87,7 @@ async def time_layout(
         "seconds": times,
         "phases_s": phases[times.index(best)],
         "s_per_gb": best / (num_bytes / 1e9),
+        "pausable_memory": pausable,
     }
 
 
@@ -219,7 +222,10 @@ def main() -> None:
     )
     for r in results:
         what = f"{r['layout']} ({r['bucket_mib']} MiB)"
-        print(f"{what:<34}{r['s_per_gb']:>10.4f}{r['s_per_gb'] / floor:>10.1f}  {r['phases_s']}")
+        paused = " pausable memory" if r.get("pausable_memory") else ""
+        print(
+            f"{what:<34}{r['s_per_gb']:>10.4f}{r['s_per_gb'] / floor:>10.1f}  {r['phases_s']}{paused}"
+        )
     for name, value in floors.items():
         if value is not None:
             print(f"{'floor: ' + name:<34}{value:>10.4f}")

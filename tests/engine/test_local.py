@@ -468,7 +468,7 @@ async def test_cuda_graph_decode_bf16_matches_teacher_forcing_across_release_and
         tiny_model_path, device="cuda", dtype="bfloat16", max_batch_size=8,
         pausable_memory=pausable,
     )  # fmt: skip
-    assert (eng._memory is not None) == pausable
+    assert eng.is_memory_pausable == pausable
     sampling = SamplingParams(temperature=1.0, top_k=40, max_new_tokens=24, seed=4)
 
     async def run_and_check() -> list[int]:

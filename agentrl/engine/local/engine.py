@@ -266,6 +266,11 @@ class LocalEngine:
         if self.device != "cpu":
             await self._call(lambda: self._resume(wanted))
 
+    @property
+    def is_memory_pausable(self) -> bool:
+        """Whether weights and KV arena live in pausable regions (CUDA with torch_memory_saver)."""
+        return self._memory is not None
+
     def device_memory_bytes(self) -> int:
         """Accelerator memory this engine holds (0 on CPU). The allocator counts the tensors of
         paused regions as allocated, but their pages are back with the driver: not counted."""

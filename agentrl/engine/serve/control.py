@@ -57,6 +57,9 @@ def add_control_routes(app: FastAPI, state: Any) -> None:
                     "num_waiting_reqs": s.num_waiting,
                     "released_tags": sorted(s.released_tags),
                     "memory_allocated_bytes": _memory_allocated(s.engine),
+                    # release/resume unmap and map pages in place (torch_memory_saver) rather
+                    # than freeing and re-allocating
+                    "pausable_memory": bool(getattr(s.engine, "is_memory_pausable", False)),
                 }
             ],
         }
