@@ -129,7 +129,7 @@ class TaskSource:
             state["skip"] = sorted(p - self.position for p in self._skip)
         return state
 
-    def load_state(self, state: dict[str, int]) -> None:
+    def load_state(self, state: dict[str, Any]) -> None:
         if state.get("num_tasks", len(self.tasks)) != len(self.tasks):
             raise ValueError(
                 f"checkpoint was taken with {state['num_tasks']} tasks but the data now has {len(self.tasks)}; "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -26,7 +27,7 @@ class Rollout:
     seconds it took to get them."""
 
     collected: Collected
-    data_state: dict[str, int]
+    data_state: dict[str, Any] | None  # None: the task source keeps no state
     seconds: float
 
 
@@ -165,7 +166,7 @@ class Pace:
         self.last_end, self.last_busy = time.perf_counter(), self._engine_busy()
 
     def _engine_busy(self) -> float | None:
-        busy = getattr(self.engine, "busy_seconds", None)
+        busy: Callable[[], float] | None = getattr(self.engine, "busy_seconds", None)
         return busy() if callable(busy) else None
 
     def step_metrics(self, trainer_busy_s: float, queue_depth: int) -> dict[str, float]:

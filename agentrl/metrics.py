@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from agentrl.eval import stats
 from agentrl.types import EpisodeStatus
@@ -117,7 +117,7 @@ class MetricsLogger:
         self.use_wandb = use_wandb
         self.wandb_project = wandb_project
         self.config = dict(config or {})
-        self._jsonl: Any = None
+        self._jsonl: TextIO | None = None
         self._tb: Any = None
         self._wandb_run: Any = None
 
@@ -125,10 +125,10 @@ class MetricsLogger:
     def path(self) -> Path:
         return self.run_dir / "metrics.jsonl"
 
-    def _open(self) -> None:
+    def _open(self) -> TextIO:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # Append: a resumed run continues the file. It stays open across log() calls.
-        self._jsonl = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+        self._jsonl = jsonl = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
         if self.use_tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -138,22 +138,22 @@ class MetricsLogger:
                     "config", "```\n" + json.dumps(self.config, indent=2, default=str) + "\n```"
                 )
         if self.use_wandb:
-            import wandb
+            import wandb  # pyright: ignore[reportMissingImports]  (the wandb extra)
 
             self._wandb_run = wandb.init(
                 project=self.wandb_project, config=self.config, dir=str(self.run_dir)
             )
+        return jsonl
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
-        if self._jsonl is None:
-            self._open()
+        jsonl = self._jsonl if self._jsonl is not None else self._open()
         record = {
             "step": step,
             "time": time.time(),
             **{k: _jsonable(v) for k, v in metrics.items()},
         }
-        self._jsonl.write(json.dumps(record, default=str) + "\n")
-        self._jsonl.flush()
+        jsonl.write(json.dumps(record, default=str) + "\n")
+        jsonl.flush()
         scalars = {k: float(v) for k, v in metrics.items() if _is_number(v)}
         if self._tb is not None:
             for name, value in scalars.items():

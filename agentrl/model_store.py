@@ -105,10 +105,11 @@ def _load_gguf(gguf: Path) -> tuple[Any, Any]:
         str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
     )
     # The weights are dequantized to fp32 on load; drop the GGUF quantizer so the model saves
-    # as a plain safetensors checkpoint.
-    model.hf_quantizer = None
+    # as a plain safetensors checkpoint. (Both attributes are set at load, outside transformers'
+    # declared types; torch types Module attributes as tensors or modules.)
+    model.hf_quantizer = None  # pyright: ignore[reportArgumentType]
     if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
+        del model.config.quantization_config  # pyright: ignore[reportAttributeAccessIssue]
     # SmolLM2-Instruct ends each turn with <|im_end|>: keep it as eos everywhere so generation
     # stops at the end of a turn and the chat template round-trips.
     eos_id = tokenizer.convert_tokens_to_ids(SMOLLM2_EOS)
@@ -165,7 +166,8 @@ def load_model_and_tokenizer(
     torch_dtype = resolve_dtype(dtype, device)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
-    return model.to(device).eval(), tokenizer
+    # transformers declares `to` through functools.wraps, which type checkers see unbound
+    return model.to(device).eval(), tokenizer  # pyright: ignore[reportArgumentType]
 
 
 def eos_token_ids(tokenizer: Any, generation_config: Any = None) -> list[int]:
@@ -208,7 +210,7 @@ def make_shaped_model(
 def save_random_llama(
     out_dir: str,
     tokenizer_source_dir: str,
-    shape: dict[str, int],
+    shape: dict[str, Any],  # LlamaConfig keyword arguments
     *,
     dtype: str,
     device: str = "cpu",

@@ -23,7 +23,9 @@ class Runtime(Protocol):
 
     engine: Engine  # what episodes generate with
     dp_size: int  # trainer ranks: one TrainBatch each
-    pad_id: int
+
+    @property
+    def pad_id(self) -> int: ...
 
     async def heal_engines(self) -> int:
         """Restart dead engine servers and bring them to the policy's weights; returns how many."""

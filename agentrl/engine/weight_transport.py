@@ -20,10 +20,11 @@ import pickle
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     import torch
+    from torch.distributed.distributed_c10d import GroupName
 
 
 @dataclass
@@ -128,8 +129,8 @@ def init_weights_update_process_group(
         PrefixStore,
         _new_process_group_helper,
         _world,
-        rendezvous,
     )
+    from torch.distributed.rendezvous import rendezvous
 
     timeout = timedelta(seconds=timeout_s)
     host = f"[{master_address}]" if ":" in master_address else master_address
@@ -143,7 +144,7 @@ def init_weights_update_process_group(
         [],
         Backend(backend),
         PrefixStore(group_name, store),
-        group_name=group_name,
+        group_name=cast("GroupName", group_name),
         timeout=timeout,
     )
     _world.pg_group_ranks[pg] = {
@@ -263,5 +264,7 @@ def receive_broadcast(
     ]
     works = [dist.broadcast(t, 0, group=pg, async_op=True) for _, t in named]
     for work in works:
+        if work is None:  # torch returns no Work to a rank outside the group
+            raise RuntimeError("this engine rank is not in the weight update process group")
         work.wait()
     return named

@@ -66,7 +66,11 @@ def evaluate(expression: str) -> int | float:
 
 
 def _eval_node(node: ast.AST) -> int | float:
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+    if (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, (int, float))
+        and not isinstance(node.value, bool)  # True and False are ints, not numbers here
+    ):
         return node.value
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](_eval_node(node.operand))

@@ -66,7 +66,7 @@ class DrawLedger:
         return base
 
     def _state_of_source(self) -> dict[str, Any] | None:
-        state = getattr(self.source, "state", None)
+        state: Callable[[], dict[str, Any]] | None = getattr(self.source, "state", None)
         return dict(state()) if callable(state) else None
 
 

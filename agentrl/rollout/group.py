@@ -212,18 +212,20 @@ def build_runner(cfg: RunConfig, engine: Engine) -> RolloutRunner:
     from agentrl.envs import make, spec
 
     env_factory = functools.partial(make, cfg.env.id, **cfg.env.kwargs)
-    formats = {
-        "tool_call_format": spec(cfg.env.id).load_class().tool_call_format,
-        "observation_format": cfg.rollout.observation_format,
-    }
+    tool_call_format = spec(cfg.env.id).load_class().tool_call_format
+    observation_format = cfg.rollout.observation_format
     tokenizer = getattr(engine, "tokenizer", None)
     if tokenizer is not None:
-        codec = ChatCodec(tokenizer, **formats)
+        codec = ChatCodec(
+            tokenizer, tool_call_format=tool_call_format, observation_format=observation_format
+        )
     else:
         from agentrl.model_store import resolve_model_path
 
         path = getattr(engine, "model_path", None) or resolve_model_path(
             cfg.model.path, cfg.model.cache_dir
         )
-        codec = ChatCodec.from_pretrained(path, **formats)
+        codec = ChatCodec.from_pretrained(
+            path, tool_call_format=tool_call_format, observation_format=observation_format
+        )
     return RolloutRunner(engine, env_factory, cfg.rollout, codec=codec)

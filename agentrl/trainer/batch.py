@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -42,8 +42,8 @@ class MicroBatch:
         return int(self.input_ids.numel())
 
     def to(self, device: torch.device | str) -> MicroBatch:
-        moved = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in vars(self).items()}
-        return MicroBatch(**moved)
+        moved = {k: v.to(device) for k, v in vars(self).items() if isinstance(v, Tensor)}
+        return replace(self, **moved)
 
     def loss_inputs(self, num_tokens: float, num_seqs: float, old_logprobs: Tensor) -> LossInputs:
         seg = Segments(self.loss_mask, self.seq_index, self.seq_num_tokens, num_tokens, num_seqs)

@@ -3,12 +3,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from agentrl.trainer.packing import PACKED_ATTENTION, packed_attention_kwargs
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def _chunk_logprobs(
@@ -95,7 +100,7 @@ class CausalLMLogprobs(torch.nn.Module):
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: PreTrainedModel,
         *,
         chunk_size: int,
         temperature: float,
@@ -137,6 +142,11 @@ class CausalLMLogprobs(torch.nn.Module):
             is_loss = torch.zeros_like(is_loss)
             is_loss[0, 0] = True
         head = self.model.get_output_embeddings()
+        if head is None:
+            raise ValueError(
+                f"{type(self.model).__name__} has no output embeddings (lm_head); load the model "
+                "with AutoModelForCausalLM"
+            )
         logprobs, entropy = chunked_logprobs(
             hidden[is_loss],  # [M, H]: only trained positions reach the vocab projection
             head.weight,

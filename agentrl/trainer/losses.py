@@ -7,7 +7,7 @@ once. Token tensors are [B, T]; a packed row holds several sequences, told apart
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -379,7 +379,7 @@ def loss_agg_mode(cfg: AlgoConfig) -> str:
     return cfg.loss_agg_mode
 
 
-def _check_choice(key: str, value: str, table: dict[str, object]) -> None:
+def _check_choice(key: str, value: str, table: Mapping[str, object]) -> None:
     if value not in table:
         raise ValueError(f"{key}={value!r} is not supported; choose one of: {', '.join(table)}")
 

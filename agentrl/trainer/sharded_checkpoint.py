@@ -10,14 +10,17 @@ import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch import Tensor
+from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from agentrl.trainer.fsdp import dp_world_size
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 SHARDED_DIR = "sharded"  # DCP's files: one .distcp per rank and a .metadata
 SCHEDULER_FILE = "scheduler.pt"
@@ -41,7 +44,7 @@ def save_sharded(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optim
     """Collective: every rank writes its shards of the model and optimizer state."""
     model_state, optim_state = get_state_dict(model, optimizer)
     with _single_process_is_intended():
-        dcp.save(
+        state_dict_saver.save(
             {"model": model_state, "optimizer": optim_state},
             checkpoint_id=str(out / SHARDED_DIR),
             no_dist=dp_world_size() == 1,  # one rank: the same format, without a process group
@@ -54,7 +57,9 @@ def load_sharded(src: Path, model: torch.nn.Module, optimizer: torch.optim.Optim
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optim_state}
     with _single_process_is_intended():
-        dcp.load(state, checkpoint_id=str(src / SHARDED_DIR), no_dist=dp_world_size() == 1)
+        state_dict_loader.load(
+            state, checkpoint_id=str(src / SHARDED_DIR), no_dist=dp_world_size() == 1
+        )
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
     )
@@ -82,9 +87,17 @@ def _check_is_checkpoint(src: Path) -> None:
     )
 
 
+class HFConfigSource(Protocol):
+    """What `save_hf_copy` reads of a model besides its tensors: a transformers model's `config`
+    (and its `generation_config`, when it has one)."""
+
+    @property
+    def config(self) -> PretrainedConfig: ...
+
+
 def save_hf_copy(
     out: Path,
-    model: torch.nn.Module,
+    model: HFConfigSource,
     named_tensors: Iterable[tuple[str, Tensor]],
     *,
     source_dir: str,

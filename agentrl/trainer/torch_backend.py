@@ -8,6 +8,7 @@ import math
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -23,6 +24,9 @@ from agentrl.trainer.packing import use_packed_attention
 from agentrl.trainer.weights import DEFAULT_BUCKET_SIZE_BYTES, full_tensor, unique_named_tensors
 from agentrl.weight_buckets import bucket_by_dtype
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 
 def _resolve_device(device: str) -> torch.device:
     if device == "auto":
@@ -34,7 +38,7 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def _enable_activation_checkpointing(model: torch.nn.Module) -> None:
+def _enable_activation_checkpointing(model: PreTrainedModel) -> None:
     kwargs = {"use_reentrant": False}
     if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 renamed it
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
@@ -97,9 +101,9 @@ class TorchBackend:
         splits each rollout batch into several steps)."""
         self.optimizer_step = 0
         self.num_train_steps = 0
-        self._model: torch.nn.Module | None = None
+        self._model: PreTrainedModel | None = None
         self._policy: CausalLMLogprobs | None = None  # the model, returning token logprobs
-        self.ref_model: torch.nn.Module | None = None
+        self.ref_model: PreTrainedModel | None = None
         self._ref_policy: CausalLMLogprobs | None = None
         self.dp_size = 1
         """Data-parallel ranks, read from the process group when the model loads."""
@@ -109,7 +113,7 @@ class TorchBackend:
     # ------------------------------------------------------------ setup
 
     @property
-    def model(self) -> torch.nn.Module:
+    def model(self) -> PreTrainedModel:
         if self._model is None:
             self._setup()
         assert self._model is not None
@@ -133,7 +137,7 @@ class TorchBackend:
     def uses_ref_model(self) -> bool:
         return self.objective.kl is not None
 
-    def _load(self, path: str) -> torch.nn.Module:
+    def _load(self, path: str) -> PreTrainedModel:
         import transformers
         from transformers import AutoModelForCausalLM
 
@@ -142,9 +146,10 @@ class TorchBackend:
         model = AutoModelForCausalLM.from_pretrained(path, **{dtype_kw: self.param_dtype})
         if self.device.type == "cuda":  # FlashAttention over packed sequences: no block mask
             use_packed_attention(model)
-        return model.to(self.device)
+        # transformers declares `to` through functools.wraps, which type checkers see unbound
+        return model.to(self.device)  # pyright: ignore[reportArgumentType]
 
-    def _wrap(self, model: torch.nn.Module) -> CausalLMLogprobs:
+    def _wrap(self, model: PreTrainedModel) -> CausalLMLogprobs:
         is_autocast = self.device.type == "cuda" and self.param_dtype == torch.float32
         policy = CausalLMLogprobs(
             model,

@@ -8,7 +8,7 @@ bf16/fp16 and SDPA elsewhere. A forward without an `arena_step` (a plain call of
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -59,7 +59,7 @@ class ArenaStep:
     ) -> ArenaStep:
         step = cls(arena.keys, arena.values, write_index, use_flash, max(q_lens), max(kv_lens))
         if use_flash:
-            int32 = dict(dtype=torch.int32, device=device)
+            int32: dict[str, Any] = dict(dtype=torch.int32, device=device)
             step.cu_q = torch.tensor(cu_q, **int32)
             step.cu_k = torch.tensor(kv_starts + [kv_starts[-1]], **int32)
             step.seqused_k = torch.tensor(kv_lens, **int32)
@@ -132,7 +132,8 @@ def arena_attention(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    return arena_step.attend(module.layer_idx, query, key, value, scale), None
+    layer = cast(int, module.layer_idx)  # set by every transformers attention module
+    return arena_step.attend(layer, query, key, value, scale), None
 
 
 @torch.inference_mode()

@@ -35,7 +35,9 @@ class PausableMemory:
         if not device.startswith("cuda"):
             return None
         try:
-            from torch_memory_saver import torch_memory_saver as saver
+            from torch_memory_saver import (  # pyright: ignore[reportMissingImports]  (cuda extra)
+                torch_memory_saver as saver,
+            )
 
             with contextlib.suppress(AttributeError, AssertionError):  # set before first use
                 saver.hook_mode = "torch"  # a pluggable allocator: no LD_PRELOAD needed

@@ -26,9 +26,29 @@ class WeightGroupMember(Protocol):
 
     async def get_server_info(self, *, url: str | None = None) -> dict[str, Any]: ...
 
-    async def init_weights_update_group(self, **kwargs: Any) -> None: ...
+    async def init_weights_update_group(
+        self,
+        *,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str,
+        url: str | None = None,
+    ) -> None: ...
 
-    async def update_weights_from_distributed(self, **kwargs: Any) -> None: ...
+    async def update_weights_from_distributed(
+        self,
+        *,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str,
+        weight_version: str | None,
+        load_format: str | None,
+        url: str | None = None,
+    ) -> None: ...
 
     async def destroy_weights_update_group(
         self, group_name: str, *, url: str | None = None

@@ -33,6 +33,7 @@ from agentrl.trainer.megatron.parallel import (
     init_parallel,
     is_last_stage,
     reduce_dp_metrics,
+    tp_group,
 )
 from agentrl.trainer.megatron.requirements import check_megatron_usable
 from agentrl.trainer.megatron.vocab_parallel import vocab_parallel_logprobs
@@ -182,7 +183,7 @@ class MegatronBackend:
             local, mb.target_ids.reshape(-1)[is_loss],
             vocab_start=ps.get_tensor_model_parallel_rank() * logits.shape[-1],
             vocab_size=self.shape.vocab_size,
-            group=ps.get_tensor_model_parallel_group(), temperature=self.temperature,
+            group=tp_group(), temperature=self.temperature,
         )  # fmt: skip
         ent = ent if entropy_grad else ent.detach()
         zeros = torch.zeros(num_tokens, dtype=torch.float32, device=logits.device)
@@ -260,6 +261,7 @@ class MegatronBackend:
         self.compute_logprobs(
             TrainBatch([StepBatch([mb], int(mask.sum()), 1)], is_packed=True), ref=False
         )
+        assert mb.old_logprobs is not None  # compute_logprobs filled it
         return mb.old_logprobs[0, start - 1 :].tolist()
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
@@ -314,7 +316,7 @@ class MegatronBackend:
         self.optimizer_step += 1
         parts = [{k: v for k, v in o.items()} for o in outputs]
         metrics = reduce_dp_metrics(combine_metrics(parts), self.device) if is_last_stage() else {}
-        metrics = dict(broadcast_from_last_stage(metrics))  # type: ignore[arg-type]
+        metrics = dict(broadcast_from_last_stage(metrics))
         metrics.update(
             grad_norm=float(grad_norm or 0.0), lr=lr, skipped_nonfinite_grad=float(not is_ok)
         )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import torch.distributed as dist
 from megatron.core import dist_checkpointing
@@ -67,8 +67,10 @@ def load(backend: Any, src: Path) -> None:
             "the Megatron backend? A torch-backend checkpoint resumes with --train-backend torch; "
             "its HF copy starts a new Megatron run with --model"
         )
-    state = dist_checkpointing.load(
-        _sharded_state(backend, is_loading=True), str(src / MEGATRON_DIR)
+    # The default `strict` mode returns the state alone, not (state, missing, unexpected).
+    state = cast(
+        dict[str, Any],
+        dist_checkpointing.load(_sharded_state(backend, is_loading=True), str(src / MEGATRON_DIR)),
     )
     backend.model.module.load_state_dict(state["model"])
     backend.optimizer.load_state_dict(state["optimizer"])

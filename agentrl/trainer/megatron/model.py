@@ -19,6 +19,7 @@ from megatron.core.transformer import TransformerConfig
 from torch import Tensor
 
 from agentrl.config import TrainConfig
+from agentrl.trainer.megatron import parallel
 from agentrl.trainer.megatron.attention import PackedCoreAttention
 from agentrl.trainer.megatron.model_config import (
     ModelShape,
@@ -44,7 +45,8 @@ def layer_spec(shape: ModelShape, use_te: bool) -> Any:
 
         return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=shape.has_qk_norm)
     spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=shape.has_qk_norm)
-    spec.submodules.self_attention.submodules.core_attention = PackedCoreAttention
+    layer: Any = spec.submodules  # TransformerLayerSubmodules, which megatron types as `object`
+    layer.self_attention.submodules.core_attention = PackedCoreAttention
     return spec
 
 
@@ -150,7 +152,7 @@ def _stage_catalog(
         if not (shape.is_tied and n == "output_layer.weight")
     ]
     stages: list[Any] = [None] * ps.get_pipeline_model_parallel_world_size()
-    dist.all_gather_object(stages, mine, group=ps.get_pipeline_model_parallel_group())
+    dist.all_gather_object(stages, mine, group=parallel.pp_group())
     return stages
 
 
@@ -161,10 +163,7 @@ def export_hf_tensors(
     """(HF name, whole tensor) of the whole model, on every rank. Collective over all model-
     parallel ranks: each tensor is broadcast from its pipeline stage, then all-gathered over TP
     and merged, one at a time."""
-    pp_group, tp_group = (
-        ps.get_pipeline_model_parallel_group(),
-        ps.get_tensor_model_parallel_group(),
-    )
+    pp_group, tp_group = parallel.pp_group(), parallel.tp_group()
     my_stage, offset = ps.get_pipeline_model_parallel_rank(), _offset(wmap.shape)
     params = {to_global_name(n, offset): p for n, p in _local_params(model)}
     device = next(iter(params.values())).device

@@ -46,10 +46,12 @@ def _rope_theta(hf_config: Any) -> float:
 
 def _rope_linear_factor(hf_config: Any) -> float | None:
     """transformers >= 5 keeps RoPE settings in rope_parameters, older ones in rope_scaling."""
-    scaling = getattr(hf_config, "rope_parameters", None) or getattr(
-        hf_config, "rope_scaling", None
+    scaling = (
+        getattr(hf_config, "rope_parameters", None)
+        or getattr(hf_config, "rope_scaling", None)
+        or {}
     )
-    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
         return None
     if kind == "linear":

@@ -6,11 +6,13 @@ from __future__ import annotations
 import math
 import os
 import socket
+from typing import TypeVar, cast
 
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
 from megatron.core import tensor_parallel
+from torch.distributed import ProcessGroup
 
 from agentrl.config import TrainConfig
 from agentrl.trainer.losses import MAX_METRICS, MIN_METRICS
@@ -42,9 +44,25 @@ def is_last_stage() -> bool:
     return ps.is_pipeline_last_stage()
 
 
-def broadcast_from_last_stage(obj: object) -> object:
+# Megatron's group getters are untyped; after `init_parallel` each returns this rank's group.
+def tp_group() -> ProcessGroup:
+    return cast(ProcessGroup, ps.get_tensor_model_parallel_group())
+
+
+def pp_group() -> ProcessGroup:
+    return cast(ProcessGroup, ps.get_pipeline_model_parallel_group())
+
+
+def dp_group() -> ProcessGroup:
+    return cast(ProcessGroup, ps.get_data_parallel_group())
+
+
+T = TypeVar("T")
+
+
+def broadcast_from_last_stage(obj: T) -> T:
     """The last pipeline stage's `obj` on every stage (metrics, logprobs)."""
-    group = ps.get_pipeline_model_parallel_group()
+    group = pp_group()
     if dist.get_world_size(group) == 1:
         return obj
     holder = [obj]
@@ -56,7 +74,7 @@ def broadcast_from_last_stage(obj: object) -> object:
 def reduce_dp_metrics(metrics: dict[str, float], device: torch.device) -> dict[str, float]:
     """Per-DP-rank shares of global means summed over the DP group; extremes max/min-reduced
     (the same rule as the torch backend's, over Megatron's DP group instead of every rank)."""
-    group = ps.get_data_parallel_group()
+    group = dp_group()
     if dist.get_world_size(group) == 1:
         return metrics
     metrics = {

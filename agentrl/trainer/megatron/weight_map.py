@@ -165,7 +165,7 @@ class WeightMap:
 
     def tp_dim(self, name: str) -> int | None:
         """The dim a parameter is split along over TP ranks; None = replicated."""
-        suffix = _LAYER.match(name).group(2) if _LAYER.match(name) else name
+        suffix = found.group(2) if (found := _LAYER.match(name)) else name
         if suffix in _ROW_PARALLEL:
             return 1
         column = ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias",
