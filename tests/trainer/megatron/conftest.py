@@ -124,6 +124,15 @@ class _NoStream:
         pass
 
 
+def cuda_on_cpu_functions() -> dict:
+    """The torch.cuda functions megatron-core calls, as CPU stand-ins (by name)."""
+    import contextlib
+
+    return dict(current_device=lambda: "cpu", current_stream=lambda *_, **__: _NoStream(),
+                Stream=_NoStream, stream=lambda *_, **__: contextlib.nullcontext(),
+                synchronize=lambda *_, **__: None, empty_cache=lambda: None)  # fmt: skip
+
+
 @pytest.fixture
 def megatron_on_cpu(monkeypatch):
     """megatron-core's real model, schedule, DDP and optimizer on the CPU (gloo, 1 rank): the
@@ -131,14 +140,11 @@ def megatron_on_cpu(monkeypatch):
     process groups outlive the test, as they outlive a backend in a trainer process."""
     pytest.importorskip("megatron.core")
     import asyncio
-    import contextlib
 
     from agentrl.trainer.megatron import requirements
 
     monkeypatch.setattr(requirements, "_cuda_available", lambda: True)
-    for name, value in dict(current_device=lambda: "cpu", current_stream=lambda *_, **__: _NoStream(),
-                            Stream=_NoStream, stream=lambda *_, **__: contextlib.nullcontext(),
-                            synchronize=lambda *_, **__: None, empty_cache=lambda: None).items():  # fmt: skip
+    for name, value in cuda_on_cpu_functions().items():
         monkeypatch.setattr(torch.cuda, name, value)
     to_thread = asyncio.to_thread
 

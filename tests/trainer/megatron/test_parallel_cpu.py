@@ -5,7 +5,6 @@ stage waits for activations that never come."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 from pathlib import Path
@@ -39,9 +38,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out: str, cfg: dic
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     requirements._cuda_available = lambda: True
-    for name, value in dict(current_device=lambda: "cpu", current_stream=lambda *_, **__: c._NoStream(),
-                            Stream=c._NoStream, stream=lambda *_, **__: contextlib.nullcontext(),
-                            synchronize=lambda *_, **__: None, empty_cache=lambda: None).items():  # fmt: skip
+    for name, value in c.cuda_on_cpu_functions().items():  # as the megatron_on_cpu fixture
         setattr(torch.cuda, name, value)
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     with c._CudaOnCpu():
