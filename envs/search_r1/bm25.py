@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 import threading
 from collections.abc import Sequence
@@ -75,7 +76,7 @@ class BM25Index:
     def load_or_build(
         cls, corpus: str | Path, *, cache_dir: str | Path | None = None, show_progress: bool = True
     ) -> BM25Index:
-        import bm25s
+        bm25s = _bm25s()
 
         documents = read_corpus(corpus)
         key = f"{INDEX_FORMAT}-{'stem' if _stemmer() else 'nostem'}-{file_sha256(corpus)[:20]}"
@@ -87,7 +88,7 @@ class BM25Index:
         return cls(model, documents)
 
     def search(self, queries: Sequence[str], topk: int) -> list[list[Document]]:
-        import bm25s
+        bm25s = _bm25s()
 
         if not queries:
             return []
@@ -109,12 +110,23 @@ class BM25Index:
         ]
 
 
+def _bm25s():
+    """`bm25s`, imported with JAX (when installed) kept on the CPU: bm25s imports jax and runs a
+    top-k at import, and JAX on a GPU then pre-allocates 75% of its memory (on one H100 that left
+    the colocated engine and trainer out of memory). Retrieval needs no GPU."""
+    if "jax" not in sys.modules:
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import bm25s
+
+    return bm25s
+
+
 def _scored(doc: Document, score: float) -> Document:
     return Document(id=doc.id, contents=doc.contents, score=score)
 
 
 def _build(documents: list[Document], *, show_progress: bool):
-    import bm25s
+    bm25s = _bm25s()
 
     stemmer = _stemmer()
     tokens: list[list[str]] = []

@@ -11,6 +11,7 @@ the engine frees and re-allocates its tensors instead.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import itertools
 import logging
 from collections.abc import Iterator
@@ -19,6 +20,18 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 _engine_ids = itertools.count()
+
+
+def _keep_pools_past_exit(saver: Any) -> None:
+    """The saver (hook mode "torch") frees a pool's blocks only inside a region, and checks it:
+    destroyed at interpreter exit, outside any region, its pools ended a run that had succeeded
+    with exit status 1 ("only support interesting region"). The pools are kept alive past
+    Python's finalisation instead (one reference that is never dropped); the driver takes the
+    memory back when the process ends."""
+    pools = getattr(getattr(saver, "_impl", None), "_mem_pools", None)
+    if pools is not None and not getattr(saver, "_agentrl_pools_kept", False):
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(pools))
+        saver._agentrl_pools_kept = True
 
 
 class PausableMemory:
@@ -44,6 +57,7 @@ class PausableMemory:
             memory = cls(saver)
             with memory.region("probe"):
                 pass  # loads the allocator now: a missing CUDA runtime fails here, not later
+            _keep_pools_past_exit(saver)
             return memory
         except Exception as e:  # ImportError, or a saver that cannot load on this machine
             logger.info(

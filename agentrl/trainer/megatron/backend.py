@@ -9,6 +9,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import agentrl.trainer.megatron.saver_compat  # noqa: F401  (before megatron.core: see there)
+
+# isort: split
 import torch
 from megatron.core import parallel_state as ps
 from megatron.core.distributed import (

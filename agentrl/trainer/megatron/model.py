@@ -9,6 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import agentrl.trainer.megatron.saver_compat  # noqa: F401  (before megatron.core: see there)
+
+# isort: split
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F

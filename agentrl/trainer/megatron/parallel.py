@@ -8,6 +8,9 @@ import os
 import socket
 from typing import TypeVar, cast
 
+import agentrl.trainer.megatron.saver_compat  # noqa: F401  (before megatron.core: see there)
+
+# isort: split
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps

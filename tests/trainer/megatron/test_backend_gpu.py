@@ -13,7 +13,8 @@ import pytest
 import torch
 
 pytestmark = pytest.mark.gpu
-TOKENIZER = Path(__file__).resolve().parents[3] / ".gpu" / "smollm2_tok"
+HERE = Path(__file__).resolve().parent
+TOKENIZER = HERE.parents[2] / ".gpu" / "smollm2_tok"
 
 
 def _port() -> int:
@@ -47,7 +48,14 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out: str, cfg: dic
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0")
     torch.cuda.set_device(rank)
     torch.distributed.init_process_group("nccl", rank=rank, world_size=world)
-    from conftest import logprobs_by_sequence
+    import importlib.util
+
+    # This directory's conftest by path: `import conftest` may find another directory's first.
+    spec = importlib.util.spec_from_file_location("_megatron_conftest", HERE / "conftest.py")
+    assert spec is not None and spec.loader is not None
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
+    logprobs_by_sequence = conftest.logprobs_by_sequence
 
     from agentrl.config import AlgoConfig, TrainConfig
     from agentrl.trainer.batch import build_train_batches
