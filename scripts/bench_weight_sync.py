@@ -76,7 +76,13 @@ async def time_layout(
             times.append(time.perf_counter() - t0)
             assert served == {version}, f"engines serve {served}, expected {version}"
             num_bytes = out["weight_sync/bytes"]
-            phases.append({k: round(v, 4) for k, v in out.items() if k.startswith("time/")})
+            info = await runtime.engine.clients[0].get_server_info()
+            inside = (info.get("internal_states") or [{}])[0].get("last_resume_s") or {}
+            phases.append(
+                {k: round(v, 4) for k, v in out.items() if k.startswith("time/")}
+                # the engine's own share of each resume: the rest is HTTP and the actor hop
+                | {f"engine/resume_{tag}_s": round(v, 4) for tag, v in inside.items()}
+            )
     finally:
         await runtime.close()
     best = min(times)

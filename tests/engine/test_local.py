@@ -579,6 +579,7 @@ async def test_cuda_release_without_host_copy_refuses_until_weights_are_sent(
     await eng.release_memory()
     assert device_free_bytes() - free_before >= arena_bytes  # the KV arena (and weights) gone
     await eng.resume_memory(["weights"])  # as a colocated sync: weights, update, then KV
+    assert set(eng.last_resume_s) == {"weights"}  # timed per tag, only what was resumed
     assert device_free_bytes() - free_before >= arena_bytes  # the KV arena is not back yet
     with pytest.raises(EngineError, match="dropped by release_memory"):
         await eng.generate(PROMPTS[0], greedy)
@@ -587,6 +588,7 @@ async def test_cuda_release_without_host_copy_refuses_until_weights_are_sent(
     await asyncio.sleep(0.2)
     assert not waiting.done()  # no KV arena yet: the request waits for it
     await eng.resume_memory(["kv_cache"])
+    assert set(eng.last_resume_s) == {"kv_cache"} and eng.last_resume_s["kv_cache"] > 0
     after = await asyncio.wait_for(waiting, 60)
     assert eng.arena.nbytes > 0
     free_open = device_free_bytes()

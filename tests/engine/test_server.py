@@ -220,6 +220,7 @@ async def test_info_endpoints(served) -> None:
     assert server["tp_size"] == 1
     # On the CPU nothing is pausable: a release frees and a resume re-allocates.
     assert server["internal_states"][0]["pausable_memory"] is False
+    assert server["internal_states"][0]["last_resume_s"] == {}  # nothing resumed yet
     await http.wait_healthy(timeout_s=30)
     await http.flush_cache()
     await http.close()

@@ -162,6 +162,9 @@ class LocalEngine:
         self._tensors: dict[str, torch.Tensor] = self.model.state_dict(keep_vars=True)
         self._commands: collections.deque[Command] = collections.deque()
         self._released: set[str] = set()  # memory tags given back: "weights", "kv_cache"
+        # Seconds the last resume took per tag, measured here (server info reports them, so a
+        # caller can tell the engine's share from the HTTP round trip's).
+        self.last_resume_s: dict[str, float] = {}
         self._dropped: DroppedParameters | None = None  # weights dropped by a release, not resent
         self._host_weights: list[torch.Tensor] | None = None  # a release's copy, when kept
         self._is_closed = False
@@ -388,6 +391,7 @@ class LocalEngine:
         self._memory.pause("kv_cache")
 
     def _resume(self, tags: set[str]) -> None:
+        resumed = tags & self._released
         t0 = time.perf_counter()
         if "weights" in tags & self._released:
             if self._memory is not None:
@@ -413,9 +417,13 @@ class LocalEngine:
                 self.arena = self._scheduler.arena = self._size_arena()
                 self._allocate_arena()
             self._released.discard("kv_cache")
+        t2 = time.perf_counter()
+        self.last_resume_s = {
+            tag: dt for tag, dt in (("weights", t1 - t0), ("kv_cache", t2 - t1)) if tag in resumed
+        }
         logger.info(
             "LocalEngine resumed %s: weights %.3f s, KV arena (%.1f GB) %.3f s",
-            sorted(tags), t1 - t0, self.arena.nbytes / 1e9, time.perf_counter() - t1,
+            sorted(tags), t1 - t0, self.arena.nbytes / 1e9, t2 - t1,
         )  # fmt: skip
 
     def _abort_all(self) -> None:

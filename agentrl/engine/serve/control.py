@@ -60,6 +60,8 @@ def add_control_routes(app: FastAPI, state: Any) -> None:
                     # release/resume unmap and map pages in place (torch_memory_saver) rather
                     # than freeing and re-allocating
                     "pausable_memory": bool(getattr(s.engine, "is_memory_pausable", False)),
+                    # the engine's own time for its last resume, per tag (no HTTP in it)
+                    "last_resume_s": dict(getattr(s.engine, "last_resume_s", {})),
                 }
             ],
         }
