@@ -79,7 +79,9 @@ async def _train(cfg: RunConfig, progress: RunProgress) -> TrainResult:
     # Everything a user can get wrong fails first, in a second, before anything is written:
     # flags, the env id and its data rows, the model path.
     _check_async(cfg)
-    env_cls = spec(cfg.env.id).load_class()
+    env_spec = spec(cfg.env.id)
+    env_spec.check_kwargs(cfg.env.kwargs)
+    env_cls = env_spec.load_class()
     source = TaskSource(load_tasks(cfg.env, "train", env_cls), seed=cfg.rollout.seed)
     eval_tasks = load_tasks(cfg.env, "test", env_cls)[: cfg.eval.num_eval_tasks]
     model_path = _model_path(cfg)

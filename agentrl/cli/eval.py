@@ -107,13 +107,14 @@ def eval_command(
         "seed": seed,
     }
     from agentrl.data import DataError
+    from agentrl.envs.registry import EnvLoadError, UnknownEnvError
     from agentrl.eval.runner import ResumeMismatchError
 
     try:
         report = asyncio.run(
             _run(cfg, split, out_dir, meta, resume=resume, seed=seed, progress=cfg.log.progress)
         )
-    except (ResumeMismatchError, DataError) as e:
+    except (ResumeMismatchError, DataError, UnknownEnvError, EnvLoadError) as e:
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(2)
     print_report(console, report, out_dir)
@@ -185,7 +186,9 @@ async def _run(
     from agentrl.eval import evaluate
     from agentrl.rollout import build_runner
 
-    tasks = load_tasks(cfg.env, split, spec(cfg.env.id).load_class())
+    env_spec = spec(cfg.env.id)
+    env_spec.check_kwargs(cfg.env.kwargs)
+    tasks = load_tasks(cfg.env, split, env_spec.load_class())
     if cfg.eval.num_eval_tasks is not None:
         tasks = tasks[: cfg.eval.num_eval_tasks]
     if not tasks:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 import os
 import sys
 import threading
@@ -56,6 +57,34 @@ class EnvSpec:
 
     def make(self, **kwargs: Any) -> AgentEnv:
         return self.load_class()(**{**self.kwargs, **kwargs})
+
+    def check_kwargs(self, kwargs: dict[str, Any]) -> None:
+        """Raise `EnvLoadError` naming the argument, its value and the ones the env takes when
+        `make(**kwargs)` could not bind them: before a run starts, not in its first episode."""
+        cls = self.load_class()
+        params = inspect.signature(cls.__init__).parameters
+        if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            return
+        takes = [n for n, p in params.items() if n != "self" and p.kind is not p.VAR_POSITIONAL]
+        merged = {**self.kwargs, **kwargs}
+        unknown = [n for n in merged if n not in takes]
+        if unknown:
+            name = unknown[0]
+            raise EnvLoadError(
+                f"env.kwargs.{name}={merged[name]!r}: {cls.__name__} (env {self.id!r}) takes no "
+                f"argument {name!r}; it takes {', '.join(takes) or 'none'} "
+                "(--set env.kwargs.NAME=VALUE)"
+            )
+        missing = [
+            n for n in takes
+            if params[n].default is inspect.Parameter.empty and n not in merged
+            and params[n].kind is not inspect.Parameter.VAR_POSITIONAL
+        ]  # fmt: skip
+        if missing:
+            raise EnvLoadError(
+                f"env {self.id!r}: {cls.__name__} needs env.kwargs.{missing[0]} "
+                f"(--set env.kwargs.{missing[0]}=VALUE)"
+            )
 
 
 def _import_object(entry_point: str, env_id: str) -> Any:

@@ -111,6 +111,8 @@ def test_bad_prompt_data_row_is_named_before_any_model_loads(tmp_path):
     ("flags", "named"),
     [
         (["--env", "nope"], "unknown env id 'nope'"),
+        # an env argument the env does not take: named with its value and what the env takes
+        (["--set", "env.kwargs.max_turnz=3"], "env.kwargs.max_turnz=3: CalculatorEnv"),
         (["--model", "/does/not/exist"], "model path '/does/not/exist'"),
         # without megatron-core (CI) or CUDA (here) the error says which and names the fix
         (["--train-backend", "megatron"], "use --train-backend torch"),

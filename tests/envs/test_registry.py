@@ -76,6 +76,30 @@ def test_bad_entry_points_name_the_problem(entry_point: str, match: str) -> None
         make("test-bad")
 
 
+def test_env_kwargs_are_checked_against_the_env_before_a_run() -> None:
+    class Needs(AgentEnv):
+        def __init__(self, corpus: str, *, topk: int = 3) -> None:
+            super().__init__()
+
+    class TakesAny(AgentEnv):
+        def __init__(self, **options) -> None:
+            super().__init__()
+
+    register("test-needs", Needs)
+    register("test-any", TakesAny)
+    needs = spec("test-needs")
+    needs.check_kwargs({"corpus": "c.jsonl", "topk": 5})  # binds: no error
+    with pytest.raises(EnvLoadError) as e:
+        needs.check_kwargs({"corpus": "c.jsonl", "top_k": 5})
+    assert str(e.value).startswith("env.kwargs.top_k=5: Needs (env 'test-needs') takes no argument")
+    assert "it takes corpus, topk" in str(e.value)
+    with pytest.raises(
+        EnvLoadError, match=r"needs env\.kwargs\.corpus \(--set env\.kwargs\.corpus=VALUE\)"
+    ):
+        needs.check_kwargs({})
+    spec("test-any").check_kwargs({"whatever": 1})  # **kwargs takes anything
+
+
 def test_unknown_id_lists_known_ids_and_how_to_register() -> None:
     with pytest.raises(UnknownEnvError) as e:
         make("calculater")
