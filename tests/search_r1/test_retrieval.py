@@ -196,3 +196,19 @@ async def test_server_down_says_how_to_start_one() -> None:
         match=r"unreachable after 2 tries.*agentrl retriever serve --corpus",
     ):
         await retriever.search(["q"], 3)
+
+
+def test_bm25s_is_imported_with_jax_kept_off_the_gpu():
+    # bm25s imports jax when installed and runs a top-k at import; on a GPU machine JAX would
+    # then pre-allocate 75% of the device. A fresh process: the index's import sets the
+    # platform first, and a user's own JAX_PLATFORMS is left alone.
+    code = (
+        "import os; from agentrl_envs.search_r1 import bm25; bm25._bm25s(); "
+        "print(os.environ.get('JAX_PLATFORMS'))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "cpu", out.stderr[-1000:]
+    env["JAX_PLATFORMS"] = "cuda"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "cuda", out.stderr[-1000:]
