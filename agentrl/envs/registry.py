@@ -75,11 +75,7 @@ class EnvSpec:
                 f"argument {name!r}; it takes {', '.join(takes) or 'none'} "
                 "(--set env.kwargs.NAME=VALUE)"
             )
-        missing = [
-            n for n in takes
-            if params[n].default is inspect.Parameter.empty and n not in merged
-            and params[n].kind is not inspect.Parameter.VAR_POSITIONAL
-        ]  # fmt: skip
+        missing = [n for n in takes if params[n].default is params[n].empty and n not in merged]
         if missing:
             raise EnvLoadError(
                 f"env {self.id!r}: {cls.__name__} needs env.kwargs.{missing[0]} "
