@@ -49,7 +49,22 @@ def rollout_metrics(
         "num_sampled_tokens": float(sum(t.num_sampled for t in episodes)),
     }
     out.update({f"status/{s.value}": status_counts[s] / total for s in EpisodeStatus})
+    out.update(_routing_metrics(episodes))
     return {prefix + k: v for k, v in out.items()}
+
+
+def _routing_metrics(episodes: Sequence[Any]) -> dict[str, float]:
+    """Over engine servers (none in process): how many served episodes this batch, and how many
+    episodes had turns on more than one (0 unless routing by episode key is broken)."""
+    servers = [
+        {turn.served_by for turn in t.turns if getattr(turn, "served_by", "")} for t in episodes
+    ]
+    if not any(servers):
+        return {}
+    return {
+        "num_serving_engines": float(len(set().union(*servers))),
+        "num_split_episodes": float(sum(len(s) > 1 for s in servers)),
+    }
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -133,3 +133,17 @@ def test_timer_accumulates_and_pops() -> None:
     assert set(split) == {"time/rollout_s", "time/train_s"}
     assert all(v >= 0.0 for v in split.values())
     assert timer.pop() == {}
+
+
+def test_rollout_metrics_count_serving_engines_and_split_episodes() -> None:
+    def served(*urls: str) -> Trajectory:
+        t = traj(1.0)
+        t.turns = [Turn(3, 1, 0, "0", "stop", served_by=u) for u in urls]
+        return t
+
+    m = rollout_metrics([[served("http://a", "http://a"), served("http://b")]], prefix="")
+    assert (m["num_serving_engines"], m["num_split_episodes"]) == (2.0, 0.0)
+    m = rollout_metrics([[served("http://a", "http://b"), served("http://a")]], prefix="")
+    assert (m["num_serving_engines"], m["num_split_episodes"]) == (2.0, 1.0)
+    # An in-process engine names no server: no routing metrics at all.
+    assert "num_serving_engines" not in rollout_metrics([[traj(1.0)]], prefix="")

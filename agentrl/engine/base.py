@@ -61,6 +61,7 @@ class Completion:
     matched_stop: str | int | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    served_by: str = ""  # the server that sampled it (its base URL); "" in process
 
     def __post_init__(self) -> None:
         if len(self.ids) != len(self.logprobs):

@@ -45,6 +45,7 @@ class _Recorder:
             weight_version=str(completion.weight_version),
             finish_reason=FinishReason(completion.finish_reason).value,
             text=text,
+            served_by=completion.served_by,
         )
         self.token_ids += completion.ids
         self.loss_mask += [1] * len(completion.ids)

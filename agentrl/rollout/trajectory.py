@@ -25,6 +25,9 @@ class Turn:
     num_tool_errors: int = 0
     text: str = ""
     """The decoded sampled text (for display; never re-tokenized)."""
+    served_by: str = ""
+    """The engine server that sampled this turn (its base URL; "" for an in-process engine).
+    All turns of an episode go to one server, which holds its prefix (routing key)."""
 
 
 @dataclass

@@ -81,8 +81,13 @@ def test_train_two_steps_on_two_ranks_and_two_engines(tiny_model_path, tmp_path,
         # After the sync, each engine samples with exactly the trainer's new weights.
         assert row["weight_sync/max_logprob_abs_diff"] < 1e-4, (step, row)
         assert row["weight_sync/bytes"] > 0
+        assert row["rollout/num_split_episodes"] == 0  # every turn reached its episode's server
     trajs = read_jsonl(str(tmp_path / "run" / "rollouts" / "step_000002.jsonl"))
     assert {t.turns[0].weight_version for t in trajs} == {"1"}  # step 2 sampled the synced policy
+    # Episodes spread over both servers, each episode on one (its routing key's).
+    both = trajs + read_jsonl(str(tmp_path / "run" / "rollouts" / "step_000001.jsonl"))
+    assert all(len({turn.served_by for turn in t.turns}) == 1 for t in both)
+    assert len({t.turns[0].served_by for t in both}) == 2
     ckpt = tmp_path / "run" / "checkpoints" / "step_000002"
     assert (ckpt / "config.json").exists() and any(ckpt.glob("*.safetensors"))  # the HF copy
     assert not _alive(_our_children() - before), "a worker or server outlived the run"

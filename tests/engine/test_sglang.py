@@ -141,6 +141,7 @@ async def test_generate_sends_sglangs_request_shape_and_routing_header(replay: R
     assert body["return_logprob"] is True and body["logprob_start_len"] == -1
     assert headers[ROUTING_KEY_HEADER.lower()] == "episode-7"
     assert c.ids == GENERATE["responses"]["stop_token"]["output_ids"]
+    assert c.served_by == replay.url  # trajectories record which server sampled each turn
     assert engine.weight_version == "default"
     await engine.close()
 

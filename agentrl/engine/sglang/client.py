@@ -252,6 +252,7 @@ class SGLangEngine(SGLangControl):
         finally:
             self._pending.discard(request)
         completion = completion_from_sglang(response.json())
+        completion.served_by = self.base_url
         self._weight_version = completion.weight_version
         return completion
 
