@@ -4,10 +4,13 @@ the same bytes between two processes -- NCCL on GPU, gloo on CPU -- and a same-d
 
     python scripts/bench_weight_sync.py --shape smollm2-1.7b          # GPU: 1.7B shape, bf16
     python scripts/bench_weight_sync.py --shape tiny --layouts colocated,disaggregated   # CPU
+    python scripts/bench_weight_sync.py --trainer-gpus 2 --engines 2 --layouts disaggregated  # 4 GPUs
 
-Colocated: trainer and engine on GPU 0; the engine has released its memory (as during a train
-step), and the timed span covers resume {weights} -> CUDA IPC buckets -> resume {kv_cache}.
-Disaggregated: trainer on GPU 0, engine on GPU 1, an NCCL broadcast per bucket. Writes JSON and
+Colocated: trainer rank i and engine i share GPU i (`--trainer-gpus` of each); the engines have
+released their memory (as during a train step), and the timed span covers resume {weights} ->
+CUDA IPC buckets -> resume {kv_cache}. Disaggregated: trainer on the first `--trainer-gpus` GPUs,
+`--engines` engines on the next ones, an NCCL broadcast per bucket from trainer rank 0 to all of
+them; its floor is a broadcast of the same bytes from GPU 0 to the engines' GPUs. Writes JSON and
 a PNG bar chart; prints a table.
 """
 
@@ -28,10 +31,15 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-LAYOUTS = {
-    "colocated": dict(actor_num_gpus_per_node=1, colocate=True),
-    "disaggregated": dict(actor_num_gpus_per_node=1, rollout_num_gpus=1),
-}
+LAYOUTS = ("colocated", "disaggregated")
+
+
+def layout_flags(name: str, trainer_gpus: int, engines: int) -> dict:
+    """The placement flags of a layout: one GPU per engine; colocated has an engine per trainer
+    GPU."""
+    if name == "colocated":
+        return dict(actor_num_gpus_per_node=trainer_gpus, colocate=True)
+    return dict(actor_num_gpus_per_node=trainer_gpus, rollout_num_gpus=engines)
 
 
 def build_model(shape: str, tokenizer: str, out: str, use_gpu: bool) -> str:
@@ -47,7 +55,7 @@ def build_model(shape: str, tokenizer: str, out: str, use_gpu: bool) -> str:
 
 
 async def time_layout(
-    name: str, model_path: str, repeats: int, use_gpu: bool, bucket_bytes: int
+    name: str, model_path: str, repeats: int, use_gpu: bool, bucket_bytes: int, flags: dict
 ) -> dict:
     from agentrl.cluster import RayRuntime
     from agentrl.config import RunConfig
@@ -58,7 +66,7 @@ async def time_layout(
     cfg.checkpoint.save = tempfile.mkdtemp(prefix=f"agentrl-bench-{name}-")
     cfg.cluster.check_weight_sync = False  # time the sync alone
     cfg.cluster.update_weight_buffer_size = bucket_bytes
-    for key, value in LAYOUTS[name].items():
+    for key, value in flags.items():
         setattr(cfg.cluster, key, value)
     runtime = await RayRuntime.start(cfg, model_path, num_optimizer_steps=1)
     try:
@@ -88,6 +96,8 @@ async def time_layout(
     best = min(times)
     return {
         "layout": name,
+        "placement": flags,
+        "num_engines": len(runtime.engine.clients),
         "bucket_mib": bucket_bytes // 2**20,
         "bytes": num_bytes,
         "seconds": times,
@@ -113,14 +123,18 @@ def copy_floor(num_bytes: int, use_gpu: bool, repeats: int) -> float:
     return best / (num_bytes / 1e9)
 
 
-def _broadcast_worker(rank: int, port: int, num_bytes: int, bucket: int, use_gpu: bool, q) -> None:
+def _broadcast_worker(
+    rank: int, gpu: int, world: int, port: int, num_bytes: int, bucket: int, use_gpu: bool, q
+) -> None:
     import torch.distributed as dist
 
     backend = "nccl" if use_gpu else "gloo"
     if use_gpu:
-        torch.cuda.set_device(rank)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    device = f"cuda:{rank}" if use_gpu else "cpu"
+        torch.cuda.set_device(gpu)
+    dist.init_process_group(
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    device = f"cuda:{gpu}" if use_gpu else "cpu"
     buckets = [torch.empty(min(bucket, num_bytes - i), dtype=torch.uint8, device=device)
                for i in range(0, num_bytes, bucket)]  # fmt: skip
     best = float("inf")
@@ -139,8 +153,11 @@ def _broadcast_worker(rank: int, port: int, num_bytes: int, bucket: int, use_gpu
     dist.barrier()
 
 
-def broadcast_floor(num_bytes: int, bucket: int, use_gpu: bool) -> float | None:
-    if use_gpu and torch.cuda.device_count() < 2:
+def broadcast_floor(
+    num_bytes: int, bucket: int, use_gpu: bool, receivers: list[int]
+) -> float | None:
+    """Seconds per GB of broadcasting `num_bytes` from GPU 0 to the GPUs `receivers`."""
+    if use_gpu and torch.cuda.device_count() <= max(receivers):
         return None
     import torch.multiprocessing as mp
 
@@ -149,8 +166,14 @@ def broadcast_floor(num_bytes: int, bucket: int, use_gpu: bool) -> float | None:
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_broadcast_worker, args=(r, port, num_bytes, bucket, use_gpu, q))
-             for r in range(2)]  # fmt: skip
+    gpus = [0, *receivers]
+    procs = [
+        ctx.Process(
+            target=_broadcast_worker,
+            args=(rank, gpu, len(gpus), port, num_bytes, bucket, use_gpu, q),
+        )
+        for rank, gpu in enumerate(gpus)
+    ]
     for p in procs:
         p.start()
     result = q.get(timeout=600)
@@ -159,15 +182,17 @@ def broadcast_floor(num_bytes: int, bucket: int, use_gpu: bool) -> float | None:
     return result
 
 
+def _label(r: dict) -> str:
+    return f"{r['layout']} x{r['num_engines']} ({r['bucket_mib']} MiB)"
+
+
 def plot(results: list[dict], floors: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [f"{r['layout']} ({r['bucket_mib']} MiB)" for r in results] + [
-        f"floor: {k}" for k, v in floors.items() if v
-    ]
+    names = [_label(r) for r in results] + [f"floor: {k}" for k, v in floors.items() if v]
     values = [r["s_per_gb"] for r in results] + [v for v in floors.values() if v]
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.barh(
@@ -192,6 +217,12 @@ def main() -> None:
         help="dir (or bundled name) with the tokenizer",
     )
     parser.add_argument("--layouts", default="colocated,disaggregated")
+    parser.add_argument(
+        "--trainer-gpus", type=int, default=1, help="trainer ranks (--actor-num-gpus-per-node)"
+    )
+    parser.add_argument(
+        "--engines", type=int, default=1, help="engines of the disaggregated layout, 1 GPU each"
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
         "--bucket-mib",
@@ -202,23 +233,45 @@ def main() -> None:
     args = parser.parse_args()
     use_gpu = torch.cuda.is_available()
     layouts = [name for name in args.layouts.split(",") if name]
-    if use_gpu and "disaggregated" in layouts and torch.cuda.device_count() < 2:
-        print("disaggregated needs 2 GPUs; skipping it", file=sys.stderr)
-        layouts.remove("disaggregated")
+    if unknown := set(layouts) - set(LAYOUTS):
+        parser.error(f"--layouts {args.layouts}: unknown {sorted(unknown)}; use {list(LAYOUTS)}")
+    needed = {"colocated": args.trainer_gpus, "disaggregated": args.trainer_gpus + args.engines}
+    for name in list(layouts):
+        if use_gpu and torch.cuda.device_count() < needed[name]:
+            print(
+                f"{name} needs {needed[name]} GPUs, this machine has {torch.cuda.device_count()}; "
+                "skipping it",
+                file=sys.stderr,
+            )
+            layouts.remove(name)
+    if not layouts:
+        sys.exit("no layout fits this machine: lower --trainer-gpus or --engines")
     model_dir = build_model(
         args.shape, args.tokenizer, tempfile.mkdtemp(prefix="agentrl-shape-"), use_gpu
     )
     buckets = [int(mib) * 2**20 for mib in args.bucket_mib.split(",") if mib]
     results = [
-        asyncio.run(time_layout(name, model_dir, args.repeats, use_gpu, bucket))
+        asyncio.run(
+            time_layout(
+                name,
+                model_dir,
+                args.repeats,
+                use_gpu,
+                bucket,
+                layout_flags(name, args.trainer_gpus, args.engines),
+            )
+        )
         for name in layouts
         for bucket in buckets
     ]
     num_bytes = int(results[0]["bytes"])
     bucket = 512 * 2**20
+    receivers = [args.trainer_gpus + i for i in range(args.engines)]
     floors = {
         "copy (same device)": copy_floor(num_bytes, use_gpu, args.repeats),
-        f"broadcast ({'NCCL' if use_gpu else 'gloo'})": broadcast_floor(num_bytes, bucket, use_gpu),
+        f"broadcast to {args.engines} ({'NCCL' if use_gpu else 'gloo'})": broadcast_floor(
+            num_bytes, bucket, use_gpu, receivers
+        ),
     }
     device = torch.cuda.get_device_name(0) if use_gpu else f"CPU ({os.cpu_count()} cores)"
     print(f"\nweight sync, {args.shape} ({num_bytes / 1e9:.2f} GB), {device}")
@@ -227,7 +280,7 @@ def main() -> None:
         floors[next(k for k in floors if k.startswith("broadcast"))] or floors["copy (same device)"]
     )
     for r in results:
-        what = f"{r['layout']} ({r['bucket_mib']} MiB)"
+        what = _label(r)
         paused = " pausable memory" if r.get("pausable_memory") else ""
         print(
             f"{what:<34}{r['s_per_gb']:>10.4f}{r['s_per_gb'] / floor:>10.1f}  {r['phases_s']}{paused}"
