@@ -5,6 +5,7 @@ objective of `losses.py` on packed sequences, logprobs and entropy computed voca
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from agentrl.config import AlgoConfig, TrainConfig
 from agentrl.trainer.batch import MicroBatch, StepBatch, TrainBatch, pad_id_for
 from agentrl.trainer.losses import build_objective, combine_metrics
 from agentrl.trainer.lr_schedule import lr_at
-from agentrl.trainer.megatron import checkpoint
+from agentrl.trainer.megatron import checkpoint, multi_tensor
 from agentrl.trainer.megatron import model as gpt
 from agentrl.trainer.megatron.model_config import check_parallel_fit, model_shape
 from agentrl.trainer.megatron.parallel import (
@@ -44,6 +45,17 @@ from agentrl.trainer.packing import pack_tokens
 from agentrl.trainer.torch_backend import _resolve_path
 from agentrl.trainer.weights import DEFAULT_BUCKET_SIZE_BYTES
 from agentrl.weight_buckets import bucket_by_dtype
+
+multi_tensor.install()  # foreach kernels for megatron-core's Python-loop fallbacks (see there)
+
+
+@dataclass(frozen=True)
+class _LossPositions:
+    """Where a micro-batch's loss tokens sit in its packed row, found on the host."""
+
+    is_loss: Tensor  # [M] indices among the first `num_tokens` packed tokens, on the device
+    num_tokens: int  # the micro-batch's tokens (the packed row may add alignment padding)
+    has_loss: bool  # False for a micro-batch that only pads a rank's share
 
 
 class MegatronBackend:
@@ -165,22 +177,31 @@ class MegatronBackend:
     def _forward_step(
         self, model: Any, data_iterator: Iterator, model_arg: Any, *, mode: str, step=None
     ):
-        mb: MicroBatch = next(data_iterator).to(self.device)
+        # Packing and the loss positions are read on the host, before the micro-batch moves: no
+        # device sync between forward and backward, so the CPU keeps launching ahead of the GPU.
+        host: MicroBatch = next(data_iterator)
         multiple = (
             self.train_cfg.tensor_model_parallel_size if self.train_cfg.sequence_parallel else 1
         )
-        packed = pack_tokens(mb.input_ids, mb.position_ids, pad_id=self.pad_id, multiple=multiple)
+        packed = pack_tokens(
+            host.input_ids, host.position_ids, pad_id=self.pad_id, multiple=multiple
+        )
+        is_loss = (host.loss_mask.reshape(-1) > 0).nonzero()[:, 0]  # [M] among the first N tokens
+        mb = host.to(self.device)
         cu = packed.cu_seqlens.to(self.device)
         params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
                                  max_seqlen_q=packed.max_seqlen, max_seqlen_kv=packed.max_seqlen)  # fmt: skip
         output = model(
-            packed.input_ids, packed.position_ids, attention_mask=None, packed_seq_params=params
-        )
-        return output, partial(self._loss, mb, packed.num_tokens, mode, step)
+            packed.input_ids.to(self.device), packed.position_ids.to(self.device),
+            attention_mask=None, packed_seq_params=params,
+        )  # fmt: skip
+        where = _LossPositions(is_loss.to(self.device), packed.num_tokens, bool(is_loss.numel()))
+        return output, partial(self._loss, mb, where, mode, step)
 
-    def _token_logprobs(self, logits: Tensor, mb: MicroBatch, num_tokens: int, entropy_grad: bool):
+    def _token_logprobs(self, logits: Tensor, mb: MicroBatch, where: _LossPositions,
+                        entropy_grad: bool):  # fmt: skip
         """[1, N, V/tp] logits -> logprobs and entropy [R, T] (0 off the loss mask)."""
-        is_loss = (mb.loss_mask.reshape(-1) > 0).nonzero()[:, 0]  # [M] positions among the first N
+        num_tokens, is_loss = where.num_tokens, where.is_loss
         local = logits[0, :num_tokens][is_loss]  # [M, V/tp]: only trained positions
         lp, ent = vocab_parallel_logprobs(
             local, mb.target_ids.reshape(-1)[is_loss],
@@ -194,19 +215,20 @@ class MegatronBackend:
         return place(lp), place(ent)
 
     def _loss(
-        self, mb: MicroBatch, num_tokens: int, mode: str, step: StepBatch | None, logits: Tensor
-    ):
+        self, mb: MicroBatch, where: _LossPositions, mode: str, step: StepBatch | None,
+        logits: Tensor,
+    ):  # fmt: skip
         one = torch.ones((), dtype=torch.int, device=logits.device)
         if mode != "train":
-            lp, _ = self._token_logprobs(logits, mb, num_tokens, False)
+            lp, _ = self._token_logprobs(logits, mb, where, False)
             return logits.sum() * 0.0, one, {"logprobs": lp.detach()}
         assert step is not None
-        lp, ent = self._token_logprobs(logits, mb, num_tokens, bool(self.objective.entropy_coef))
+        lp, ent = self._token_logprobs(logits, mb, where, bool(self.objective.entropy_coef))
         old = mb.old_logprobs if mb.old_logprobs is not None else lp.detach()
         loss, metrics = self.objective(
             lp, ent, mb.loss_inputs(step.num_loss_tokens, step.num_seqs, old)
         )
-        if not bool(mb.loss_mask.any()):  # a rank-padding micro-batch: every gradient exactly 0
+        if not where.has_loss:  # a rank-padding micro-batch: every gradient exactly 0
             loss = loss + logits.sum() * 0.0
         return loss, one, metrics
 

@@ -1,0 +1,60 @@
+"""megatron-core's multi-tensor operators on torch's own multi-tensor (foreach) kernels, where
+neither Apex nor TransformerEngine supplies them.
+
+megatron-core's local fallbacks loop over the parameters in Python. Its L2 norm (gradient
+clipping, every step) reads each parameter's norm back to the host: one device sync per
+parameter. Its scale, which copies the fp32 master weights into the bf16 model after every
+optimizer step, launches two kernels per parameter. `install()` swaps in versions with the same
+signatures that launch a handful of foreach kernels and never sync, and only where megatron-core
+chose its local fallback.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from megatron.core import utils as megatron_utils
+from megatron.core.optimizer import clip_grads
+from megatron.core.optimizer import optimizer as megatron_optimizer
+from torch import Tensor
+
+
+def multi_tensor_l2norm(
+    chunk_size: int, noop_flag: Tensor, tensor_lists: list[list[Tensor]], per_tensor: bool,
+    *args: Any,
+) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+    """The L2 norm of all tensors of `tensor_lists[0]` together, as a 1-element fp32 tensor on
+    their device (amp_C.multi_tensor_l2norm's contract, without per-tensor norms)."""
+    if per_tensor:
+        raise NotImplementedError("per-tensor norms are not used by megatron-core's clipping")
+    tensors = tensor_lists[0]
+    if not tensors:
+        return torch.zeros(1, dtype=torch.float32, device=noop_flag.device), None
+    norms = torch._foreach_norm(tensors)  # type: ignore[attr-defined]
+    if len({n.dtype for n in norms}) > 1:
+        norms = [n.float() for n in norms]
+    total = torch.linalg.vector_norm(torch.stack(norms).float())
+    return total.reshape(1), None
+
+
+def multi_tensor_scale(
+    chunk_size: int, noop_flag: Tensor, tensor_lists: list[list[Tensor]], scale: float
+) -> None:
+    """dst = src * scale for each pair of `tensor_lists` ([sources], [destinations]), casting to
+    the destinations' dtype (scale 1.0 is megatron's fp32 master -> bf16 weights copy)."""
+    sources, destinations = tensor_lists
+    if not sources:
+        return
+    if scale != 1.0:
+        sources = torch._foreach_mul(sources, scale)  # type: ignore[attr-defined]
+    torch._foreach_copy_(destinations, sources)  # type: ignore[attr-defined]
+
+
+def install() -> None:
+    """Use these where megatron-core fell back to its local loops (idempotent)."""
+    if clip_grads.l2_norm_impl is megatron_utils.local_multi_tensor_l2_norm:
+        clip_grads.l2_norm_impl = multi_tensor_l2norm
+    for module in (clip_grads, megatron_optimizer):
+        if module.multi_tensor_scale_impl is megatron_utils.local_multi_tensor_scale:
+            module.multi_tensor_scale_impl = multi_tensor_scale  # type: ignore[attr-defined]

@@ -1,0 +1,65 @@
+"""megatron-core's multi-tensor operators on foreach kernels: the same results as its local
+Python-loop fallbacks, and installed in their place when neither Apex nor TransformerEngine is."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+
+from megatron.core import utils as megatron_utils  # noqa: E402
+
+from agentrl.trainer.megatron import multi_tensor  # noqa: E402
+
+
+def _tensors(dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(shape, generator=g).to(dtype) for shape in ((7, 5), (3,), (11, 2, 4))]
+
+
+def test_l2_norm_of_all_tensors_together():
+    tensors = _tensors()
+    noop = torch.zeros(1, dtype=torch.int)
+    norm, per_tensor = multi_tensor.multi_tensor_l2norm(2048, noop, [tensors], False)
+    expected = torch.linalg.vector_norm(torch.cat([t.reshape(-1) for t in tensors]))
+    assert per_tensor is None and norm.shape == (1,) and norm.dtype == torch.float32
+    torch.testing.assert_close(norm[0], expected, rtol=1e-6, atol=0)
+    empty, _ = multi_tensor.multi_tensor_l2norm(2048, noop, [[]], False)
+    assert empty.tolist() == [0.0]
+    with pytest.raises(NotImplementedError):
+        multi_tensor.multi_tensor_l2norm(2048, noop, [tensors], True)
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.25])
+def test_scale_equals_megatrons_loop_bit_for_bit(scale):
+    """fp32 master weights -> bf16 model weights (scale 1.0), and clipping's in-place scale."""
+    sources = _tensors()
+    ours = [torch.empty_like(t, dtype=torch.bfloat16) for t in sources]
+    theirs = [torch.empty_like(t) for t in ours]
+    noop = torch.zeros(1, dtype=torch.int)
+    multi_tensor.multi_tensor_scale(2048, noop, [sources, ours], scale)
+    megatron_utils.local_multi_tensor_scale(2048, noop, [sources, theirs], scale)
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+    in_place = _tensors()
+    multi_tensor.multi_tensor_scale(2048, noop, [in_place, in_place], scale)
+    assert all(torch.equal(a, b * scale) for a, b in zip(in_place, _tensors(), strict=True))
+
+
+def test_installed_where_megatron_fell_back_to_its_loops():
+    from megatron.core.optimizer import clip_grads
+    from megatron.core.optimizer import optimizer as megatron_optimizer
+
+    import agentrl.trainer.megatron.backend  # noqa: F401  (installs them)
+
+    for module, name, ours in (
+        (clip_grads, "l2_norm_impl", multi_tensor.multi_tensor_l2norm),
+        (clip_grads, "multi_tensor_scale_impl", multi_tensor.multi_tensor_scale),
+        (megatron_optimizer, "multi_tensor_scale_impl", multi_tensor.multi_tensor_scale),
+    ):
+        current = getattr(module, name)
+        # Apex's or TransformerEngine's kernels stay; megatron's local loops are replaced.
+        assert current is ours or current.__module__.split(".")[0] in (
+            "amp_C",
+            "transformer_engine",
+        )

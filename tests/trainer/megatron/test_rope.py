@@ -1,0 +1,98 @@
+"""RoPE over packed sequences: agentrl's one-pass THD rotation equals megatron-core's
+one-sequence-at-a-time path bit for bit (values and gradients), and on CUDA it never syncs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agentrl.trainer.megatron import rope
+from agentrl.trainer.megatron.model import rope as installed  # importing the model installs it
+
+
+class Group:
+    """A context-parallel group of one (what megatron passes without context parallelism)."""
+
+    def __init__(self, size: int = 1) -> None:
+        self._size = size
+
+    def size(self) -> int:
+        return self._size
+
+    def rank(self) -> int:
+        return 0
+
+
+def _inputs(lengths: list[int], dtype: torch.dtype, device: str = "cpu", heads: int = 3):
+    g = torch.Generator().manual_seed(0)
+    dim = 16
+    t = torch.randn(sum(lengths), heads, dim, generator=g).to(device=device, dtype=dtype)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    inv = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+    freqs = torch.outer(torch.arange(max(lengths)).float(), inv)
+    freqs = torch.cat([freqs, freqs], -1)[:, None, None, :]  # [max_s, 1, 1, dim], as megatron's
+    return t.requires_grad_(), cu.to(device), freqs.to(device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_pass_equals_megatrons_per_sequence_rotation(dtype):
+    lengths = [5, 1, 9, 3, 7]  # a one-token sequence among them
+    t, cu, freqs = _inputs(lengths, dtype)
+    ours = rope.apply_rotary_pos_emb_thd(t, cu, freqs, rotary_interleaved=False, cp_group=Group())
+    t2 = t.detach().clone().requires_grad_()
+    theirs = rope._megatron_thd(t2, cu, freqs, rotary_interleaved=False, cp_group=Group())
+    assert torch.equal(ours, theirs)
+    weights = torch.randn(ours.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+    (ours * weights).sum().backward()
+    (theirs * weights).sum().backward()
+    assert t.grad is not None and t2.grad is not None and torch.equal(t.grad, t2.grad)
+    # Each sequence restarts at position 0: its first token is rotated by angle 0 (unchanged).
+    first_tokens = cu[:-1].long()
+    assert torch.equal(ours[first_tokens], t.detach()[first_tokens])
+
+
+def test_per_token_frequencies_are_used_as_given():
+    """freqs with one row per packed token (megatron-core 0.19's other THD form) are applied
+    as they are, not indexed again by position."""
+    lengths = [4, 6]
+    t, cu, _ = _inputs(lengths, torch.float32)
+    per_token = torch.randn(sum(lengths), 1, 1, t.shape[-1])
+    ours = rope.apply_rotary_pos_emb_thd(t, cu, per_token, cp_group=Group())
+    from megatron.core.models.common.embeddings import rope_utils
+
+    expected = rope_utils._apply_rotary_pos_emb_bshd(t.unsqueeze(1), per_token).squeeze(1)
+    assert torch.equal(ours, expected)
+
+
+def test_context_parallel_keeps_megatrons_path(monkeypatch):
+    calls = []
+    monkeypatch.setattr(rope, "_megatron_thd", lambda *a, **k: calls.append(k) or a[0])
+    t, cu, freqs = _inputs([4, 4], torch.float32)
+    rope.apply_rotary_pos_emb_thd(t, cu, freqs, cp_group=Group(size=2))
+    assert len(calls) == 1 and calls[0]["cp_group"].size() == 2
+
+
+def test_building_the_model_installs_it():
+    from megatron.core.models.common.embeddings import rope_utils
+
+    assert rope_utils._apply_rotary_pos_emb_thd is installed.apply_rotary_pos_emb_thd
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_no_device_sync_on_cuda():
+    """megatron's own path reads cu_seqlens to the host twice per call; this one never does."""
+    t, cu, freqs = _inputs([300, 17, 1, 211], torch.bfloat16, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = rope.apply_rotary_pos_emb_thd(t, cu, freqs, cp_group=Group())
+        out.float().sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    with pytest.raises(RuntimeError, match="synchroniz"):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            rope._megatron_thd(t.detach(), cu, freqs, cp_group=Group())
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
