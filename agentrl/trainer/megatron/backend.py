@@ -155,6 +155,7 @@ class MegatronBackend:
         optimizer), built on first use: logprobs and weight export need none."""
         if self._optimizer is None:
             self._optimizer = get_megatron_optimizer(self._optimizer_config(), [self.model])
+            _fuse_torch_adam(self._optimizer)
         return self._optimizer
 
     def _optimizer_config(self) -> OptimizerConfig:
@@ -364,3 +365,18 @@ class MegatronBackend:
 
     def load(self, directory: str | Path) -> None:
         checkpoint.load(self, Path(directory))
+
+
+def _fuse_torch_adam(optimizer: Any) -> None:
+    """Without Apex or TransformerEngine, megatron-core steps torch's Adam in its foreach form:
+    a dozen passes over the fp32 master weights and moments. The fused form (what their FusedAdam
+    is) updates each tensor in one kernel. Set before the first step, so the step counters are
+    created where the fused kernel keeps them; a checkpoint's state loads into either form."""
+    for inner in (o.optimizer for o in getattr(optimizer, "chained_optimizers", [optimizer])):
+        if not isinstance(inner, torch.optim.Adam | torch.optim.AdamW) or inner.state:
+            continue
+        params = [p for group in inner.param_groups for p in group["params"]]
+        if all(p.is_floating_point() and p.device.type in ("cuda", "cpu") for p in params):
+            inner.defaults.update(fused=True, foreach=False)
+            for group in inner.param_groups:
+                group.update(fused=True, foreach=False)
