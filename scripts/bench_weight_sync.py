@@ -6,9 +6,11 @@ the same bytes between two processes -- NCCL on GPU, gloo on CPU -- and a same-d
     python scripts/bench_weight_sync.py --shape tiny --layouts colocated,disaggregated   # CPU
     python scripts/bench_weight_sync.py --trainer-gpus 2 --engines 2 --layouts disaggregated  # 4 GPUs
 
-Colocated: trainer rank i and engine i share GPU i (`--trainer-gpus` of each); the engines have
-released their memory (as during a train step), and the timed span covers resume {weights} ->
-CUDA IPC buckets -> resume {kv_cache}. Disaggregated: trainer on the first `--trainer-gpus` GPUs,
+Each repeat runs a real GRPO train step first (`--train-tokens` of synthetic trajectories; colocated,
+the engines release their memory for it, as in `agentrl train`), then times from "optimizer step
+done" on. Colocated: trainer rank i and engine i share GPU i (`--trainer-gpus` of each); the
+timed span covers resume {weights} -> CUDA IPC buckets -> resume {kv_cache}, after the trainer's
+step has used (and handed back) the memory the engines gave up. Disaggregated: trainer on the first `--trainer-gpus` GPUs,
 `--engines` engines on the next ones, an NCCL broadcast per bucket from trainer rank 0 to all of
 them; its floor is a broadcast of the same bytes from GPU 0 to the engines' GPUs. Writes JSON and
 a PNG bar chart; prints a table.
@@ -54,9 +56,39 @@ def build_model(shape: str, tokenizer: str, out: str, use_gpu: bool) -> str:
     )
 
 
+def train_batches(vocab_size: int, num_tokens: int, pad_id: int, dp_size: int) -> list:
+    """GRPO batches (one per DP rank) of about `num_tokens` tokens: groups of 4 random
+    256-token trajectories, rewards 0/1 so every advantage is non-zero."""
+    from agentrl.config import AlgoConfig
+    from agentrl.rollout.trajectory import Trajectory
+    from agentrl.trainer.batch import build_train_batches
+    from agentrl.types import EpisodeStatus, StatusReason
+
+    g = torch.Generator().manual_seed(0)
+    length, prompt = 256, 64
+    trajs = [
+        Trajectory(token_ids=torch.randint(3, vocab_size, (length,), generator=g).tolist(),
+                   loss_mask=[0] * prompt + [1] * (length - prompt),
+                   logprobs=[-1.0] * (length - prompt), prompt_len=prompt, reward=float(k % 2),
+                   status=EpisodeStatus.COMPLETED, status_reason=StatusReason.DONE)
+        for k in range(4 * max(1, num_tokens // (4 * length)))
+    ]  # fmt: skip
+    groups = [trajs[i : i + 4] for i in range(0, len(trajs), 4)]
+    return build_train_batches(groups, AlgoConfig(), max_tokens_per_micro_batch=4096,
+                               pad_id=pad_id, dp_size=dp_size)  # fmt: skip
+
+
 async def time_layout(
-    name: str, model_path: str, repeats: int, use_gpu: bool, bucket_bytes: int, flags: dict
+    name: str,
+    model_path: str,
+    repeats: int,
+    use_gpu: bool,
+    bucket_bytes: int,
+    flags: dict,
+    train_tokens: int,
 ) -> dict:
+    from transformers import AutoConfig
+
     from agentrl.cluster import RayRuntime
     from agentrl.config import RunConfig
 
@@ -68,15 +100,21 @@ async def time_layout(
     cfg.cluster.update_weight_buffer_size = bucket_bytes
     for key, value in flags.items():
         setattr(cfg.cluster, key, value)
-    runtime = await RayRuntime.start(cfg, model_path, num_optimizer_steps=1)
+    runtime = await RayRuntime.start(cfg, model_path, num_optimizer_steps=1000)
+    vocab = AutoConfig.from_pretrained(model_path).vocab_size
+    batches = train_batches(vocab, train_tokens, runtime.pad_id, runtime.dp_size)
     try:
+        await runtime.train_step(batches)  # warm-up: kernels, optimizer state, allocator
         await runtime.sync_weights("warmup")
         info = await runtime.engine.clients[0].get_server_info()
         pausable = bool((info.get("internal_states") or [{}])[0].get("pausable_memory", False))
-        times, phases, num_bytes = [], [], 0.0
+        times, phases, train_s, num_bytes = [], [], [], 0.0
         for i in range(repeats):
-            if runtime.placement.is_colocated:  # as after a train step: the engine gave memory back
-                await runtime.engine.release_memory_occupation(None)
+            t_train = time.perf_counter()
+            # Colocated, this releases the engines' memory first, as `agentrl train` does.
+            trained = await runtime.train_step(batches)
+            train_s.append(time.perf_counter() - t_train)
+            assert not trained.get("skipped_no_signal"), "the bench's train step did no work"
             version = f"bench-{i}"
             t0 = time.perf_counter()
             out = await runtime.sync_weights(version)
@@ -102,6 +140,7 @@ async def time_layout(
         "bytes": num_bytes,
         "seconds": times,
         "phases_s": phases[times.index(best)],
+        "train_step_s": train_s,
         "s_per_gb": best / (num_bytes / 1e9),
         "pausable_memory": pausable,
     }
@@ -223,6 +262,9 @@ def main() -> None:
     parser.add_argument(
         "--engines", type=int, default=1, help="engines of the disaggregated layout, 1 GPU each"
     )
+    parser.add_argument(
+        "--train-tokens", type=int, default=8192, help="tokens of the train step before each sync"
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
         "--bucket-mib",
@@ -259,6 +301,7 @@ def main() -> None:
                 use_gpu,
                 bucket,
                 layout_flags(name, args.trainer_gpus, args.engines),
+                args.train_tokens,
             )
         )
         for name in layouts
@@ -282,8 +325,10 @@ def main() -> None:
     for r in results:
         what = _label(r)
         paused = " pausable memory" if r.get("pausable_memory") else ""
+        step = min(r["train_step_s"])
         print(
-            f"{what:<34}{r['s_per_gb']:>10.4f}{r['s_per_gb'] / floor:>10.1f}  {r['phases_s']}{paused}"
+            f"{what:<34}{r['s_per_gb']:>10.4f}{r['s_per_gb'] / floor:>10.1f}  {r['phases_s']}"
+            f"{paused}, train step before it {step:.3f} s"
         )
     for name, value in floors.items():
         if value is not None:
