@@ -123,6 +123,8 @@ class InProcessRuntime:
         metrics = await asyncio.to_thread(self.backend.train_step, batch)
         if self.backend.device.type == "cpu":
             _return_free_heap()
+        else:  # the step's gradients and cached blocks: the KV arena resumes into them
+            await asyncio.to_thread(self.backend.free_step_memory)
         return metrics
 
     async def policy_logprobs(self, token_ids: list[int], start: int) -> list[float]:

@@ -342,6 +342,7 @@ async def _start_ranks(
             master_port=master_port,
             model_path=model_path,
             num_optimizer_steps=num_optimizer_steps,
+            shares_device=placement.is_colocated,
         )
         ranks.append(
             actor_cls.options(

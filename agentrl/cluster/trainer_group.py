@@ -36,6 +36,7 @@ class RankSpec:
     master_port: int
     model_path: str
     num_optimizer_steps: int
+    shares_device: bool = False  # colocated: an engine resumes into this GPU after each step
 
 
 def with_last(items: Iterable[T]) -> Iterator[tuple[T, bool]]:
@@ -120,7 +121,10 @@ class TrainerRank:
         return self.spec.rank
 
     def train_step(self, batch: Any) -> dict[str, float]:
-        return self.backend.train_step(batch)
+        metrics = self.backend.train_step(batch)
+        if self.spec.shares_device:  # the engine's KV cache resumes into what the step used
+            self.backend.free_step_memory()
+        return metrics
 
     def sequence_logprobs(self, token_ids: list[int], start: int) -> list[float]:
         return self.backend.sequence_logprobs(token_ids, start)

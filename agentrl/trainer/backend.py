@@ -33,6 +33,12 @@ class TrainerBackend(Protocol):
         """One optimizer step per `batch.steps` entry; metrics equal on every rank."""
         ...
 
+    def free_step_memory(self) -> None:
+        """After a step on a GPU an engine shares: hand back the gradients (when they are not
+        kept in a persistent buffer) and the allocator's cached blocks, so the engine's KV cache
+        can resume into them."""
+        ...
+
     def export_weights(
         self, bucket_size_bytes: int = ..., dtype: torch.dtype | None = None
     ) -> Iterator[list[tuple[str, Tensor]]]:

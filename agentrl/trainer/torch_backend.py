@@ -352,6 +352,12 @@ class TorchBackend:
         metrics.update(grad_norm=grad_norm, lr=lr, skipped_nonfinite_grad=float(not is_finite))
         return metrics
 
+    def free_step_memory(self) -> None:
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)  # the next step starts from None anyway
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     # ------------------------------------------------------------ weights out
 
     def state_dict_for_engine(self) -> dict[str, Tensor]:

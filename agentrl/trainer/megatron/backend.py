@@ -348,6 +348,12 @@ class MegatronBackend:
         )
         return metrics
 
+    def free_step_memory(self) -> None:
+        """The gradients live in DDP's persistent buffer (sized at start, before the engines);
+        the step's cached activation blocks go back to the driver."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def export_weights(
         self,
         bucket_size_bytes: int = DEFAULT_BUCKET_SIZE_BYTES,
