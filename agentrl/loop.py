@@ -20,6 +20,7 @@ import torch
 from agentrl import run_dir as run_dir_guard
 from agentrl.config import ConfigError, RunConfig
 from agentrl.data import TaskSource, load_tasks
+from agentrl.engine.base import EngineMemoryError
 from agentrl.envs import spec
 from agentrl.eval import evaluate, plot_eval_history
 from agentrl.loop_async import Pace, Rollout, Schedule, check_async, make_schedule
@@ -173,7 +174,9 @@ async def _run(state: _State, start_step: int) -> TrainResult:
         if not state.evals or state.evals[-1]["step"] != steps:
             await state.run_eval(step=steps)
         last = await state.save(steps)
-    except (KeyboardInterrupt, asyncio.CancelledError):
+    except (KeyboardInterrupt, asyncio.CancelledError, EngineMemoryError):
+        # EngineMemoryError: the engines cannot take their memory back after a train step; the
+        # trainer's step is whole, so it is saved before the run stops with the fix.
         state.progress.note(f"saving step {state.step} (the last completed)…")
         if schedule is not None:
             await schedule.stop()

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from agentrl.config import RunConfig
 
 # slime flag -> config key. Each is a typed option below, so an unknown flag is an error
 # that names it (typer: "No such option: --x").
@@ -255,6 +259,7 @@ def train_command(
     for handler in logging.getLogger().handlers:  # libraries that set their own level (bm25s
         handler.addFilter(_ours_or_warning)  # logs an INFO line per empty query) too
     from agentrl.data import DataError
+    from agentrl.engine.base import EngineMemoryError
     from agentrl.engine.sglang.launcher import SGLangNotInstalled
     from agentrl.envs.registry import EnvLoadError, UnknownEnvError
     from agentrl.loop import train
@@ -274,17 +279,24 @@ def train_command(
         console.print(f"[red]error:[/red] {e}", soft_wrap=True)
         raise typer.Exit(2)
     except KeyboardInterrupt:
-        from agentrl.trainer.checkpoint import find_latest
-
-        run_dir = Path(cfg.checkpoint.save)
-        ckpt = find_latest(run_dir / "checkpoints") or run_dir / "checkpoints"
-        console.print(
-            f"[yellow]stopped[/yellow]: the last completed step is saved in {ckpt}; "
-            f"continue with: agentrl train --resume {run_dir}",
-            soft_wrap=True,
-        )
+        console.print(f"[yellow]stopped[/yellow]: {_saved_line(cfg)}", soft_wrap=True)
         raise typer.Exit(130)
+    except EngineMemoryError as e:
+        console.print(f"[red]error:[/red] {e}", soft_wrap=True)
+        console.print(_saved_line(cfg, " --set engine.mem_fraction_static=..."), soft_wrap=True)
+        raise typer.Exit(1)
     console.print(done_line(result), soft_wrap=True)
+
+
+def _saved_line(cfg: RunConfig, extra: str = "") -> str:
+    from agentrl.trainer.checkpoint import find_latest
+
+    run_dir = Path(cfg.checkpoint.save)
+    ckpt = find_latest(run_dir / "checkpoints") or run_dir / "checkpoints"
+    return (
+        f"the last completed step is saved in {ckpt}; continue with: "
+        f"agentrl train --resume {run_dir}{extra}"
+    )
 
 
 def done_line(result) -> str:

@@ -74,6 +74,11 @@ class EngineError(RuntimeError):
     """The engine failed (5xx after retries, timeout, a bad request). Episodes end ERROR/engine."""
 
 
+class EngineMemoryError(EngineError):
+    """The device has no room for what the engine takes back on resume (its weights or KV cache
+    after a colocated train step). The message says how much and what to lower."""
+
+
 class EngineUnavailable(EngineError):
     """The server cannot be reached (it died or is restarting) or no longer serves the policy's
     weights (a restarted server). Not the episode's fault: it ends ABORTED/engine, is never scored

@@ -88,3 +88,27 @@ def test_resume_of_a_missing_dir_is_one_line(tmp_path):
     result = runner.invoke(app, ["train", "--resume", str(tmp_path / "nope")])
     assert result.exit_code == 2
     assert "--resume" in _one_line(result.output) and not (tmp_path / "nope").exists()
+
+
+def test_engine_out_of_room_saves_the_step_and_names_the_fix(tmp_path, tiny_model_path,
+                                                             monkeypatch):  # fmt: skip
+    """The engines cannot take their memory back after a step: the step is saved, the error is
+    one line with the fix, the next line is the resume command; no traceback."""
+    from agentrl.engine import EngineMemoryError
+    from agentrl.runtime import InProcessRuntime
+
+    async def no_room(self, version):
+        raise EngineMemoryError("resuming the engine's kv_cache needs 9.00 GiB; lower it")
+
+    monkeypatch.setattr(InProcessRuntime, "sync_weights", no_room)
+    run = tmp_path / "run"
+    result = runner.invoke(app, ["train", "--model", tiny_model_path, "--save", str(run),
+        "--num-rollout", "3", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
+        "--rollout-max-response-len", "8", "--set", "eval.eval_at_start=false",
+        "--set", "log.progress=false", "--set", "log.use_tensorboard=false"])  # fmt: skip
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    error, saved = [line for line in result.output.splitlines() if line.strip()][-2:]
+    assert error == "error: resuming the engine's kv_cache needs 9.00 GiB; lower it"
+    assert "step_000001" in saved and f"agentrl train --resume {run}" in saved
+    assert (run / "checkpoints" / "step_000001").is_dir()

@@ -452,3 +452,29 @@ async def test_make_engine_kind_http_talks_to_agentrl_serve(served, local) -> No
     want, got = await _both(local, engine, _sampling(3), PROMPTS[3])
     assert got.ids == want.ids and got.logprobs == want.logprobs
     await engine.close()
+
+
+async def test_a_resume_without_room_is_refused_with_the_fix(fresh_served, monkeypatch) -> None:
+    """The engine refuses a KV-cache resume that cannot fit (the memory saver would end the
+    process); over HTTP the client raises the same error, message intact, not a bare 5xx."""
+    from agentrl.engine import EngineMemoryError
+
+    url, engine = fresh_served
+    monkeypatch.setattr(engine, "device", "cuda:0")  # what the check looks at; nothing runs there
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1 << 20, 80 << 30))
+    with pytest.raises(EngineMemoryError) as raised:
+        engine._require_room("kv_cache")
+    message = str(raised.value)
+    assert "the engine's kv_cache" in message and "cuda:0" in message
+    assert f"engine.mem_fraction_static (now {engine.mem_fraction_static})" in message
+    monkeypatch.undo()  # back on the CPU
+
+    async def refuse(tags=None):
+        raise EngineMemoryError("resuming the engine's kv_cache needs 9.00 GiB; lower it")
+
+    monkeypatch.setattr(engine, "resume_memory", refuse)
+    http = SGLangEngine(url, max_retries=0)
+    await http.release_memory()
+    with pytest.raises(EngineMemoryError, match="needs 9.00 GiB; lower it"):
+        await http.resume_memory_occupation(["kv_cache"])
+    await http.close()

@@ -34,6 +34,24 @@ def _keep_pools_past_exit(saver: Any) -> None:
         saver._agentrl_pools_kept = True
 
 
+PAGE_BYTES = 2 << 20  # the driver maps physical memory in 2 MiB granules
+
+
+def require_free(device: str, needed: int, what: str, fix: str) -> None:
+    """Raise EngineMemoryError unless `needed` bytes are free on `device`: the saver cannot report
+    a failed mapping (it ends the process), so a resume that cannot fit is refused before it."""
+    import torch
+
+    from agentrl.engine.base import EngineMemoryError
+
+    free, _total = torch.cuda.mem_get_info(torch.device(device))
+    if free < needed:
+        raise EngineMemoryError(
+            f"resuming {what} needs {needed / 2**30:.2f} GiB on {device}, but only "
+            f"{free / 2**30:.2f} GiB are free; {fix}"
+        )
+
+
 class PausableMemory:
     """One engine's tagged regions ("weights", "kv_cache"), named apart from any other engine's
     in the process (the saver is one per process)."""

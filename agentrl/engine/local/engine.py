@@ -28,7 +28,7 @@ from agentrl.engine.local.attention import (
 )
 from agentrl.engine.local.batching import Sequence, StopChecker, pack_step
 from agentrl.engine.local.cuda_graphs import DecodeGraphs, DecodeLaunch
-from agentrl.engine.local.device_memory import PausableMemory
+from agentrl.engine.local.device_memory import PAGE_BYTES, PausableMemory, require_free
 from agentrl.engine.local.kv_arena import KVArena
 from agentrl.engine.local.param_storage import (
     DroppedParameters,
@@ -115,6 +115,7 @@ class LocalEngine:
             raise ValueError(f"max_batch_size={max_batch_size} must be at least 1")
         if not 0 < mem_fraction_static <= 1:
             raise ValueError(f"mem_fraction_static={mem_fraction_static} must be in (0, 1]")
+        self.mem_fraction_static = mem_fraction_static
         self.model_path = model_path
         self.model, self.tokenizer = model, tokenizer
         self.device = str(next(model.parameters()).device)
@@ -395,6 +396,7 @@ class LocalEngine:
         t0 = time.perf_counter()
         if "weights" in tags & self._released:
             if self._memory is not None:
+                self._require_room("weights")
                 self._memory.resume("weights")
                 if self._host_weights is not None:
                     params = list(self.model.parameters())
@@ -410,6 +412,7 @@ class LocalEngine:
         t1 = time.perf_counter()
         if "kv_cache" in tags & self._released:
             if self._memory is not None:
+                self._require_room("kv_cache")
                 self._memory.resume("kv_cache")
                 self.arena.mark_dirty()  # fresh pages: nothing in them was written
             else:
@@ -424,6 +427,21 @@ class LocalEngine:
         logger.info(
             "LocalEngine resumed %s: weights %.3f s, KV arena (%.1f GB) %.3f s",
             sorted(tags), t1 - t0, self.arena.nbytes / 1e9, t2 - t1,
+        )  # fmt: skip
+
+    def _require_room(self, tag: str) -> None:
+        """Refuse a resume whose pages cannot be mapped (see `require_free`), naming the fix."""
+        if tag == "weights":
+            params = list(self.model.parameters())
+            needed = sum(p.numel() * p.element_size() for p in params)
+            granules = len({p.dtype for p in params})  # one packed block per dtype
+        else:
+            needed, granules = self.arena.nbytes, 2 * self.arena.num_layers
+        require_free(
+            self.device, needed + PAGE_BYTES * (granules + 1), f"the engine's {tag}",
+            f"lower engine.mem_fraction_static (now {self.mem_fraction_static}): the KV arena was "
+            "sized from the memory free at start, and the trainer on this GPU now holds more (its "
+            "optimizer state appears at its first step)",
         )  # fmt: skip
 
     def _abort_all(self) -> None:

@@ -3,12 +3,14 @@ releasing/resuming memory."""
 
 from __future__ import annotations
 
+from http import HTTPStatus
 from typing import Any, Literal
 
 from fastapi import FastAPI
 from fastapi.responses import Response
 from pydantic import BaseModel
 
+from agentrl.engine.base import EngineMemoryError
 from agentrl.engine.serve.protocol import AbortReq, MemoryOccupationReqInput, error_response
 from agentrl.engine.serve.state import ServerState
 
@@ -141,7 +143,10 @@ def add_control_routes(app: FastAPI, state: Any) -> None:
         # The engine gave back weights and KV together (on a "weights" release); each comes back
         # with its own tag, so a colocated sync resumes weights -> sync -> KV cache.
         if tags & s.released_tags & {"weights", "kv_cache"}:
-            await s.engine.resume_memory(sorted(tags & {"weights", "kv_cache"}))
+            try:
+                await s.engine.resume_memory(sorted(tags & {"weights", "kv_cache"}))
+            except EngineMemoryError as e:  # the client raises it again, message intact
+                return error_response(str(e), HTTPStatus.INSUFFICIENT_STORAGE)
         s.released_tags -= tags
         return None
 

@@ -10,12 +10,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 import tenacity
 
-from agentrl.engine.base import Completion, EngineError, EngineUnavailable, SamplingParams
+from agentrl.engine.base import (
+    Completion,
+    EngineError,
+    EngineMemoryError,
+    EngineUnavailable,
+    SamplingParams,
+)
 from agentrl.engine.sglang.control import SGLangControl
 from agentrl.engine.sglang.protocol import (
     DEFAULT_WEIGHT_VERSION,
@@ -34,6 +41,16 @@ __all__ = ["SGLangEngine"]
 logger = logging.getLogger(__name__)
 
 _RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
+
+
+def _error_message(response: httpx.Response) -> str:
+    """The `message` of SGLang's error body, else the body itself."""
+    try:
+        return str(response.json()["message"])
+    except (ValueError, KeyError, TypeError):
+        return response.text[:500]
+
+
 _UNREACHABLE = (
     httpx.ConnectError,
     httpx.ConnectTimeout,
@@ -177,6 +194,8 @@ class SGLangEngine(SGLangControl):
                 f"{method} {url} timed out after {timeout_s}s ({type(e).__name__}); "
                 "raise engine.request_timeout_s if generations are legitimately this long"
             ) from e
+        if response.status_code == HTTPStatus.INSUFFICIENT_STORAGE:  # agentrl serve: no room
+            raise EngineMemoryError(_error_message(response))
         if response.status_code in _RETRYABLE_STATUS:
             raise _Retryable(f"HTTP {response.status_code}: {response.text[:300]}")
         if response.status_code >= 400:
