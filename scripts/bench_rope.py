@@ -75,7 +75,7 @@ def measure(name: str, fn, t, cu, freqs, device: str, repeats: int) -> dict:
     return {"name": name, "aten_ops_per_call": ops, "ms_per_call": statistics.median(times) * 1e3}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sequences", type=int, default=16, help="packed sequences per call")
     parser.add_argument("--tokens", type=int, default=4096, help="packed tokens per call")
@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--out", default="benchmarks/rope.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     import megatron.core
 
@@ -120,6 +120,7 @@ def main() -> None:
     out.write_text(json.dumps(record, indent=2))
     _plot(record, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
+    return record
 
 
 def _plot(record: dict, path: Path) -> None:
