@@ -21,6 +21,17 @@ def serve_command(
     seed: int = typer.Option(
         0, "--seed", help="Engine RNG seed for requests without sampling_seed."
     ),
+    mem_fraction_static: float = typer.Option(
+        0.8,
+        "--mem-fraction-static",
+        help="On CUDA, the KV cache takes this fraction of the memory free at start.",
+    ),
+    reserve_gb: float = typer.Option(
+        0.0,
+        "--reserve-gb",
+        help="GiB left out of the free memory the KV cache is sized from: what a trainer sharing "
+        "the GPU will still allocate (its optimizer state).",
+    ),
     log_level: str = typer.Option("info", "--log-level"),
     weights_cpu_backup: bool = typer.Option(
         True,
@@ -46,6 +57,8 @@ def serve_command(
         max_batch_size=max_batch_size,
         seed=seed,
         weights_cpu_backup=weights_cpu_backup,
+        mem_fraction_static=mem_fraction_static,
+        reserve_bytes=int(reserve_gb * 2**30),
     )
     typer.echo(
         f"agentrl serve: {engine.model_path} on http://{host}:{port} (device {engine.device})",

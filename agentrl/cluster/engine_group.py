@@ -46,6 +46,7 @@ class ServerSpec:
     log_dir: str
     health_timeout_s: float
     keep_weights_on_release: bool = True
+    reserve_bytes: int = 0  # colocated: the trainer's state to come, left out of the KV cache
 
 
 def server_cmd(spec: ServerSpec, port: int) -> list[str]:
@@ -63,6 +64,8 @@ def server_cmd(spec: ServerSpec, port: int) -> list[str]:
     return [sys.executable, "-m", "agentrl.cli", "serve", "--model", spec.model_path,
             "--host", spec.host, "--port", str(port), "--device", device,
             "--dtype", spec.dtype, "--max-batch-size", str(spec.max_batch_size),
+            "--mem-fraction-static", str(spec.mem_fraction_static),
+            "--reserve-gb", f"{spec.reserve_bytes / 2**30:.3f}",
             "--log-level", "warning",
             # Colocated: the trainer resends every weight after a release, no host copy needed.
             "--weights-cpu-backup" if spec.keep_weights_on_release else "--no-weights-cpu-backup",

@@ -109,8 +109,13 @@ class RayRuntime:
             check_capacity(placement, cfg.cluster, available)
             pg, bundles = create_placement_group(placement)
             ranks = await _start_ranks(cfg, placement, pg, bundles, model_path, num_optimizer_steps)
+            reserves = [0] * len(ranks)
+            if placement.is_colocated:  # the engines leave room for the ranks' optimizer state
+                reserves = list(
+                    await asyncio.gather(*(r.engine_reserve_bytes.remote() for r in ranks))
+                )
             engines = await EngineGroup.start(
-                _start_engine_actors(cfg, placement, pg, bundles, model_path), cfg
+                _start_engine_actors(cfg, placement, pg, bundles, model_path, reserves), cfg
             )
         except BaseException:
             if owns_ray:
@@ -362,7 +367,10 @@ def _start_engine_actors(
     pg: Any,
     bundles: list[BundleInfo],
     model_path: str,
+    reserves: list[int],
 ) -> list[Any]:
+    """One engine actor per engine; a colocated one leaves `reserves[rank]` bytes for the
+    trainer rank on its GPU."""
     import ray
 
     from agentrl.engine.sglang.launcher import require_module
@@ -397,7 +405,15 @@ def _start_engine_actors(
             log_dir=str(log_dir if is_local else tempfile.gettempdir()),
             health_timeout_s=cfg.cluster.engine_start_timeout_s,
             keep_weights_on_release=not placement.is_colocated,
+            reserve_bytes=_reserve_for(placement, e, reserves),
         )
+        if use_sglang and spec.reserve_bytes:
+            log.warning(
+                "engine %d: SGLang sizes its KV cache from --mem-fraction-static alone; the trainer "
+                "rank on its GPU will hold %.1f GiB more after its first step (lower "
+                "engine.mem_fraction_static if the KV cache cannot resume)",
+                e, spec.reserve_bytes / 2**30,
+            )  # fmt: skip
         actors.append(
             actor_cls.options(
                 num_cpus=placement.engine_share if not placement.use_gpu else 0.1,
@@ -406,6 +422,11 @@ def _start_engine_actors(
             ).remote(spec)
         )
     return actors
+
+
+def _reserve_for(placement: Placement, engine: int, reserves: list[int]) -> int:
+    rank = placement.colocated_rank(engine)
+    return reserves[rank] if rank is not None else 0
 
 
 def _free_port() -> int:

@@ -120,6 +120,11 @@ class TrainerRank:
             return self.backend.dp_rank  # type: ignore[attr-defined]
         return self.spec.rank
 
+    def engine_reserve_bytes(self) -> int:
+        """What an engine sharing this GPU leaves out of its KV cache: the optimizer state
+        this rank creates at its first step."""
+        return self.backend.pending_state_bytes() if self.spec.use_gpu else 0
+
     def train_step(self, batch: Any) -> dict[str, float]:
         metrics = self.backend.train_step(batch)
         if self.spec.shares_device:  # the engine's KV cache resumes into what the step used

@@ -6,14 +6,15 @@ from agentrl.config import RunConfig
 from agentrl.engine.base import Engine
 
 
-def make_engine(cfg: RunConfig) -> Engine:
+def make_engine(cfg: RunConfig, *, reserve_bytes: int = 0) -> Engine:
     """local = transformers in-process; http = an SGLang-API endpoint (or router) at
-    `engine.url`; sglang = servers launched and supervised by agentrl."""
+    `engine.url`; sglang = servers launched and supervised by agentrl. `reserve_bytes`: device
+    memory the local engine leaves for a trainer in the same process (its state to come)."""
     kind = cfg.engine.kind
     if kind == "local":
         from agentrl.engine.local import LocalEngine
 
-        return LocalEngine.from_config(cfg.model, cfg.engine)
+        return LocalEngine.from_config(cfg.model, cfg.engine, reserve_bytes=reserve_bytes)
     if kind == "http":
         if not cfg.engine.url:
             raise ValueError(

@@ -20,6 +20,8 @@ class TrainerBackend(Protocol):
     `pad_id` is collective: all ranks call it together, with the same arguments (for `logprobs`
     and `train_step`, each rank its own batch of `build_train_batches(..., dp_size)`)."""
 
+    device: torch.device  # where this rank computes
+
     @property
     def pad_id(self) -> int:
         """A token id for padding rows (never attended to, never trained)."""
@@ -31,6 +33,12 @@ class TrainerBackend(Protocol):
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One optimizer step per `batch.steps` entry; metrics equal on every rank."""
+        ...
+
+    def pending_state_bytes(self) -> int:
+        """Device bytes this rank will still allocate and keep between steps: its optimizer
+        state, created at the first step (0 once it exists). A colocated engine sizes its KV
+        cache without them."""
         ...
 
     def free_step_memory(self) -> None:

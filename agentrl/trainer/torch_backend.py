@@ -352,6 +352,16 @@ class TorchBackend:
         metrics.update(grad_norm=grad_norm, lr=lr, skipped_nonfinite_grad=float(not is_finite))
         return metrics
 
+    def pending_state_bytes(self) -> int:
+        """AdamW keeps two moments per trainable parameter, in its dtype, on its device (this
+        rank's shard under FSDP)."""
+        self.model  # noqa: B018 (loads and shards the model, builds the optimizer)
+        assert self.optimizer is not None
+        if self.optimizer.state:
+            return 0
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        return sum(2 * _local(p).numel() * p.element_size() for p in params)
+
     def free_step_memory(self) -> None:
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)  # the next step starts from None anyway
@@ -420,3 +430,9 @@ class TorchBackend:
 def _barrier() -> None:
     if dp_world_size() > 1:
         torch.distributed.barrier()
+
+
+def _local(param: Tensor) -> Tensor:
+    """This rank's shard of an FSDP2 (DTensor) parameter; a plain tensor as it is."""
+    to_local = getattr(param, "to_local", None)
+    return to_local() if to_local is not None else param

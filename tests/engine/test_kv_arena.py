@@ -51,3 +51,26 @@ def test_free_buffers_releases_memory_and_frees_every_slot() -> None:
     assert not arena.is_allocated and arena.num_free == 3
     arena.allocate("cpu")
     assert arena.is_allocated
+
+
+def test_cuda_sizing_leaves_the_trainers_reserve_out(monkeypatch) -> None:
+    """Colocated: the arena is sized from the free memory less what the trainer will still
+    allocate; a reserve that leaves no room is refused naming both numbers."""
+    from types import SimpleNamespace
+
+    from agentrl.engine.local import kv_arena
+
+    config = SimpleNamespace(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                             num_hidden_layers=2)  # fmt: skip
+    per_token = KVArena.bytes_per_token(2, 2, 16, torch.bfloat16)
+    monkeypatch.setattr(kv_arena, "_free_cuda_bytes", lambda device: 101 * 100 * per_token)
+
+    def slots(reserve: int) -> int:
+        return KVArena.for_model(config, torch.bfloat16, "cuda:0", max_batch_size=1000,
+                                 max_context_len=100, num_slots=None, mem_fraction=1.0,
+                                 reserve_bytes=reserve).num_slots  # fmt: skip
+
+    assert slots(0) == 100  # 101 sequences' worth free, one kept as scratch
+    assert slots(50 * 100 * per_token) == 50
+    with pytest.raises(ValueError, match="kept for the trainer"):
+        slots(101 * 100 * per_token)

@@ -269,3 +269,21 @@ def test_free_step_memory_hands_back_the_gradients(tiny_llama_path, groups_facto
     backend.free_step_memory()
     assert all(p.grad is None for p in backend.model.parameters())
     assert backend.train_step(batch)["grad_norm"] > 0  # the next step rebuilds them
+
+
+def test_pending_state_bytes_are_what_the_first_step_allocates(tiny_llama_path, groups_factory):
+    """What a colocated engine leaves out of its KV cache: AdamW's moments, exactly."""
+    backend = _backend(tiny_llama_path, lr=1e-3)
+    pending = backend.pending_state_bytes()
+    assert pending > 0
+    batch = build_train_batch(groups_factory(num_groups=1, group_size=4, seed=3), AlgoConfig(),
+                              max_tokens_per_micro_batch=64, pad_id=0)  # fmt: skip
+    backend.train_step(batch)
+    assert backend.optimizer is not None
+    moments = sum(
+        t.numel() * t.element_size()
+        for state in backend.optimizer.state.values()
+        for name, t in state.items()
+        if name != "step"
+    )
+    assert moments == pending and backend.pending_state_bytes() == 0

@@ -101,6 +101,7 @@ class LocalEngine:
         max_context_len: int | None = None,
         num_slots: int | None = None,
         mem_fraction_static: float = 0.5,
+        reserve_bytes: int = 0,
         max_prefill_tokens: int = 8192,
         use_prefix_cache: bool = True,
         use_cuda_graphs: bool = True,
@@ -110,7 +111,8 @@ class LocalEngine:
         """An engine around a loaded transformers `model` (on its device) and its `tokenizer`;
         `LocalEngine.load` reads them from a checkpoint. `weights_cpu_backup=False`:
         `release_memory` drops the weights instead of copying them to the host (a colocated
-        trainer sends them all again before the next request)."""
+        trainer sends them all again before the next request). `reserve_bytes`: left out of the
+        free memory the KV arena is sized from (what a colocated trainer will still allocate)."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size={max_batch_size} must be at least 1")
         if not 0 < mem_fraction_static <= 1:
@@ -134,6 +136,7 @@ class LocalEngine:
             max_context_len=min(max_context_len or 8192, self._max_positions()),
             num_slots=num_slots,
             mem_fraction=mem_fraction_static,
+            reserve_bytes=reserve_bytes,
         )
         self._memory = PausableMemory.create(self.device) if pausable_memory else None
         if self._memory is not None:
@@ -186,7 +189,9 @@ class LocalEngine:
         return cls(model, tokenizer, model_path=path, **options)
 
     @classmethod
-    def from_config(cls, model_cfg: ModelConfig, engine_cfg: EngineConfig) -> LocalEngine:
+    def from_config(
+        cls, model_cfg: ModelConfig, engine_cfg: EngineConfig, *, reserve_bytes: int = 0
+    ) -> LocalEngine:
         path = resolve_model_path(model_cfg.path, model_cfg.cache_dir)
         return cls.load(
             path,
@@ -194,6 +199,7 @@ class LocalEngine:
             dtype=model_cfg.dtype,
             max_batch_size=engine_cfg.max_batch_size,
             mem_fraction_static=engine_cfg.mem_fraction_static,
+            reserve_bytes=reserve_bytes,
         )
 
     def _max_positions(self) -> int:

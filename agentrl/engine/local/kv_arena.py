@@ -55,9 +55,11 @@ class KVArena:
         max_context_len: int,
         num_slots: int | None,
         mem_fraction: float,
+        reserve_bytes: int = 0,
     ) -> KVArena:
         """An arena shaped for a transformers model config. Without `num_slots`: on CUDA as many
-        slots as `mem_fraction` of the free memory holds (at most 4 × `max_batch_size`, the
+        slots as `mem_fraction` of the free memory (less `reserve_bytes`: a colocated trainer's
+        state still to come) holds (at most 4 × `max_batch_size`, the
         rest for idle multi-turn prefixes), on CPU 2 × `max_batch_size`."""
         head_dim = (
             getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -68,13 +70,15 @@ class KVArena:
         if num_slots is None:
             num_slots = 2 * max_batch_size
             if device.startswith("cuda"):
-                fits = int(mem_fraction * _free_cuda_bytes(device) // per_slot) - 1  # + scratch
+                free = max(0, _free_cuda_bytes(device) - reserve_bytes)
+                fits = int(mem_fraction * free // per_slot) - 1  # + scratch
                 num_slots = min(4 * max_batch_size, fits)
             if num_slots < 1:
                 raise ValueError(
                     f"the KV arena cannot hold one sequence of max_context_len={max_context_len} "
                     f"({per_slot / 2**30:.2f} GiB) in mem_fraction_static={mem_fraction} of the "
-                    "free memory; lower max_context_len or raise mem_fraction_static"
+                    f"free memory (less {reserve_bytes / 2**30:.2f} GiB kept for the trainer); "
+                    "lower max_context_len or raise mem_fraction_static"
                 )
             if num_slots < max_batch_size:
                 logger.warning(

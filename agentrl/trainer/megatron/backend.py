@@ -348,6 +348,23 @@ class MegatronBackend:
         )
         return metrics
 
+    def pending_state_bytes(self) -> int:
+        """Adam's two fp32 moments per parameter of this rank's shard, and the fp32 master
+        copies when the model is bf16 (split over the DP ranks by the distributed optimizer);
+        built at the first step."""
+        if self._optimizer is not None:
+            inners = [o.optimizer for o in getattr(self._optimizer, "chained_optimizers",
+                                                   [self._optimizer])]  # fmt: skip
+            if any(inner.state for inner in inners):
+                return 0
+            return sum(2 * p.numel() * p.element_size() for inner in inners
+                       for group in inner.param_groups for p in group["params"])  # fmt: skip
+        numel = sum(p.numel() for p in self.model.parameters())
+        if self.train_cfg.use_distributed_optimizer:
+            numel = -(-numel // ps.get_data_parallel_world_size())
+        master = 4 * numel if self.param_dtype != torch.float32 else 0
+        return master + 2 * 4 * numel
+
     def free_step_memory(self) -> None:
         """The gradients live in DDP's persistent buffer (sized at start, before the engines);
         the step's cached activation blocks go back to the driver."""

@@ -110,7 +110,15 @@ def test_checkpoint_reload_reproduces_logprobs(configs, tmp_path, family, dtype)
     want = getattr(torch, dtype)
     assert {p.dtype for p in backend.model.parameters()} == {want}
     groups = _groups(96)
+    pending = backend.pending_state_bytes()  # estimated before the optimizer exists
     backend.train_step(_batch(groups, backend.pad_id))
+    (inner,) = [o.optimizer for o in getattr(backend.optimizer, "chained_optimizers",
+                                             [backend.optimizer])]  # fmt: skip
+    moments = sum(t.numel() * t.element_size() for state in inner.state.values()
+                  for name, t in state.items() if name != "step")  # fmt: skip
+    masters = sum(p.numel() * p.element_size() for g in inner.param_groups for p in g["params"])
+    created = moments + (masters if dtype == "bfloat16" else 0)  # fp32 master copies of bf16
+    assert pending == created and backend.pending_state_bytes() == 0
     backend.save(tmp_path / "ckpt")
     after = backend.compute_logprobs(_batch(groups, backend.pad_id))
     fresh = _megatron(tmp_path / "hf", dtype, lr=1e-3)
