@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import signal
 import threading
 import time
@@ -25,19 +24,14 @@ from agentrl.envs import spec
 from agentrl.eval import evaluate, plot_eval_history
 from agentrl.loop_async import Pace, Rollout, Schedule, check_async, make_schedule
 from agentrl.metrics import MetricsLogger, rollout_metrics
-from agentrl.progress import RunProgress, format_duration, sampled_tokens
+from agentrl.progress import RunProgress, StepClock, sampled_tokens, step_line
 from agentrl.rollout import RolloutRunner, build_runner
 from agentrl.rollout.collect import collect_groups
 from agentrl.rollout.staleness import drop_stale, lag_gap_metrics, probe_sample, staleness_metrics
 from agentrl.rollout.trajectory import write_jsonl
+from agentrl.run_checkpoint import resume_run, save_run
 from agentrl.runtime import Runtime, make_runtime, uses_ray
 from agentrl.trainer.batch import build_train_batches
-from agentrl.trainer.checkpoint import (
-    capture_rng_state,
-    find_latest,
-    restore_rng_state,
-    save_checkpoint,
-)
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +117,7 @@ async def _train_in(
     )
     try:
         runner = build_runner(cfg, runtime.engine)
-        start_step, evals = await _maybe_resume(cfg, runtime, source)
+        start_step, evals = await resume_run(cfg, runtime, source)
         state = _State(cfg, run_dir, runtime, runner, source, eval_tasks, logger, evals)
         state.step, state.progress = start_step, progress
         with _stop_on_signals(progress):
@@ -146,7 +140,7 @@ async def _run(state: _State, start_step: int) -> TrainResult:
         schedule = make_schedule(state, start_step)
         last_save_t = time.monotonic()
         pace = Pace(state.runtime.engine, state.runner)
-        clock = _StepClock(start_step, cfg.train.num_rollout)
+        clock = StepClock(start_step, cfg.train.num_rollout)
         for step in range(start_step, cfg.train.num_rollout):
             rollout = await schedule.next_rollout(step)
             t0 = time.perf_counter()
@@ -417,55 +411,14 @@ class _State:
         return summary
 
     async def save(self, step: int) -> Path:
-        extra = {
-            "step": step,
-            "data": self.data_state,
-            "evals": self.evals,
-            "config": self.cfg.to_dict(),
-            "rng": capture_rng_state(),
-        }
-        loop = asyncio.get_running_loop()
-
-        def write(tmp_dir: Path) -> None:  # on a worker thread; the trainer saves on the loop
-            asyncio.run_coroutine_threadsafe(self.runtime.save(tmp_dir), loop).result()
-            torch.save(extra, tmp_dir / "loop_state.pt")
-
-        return await asyncio.to_thread(
-            save_checkpoint,
-            self.run_dir / "checkpoints",
-            step,
-            write,
-            keep_last=self.cfg.checkpoint.keep_last,
-        )
+        loop_state = {"step": step, "data": self.data_state, "evals": self.evals,
+                      "config": self.cfg.to_dict()}  # fmt: skip
+        return await save_run(self.run_dir, self.runtime, loop_state, self.cfg.checkpoint.keep_last)
 
 
 def _prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:
     keep = ("time/", "weight_sync/", "engine/")  # the runtime's own, already named
     return {k if k.startswith(keep) else prefix + k: v for k, v in metrics.items()}
-
-
-async def _maybe_resume(
-    cfg: RunConfig, runtime: Runtime, source: TaskSource
-) -> tuple[int, list[dict[str, Any]]]:
-    if not cfg.checkpoint.resume:
-        return 0, []
-    root = Path(cfg.checkpoint.resume)
-    ckpt = (
-        find_latest(root / "checkpoints")
-        or find_latest(root)
-        or (root if (root / "loop_state.pt").exists() else None)
-    )
-    if ckpt is None:
-        raise FileNotFoundError(
-            f"--resume {str(root)!r}: no complete checkpoint found there (looked for step_* dirs)"
-        )
-    await runtime.load(ckpt)
-    extra = torch.load(ckpt / "loop_state.pt", weights_only=False)
-    source.load_state(extra["data"])
-    restore_rng_state(extra["rng"])
-    await runtime.sync_weights(version=str(extra["step"]))
-    log.info("resumed from %s at step %d", ckpt, extra["step"])
-    return int(extra["step"]), list(extra.get("evals", []))
 
 
 def _finite(value: Any) -> Any:
@@ -489,38 +442,3 @@ def _num_tied_groups(groups: list[Any]) -> int:
 
     rewards = [[t.reward for t in g if stats.is_scored(t)] for g in groups]
     return sum(len(r) > 1 and max(r) == min(r) for r in rewards)
-
-
-def step_line(done: int, num_steps: int, metrics: dict[str, float], eta_s: float | None) -> str:
-    """One line per train step: reward, EM, tied groups (and whether their compute was
-    skipped), where the time went, and the run's ETA."""
-    m = metrics.get
-    num_groups = int(m("rollout/num_groups", 0))
-    num_tied = int(m("rollout/num_zero_variance_groups", 0))
-    skipped = m("train/num_zero_advantage_skipped", 0) > 0 or m("train/skipped_no_signal") == 1
-    tied = f"{num_tied}/{num_groups} groups tied, no signal" + (" (skipped)" if skipped else "")
-    return (
-        f"step {done}/{num_steps}: reward {m('rollout/reward_mean', math.nan):.3f} · pass rate "
-        f"{m('rollout/pass_rate', math.nan):.3f} · {tied} · rollout "
-        f"{m('time/rollout_s', math.nan):.0f}s, train {m('time/train_s', math.nan):.0f}s · "
-        f"run ETA {format_duration(eta_s)}"
-    )
-
-
-class _StepClock:
-    """The run's ETA from the mean wall time of its steps (evaluation and saves excluded)."""
-
-    def __init__(self, start_step: int, num_steps: int) -> None:
-        self.remaining, self.num_timed, self.busy_s = num_steps - start_step, 0, 0.0
-        self.t0 = time.monotonic()
-
-    def done(self) -> float:
-        """Count a step; the seconds the remaining steps should take."""
-        self.busy_s += time.monotonic() - self.t0
-        self.t0 = time.monotonic()
-        self.num_timed += 1
-        self.remaining -= 1
-        return self.busy_s / self.num_timed * self.remaining
-
-    def pause(self) -> None:
-        self.t0 = time.monotonic()

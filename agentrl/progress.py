@@ -243,3 +243,38 @@ def sampled_tokens(engine: Any) -> Callable[[], float] | None:
     if stats is None or not hasattr(stats, "num_generated_tokens"):
         return None
     return lambda: float(stats.num_generated_tokens)
+
+
+def step_line(done: int, num_steps: int, metrics: dict[str, float], eta_s: float | None) -> str:
+    """One line per train step: reward, EM, tied groups (and whether their compute was
+    skipped), where the time went, and the run's ETA."""
+    m = metrics.get
+    num_groups = int(m("rollout/num_groups", 0))
+    num_tied = int(m("rollout/num_zero_variance_groups", 0))
+    skipped = m("train/num_zero_advantage_skipped", 0) > 0 or m("train/skipped_no_signal") == 1
+    tied = f"{num_tied}/{num_groups} groups tied, no signal" + (" (skipped)" if skipped else "")
+    return (
+        f"step {done}/{num_steps}: reward {m('rollout/reward_mean', math.nan):.3f} · pass rate "
+        f"{m('rollout/pass_rate', math.nan):.3f} · {tied} · rollout "
+        f"{m('time/rollout_s', math.nan):.0f}s, train {m('time/train_s', math.nan):.0f}s · "
+        f"run ETA {format_duration(eta_s)}"
+    )
+
+
+class StepClock:
+    """The run's ETA from the mean wall time of its steps (evaluation and saves excluded)."""
+
+    def __init__(self, start_step: int, num_steps: int) -> None:
+        self.remaining, self.num_timed, self.busy_s = num_steps - start_step, 0, 0.0
+        self.t0 = time.monotonic()
+
+    def done(self) -> float:
+        """Count a step; the seconds the remaining steps should take."""
+        self.busy_s += time.monotonic() - self.t0
+        self.t0 = time.monotonic()
+        self.num_timed += 1
+        self.remaining -= 1
+        return self.busy_s / self.num_timed * self.remaining
+
+    def pause(self) -> None:
+        self.t0 = time.monotonic()
