@@ -107,7 +107,9 @@ async def time_layout(
         await runtime.train_step(batches)  # warm-up: kernels, optimizer state, allocator
         await runtime.sync_weights("warmup")
         info = await runtime.engine.clients[0].get_server_info()
-        pausable = bool((info.get("internal_states") or [{}])[0].get("pausable_memory", False))
+        state = (info.get("internal_states") or [{}])[0]
+        pausable = bool(state.get("pausable_memory", False))
+        kv_cache_gb = state.get("kv_cache_bytes", 0) / 1e9
         times, phases, train_s, num_bytes = [], [], [], 0.0
         for i in range(repeats):
             t_train = time.perf_counter()
@@ -143,6 +145,7 @@ async def time_layout(
         "train_step_s": train_s,
         "s_per_gb": best / (num_bytes / 1e9),
         "pausable_memory": pausable,
+        "kv_cache_gb": kv_cache_gb,
     }
 
 
@@ -325,6 +328,7 @@ def main() -> None:
     for r in results:
         what = _label(r)
         paused = " pausable memory" if r.get("pausable_memory") else ""
+        paused += f", KV cache {r['kv_cache_gb']:.1f} GB"
         step = min(r["train_step_s"])
         print(
             f"{what:<34}{r['s_per_gb']:>10.4f}{r['s_per_gb'] / floor:>10.1f}  {r['phases_s']}"

@@ -212,7 +212,7 @@ async def test_release_memory_refuses_generation_until_resumed(served) -> None:
 
 
 async def test_info_endpoints(served) -> None:
-    url, _ = served
+    url, engine = served
     http = SGLangEngine(url)
     info = await http.get_model_info()
     assert {"model_path", "tokenizer_path", "is_generation", "weight_version"} <= set(info)
@@ -221,6 +221,8 @@ async def test_info_endpoints(served) -> None:
     # On the CPU nothing is pausable: a release frees and a resume re-allocates.
     assert server["internal_states"][0]["pausable_memory"] is False
     assert server["internal_states"][0]["last_resume_s"] == {}  # nothing resumed yet
+    assert server["internal_states"][0]["kv_cache_bytes"] == engine.arena.nbytes > 0
+    assert server["internal_states"][0]["reserve_bytes"] == 0  # no trainer shares this engine
     await http.wait_healthy(timeout_s=30)
     await http.flush_cache()
     await http.close()

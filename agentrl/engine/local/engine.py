@@ -118,6 +118,7 @@ class LocalEngine:
         if not 0 < mem_fraction_static <= 1:
             raise ValueError(f"mem_fraction_static={mem_fraction_static} must be in (0, 1]")
         self.mem_fraction_static = mem_fraction_static
+        self.reserve_bytes = reserve_bytes
         self.model_path = model_path
         self.model, self.tokenizer = model, tokenizer
         self.device = str(next(model.parameters()).device)

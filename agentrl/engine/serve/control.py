@@ -64,6 +64,9 @@ def add_control_routes(app: FastAPI, state: Any) -> None:
                     "pausable_memory": bool(getattr(s.engine, "is_memory_pausable", False)),
                     # the engine's own time for its last resume, per tag (no HTTP in it)
                     "last_resume_s": dict(getattr(s.engine, "last_resume_s", {})),
+                    # the KV cache's size (what a resume maps again) and the room it left
+                    "kv_cache_bytes": int(getattr(getattr(s.engine, "arena", None), "nbytes", 0)),
+                    "reserve_bytes": int(getattr(s.engine, "reserve_bytes", 0)),
                 }
             ],
         }
