@@ -91,7 +91,8 @@ async def make_runtime(cfg: RunConfig, model_path: str, num_optimizer_steps: int
     )
     # On a GPU the trainer loads first and the engine's KV cache leaves room for the optimizer
     # state the trainer creates at its first step (engine and trainer share the device).
-    reserve = backend.pending_state_bytes() if backend.device.type == "cuda" else 0
+    is_shared = cfg.engine.kind == "local" and backend.device.type == "cuda"
+    reserve = backend.pending_state_bytes() if is_shared else 0
     return InProcessRuntime(cfg, backend, make_engine(cfg, reserve_bytes=reserve))
 
 

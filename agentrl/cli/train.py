@@ -283,7 +283,9 @@ def train_command(
         raise typer.Exit(130)
     except EngineMemoryError as e:
         console.print(f"[red]error:[/red] {e}", soft_wrap=True)
-        console.print(_saved_line(cfg, " --set engine.mem_fraction_static=..."), soft_wrap=True)
+        lower = round(cfg.engine.mem_fraction_static * 0.75, 2)
+        fix = f" --override --set engine.mem_fraction_static={lower}"
+        console.print(_saved_line(cfg, fix), soft_wrap=True)
         raise typer.Exit(1)
     console.print(done_line(result), soft_wrap=True)
 

@@ -175,6 +175,8 @@ class TrainerRank:
                 t_send = time.perf_counter()
                 self._run(self._send(bucket, version if is_last else None))
                 send_s += time.perf_counter() - t_send
+        if self.spec.shares_device:  # the buckets' cached blocks: the KV cache resumes next
+            self.backend.free_step_memory()
         total_s = time.perf_counter() - t0
         return {"bytes": float(num_bytes), "export_s": total_s - send_s, "send_s": send_s}
 

@@ -111,6 +111,8 @@ class RoutedEngine:
         self.num_requests[index] += 1
         try:
             completion = await client.generate(input_ids, sampling, routing_key=routing_key)
+            if index < 0:  # sglang_router does not say which worker answered
+                completion.served_by = ""
         except EngineUnavailable:
             if index >= 0:
                 self.mark_down(index)

@@ -26,8 +26,9 @@ class Turn:
     text: str = ""
     """The decoded sampled text (for display; never re-tokenized)."""
     served_by: str = ""
-    """The engine server that sampled this turn (its base URL; "" for an in-process engine).
-    All turns of an episode go to one server, which holds its prefix (routing key)."""
+    """The engine server that sampled this turn (its base URL; "" for an in-process engine or
+    behind sglang_router, which does not say). All turns of an episode go to one server, which
+    holds its prefix (routing key)."""
 
 
 @dataclass

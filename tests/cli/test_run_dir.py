@@ -112,3 +112,11 @@ def test_engine_out_of_room_saves_the_step_and_names_the_fix(tmp_path, tiny_mode
     assert error == "error: resuming the engine's kv_cache needs 9.00 GiB; lower it"
     assert "step_000001" in saved and f"agentrl train --resume {run}" in saved
     assert (run / "checkpoints" / "step_000001").is_dir()
+    # The printed command is accepted as it is and goes on from the saved step.
+    monkeypatch.undo()
+    command = saved.split("continue with: ", 1)[1].split()
+    assert command[:2] == ["agentrl", "train"] and "--override" in command
+    resumed = runner.invoke(app, command[1:])
+    assert resumed.exit_code == 0, resumed.output
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in rows if "train/loss" in r) == 3

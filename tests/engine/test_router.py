@@ -19,7 +19,7 @@ class Server:
         if self.is_dead:
             raise EngineUnavailable(f"{self.base_url} refused the connection")
         self.keys.append(routing_key)
-        return Completion([1], [-0.5], FinishReason.STOP, self.version)
+        return Completion([1], [-0.5], FinishReason.STOP, self.version, served_by=self.base_url)
 
 
 def test_ring_moves_only_the_removed_servers_keys():
@@ -72,3 +72,13 @@ async def test_all_servers_down_is_unavailable():
     engine.mark_down(0)
     with pytest.raises(EngineUnavailable, match="every engine server is down"):
         await engine.generate([1], SamplingParams(), routing_key="k")
+
+
+async def test_served_by_names_the_server_and_not_a_router():
+    """Trajectories record the server of each turn; behind sglang_router the worker is unknown,
+    so it is left empty rather than naming the router as if it were one engine."""
+    servers = [Server("http://a"), Server("http://b")]
+    direct = await RoutedEngine(servers).generate([1], SamplingParams(), routing_key="ep1")
+    assert direct.served_by in {"http://a", "http://b"}
+    routed = RoutedEngine(servers, router=Server("http://router"))  # type: ignore[arg-type]
+    assert (await routed.generate([1], SamplingParams(), routing_key="ep1")).served_by == ""

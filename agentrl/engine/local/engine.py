@@ -423,8 +423,9 @@ class LocalEngine:
                 self._memory.resume("kv_cache")
                 self.arena.mark_dirty()  # fresh pages: nothing in them was written
             else:
-                # Sized again: a colocated trainer may hold more (or less) memory than at start.
-                self.arena = self._scheduler.arena = self._size_arena()
+                # Sized again from what is free now: a colocated trainer's optimizer state, once
+                # created, is held already, so no reserve is left for it a second time.
+                self.arena = self._scheduler.arena = self._size_arena(reserve_bytes=0)
                 self._allocate_arena()
             self._released.discard("kv_cache")
         t2 = time.perf_counter()

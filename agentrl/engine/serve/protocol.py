@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from http import HTTPStatus
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -96,7 +97,7 @@ def finish_reason_json(completion: Completion) -> dict[str, Any]:
 
 def error_response(message: str, status_code: int = 400) -> JSONResponse:
     """http_server.py `_create_error_response` / ErrorResponse shape."""
-    kind = "Bad Request" if status_code == 400 else "Internal Server Error"
+    kind = HTTPStatus(status_code).phrase  # "Bad Request", "Insufficient Storage", ...
     return JSONResponse(
         {"object": "error", "message": message, "type": kind, "param": None, "code": status_code},
         status_code=status_code,

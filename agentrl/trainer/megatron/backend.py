@@ -394,7 +394,8 @@ def _fuse_torch_adam(optimizer: Any) -> None:
     """Without Apex or TransformerEngine, megatron-core steps torch's Adam in its foreach form:
     a dozen passes over the fp32 master weights and moments. The fused form (what their FusedAdam
     is) updates each tensor in one kernel. Set before the first step, so the step counters are
-    created where the fused kernel keeps them; a checkpoint's state loads into either form."""
+    created where the fused kernel keeps them. A checkpoint restores the form it was saved in
+    (torch's load_state_dict takes the saved param groups)."""
     for inner in (o.optimizer for o in getattr(optimizer, "chained_optimizers", [optimizer])):
         if not isinstance(inner, torch.optim.Adam | torch.optim.AdamW) or inner.state:
             continue

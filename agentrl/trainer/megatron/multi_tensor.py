@@ -46,7 +46,10 @@ def multi_tensor_scale(
     sources, destinations = tensor_lists
     if not sources:
         return
-    if scale != 1.0:
+    if all(s is d for s, d in zip(sources, destinations, strict=True)):  # clipping: in place
+        torch._foreach_mul_(destinations, scale)  # type: ignore[attr-defined]
+        return
+    if scale != 1.0:  # megatron only copies (scale 1.0) between different tensors
         sources = torch._foreach_mul(sources, scale)  # type: ignore[attr-defined]
     torch._foreach_copy_(destinations, sources)  # type: ignore[attr-defined]
 

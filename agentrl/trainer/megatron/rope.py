@@ -21,6 +21,11 @@ from megatron.core.models.common.embeddings import rope_utils
 from torch import Tensor
 
 _megatron_thd = rope_utils._apply_rotary_pos_emb_thd
+# What `_apply_rotary_pos_emb_bshd` takes in every version this was checked against (0.16, 0.19);
+# a THD call with anything else (a newer megatron-core's option) keeps megatron's own path.
+_BSHD_KWARGS = frozenset(
+    {"rotary_interleaved", "multi_latent_attention", "mla_rotary_interleaved", "mscale"}
+)
 
 
 def apply_rotary_pos_emb_thd(
@@ -29,7 +34,7 @@ def apply_rotary_pos_emb_thd(
     """`t` [T, H, D] of sequences packed back to back (sequence i is rows cu_seqlens[i] to
     cu_seqlens[i+1]); `freqs` [max_seqlen, 1, 1, D'] (position p of any sequence), or [T, 1, 1,
     D'] (one row per packed token, as megatron-core 0.19 also accepts)."""
-    if args or (cp_group is not None and cp_group.size() > 1):
+    if args or not kwargs.keys() <= _BSHD_KWARGS or (cp_group is not None and cp_group.size() > 1):
         return _megatron_thd(t, cu_seqlens, freqs, *args, cp_group=cp_group, **kwargs)
     num_tokens = t.size(0)
     if freqs.size(0) != num_tokens:  # by position within each sequence

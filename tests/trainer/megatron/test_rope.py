@@ -64,12 +64,15 @@ def test_per_token_frequencies_are_used_as_given():
     assert torch.equal(ours, expected)
 
 
-def test_context_parallel_keeps_megatrons_path(monkeypatch):
+def test_context_parallel_and_unknown_options_keep_megatrons_path(monkeypatch):
     calls = []
     monkeypatch.setattr(rope, "_megatron_thd", lambda *a, **k: calls.append(k) or a[0])
     t, cu, freqs = _inputs([4, 4], torch.float32)
     rope.apply_rotary_pos_emb_thd(t, cu, freqs, cp_group=Group(size=2))
     assert len(calls) == 1 and calls[0]["cp_group"].size() == 2
+    # An option megatron's bshd rotation may not take (a newer THD signature's): its own path.
+    rope.apply_rotary_pos_emb_thd(t, cu, freqs, cp_group=Group(), inverse=True)
+    assert len(calls) == 2 and calls[1]["inverse"] is True
 
 
 def test_building_the_model_installs_it():
