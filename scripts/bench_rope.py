@@ -85,9 +85,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default="benchmarks/rope.json")
     args = parser.parse_args(argv)
 
-    import megatron.core
+    from agentrl.trainer.megatron import rope  # first: it imports megatron-core past a saver
 
-    from agentrl.trainer.megatron import rope
+    import megatron.core  # noqa: I001
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     t, cu, freqs = _inputs(args, device)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("megatron.core")
+# agentrl's module first: it imports megatron-core past a memory saver a test initialised.
+pytest.importorskip("agentrl.trainer.megatron.rope")
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_rope.py"
 

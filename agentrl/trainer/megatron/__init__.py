@@ -1,8 +1,8 @@
 """The Megatron-core trainer backend (`train.backend=megatron`, the `megatron` extra): tensor,
 pipeline and data parallel training of Llama / Qwen2 / Qwen3 checkpoints with packed sequences.
 
-Only this package imports `megatron.core`, and only its `backend`, `model`, `parallel` and
-`checkpoint` modules do, each after `saver_compat` (which lets the import past a
+Only this package imports `megatron.core`, and only its `backend`, `model`, `parallel`,
+`checkpoint`, `rope` and `multi_tensor` modules do, each after `saver_compat` (which lets the import past a
 `torch_memory_saver` that a colocated engine has initialised). The rest (config and weight
 mapping, packing, vocab-parallel logprobs, packed attention) is plain torch and runs on any
 machine."""

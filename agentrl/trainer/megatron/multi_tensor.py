@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import agentrl.trainer.megatron.saver_compat  # noqa: F401  (before megatron.core: see there)
+
+# isort: split
 import torch
 from megatron.core import utils as megatron_utils
 from megatron.core.optimizer import clip_grads

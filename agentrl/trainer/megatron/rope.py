@@ -16,6 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import agentrl.trainer.megatron.saver_compat  # noqa: F401  (before megatron.core: see there)
+
+# isort: split
 import torch
 from megatron.core.models.common.embeddings import rope_utils
 from torch import Tensor

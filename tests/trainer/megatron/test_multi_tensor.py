@@ -6,11 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("megatron.core")
+# The module first: it imports megatron-core past a memory saver another test initialised.
+multi_tensor = pytest.importorskip("agentrl.trainer.megatron.multi_tensor")
 
 from megatron.core import utils as megatron_utils  # noqa: E402
-
-from agentrl.trainer.megatron import multi_tensor  # noqa: E402
 
 
 def _tensors(dtype=torch.float32):
