@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     from agentrl.trainer.megatron import rope  # first: it imports megatron-core past a saver
 
-    import megatron.core  # noqa: I001
+    # isort: split
+    import megatron.core
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     t, cu, freqs = _inputs(args, device)
