@@ -146,6 +146,11 @@ class LocalEngine:
             torch.cuda.empty_cache()  # the storage the weights were loaded into
         self.arena = self._size_arena()
         self._allocate_arena()
+        logger.info(
+            "LocalEngine KV arena on %s: %d slots x %d tokens, %.1f GB (%.1f GiB kept for a trainer)",
+            self.device, self.arena.num_slots, self.arena.max_len, self.arena.nbytes / 1e9,
+            reserve_bytes / 2**30,
+        )  # fmt: skip
         self._scheduler = Scheduler(
             self.arena,
             max_batch_size=max_batch_size,
