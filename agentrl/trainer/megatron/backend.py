@@ -353,8 +353,7 @@ class MegatronBackend:
         copies when the model is bf16 (split over the DP ranks by the distributed optimizer);
         built at the first step."""
         if self._optimizer is not None:
-            inners = [o.optimizer for o in getattr(self._optimizer, "chained_optimizers",
-                                                   [self._optimizer])]  # fmt: skip
+            inners = torch_optimizers(self._optimizer)
             if any(inner.state for inner in inners):
                 return 0
             return sum(2 * p.numel() * p.element_size() for inner in inners
@@ -390,13 +389,18 @@ class MegatronBackend:
         checkpoint.load(self, Path(directory))
 
 
+def torch_optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
+    """The torch optimizers inside megatron-core's (one per chained group)."""
+    return [o.optimizer for o in getattr(optimizer, "chained_optimizers", [optimizer])]
+
+
 def _fuse_torch_adam(optimizer: Any) -> None:
     """Without Apex or TransformerEngine, megatron-core steps torch's Adam in its foreach form:
     a dozen passes over the fp32 master weights and moments. The fused form (what their FusedAdam
     is) updates each tensor in one kernel. Set before the first step, so the step counters are
     created where the fused kernel keeps them. A checkpoint restores the form it was saved in
     (torch's load_state_dict takes the saved param groups)."""
-    for inner in (o.optimizer for o in getattr(optimizer, "chained_optimizers", [optimizer])):
+    for inner in torch_optimizers(optimizer):
         if not isinstance(inner, torch.optim.Adam | torch.optim.AdamW) or inner.state:
             continue
         params = [p for group in inner.param_groups for p in group["params"]]

@@ -105,6 +105,8 @@ def test_checkpoint_reload_reproduces_logprobs(configs, tmp_path, family, dtype)
     which megatron-core builds in float32), so the optimizer state maps onto the model's."""
     from conftest import save_random_model
 
+    from agentrl.trainer.megatron.backend import torch_optimizers
+
     save_random_model(configs[family](), tmp_path / "hf")
     backend = _megatron(tmp_path / "hf", dtype, lr=1e-3)
     want = getattr(torch, dtype)
@@ -112,8 +114,7 @@ def test_checkpoint_reload_reproduces_logprobs(configs, tmp_path, family, dtype)
     groups = _groups(96)
     pending = backend.pending_state_bytes()  # estimated before the optimizer exists
     backend.train_step(_batch(groups, backend.pad_id))
-    (inner,) = [o.optimizer for o in getattr(backend.optimizer, "chained_optimizers",
-                                             [backend.optimizer])]  # fmt: skip
+    (inner,) = torch_optimizers(backend.optimizer)
     moments = sum(t.numel() * t.element_size() for state in inner.state.values()
                   for name, t in state.items() if name != "step")  # fmt: skip
     masters = sum(p.numel() * p.element_size() for g in inner.param_groups for p in g["params"])
@@ -130,7 +131,7 @@ def test_checkpoint_reload_reproduces_logprobs(configs, tmp_path, family, dtype)
     # form megatron-core's torch fallback is switched to) equals the next step of the original.
     for b in (backend, fresh):
         b.train_step(_batch(_groups(96, seed=1), b.pad_id))
-        (inner,) = [o.optimizer for o in getattr(b.optimizer, "chained_optimizers", [b.optimizer])]
+        (inner,) = torch_optimizers(b.optimizer)
         assert all(group["fused"] for group in inner.param_groups)
     ours, theirs = (dict(kv for k in b.export_weights() for kv in k) for b in (backend, fresh))
     assert all(torch.equal(ours[name], theirs[name]) for name in ours)
