@@ -21,6 +21,16 @@ from agentrl.types import EpisodeStatus
 Group = Sequence[Any]  # the n trajectories of one task
 
 
+def to_device(tensor: Tensor, device: torch.device | str) -> Tensor:
+    """`tensor` on `device`. A CPU tensor goes to a GPU through pinned memory without blocking:
+    a copy from pageable memory waits for the GPU's queue to drain, so a copy before each
+    micro-batch would leave the GPU idle while the CPU launches the next forward."""
+    device = torch.device(device)
+    if device.type == "cuda" and tensor.device.type == "cpu":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
 @dataclass
 class MicroBatch:
     """One forward/backward pass. Position t holds the logprob of token t+1 (the target)."""
@@ -42,7 +52,7 @@ class MicroBatch:
         return int(self.input_ids.numel())
 
     def to(self, device: torch.device | str) -> MicroBatch:
-        moved = {k: v.to(device) for k, v in vars(self).items() if isinstance(v, Tensor)}
+        moved = {k: to_device(v, device) for k, v in vars(self).items() if isinstance(v, Tensor)}
         return replace(self, **moved)
 
     def loss_inputs(self, num_tokens: float, num_seqs: float, old_logprobs: Tensor) -> LossInputs:

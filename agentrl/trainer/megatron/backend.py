@@ -26,7 +26,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from torch import Tensor
 
 from agentrl.config import AlgoConfig, TrainConfig
-from agentrl.trainer.batch import MicroBatch, StepBatch, TrainBatch, pad_id_for
+from agentrl.trainer.batch import MicroBatch, StepBatch, TrainBatch, pad_id_for, to_device
 from agentrl.trainer.losses import build_objective, combine_metrics
 from agentrl.trainer.lr_schedule import lr_at
 from agentrl.trainer.megatron import checkpoint, multi_tensor
@@ -56,6 +56,17 @@ class _LossPositions:
     is_loss: Tensor  # [M] indices among the first `num_tokens` packed tokens, on the device
     num_tokens: int  # the micro-batch's tokens (the packed row may add alignment padding)
     has_loss: bool  # False for a micro-batch that only pads a rank's share
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """A micro-batch packed on the host and copied to the device before the schedule starts."""
+
+    mb: MicroBatch  # on the device
+    input_ids: Tensor  # [1, N'] packed (N' >= N: sequence-parallel alignment)
+    position_ids: Tensor
+    params: PackedSeqParams
+    where: _LossPositions
 
 
 class MegatronBackend:
@@ -134,7 +145,9 @@ class MegatronBackend:
         self.shape = model_shape(self.hf_config)
         check_parallel_fit(self.shape, self.train_cfg)
         self.use_te = gpt.has_transformer_engine()
-        self.tf_config = gpt.transformer_config(self.shape, self.train_cfg, self.param_dtype)
+        self.tf_config = gpt.transformer_config(
+            self.shape, self.train_cfg, self.param_dtype, self.device
+        )
         self.wmap = gpt.weight_map(self.shape, self.use_te)
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True,
@@ -175,12 +188,10 @@ class MegatronBackend:
 
     # ------------------------------------------------------------ forward
 
-    def _forward_step(
-        self, model: Any, data_iterator: Iterator, model_arg: Any, *, mode: str, step=None
-    ):
-        # Packing and the loss positions are read on the host, before the micro-batch moves: no
-        # device sync between forward and backward, so the CPU keeps launching ahead of the GPU.
-        host: MicroBatch = next(data_iterator)
+    def _stage(self, host: MicroBatch) -> _Staged:
+        """Packing and the loss positions are read on the host and every tensor is copied
+        without blocking, for all micro-batches before the schedule runs: no device sync
+        between forward and backward, so the CPU keeps launching ahead of the GPU."""
         multiple = (
             self.train_cfg.tensor_model_parallel_size if self.train_cfg.sequence_parallel else 1
         )
@@ -188,16 +199,25 @@ class MegatronBackend:
             host.input_ids, host.position_ids, pad_id=self.pad_id, multiple=multiple
         )
         is_loss = (host.loss_mask.reshape(-1) > 0).nonzero()[:, 0]  # [M] among the first N tokens
-        mb = host.to(self.device)
-        cu = packed.cu_seqlens.to(self.device)
+        cu = to_device(packed.cu_seqlens, self.device)
         params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
                                  max_seqlen_q=packed.max_seqlen, max_seqlen_kv=packed.max_seqlen)  # fmt: skip
+        where = _LossPositions(
+            to_device(is_loss, self.device), packed.num_tokens, bool(is_loss.numel())
+        )
+        return _Staged(host.to(self.device), to_device(packed.input_ids, self.device),
+                       to_device(packed.position_ids, self.device), params, where)  # fmt: skip
+
+    def _forward_step(
+        self, model: Any, data_iterator: Iterator[_Staged], model_arg: Any, *, mode: str,
+        step=None,
+    ):  # fmt: skip
+        staged = next(data_iterator)
         output = model(
-            packed.input_ids.to(self.device), packed.position_ids.to(self.device),
-            attention_mask=None, packed_seq_params=params,
+            staged.input_ids, staged.position_ids,
+            attention_mask=None, packed_seq_params=staged.params,
         )  # fmt: skip
-        where = _LossPositions(is_loss.to(self.device), packed.num_tokens, bool(is_loss.numel()))
-        return output, partial(self._loss, mb, where, mode, step)
+        return output, partial(self._loss, staged.mb, staged.where, mode, step)
 
     def _token_logprobs(self, logits: Tensor, mb: MicroBatch, where: _LossPositions,
                         entropy_grad: bool):  # fmt: skip
@@ -240,7 +260,7 @@ class MegatronBackend:
         last pipeline stage (empty elsewhere)."""
         return get_forward_backward_func()(
             forward_step_func=partial(self._forward_step, model, mode=mode, step=step),
-            data_iterator=iter(mbs),
+            data_iterator=iter([self._stage(mb) for mb in mbs]),
             model=[model],
             num_microbatches=len(mbs),
             seq_length=max(mb.num_tokens for mb in mbs),

@@ -7,7 +7,9 @@ on a GRPO batch of many short episodes, thousands of small operators a step and 
 never run ahead of the GPU. The rotation is the same for every token given its position within
 its sequence, so `install()` swaps in a version that gathers each token's frequencies (its
 offset from its sequence start, found on the device) and rotates all tokens with megatron's own
-`_apply_rotary_pos_emb_bshd`: the same arithmetic on the same values, bit for bit.
+`_apply_rotary_pos_emb_bshd`'s arithmetic: the same values, bit for bit on the CPU. The cos and
+sin of those frequencies are computed once per forward, not once per layer, and on CUDA the
+rotation compiles into one kernel each way.
 
 Context parallelism (whose ranks hold two slices of each sequence) keeps megatron's path.
 """
@@ -31,6 +33,56 @@ _BSHD_KWARGS = frozenset(
 )
 
 
+def _rotate(t: Tensor, freqs: Tensor, **kwargs: Any) -> Tensor:
+    return rope_utils._apply_rotary_pos_emb_bshd(t.unsqueeze(1), freqs, **kwargs).squeeze(1)
+
+
+def _rotate_halves(t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """megatron's bshd rotation (non-interleaved, every channel rotated) given its cos and sin."""
+    x1, x2 = torch.chunk(t, 2, dim=-1)
+    return t * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+# On CUDA the rotation's elementwise kernels each way (the rotated half's negation and
+# concatenation, products, sum) compile into one (megatron's own fusions use torch.compile the
+# same way). A second token count makes the token dimension dynamic (one recompilation).
+_rotate_halves_fused = torch.compile(_rotate_halves)
+
+
+class _Angles:
+    """Each packed token's frequencies and their cos and sin, for the last (cu_seqlens, freqs)
+    pair: every layer's queries and keys in a forward share them."""
+
+    key: tuple[Tensor, Tensor] | None = None
+    per_token: Tensor
+    cos_sin: dict[tuple[torch.dtype, float], tuple[Tensor, Tensor]] = {}
+
+    @classmethod
+    def of(cls, cu_seqlens: Tensor, freqs: Tensor, num_tokens: int) -> type[_Angles]:
+        if cls.key is not None and cls.key[0] is cu_seqlens and cls.key[1] is freqs:
+            return cls
+        if freqs.size(0) != num_tokens:  # by position within each sequence
+            starts = cu_seqlens[:-1].long()
+            lengths = cu_seqlens[1:].long() - starts
+            offsets = torch.repeat_interleave(starts, lengths, output_size=num_tokens)
+            freqs_per_token = freqs[torch.arange(num_tokens, device=freqs.device) - offsets]
+        else:  # one row per packed token already
+            freqs_per_token = freqs
+        cls.key, cls.per_token, cls.cos_sin = (cu_seqlens, freqs), freqs_per_token, {}
+        return cls
+
+    @classmethod
+    def cos_and_sin(cls, dtype: torch.dtype, mscale: float) -> tuple[Tensor, Tensor]:
+        """[T, 1, D] each, as megatron computes them: (cos(freqs) * mscale).to(dtype)."""
+        if (dtype, mscale) not in cls.cos_sin:
+            freqs = cls.per_token.squeeze(1)
+            cls.cos_sin[dtype, mscale] = (
+                (torch.cos(freqs) * mscale).to(dtype),
+                (torch.sin(freqs) * mscale).to(dtype),
+            )
+        return cls.cos_sin[dtype, mscale]
+
+
 def apply_rotary_pos_emb_thd(
     t: Tensor, cu_seqlens: Tensor, freqs: Tensor, *args: Any, cp_group: Any = None, **kwargs: Any
 ) -> Tensor:
@@ -39,13 +91,16 @@ def apply_rotary_pos_emb_thd(
     D'] (one row per packed token, as megatron-core 0.19 also accepts)."""
     if args or not kwargs.keys() <= _BSHD_KWARGS or (cp_group is not None and cp_group.size() > 1):
         return _megatron_thd(t, cu_seqlens, freqs, *args, cp_group=cp_group, **kwargs)
-    num_tokens = t.size(0)
-    if freqs.size(0) != num_tokens:  # by position within each sequence
-        starts = cu_seqlens[:-1].long()
-        lengths = cu_seqlens[1:].long() - starts
-        offsets = torch.repeat_interleave(starts, lengths, output_size=num_tokens)
-        freqs = freqs[torch.arange(num_tokens, device=t.device) - offsets]
-    return rope_utils._apply_rotary_pos_emb_bshd(t.unsqueeze(1), freqs, **kwargs).squeeze(1)
+    angles = _Angles.of(cu_seqlens, freqs, t.size(0))
+    is_plain = not (
+        kwargs.get("rotary_interleaved")
+        or kwargs.get("mla_rotary_interleaved")
+        or kwargs.get("multi_latent_attention")
+    )
+    if not is_plain or angles.per_token.size(-1) != t.size(-1):  # a partial or interleaved RoPE
+        return _rotate(t, angles.per_token, **kwargs)
+    cos, sin = angles.cos_and_sin(t.dtype, float(kwargs.get("mscale", 1.0)))
+    return (_rotate_halves_fused if t.is_cuda else _rotate_halves)(t, cos, sin)
 
 
 def install() -> None:

@@ -52,13 +52,65 @@ class _VocabParallelLogprobs(torch.autograd.Function):
         grad = torch.zeros_like(probs)
         if grad_logprobs is not None:  # d log p_t / dx_j = [j = t] - p_j
             grad -= probs * grad_logprobs[:, None]
-            rows = is_here.nonzero()[:, 0]
-            grad[rows, local_ids[rows]] += grad_logprobs[rows]
+            # Rows whose target is on another rank add 0 (no nonzero(): no device sync).
+            picked = torch.where(is_here, grad_logprobs, torch.zeros_like(grad_logprobs))
+            grad.scatter_add_(1, local_ids.clamp(0, grad.shape[-1] - 1)[:, None], picked[:, None])
         if grad_entropy is not None:  # dH / dx_j = -p_j (log p_j + H)
             grad -= (torch.special.xlogy(probs, probs) + probs * entropy[:, None]) * grad_entropy[
                 :, None
             ]
         return grad, None, None, None, None
+
+
+def _whole_vocab_stats(logits: Tensor, target_ids: Tensor, temperature: float):
+    """log p(target), entropy and log Z over [N, V] logits, in float32."""
+    x = logits.float() / temperature
+    log_z = torch.logsumexp(x, dim=-1)
+    target = x.gather(-1, target_ids[:, None])[:, 0]
+    probs = (x - log_z[:, None]).exp()
+    entropy = log_z - (probs * x).sum(dim=-1)
+    return target - log_z, entropy, log_z
+
+
+def _whole_vocab_grad(logits: Tensor, target_ids: Tensor, log_z: Tensor, entropy: Tensor,
+                      grad_logprobs: Tensor, grad_entropy: Tensor, temperature: float) -> Tensor:  # fmt: skip
+    """d/d logits of sum(g_lp * log p_t + g_ent * H), from the logits again (not a saved
+    [N, V] softmax): ([j = t] - p_j) g_lp - p_j (log p_j + H) g_ent, over T, in logits' dtype."""
+    log_p = logits.float() / temperature - log_z[:, None]
+    probs = log_p.exp()
+    is_target = torch.arange(logits.shape[-1], device=logits.device) == target_ids[:, None]
+    grad = (is_target.float() - probs) * grad_logprobs[:, None]
+    grad = grad - probs * (log_p + entropy[:, None]) * grad_entropy[:, None]
+    return (grad / temperature).to(logits.dtype)
+
+
+# On CUDA each way is a couple of compiled kernels that read the [N, V] logits in their own
+# dtype, where eager torch makes about ten float32 passes (and keeps a float32 softmax for
+# backward). A second token count makes the token dimension dynamic (one recompilation).
+_whole_vocab_stats_fused = torch.compile(_whole_vocab_stats)
+_whole_vocab_grad_fused = torch.compile(_whole_vocab_grad)
+
+
+class _WholeVocabLogprobs(torch.autograd.Function):
+    """The vocabulary on one rank (TP = 1): keeps the logits, not a softmax, for backward."""
+
+    @staticmethod
+    def forward(ctx, logits, target_ids, temperature):  # type: ignore[override]
+        stats = _whole_vocab_stats_fused if logits.is_cuda else _whole_vocab_stats
+        logprobs, entropy, log_z = stats(logits, target_ids, temperature)
+        ctx.save_for_backward(logits, target_ids, log_z, entropy)
+        ctx.temperature = temperature
+        return logprobs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logprobs, grad_entropy):  # type: ignore[override]
+        logits, target_ids, log_z, entropy = ctx.saved_tensors
+        zeros = torch.zeros_like(log_z)
+        grad_logprobs = zeros if grad_logprobs is None else grad_logprobs
+        grad_entropy = zeros if grad_entropy is None else grad_entropy
+        grad = _whole_vocab_grad_fused if logits.is_cuda else _whole_vocab_grad
+        return grad(logits, target_ids, log_z, entropy, grad_logprobs, grad_entropy,
+                    ctx.temperature), None, None  # fmt: skip
 
 
 def vocab_parallel_logprobs(
@@ -76,6 +128,10 @@ def vocab_parallel_logprobs(
     the whole vocabulary is here)."""
     if temperature <= 0:
         raise ValueError(f"temperature={temperature} must be > 0 for logprobs")
+    is_whole = group is None or dist.get_world_size(group) == 1
+    if is_whole and vocab_start == 0:
+        real = vocab_size if vocab_size is not None else logits.shape[-1]
+        return _WholeVocabLogprobs.apply(logits[:, :real], target_ids, float(temperature))
     if temperature != 1.0:
         logits = logits.float() / temperature
     total = vocab_size if vocab_size is not None else vocab_start + logits.shape[-1]

@@ -64,6 +64,32 @@ def test_per_token_frequencies_are_used_as_given():
     assert torch.equal(ours, expected)
 
 
+def test_new_sequence_bounds_are_never_served_stale_frequencies():
+    """The per-token frequencies are kept for the last (cu_seqlens, freqs) pair, which every
+    layer of one forward shares; the next micro-batch's bounds (same freqs) gather anew."""
+    t, cu, freqs = _inputs([5, 9], torch.float32)
+    first = rope.apply_rotary_pos_emb_thd(t, cu, freqs, cp_group=Group())
+    again = rope.apply_rotary_pos_emb_thd(t, cu, freqs, cp_group=Group())
+    assert torch.equal(first, again)
+    cu2 = torch.tensor([0, 9, 14], dtype=torch.int32)  # the same 14 tokens as [9, 5]
+    ours = rope.apply_rotary_pos_emb_thd(t, cu2, freqs, cp_group=Group())
+    theirs = rope._megatron_thd(t, cu2, freqs, cp_group=Group())
+    assert torch.equal(ours, theirs) and not torch.equal(ours, first)
+
+
+@pytest.mark.parametrize("option", [{}, {"rotary_interleaved": True}, {"mscale": 0.5}])
+def test_partial_interleaved_and_scaled_rotations_equal_megatrons(option):
+    """A RoPE over the first half of each head's channels (the rest passed through), megatron's
+    interleaved variant, and a scaled one: the same values as megatron's own path."""
+    t, cu, freqs = _inputs([6, 3], torch.float32)
+    partial = freqs[..., : t.shape[-1] // 2]
+    ours = rope.apply_rotary_pos_emb_thd(t, cu, partial, cp_group=Group(), **option)
+    theirs = rope._megatron_thd(t, cu, partial, cp_group=Group(), **option)
+    assert torch.equal(ours, theirs)
+    ours = rope.apply_rotary_pos_emb_thd(t, cu, freqs, cp_group=Group(), **option)
+    assert torch.equal(ours, rope._megatron_thd(t, cu, freqs, cp_group=Group(), **option))
+
+
 def test_context_parallel_and_unknown_options_keep_megatrons_path(monkeypatch):
     calls = []
     monkeypatch.setattr(rope, "_megatron_thd", lambda *a, **k: calls.append(k) or a[0])
@@ -86,7 +112,8 @@ def test_building_the_model_installs_it():
 def test_no_device_sync_on_cuda():
     """megatron's own path reads cu_seqlens to the host twice per call; this one never does."""
     t, cu, freqs = _inputs([300, 17, 1, 211], torch.bfloat16, device="cuda")
-    torch.cuda.synchronize()
+    rope.apply_rotary_pos_emb_thd(t, cu, freqs, cp_group=Group()).float().sum().backward()
+    torch.cuda.synchronize()  # compiled (the first call) before syncs are counted
     torch.cuda.set_sync_debug_mode("error")
     try:
         out = rope.apply_rotary_pos_emb_thd(t, cu, freqs, cp_group=Group())
@@ -99,3 +126,23 @@ def test_no_device_sync_on_cuda():
             rope._megatron_thd(t.detach(), cu, freqs, cp_group=Group())
         finally:
             torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-5), (torch.bfloat16, 1.6e-2)])
+def test_compiled_rotation_on_cuda_equals_megatrons(dtype, tol):
+    """On CUDA the rotation is one compiled kernel each way; values and gradients equal
+    megatron's eager path within the dtype's rounding, over several token counts (dynamic
+    shapes: no recompilation per micro-batch size)."""
+    for lengths in ([300, 17, 1, 211], [64, 64], [1000]):
+        t, cu, freqs = _inputs(lengths, dtype, device="cuda", heads=4)
+        ours = rope.apply_rotary_pos_emb_thd(t, cu, freqs, cp_group=Group())
+        t2 = t.detach().clone().requires_grad_()
+        theirs = rope._megatron_thd(t2, cu, freqs, cp_group=Group())
+        assert (ours.float() - theirs.float()).abs().max().item() <= tol
+        weights = torch.randn(ours.shape, device="cuda").to(dtype)
+        (ours * weights).float().sum().backward()
+        (theirs * weights).float().sum().backward()
+        assert t.grad is not None and t2.grad is not None
+        assert (t.grad.float() - t2.grad.float()).abs().max().item() <= 2 * tol

@@ -96,3 +96,22 @@ def test_two_tp_ranks_equal_the_whole_vocabulary():
         torch.testing.assert_close(
             grad[:, :width].double(), ref_grad[:, columns], rtol=1e-4, atol=1e-5
         )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_whole_vocabulary_on_cuda_equals_log_softmax(dtype):
+    """On CUDA (one TP rank) forward and backward are compiled; values and gradients equal
+    log_softmax's, over two token counts (the second makes the token dimension dynamic)."""
+    for n in (37, 300):
+        logits, targets, weights = _case(seed=n, n=n, vocab=1000)
+        logits = logits.to("cuda", dtype)
+        t = targets.cuda()
+        ours = _grads(lambda x, t=t: vocab_parallel_logprobs(x, t, temperature=0.8), logits,
+                      weights.float().cuda())  # fmt: skip
+        ref = _grads(lambda x, t=t: _reference(x, t, 0.8), logits.double(), weights.cuda())
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        for a, b in zip(ours, ref, strict=True):
+            torch.testing.assert_close(a.double(), b, rtol=tol, atol=tol)
+        assert ours[2].dtype == dtype  # the gradient arrives in the logits' dtype
