@@ -130,7 +130,7 @@ def test_no_device_sync_on_cuda():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-5), (torch.bfloat16, 1.6e-2)])
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-5), (torch.bfloat16, 2**-6)])
 def test_compiled_rotation_on_cuda_equals_megatrons(dtype, tol):
     """On CUDA the rotation is one compiled kernel each way; values and gradients equal
     megatron's eager path within the dtype's rounding, over several token counts (dynamic
@@ -140,9 +140,10 @@ def test_compiled_rotation_on_cuda_equals_megatrons(dtype, tol):
         ours = rope.apply_rotary_pos_emb_thd(t, cu, freqs, cp_group=Group())
         t2 = t.detach().clone().requires_grad_()
         theirs = rope._megatron_thd(t2, cu, freqs, cp_group=Group())
-        assert (ours.float() - theirs.float()).abs().max().item() <= tol
+        # bf16: one unit in the last place (the kernel rounds once, eager after each operator)
+        torch.testing.assert_close(ours.float(), theirs.float(), rtol=tol, atol=tol)
         weights = torch.randn(ours.shape, device="cuda").to(dtype)
         (ours * weights).float().sum().backward()
         (theirs * weights).float().sum().backward()
         assert t.grad is not None and t2.grad is not None
-        assert (t.grad.float() - t2.grad.float()).abs().max().item() <= 2 * tol
+        torch.testing.assert_close(t.grad.float(), t2.grad.float(), rtol=2 * tol, atol=2 * tol)

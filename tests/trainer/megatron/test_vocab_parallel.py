@@ -111,7 +111,7 @@ def test_compiled_whole_vocabulary_on_cuda_equals_log_softmax(dtype):
         ours = _grads(lambda x, t=t: vocab_parallel_logprobs(x, t, temperature=0.8), logits,
                       weights.float().cuda())  # fmt: skip
         ref = _grads(lambda x, t=t: _reference(x, t, 0.8), logits.double(), weights.cuda())
-        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        tol = 5e-5 if dtype == torch.float32 else 2e-2  # fp32: compiled reductions' order
         for a, b in zip(ours, ref, strict=True):
             torch.testing.assert_close(a.double(), b, rtol=tol, atol=tol)
         assert ours[2].dtype == dtype  # the gradient arrives in the logits' dtype
