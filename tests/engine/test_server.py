@@ -462,10 +462,11 @@ async def test_a_resume_without_room_is_refused_with_the_fix(fresh_served, monke
     from agentrl.engine import EngineMemoryError
 
     url, engine = fresh_served
-    monkeypatch.setattr(engine, "device", "cuda:0")  # what the check looks at; nothing runs there
+    # What the check looks at; nothing runs there.
+    monkeypatch.setattr(engine.memory, "device", "cuda:0")
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1 << 20, 80 << 30))
     with pytest.raises(EngineMemoryError) as raised:
-        engine._require_room("kv_cache")
+        engine.memory.require_room("kv_cache", engine.arena)
     message = str(raised.value)
     assert "the engine's kv_cache" in message and "cuda:0" in message
     assert f"engine.mem_fraction_static (now {engine.mem_fraction_static})" in message

@@ -13,7 +13,6 @@ import collections
 import functools
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -28,16 +27,8 @@ from agentrl.engine.local.attention import (
 )
 from agentrl.engine.local.batching import Sequence, StopChecker, pack_step
 from agentrl.engine.local.cuda_graphs import DecodeGraphs, DecodeLaunch
-from agentrl.engine.local.device_memory import PAGE_BYTES, PausableMemory, require_free
+from agentrl.engine.local.engine_memory import EngineMemory
 from agentrl.engine.local.kv_arena import KVArena
-from agentrl.engine.local.param_storage import (
-    DroppedParameters,
-    all_unsent,
-    drop_parameters,
-    mark_written,
-    pack_parameters,
-    reallocate_parameters,
-)
 from agentrl.engine.local.sampling import SamplingRows, sample
 from agentrl.engine.local.scheduler import Scheduler
 from agentrl.engine.local.worker import Command, check_request, resolve
@@ -139,13 +130,11 @@ class LocalEngine:
             mem_fraction=mem_fraction_static,
             reserve_bytes=reserve_bytes,
         )
-        self._memory = PausableMemory.create(self.device) if pausable_memory else None
-        if self._memory is not None:
-            with self._memory.region("weights", cpu_backup=weights_cpu_backup):
-                pack_parameters(self.model, self.device)
-            torch.cuda.empty_cache()  # the storage the weights were loaded into
+        self.memory = EngineMemory(self.model, self.device, pausable=pausable_memory,
+                                   weights_cpu_backup=weights_cpu_backup,
+                                   mem_fraction_static=mem_fraction_static)  # fmt: skip
         self.arena = self._size_arena()
-        self._allocate_arena()
+        self.memory.allocate(self.arena)
         logger.info(
             "LocalEngine KV arena on %s: %d slots x %d tokens, %.1f GB (%.1f GiB kept for a trainer)",
             self.device, self.arena.num_slots, self.arena.max_len, self.arena.nbytes / 1e9,
@@ -171,12 +160,6 @@ class LocalEngine:
         # objects, so the map stays valid (a state_dict() per weight update costs milliseconds).
         self._tensors: dict[str, torch.Tensor] = self.model.state_dict(keep_vars=True)
         self._commands: collections.deque[Command] = collections.deque()
-        self._released: set[str] = set()  # memory tags given back: "weights", "kv_cache"
-        # Seconds the last resume took per tag, measured here (server info reports them, so a
-        # caller can tell the engine's share from the HTTP round trip's).
-        self.last_resume_s: dict[str, float] = {}
-        self._dropped: DroppedParameters | None = None  # weights dropped by a release, not resent
-        self._host_weights: list[torch.Tensor] | None = None  # a release's copy, when kept
         self._is_closed = False
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="agentrl-local-engine", daemon=True)
@@ -217,6 +200,11 @@ class LocalEngine:
     def weight_version(self) -> str:
         return self._weight_version
 
+    @property
+    def last_resume_s(self) -> dict[str, float]:
+        """Seconds the last `resume_memory` took per tag, inside the engine."""
+        return self.memory.last_resume_s
+
     async def generate(
         self, input_ids: list[int], sampling: SamplingParams, *, routing_key: str | None = None
     ) -> Completion:
@@ -224,9 +212,10 @@ class LocalEngine:
         `routing_key` (one episode's turns) reuse the K/V of their common prefix."""
         if self._is_closed:
             raise EngineError("LocalEngine is closed; create a new engine")
-        if self._dropped is not None and "weights" not in self._released:
+        dropped = self.memory.dropped
+        if dropped is not None and "weights" not in self.memory.released:
             raise EngineError(
-                f"{len(self._dropped.unsent)} weight tensors were dropped by release_memory("
+                f"{len(dropped.unsent)} weight tensors were dropped by release_memory("
                 "keep_weights=False) and not sent again; call update_weights with every weight first"
             )
         check_request(input_ids, sampling, self._vocab_size)
@@ -285,20 +274,11 @@ class LocalEngine:
     @property
     def is_memory_pausable(self) -> bool:
         """Whether weights and KV arena live in pausable regions (CUDA with torch_memory_saver)."""
-        return self._memory is not None
+        return self.memory.is_pausable
 
     def device_memory_bytes(self) -> int:
-        """Accelerator memory this engine holds (0 on CPU). The allocator counts the tensors of
-        paused regions as allocated, but their pages are back with the driver: not counted."""
-        if self.device == "cpu":
-            return 0
-        held = torch.cuda.memory_allocated(self.device)
-        if self._memory is not None:
-            if "weights" in self._released:
-                held -= sum(p.numel() * p.element_size() for p in self.model.parameters())
-            if "kv_cache" in self._released:
-                held -= self.arena.nbytes
-        return max(0, held)
+        """Accelerator memory this engine holds (0 on CPU; paused regions not counted)."""
+        return self.memory.held_bytes(self.arena)
 
     async def abort(self) -> None:
         """End every running and queued request now; each returns its ids so far with ABORT."""
@@ -315,11 +295,9 @@ class LocalEngine:
         self._wake.set()
         await asyncio.to_thread(self._thread.join)
         self._fail_all(EngineError("LocalEngine was closed while the request was running"))
-        if self._memory is not None:  # the pausable regions' pages go back to the device
+        if self.memory.is_pausable:  # the pausable regions' pages go back to the device
             self._graphs = None
-            self.arena.free_buffers()
-            drop_parameters(self.model)
-            self._memory.close()
+            self.memory.close(self.arena)
 
     # ------------------------------------------------------------------ request checks
 
@@ -359,103 +337,19 @@ class LocalEngine:
             for name, tensor in updates:
                 target = self._tensors[name]
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
-                mark_written(self._dropped, target)
-        if (
-            self._dropped is not None
-            and "weights" not in self._released
-            and not self._dropped.unsent
-        ):
-            self._dropped = None  # every dropped weight was sent again after resume
+        self.memory.weights_written([self._tensors[name] for name, _ in updates])
         self._weight_version = weight_version
         self._scheduler.drop_prefixes()
 
-    def _allocate_arena(self) -> None:
-        if self._memory is None:
-            self.arena.allocate(self.device)
-            return
-        with self._memory.region("kv_cache"):
-            self.arena.allocate(self.device)
-
     def _release(self, keep_weights: bool) -> None:
         # Running requests are prefilled again on resume.
-        self._scheduler.preempt_all(free_buffers=self._memory is None)
-        if self._memory is not None:
-            self._pause(keep_weights)
-        else:
+        self._scheduler.preempt_all(free_buffers=not self.memory.is_pausable)
+        if not self.memory.is_pausable:
             self._graphs = None  # the weights and the arena move: captured again
-            if keep_weights:
-                self.model.to("cpu")
-            else:
-                self._dropped = drop_parameters(self.model)
-        if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):  # cached per stream, not in use
-            torch._C._cuda_clearCublasWorkspaces()
-        torch.cuda.empty_cache()
-        self._released = {"weights", "kv_cache"}
-
-    def _pause(self, keep_weights: bool) -> None:
-        """Unmap the pages of the weights and the arena; their addresses (and graphs) stay."""
-        assert self._memory is not None
-        params = list(self.model.parameters())
-        if keep_weights and not self.weights_cpu_backup:  # the region keeps no host copy itself
-            self._host_weights = [p.detach().to("cpu") for p in params]
-        elif not keep_weights and not self.weights_cpu_backup:
-            self._dropped = all_unsent(self.model)
-        self._memory.pause("weights")
-        self._memory.pause("kv_cache")
+        self.memory.release(keep_weights)
 
     def _resume(self, tags: set[str]) -> None:
-        resumed = tags & self._released
-        t0 = time.perf_counter()
-        if "weights" in tags & self._released:
-            if self._memory is not None:
-                self._require_room("weights")
-                self._memory.resume("weights")
-                if self._host_weights is not None:
-                    params = list(self.model.parameters())
-                    with torch.no_grad():
-                        for param, host in zip(params, self._host_weights, strict=True):
-                            param.copy_(host)
-                    self._host_weights = None
-            else:
-                if self._dropped is not None:
-                    reallocate_parameters(self._dropped, self.device)
-                self.model.to(self.device)
-            self._released.discard("weights")
-        t1 = time.perf_counter()
-        if "kv_cache" in tags & self._released:
-            if self._memory is not None:
-                self._require_room("kv_cache")
-                self._memory.resume("kv_cache")
-                self.arena.mark_dirty()  # fresh pages: nothing in them was written
-            else:
-                # Sized again from what is free now: a colocated trainer's optimizer state, once
-                # created, is held already, so no reserve is left for it a second time.
-                self.arena = self._scheduler.arena = self._size_arena(reserve_bytes=0)
-                self._allocate_arena()
-            self._released.discard("kv_cache")
-        t2 = time.perf_counter()
-        self.last_resume_s = {
-            tag: dt for tag, dt in (("weights", t1 - t0), ("kv_cache", t2 - t1)) if tag in resumed
-        }
-        logger.info(
-            "LocalEngine resumed %s: weights %.3f s, KV arena (%.1f GB) %.3f s",
-            sorted(tags), t1 - t0, self.arena.nbytes / 1e9, t2 - t1,
-        )  # fmt: skip
-
-    def _require_room(self, tag: str) -> None:
-        """Refuse a resume whose pages cannot be mapped (see `require_free`), naming the fix."""
-        if tag == "weights":
-            params = list(self.model.parameters())
-            needed = sum(p.numel() * p.element_size() for p in params)
-            granules = len({p.dtype for p in params})  # one packed block per dtype
-        else:
-            needed, granules = self.arena.nbytes, 2 * self.arena.num_layers
-        require_free(
-            self.device, needed + PAGE_BYTES * (granules + 1), f"the engine's {tag}",
-            f"lower engine.mem_fraction_static (now {self.mem_fraction_static}): the KV arena was "
-            "sized from the memory free at start, and the trainer on this GPU now holds more (its "
-            "optimizer state appears at its first step)",
-        )  # fmt: skip
+        self.arena = self._scheduler.arena = self.memory.resume(tags, self.arena, self._size_arena)
 
     def _abort_all(self) -> None:
         for seq in self._scheduler.take_all(keep_prefixes=True):
@@ -480,7 +374,7 @@ class LocalEngine:
                 self._check_decode()  # launches nothing more while commands wait
             self._run_commands()
             # Dropped weights not yet sent again: nothing may run on them.
-            if self._released or self._dropped is not None or not self._scheduler.has_work():
+            if not self.memory.is_ready or not self._scheduler.has_work():
                 self._wake.wait()
                 continue
             try:
