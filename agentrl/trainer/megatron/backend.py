@@ -29,7 +29,7 @@ from agentrl.config import AlgoConfig, TrainConfig
 from agentrl.trainer.batch import MicroBatch, StepBatch, TrainBatch, pad_id_for, to_device
 from agentrl.trainer.losses import build_objective, combine_metrics
 from agentrl.trainer.lr_schedule import lr_at
-from agentrl.trainer.megatron import checkpoint, multi_tensor
+from agentrl.trainer.megatron import checkpoint, multi_tensor, rope, wgrad
 from agentrl.trainer.megatron import model as gpt
 from agentrl.trainer.megatron.model_config import check_parallel_fit, model_shape
 from agentrl.trainer.megatron.parallel import (
@@ -145,9 +145,11 @@ class MegatronBackend:
         self.shape = model_shape(self.hf_config)
         check_parallel_fit(self.shape, self.train_cfg)
         self.use_te = gpt.has_transformer_engine()
+        is_cuda = self.device.type == "cuda"
         self.tf_config = gpt.transformer_config(
-            self.shape, self.train_cfg, self.param_dtype, self.device
-        )
+            self.shape, self.train_cfg, self.param_dtype, use_swiglu_fusion=is_cuda,
+            use_wgrad_fusion=is_cuda and wgrad.install(self.device),
+        )  # fmt: skip
         self.wmap = gpt.weight_map(self.shape, self.use_te)
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True,
@@ -258,15 +260,18 @@ class MegatronBackend:
     ) -> list:
         """Megatron's schedule (1F1B under PP) over `mbs`; the loss functions' outputs, on the
         last pipeline stage (empty elsewhere)."""
-        return get_forward_backward_func()(
-            forward_step_func=partial(self._forward_step, model, mode=mode, step=step),
-            data_iterator=iter([self._stage(mb) for mb in mbs]),
-            model=[model],
-            num_microbatches=len(mbs),
-            seq_length=max(mb.num_tokens for mb in mbs),
-            micro_batch_size=1,
-            forward_only=mode != "train",
-        )
+        try:
+            return get_forward_backward_func()(
+                forward_step_func=partial(self._forward_step, model, mode=mode, step=step),
+                data_iterator=iter([self._stage(mb) for mb in mbs]),
+                model=[model],
+                num_microbatches=len(mbs),
+                seq_length=max(mb.num_tokens for mb in mbs),
+                micro_batch_size=1,
+                forward_only=mode != "train",
+            )
+        finally:
+            rope.forget_angles()  # the last micro-batch's RoPE angles: not kept past the schedule
 
     # ------------------------------------------------------------ TrainerBackend
 

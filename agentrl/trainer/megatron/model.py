@@ -22,7 +22,7 @@ from megatron.core.transformer import TransformerConfig
 from torch import Tensor
 
 from agentrl.config import TrainConfig
-from agentrl.trainer.megatron import parallel, rope, wgrad
+from agentrl.trainer.megatron import parallel, rope
 from agentrl.trainer.megatron.attention import PackedCoreAttention
 from agentrl.trainer.megatron.model_config import (
     ModelShape,
@@ -56,17 +56,18 @@ def layer_spec(shape: ModelShape, use_te: bool) -> Any:
 
 
 def transformer_config(
-    shape: ModelShape, train_cfg: TrainConfig, dtype: torch.dtype, device: torch.device
-) -> Any:
+    shape: ModelShape, train_cfg: TrainConfig, dtype: torch.dtype, *,
+    use_swiglu_fusion: bool = False, use_wgrad_fusion: bool = False,
+) -> Any:  # fmt: skip
+    """`use_swiglu_fusion`: megatron's SwiGLU compiled into one kernel each way (its jit_fuser
+    is torch.compile; on CUDA). `use_wgrad_fusion`: weight gradients accumulated by the GEMM
+    into the fp32 gradient buffers (TransformerEngine's linear layers do it themselves; the
+    others need Apex's extension or `wgrad.install`)."""
     kwargs = transformer_config_kwargs(shape, train_cfg, params_dtype=dtype)
-    on_cuda = device.type == "cuda"
     kwargs.update(
         activation_func=F.silu,
-        # On CUDA, without TransformerEngine or Apex: megatron's SwiGLU compiled into one kernel
-        # each way (its jit_fuser is torch.compile), and weight gradients accumulated by the GEMM
-        # into the fp32 gradient buffers (wgrad.py).
-        bias_activation_fusion=on_cuda,
-        gradient_accumulation_fusion=on_cuda and wgrad.install(device),
+        bias_activation_fusion=use_swiglu_fusion,
+        gradient_accumulation_fusion=use_wgrad_fusion,
         bf16=dtype == torch.bfloat16,
         # Losses arrive already divided by the step's global token / sequence counts, so the
         # schedule must neither average them over micro-batches nor DDP over ranks: sum both.

@@ -45,7 +45,8 @@ def _rotate_halves(t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 # On CUDA the rotation's elementwise kernels each way (the rotated half's negation and
 # concatenation, products, sum) compile into one (megatron's own fusions use torch.compile the
-# same way). A second token count makes the token dimension dynamic (one recompilation).
+# same way). A new token count makes the token dimension dynamic: a recompilation or two (dynamo
+# specialises counts 0 and 1 apart), per grad mode.
 _rotate_halves_fused = torch.compile(_rotate_halves)
 
 
@@ -81,6 +82,12 @@ class _Angles:
                 (torch.sin(freqs) * mscale).to(dtype),
             )
         return cls.cos_sin[dtype, mscale]
+
+
+def forget_angles() -> None:
+    """Drop the cached angles (and the references that key them)."""
+    _Angles.key, _Angles.cos_sin = None, {}
+    _Angles.per_token = torch.empty(0)
 
 
 def apply_rotary_pos_emb_thd(

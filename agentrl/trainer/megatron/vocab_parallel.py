@@ -86,7 +86,8 @@ def _whole_vocab_grad(logits: Tensor, target_ids: Tensor, log_z: Tensor, entropy
 
 # On CUDA each way is a couple of compiled kernels that read the [N, V] logits in their own
 # dtype, where eager torch makes about ten float32 passes (and keeps a float32 softmax for
-# backward). A second token count makes the token dimension dynamic (one recompilation).
+# backward). A new token count makes the token dimension dynamic: a recompilation or two (dynamo
+# specialises counts 0 and 1 apart).
 _whole_vocab_stats_fused = torch.compile(_whole_vocab_stats)
 _whole_vocab_grad_fused = torch.compile(_whole_vocab_grad)
 

@@ -47,11 +47,13 @@ def _accumulate(total_input: Tensor, grad_output: Tensor, main_grad: Tensor) -> 
 
 
 def _accumulates_in_place(device: torch.device) -> bool:
-    """Whether `addmm(out_dtype=float32, out=main_grad)` exists here and adds in place."""
+    """Whether `addmm(out_dtype=float32, out=main_grad)` exists here and adds in place, into a
+    view of a larger buffer as megatron's gradient buffers hand out."""
     g = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(64, 48, generator=g).to(device, torch.bfloat16)
     dy = torch.randn(64, 32, generator=g).to(device, torch.bfloat16)
-    acc = torch.randn(32, 48, generator=g).to(device)
+    flat = torch.randn(64 + 32 * 48, generator=g).to(device)
+    acc = flat[64:].view(32, 48)
     want = acc + dy.float().t() @ x.float()
     try:
         TorchWgradAccumulation.wgrad_gemm_accum_fp32(x, dy, acc)
@@ -64,9 +66,11 @@ def _accumulates_in_place(device: torch.device) -> bool:
 def install(device: torch.device) -> bool:
     """Give megatron-core the accumulation above where Apex's is missing; whether
     `gradient_accumulation_fusion` can be turned on for a model on `device`."""
+    if device.type != "cuda":
+        return False
     if getattr(megatron_layers, "_grad_accum_fusion_available", False):
-        return True  # Apex's own extension is installed
-    if device.type != "cuda" or not _accumulates_in_place(device):
+        return True  # Apex's own extension is installed, or this ran before
+    if not _accumulates_in_place(device):
         return False
     megatron_layers.fused_weight_gradient_mlp_cuda = TorchWgradAccumulation  # type: ignore[attr-defined]
     megatron_layers._grad_accum_fusion_available = True

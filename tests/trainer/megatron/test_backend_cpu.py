@@ -65,6 +65,11 @@ def test_packed_logprobs_equal_transformers(hf_config, tmp_path):
     trajs = [t for g in groups for t in g]
     diff = torch.cat([(ours[i] - _hf_logprobs(model, t)).abs() for i, t in enumerate(trajs)])
     assert diff.mean().item() <= 1e-5, diff.mean().item()
+    config = backend.tf_config  # the CPU runs megatron's eager SwiGLU and weight gradients
+    assert not config.bias_activation_fusion and not config.gradient_accumulation_fusion
+    from agentrl.trainer.megatron import rope
+
+    assert rope._Angles.key is None  # the RoPE angles of the last micro-batch are not kept
 
 
 def test_train_step_equals_the_torch_backend(configs, tmp_path):

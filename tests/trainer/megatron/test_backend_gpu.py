@@ -66,8 +66,8 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out: str, cfg: dic
 
         build = gpt.transformer_config
 
-        def unfused(*args):
-            config = build(*args)
+        def unfused(*args, **kwargs):
+            config = build(*args, **kwargs)
             config.bias_activation_fusion = config.gradient_accumulation_fusion = False
             return config
 
