@@ -16,6 +16,7 @@ Context parallelism (whose ranks hold two slices of each sequence) keeps megatro
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import agentrl.trainer.megatron.saver_compat  # noqa: F401  (before megatron.core: see there)
@@ -50,44 +51,48 @@ def _rotate_halves(t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 _rotate_halves_fused = torch.compile(_rotate_halves)
 
 
+@dataclass
 class _Angles:
-    """Each packed token's frequencies and their cos and sin, for the last (cu_seqlens, freqs)
-    pair: every layer's queries and keys in a forward share them."""
+    """Each packed token's frequencies, and their cos and sin by (dtype, mscale), for one
+    (cu_seqlens, freqs) pair: every layer's queries and keys in a forward share them."""
 
-    key: tuple[Tensor, Tensor] | None = None
-    per_token: Tensor
-    cos_sin: dict[tuple[torch.dtype, float], tuple[Tensor, Tensor]] = {}
+    cu_seqlens: Tensor
+    freqs: Tensor
+    per_token: Tensor  # [T, 1, 1, D']
+    cos_sin: dict[tuple[torch.dtype, float], tuple[Tensor, Tensor]] = field(default_factory=dict)
 
-    @classmethod
-    def of(cls, cu_seqlens: Tensor, freqs: Tensor, num_tokens: int) -> type[_Angles]:
-        if cls.key is not None and cls.key[0] is cu_seqlens and cls.key[1] is freqs:
-            return cls
-        if freqs.size(0) != num_tokens:  # by position within each sequence
-            starts = cu_seqlens[:-1].long()
-            lengths = cu_seqlens[1:].long() - starts
-            offsets = torch.repeat_interleave(starts, lengths, output_size=num_tokens)
-            freqs_per_token = freqs[torch.arange(num_tokens, device=freqs.device) - offsets]
-        else:  # one row per packed token already
-            freqs_per_token = freqs
-        cls.key, cls.per_token, cls.cos_sin = (cu_seqlens, freqs), freqs_per_token, {}
-        return cls
-
-    @classmethod
-    def cos_and_sin(cls, dtype: torch.dtype, mscale: float) -> tuple[Tensor, Tensor]:
-        """[T, 1, D] each, as megatron computes them: (cos(freqs) * mscale).to(dtype)."""
-        if (dtype, mscale) not in cls.cos_sin:
-            freqs = cls.per_token.squeeze(1)
-            cls.cos_sin[dtype, mscale] = (
+    def cos_and_sin(self, dtype: torch.dtype, mscale: float) -> tuple[Tensor, Tensor]:
+        """[T, 1, D'] each, as megatron computes them: (cos(freqs) * mscale).to(dtype)."""
+        if (dtype, mscale) not in self.cos_sin:
+            freqs = self.per_token.squeeze(1)
+            self.cos_sin[dtype, mscale] = (
                 (torch.cos(freqs) * mscale).to(dtype),
                 (torch.sin(freqs) * mscale).to(dtype),
             )
-        return cls.cos_sin[dtype, mscale]
+        return self.cos_sin[dtype, mscale]
+
+
+_last: _Angles | None = None  # the last micro-batch's, until `forget_angles`
+
+
+def _angles(cu_seqlens: Tensor, freqs: Tensor, num_tokens: int) -> _Angles:
+    global _last
+    if _last is not None and _last.cu_seqlens is cu_seqlens and _last.freqs is freqs:
+        return _last
+    per_token = freqs
+    if freqs.size(0) != num_tokens:  # by position within each sequence
+        starts = cu_seqlens[:-1].long()
+        lengths = cu_seqlens[1:].long() - starts
+        offsets = torch.repeat_interleave(starts, lengths, output_size=num_tokens)
+        per_token = freqs[torch.arange(num_tokens, device=freqs.device) - offsets]
+    _last = _Angles(cu_seqlens, freqs, per_token)
+    return _last
 
 
 def forget_angles() -> None:
-    """Drop the cached angles (and the references that key them)."""
-    _Angles.key, _Angles.cos_sin = None, {}
-    _Angles.per_token = torch.empty(0)
+    """Drop the cached angles (and the tensors that key them)."""
+    global _last
+    _last = None
 
 
 def apply_rotary_pos_emb_thd(
@@ -98,7 +103,7 @@ def apply_rotary_pos_emb_thd(
     D'] (one row per packed token, as megatron-core 0.19 also accepts)."""
     if args or not kwargs.keys() <= _BSHD_KWARGS or (cp_group is not None and cp_group.size() > 1):
         return _megatron_thd(t, cu_seqlens, freqs, *args, cp_group=cp_group, **kwargs)
-    angles = _Angles.of(cu_seqlens, freqs, t.size(0))
+    angles = _angles(cu_seqlens, freqs, t.size(0))
     is_plain = not (
         kwargs.get("rotary_interleaved")
         or kwargs.get("mla_rotary_interleaved")

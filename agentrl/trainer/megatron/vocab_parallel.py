@@ -105,10 +105,7 @@ class _WholeVocabLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logprobs, grad_entropy):  # type: ignore[override]
-        logits, target_ids, log_z, entropy = ctx.saved_tensors
-        zeros = torch.zeros_like(log_z)
-        grad_logprobs = zeros if grad_logprobs is None else grad_logprobs
-        grad_entropy = zeros if grad_entropy is None else grad_entropy
+        logits, target_ids, log_z, entropy = ctx.saved_tensors  # gradients arrive as zeros
         grad = _whole_vocab_grad_fused if logits.is_cuda else _whole_vocab_grad
         return grad(logits, target_ids, log_z, entropy, grad_logprobs, grad_entropy,
                     ctx.temperature), None, None  # fmt: skip

@@ -69,7 +69,7 @@ def test_packed_logprobs_equal_transformers(hf_config, tmp_path):
     assert not config.bias_activation_fusion and not config.gradient_accumulation_fusion
     from agentrl.trainer.megatron import rope
 
-    assert rope._Angles.key is None  # the RoPE angles of the last micro-batch are not kept
+    assert rope._last is None  # the RoPE angles of the last micro-batch are not kept
 
 
 def test_train_step_equals_the_torch_backend(configs, tmp_path):
