@@ -15,6 +15,7 @@ from torch import Tensor
 
 from agentrl.config import AlgoConfig, TrainConfig
 from agentrl.trainer import sharded_checkpoint
+from agentrl.trainer.backend_args import check_backend_args, local_model_path
 from agentrl.trainer.batch import MicroBatch, StepBatch, TrainBatch, pad_id_for
 from agentrl.trainer.fsdp import apply_fsdp, decoder_layers, dp_rank, dp_world_size, reduce_metrics
 from agentrl.trainer.logprobs import CausalLMLogprobs
@@ -46,17 +47,6 @@ def _enable_activation_checkpointing(model: PreTrainedModel) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
-def _resolve_path(model_path: str) -> str:
-    """A checkpoint directory as is; a bundled name (smollm2-135m-instruct) through the model store."""
-    if Path(model_path).is_dir():
-        return model_path
-    try:
-        from agentrl.model_store import resolve_model_path
-    except ImportError:
-        return model_path
-    return resolve_model_path(model_path)
-
-
 class TorchBackend:
     """The torch `TrainerBackend`. Weights load on first use, so construction only checks config.
 
@@ -81,14 +71,7 @@ class TorchBackend:
         temperature: float = 1.0,
         num_optimizer_steps: int | None = None,
     ) -> None:
-        if dtype not in ("auto", "float32", "bfloat16"):
-            raise ValueError(f"dtype={dtype!r} is not supported; use auto, float32 or bfloat16")
-        if temperature <= 0:
-            raise ValueError(f"temperature={temperature} must be > 0 (use 1.0 for greedy rollouts)")
-        if train_cfg.lr < 0 or train_cfg.min_lr < 0:
-            raise ValueError(
-                f"train.lr={train_cfg.lr} and train.min_lr={train_cfg.min_lr} must be >= 0"
-            )
+        check_backend_args(train_cfg, dtype=dtype, temperature=temperature)
         self.model_path = model_path
         self.train_cfg = train_cfg
         self.algo_cfg = algo_cfg
@@ -129,7 +112,7 @@ class TorchBackend:
         else:
             from transformers import AutoConfig
 
-            self.model_path = _resolve_path(self.model_path)
+            self.model_path = local_model_path(self.model_path)
             config = AutoConfig.from_pretrained(self.model_path)
         return pad_id_for(config)
 
@@ -162,7 +145,7 @@ class TorchBackend:
         return policy
 
     def _setup(self) -> None:
-        path = _resolve_path(self.model_path)
+        path = local_model_path(self.model_path)
         self.model_path = path
         self.dp_size = dp_world_size()
         model = self._load(path)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
 
 from agentrl.config import AlgoConfig, TrainConfig
-from agentrl.trainer.backend import TrainerBackend
+from agentrl.trainer.backend import TrainerBackend, make_trainer_backend
 from agentrl.trainer.batch import TrainBatch, build_train_batch
 from agentrl.trainer.torch_backend import TorchBackend
 
@@ -239,6 +240,28 @@ def test_constructor_checks_config_without_loading(tiny_llama_path):
         TorchBackend(tiny_llama_path, TrainConfig(), AlgoConfig(), dtype="float16")
     backend = TorchBackend("/does/not/exist", TrainConfig(), AlgoConfig())
     assert backend._model is None
+
+
+@pytest.mark.parametrize("backend_name", ["torch", "megatron"])
+@pytest.mark.parametrize(
+    ("train_kwargs", "kwargs", "message"),
+    [
+        ({}, {"dtype": "float16"}, "dtype='float16' is not supported; use auto"),
+        ({}, {"temperature": 0.0}, "temperature=0.0 must be > 0"),
+        ({"lr": -1e-6}, {}, "train.lr=-1e-06 and train.min_lr=0.0 must be >= 0"),
+    ],
+)
+def test_every_backend_refuses_bad_arguments_before_the_machine_check(
+    backend_name, train_kwargs, kwargs, message
+):
+    """The same one-line refusal from both backends, before Megatron's CUDA check (so a CPU
+    machine hears about the bad value, not about the missing GPU)."""
+    if backend_name == "megatron":
+        pytest.importorskip("megatron.core")
+    train_cfg = TrainConfig(backend=backend_name, **train_kwargs)
+    args = {"device": "cpu", "dtype": "auto", "temperature": 1.0, **kwargs}
+    with pytest.raises(ValueError, match=re.escape(message)):
+        make_trainer_backend("/does/not/exist", train_cfg, AlgoConfig(), **args)
 
 
 @pytest.mark.gpu

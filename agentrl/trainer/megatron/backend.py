@@ -26,6 +26,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from torch import Tensor
 
 from agentrl.config import AlgoConfig, TrainConfig
+from agentrl.trainer.backend_args import check_backend_args, local_model_path
 from agentrl.trainer.batch import MicroBatch, StepBatch, TrainBatch, pad_id_for, to_device
 from agentrl.trainer.losses import build_objective, combine_metrics
 from agentrl.trainer.lr_schedule import lr_at
@@ -42,7 +43,6 @@ from agentrl.trainer.megatron.parallel import (
 from agentrl.trainer.megatron.requirements import check_megatron_usable
 from agentrl.trainer.megatron.vocab_parallel import vocab_parallel_logprobs
 from agentrl.trainer.packing import pack_tokens
-from agentrl.trainer.torch_backend import _resolve_path
 from agentrl.trainer.weights import DEFAULT_BUCKET_SIZE_BYTES
 from agentrl.weight_buckets import bucket_by_dtype
 
@@ -85,9 +85,8 @@ class MegatronBackend:
         temperature: float = 1.0,
         num_optimizer_steps: int | None = None,
     ) -> None:
+        check_backend_args(train_cfg, dtype=dtype, temperature=temperature)
         check_megatron_usable(train_cfg)
-        if dtype not in ("auto", "float32", "bfloat16"):
-            raise ValueError(f"dtype={dtype!r} is not supported; use auto, float32 or bfloat16")
         self.model_path, self.train_cfg, self.algo_cfg = model_path, train_cfg, algo_cfg
         self.objective = build_objective(algo_cfg)
         self.device = torch.device("cuda" if device == "auto" else device)
@@ -106,7 +105,7 @@ class MegatronBackend:
     def hf_config(self) -> Any:
         from transformers import AutoConfig
 
-        self.model_path = _resolve_path(self.model_path)
+        self.model_path = local_model_path(self.model_path)
         return AutoConfig.from_pretrained(self.model_path)
 
     @property
