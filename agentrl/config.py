@@ -12,9 +12,21 @@ import json
 import typing
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic import (
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    TypeAdapter,
+    ValidationError,
+)
+
+Fraction = Annotated[float, Field(gt=0, le=1)]
+"""A share in (0, 1]."""
 
 
 @dataclass
@@ -37,15 +49,15 @@ class EngineConfig:
     sglang = servers launched and supervised by agentrl."""
     url: str | None = None
     """Base URL for kind=http, e.g. http://127.0.0.1:30000."""
-    max_batch_size: int = 32
+    max_batch_size: PositiveInt = 32
     """LocalEngine: most sequences decoded together."""
-    request_timeout_s: float = 600.0
-    max_retries: int = 3
-    num_servers: int = 1
+    request_timeout_s: PositiveFloat = 600.0
+    max_retries: NonNegativeInt = 3
+    num_servers: PositiveInt = 1
     """kind=sglang: servers to launch (a router is started over them when > 1)."""
-    port: int = 30000
-    tp_size: int = 1
-    mem_fraction_static: float = 0.8
+    port: Annotated[int, Field(ge=1, le=65535)] = 30000
+    tp_size: PositiveInt = 1
+    mem_fraction_static: Fraction = 0.8
     sglang_args: list[str] = field(default_factory=list)
     """Passed verbatim to `sglang.launch_server`, e.g. ["--context-length", "8192"]."""
     restart_on_failure: bool = False
@@ -74,31 +86,31 @@ class EnvConfig:
 
 @dataclass
 class RolloutConfig:
-    rollout_batch_size: int = 4
+    rollout_batch_size: PositiveInt = 4
     """Tasks per train step."""
-    n_samples_per_prompt: int = 4
+    n_samples_per_prompt: PositiveInt = 4
     """Episodes per task (the GRPO group size)."""
-    rollout_max_response_len: int = 256
+    rollout_max_response_len: PositiveInt = 256
     """Most new tokens in one turn."""
-    rollout_max_context_len: int = 2048
+    rollout_max_context_len: PositiveInt = 2048
     """Most tokens in a whole episode (prompt, turns and observations)."""
-    rollout_temperature: float = 1.0
-    rollout_top_p: float = 1.0
-    rollout_top_k: int = -1
-    max_turns: int = 4
+    rollout_temperature: PositiveFloat = 1.0
+    rollout_top_p: Fraction = 1.0
+    rollout_top_k: Annotated[int, Field(ge=-1)] = -1
+    max_turns: PositiveInt = 4
     """Assistant turns per episode before it is TRUNCATED (max_turns)."""
-    max_observation_tokens: int = 512
+    max_observation_tokens: PositiveInt = 512
     """Tool/env observations longer than this are cut (head and tail kept)."""
     observation_format: Literal["chat", "raw"] = "chat"
     """How env replies enter the token stream: chat = a turn of their own with the chat
     template's headers (instruct models); raw = their text right after the sampled ids
     (Search-R1's rendering for base models)."""
-    max_concurrent_episodes: int = 64
-    episode_timeout_s: float = 600.0
+    max_concurrent_episodes: PositiveInt = 64
+    episode_timeout_s: PositiveFloat = 600.0
     """Wall clock per episode before it is TRUNCATED (wall_clock)."""
     dynamic_sampling: bool = False
     """Drop groups whose rewards all match and sample more tasks to refill the batch."""
-    max_sampling_rounds: int = 3
+    max_sampling_rounds: NonNegativeInt = 3
     """With dynamic_sampling: most extra rounds of sampling per train step."""
     seed: int = 0
 
@@ -111,19 +123,19 @@ class AlgoConfig:
     normalize_advantage_std: bool = True
     """False with grpo = Dr. GRPO (no std normalisation)."""
     policy_loss: Literal["ppo", "gspo", "cispo"] = "ppo"
-    eps_clip: float = 0.2
-    eps_clip_high: float | None = None
+    eps_clip: PositiveFloat = 0.2
+    eps_clip_high: PositiveFloat | None = None
     """Upper clip (clip-higher, DAPO); None = eps_clip."""
-    eps_clip_c: float | None = None
+    eps_clip_c: Annotated[float, Field(gt=1)] | None = None
     """Dual-clip constant (> 1) for negative advantages; None = off."""
     use_kl_loss: bool = False
-    kl_loss_coef: float = 0.0
+    kl_loss_coef: NonNegativeFloat = 0.0
     kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
     entropy_coef: float = 0.0
     use_tis: bool | None = None
     """Truncated importance sampling between rollout and trainer logprobs; None = on with
     train.use_async (turns sampled by older policy versions), off when synchronous."""
-    tis_cap: float = 2.0
+    tis_cap: PositiveFloat = 2.0
     loss_agg_mode: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] | None = None
     """None = the policy loss's own: seq_mean_token_mean for gspo (its paper, verl, slime),
     token_mean for ppo and cispo."""
@@ -133,9 +145,9 @@ class AlgoConfig:
 class TrainConfig:
     backend: Literal["torch", "megatron"] = "torch"
     """torch (FSDP2 data parallel) or megatron (Megatron-core: the `megatron` extra, CUDA)."""
-    tensor_model_parallel_size: int = 1
+    tensor_model_parallel_size: PositiveInt = 1
     """Megatron: GPUs each layer's weights are split over (slime's --tensor-model-parallel-size)."""
-    pipeline_model_parallel_size: int = 1
+    pipeline_model_parallel_size: PositiveInt = 1
     """Megatron: pipeline stages the layers are split into."""
     sequence_parallel: bool = False
     """Megatron: split norms and dropout activations over the tensor-parallel ranks too."""
@@ -143,40 +155,40 @@ class TrainConfig:
     """Megatron activation recompute: full layers, or only core attention; None = off."""
     use_distributed_optimizer: bool = False
     """Megatron: shard optimizer state and fp32 master weights over the data-parallel ranks."""
-    num_rollout: int = 20
+    num_rollout: PositiveInt = 20
     """Train steps (each: one rollout batch, then optimizer updates)."""
-    global_batch_size: int | None = None
+    global_batch_size: PositiveInt | None = None
     """Trajectories per optimizer step; None = the whole rollout batch in one step."""
-    max_tokens_per_micro_batch: int = 4096
+    max_tokens_per_micro_batch: PositiveInt = 4096
     """Token budget of one packed micro-batch row set (slime's --max-tokens-per-gpu)."""
-    micro_batch_size: int | None = None
+    micro_batch_size: PositiveInt | None = None
     """Sequences per micro-batch at most (slime's --micro-batch-size); None = as many as fit the
     token budget."""
-    lr: float = 1e-6
-    min_lr: float = 0.0
-    lr_warmup_steps: int = 0
+    lr: NonNegativeFloat = 1e-6
+    min_lr: NonNegativeFloat = 0.0
+    lr_warmup_steps: NonNegativeInt = 0
     lr_decay_style: Literal["constant", "linear", "cosine"] = "constant"
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
+    weight_decay: NonNegativeFloat = 0.0
+    adam_beta1: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    adam_beta2: Annotated[float, Field(ge=0, lt=1)] = 0.999
     clip_grad: float = 1.0
     gradient_checkpointing: bool = False
     use_async: bool = False
     """slime's train_async.py: the next step's rollout runs while this step trains (one step
     off-policy; disaggregated placement only)."""
-    update_weights_interval: int = 1
+    update_weights_interval: PositiveInt = 1
     """With use_async: push weights every N steps (after the in-flight rollout ends)."""
     async_mode: Literal["one_step", "full"] = "one_step"
     """With use_async: one_step = slime's train_async.py (step k+1's rollout runs while step k
     trains); full = a rollout worker keeps episodes in flight across steps and weight updates,
     and the trainer takes groups as they finish."""
-    max_staleness: int | None = 2
+    max_staleness: NonNegativeInt | None = 2
     """A trajectory whose oldest turn is more than this many policy versions behind the trainer
     is dropped (counted in rollout/num_stale_dropped), never trained on; None = no bound."""
-    num_episodes_in_flight: int | None = None
+    num_episodes_in_flight: PositiveInt | None = None
     """async_mode=full: episodes the rollout worker keeps running (rounded up to whole groups);
     None = one rollout batch (rollout_batch_size * n_samples_per_prompt)."""
-    logprob_chunk_size: int = 1024
+    logprob_chunk_size: PositiveInt = 1024
     """Tokens per chunk when computing logprobs, so [tokens, vocab] logits never exist whole."""
     seed: int = 0
 
@@ -185,12 +197,12 @@ class TrainConfig:
 class CheckpointConfig:
     save: str = "runs/latest"
     """Run directory: checkpoints, metrics, eval reports."""
-    save_interval: int = 10
+    save_interval: PositiveInt = 10
     """Save every N train steps."""
-    save_interval_minutes: float | None = None
+    save_interval_minutes: PositiveFloat | None = None
     """Also save when this many minutes of wall clock have passed since the last save
     (a preemptible job loses at most that much); None = by step only."""
-    keep_last: int = 2
+    keep_last: PositiveInt = 2
     resume: str | None = None
     """A checkpoint or run directory to continue from."""
     overwrite: bool = False
@@ -199,14 +211,14 @@ class CheckpointConfig:
 
 @dataclass
 class EvalConfig:
-    eval_interval: int | None = None
+    eval_interval: PositiveInt | None = None
     """Evaluate every N train steps (and always at the start and the end); None = only at the end."""
     eval_at_start: bool = True
-    num_eval_tasks: int | None = 64
+    num_eval_tasks: PositiveInt | None = 64
     """Held-out tasks per evaluation; None = all."""
-    n_samples: int = 1
+    n_samples: PositiveInt = 1
     """Episodes per held-out task (k for pass@k / maj@k)."""
-    temperature: float = 0.0
+    temperature: NonNegativeFloat = 0.0
     """0 = greedy."""
 
 
@@ -228,20 +240,20 @@ class ClusterConfig:
     ray_address: str | None = None
     """An existing Ray cluster to join (`ray start --head` on the head node); None = RAY_ADDRESS,
     else a local Ray started for this run."""
-    actor_num_nodes: int = 1
+    actor_num_nodes: PositiveInt = 1
     """Nodes for the trainer group."""
-    actor_num_gpus_per_node: int = 1
+    actor_num_gpus_per_node: PositiveInt = 1
     """Trainer ranks per node (one GPU each; one CPU process each on a machine without CUDA)."""
-    rollout_num_gpus: int | None = None
+    rollout_num_gpus: PositiveInt | None = None
     """GPUs for all engines together; None = the trainer's GPUs when colocated, else 1."""
-    rollout_num_gpus_per_engine: int = 1
+    rollout_num_gpus_per_engine: PositiveInt = 1
     """GPUs of one engine server (its tensor-parallel size)."""
     colocate: bool = False
     """Engines share the trainer's GPUs and release their memory while the trainer steps."""
     update_weight_transport: Literal["auto", "tensor", "distributed", "disk"] = "auto"
     """auto = tensor (CUDA IPC / shared memory) when colocated, distributed (NCCL / gloo broadcast)
     when disaggregated; disk = `update_weights_from_disk` through a checkpoint directory."""
-    update_weight_buffer_size: int = 2 * 2**30
+    update_weight_buffer_size: PositiveInt = 2 * 2**30
     """Bytes per weight bucket sent to the engines (slime: --update-weight-buffer-size, default
     512 MiB there). Each bucket costs an HTTP round trip and one transient flat buffer on each
     side; 2 GiB synced a 1.7B model at 0.0065 s/GB against 0.0111 with 512 MiB (2x H200)."""
@@ -250,11 +262,11 @@ class ClusterConfig:
     use_sglang_router: bool = False
     """Put `sglang_router` (consistent hashing) in front of the engines instead of agentrl's own
     client-side consistent hashing (needs the sglang-router package)."""
-    max_engine_restarts: int = 3
+    max_engine_restarts: NonNegativeInt = 3
     """Restarts per engine server before the run stops with its last log lines."""
-    max_rerun_rounds: int = 2
+    max_rerun_rounds: NonNegativeInt = 2
     """Times a step re-runs the tasks whose episodes a dead engine aborted."""
-    engine_start_timeout_s: float = 900.0
+    engine_start_timeout_s: PositiveFloat = 900.0
     check_weight_sync: bool = True
     """After each sync, every engine samples a few tokens of a fixed prompt and their logprobs
     are compared with the trainer's (metric weight_sync/max_logprob_abs_diff)."""
@@ -306,6 +318,8 @@ _FIXES = {  # the kind of value pydantic expected -> how the one-line error ends
     "literal": "is not allowed; choose one of: {choices}",
     "dict": "is not a JSON object; e.g. {key}='{{\"a\": 1}}'",
     "list": 'is not a list; e.g. {key}=\'["a", "b"]\'',
+    "greater": "is out of range: it {msg}",
+    "less": "is out of range: it {msg}",
 }
 
 
@@ -332,7 +346,8 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
     except ValidationError as e:
         error = e.errors()[0]
         fix = _FIXES.get(error["type"].split("_")[0], "is not a {hint}: {msg}")
-        fix = fix.format(key=key, choices=_choices(hint), hint=hint, msg=error["msg"])
+        msg = error["msg"].replace("Input should be", "must be")
+        fix = fix.format(key=key, choices=_choices(hint), hint=hint, msg=msg)
         raise ConfigError(f"{key}={value!r} {fix}") from None
 
 
@@ -351,7 +366,7 @@ def set_field(cfg: RunConfig, key: str, value: Any) -> None:
         )
     _check_section(cfg, parts[0])
     section = getattr(cfg, parts[0])
-    hints = typing.get_type_hints(type(section))
+    hints = typing.get_type_hints(type(section), include_extras=True)
     name = parts[1]
     if name not in hints:
         known = ", ".join(f.name for f in dataclasses.fields(section))

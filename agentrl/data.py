@@ -25,20 +25,30 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
             f"data file {str(path)!r} does not exist; pass an existing JSONL or parquet file"
         )
     if path.suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        return pq.read_table(path).to_pylist()
+        try:
+            return pq.read_table(path).to_pylist()
+        except (pa.ArrowException, OSError) as e:
+            raise DataError(f"{path}: not a readable parquet file ({e})") from None
     rows = []
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(
+                raise DataError(
                     f"{path}:{lineno}: not valid JSON ({e.msg}); each line must be one JSON object"
+                ) from None
+            if not isinstance(row, dict):
+                raise DataError(
+                    f"{path}:{lineno}: a JSON {type(row).__name__}, not an object; each line "
+                    'must be one JSON object, e.g. {"question": ..., "answer": ...}'
                 )
+            rows.append(row)
     return rows
 
 

@@ -131,6 +131,12 @@ def resolve_device(device: str = "auto") -> str:
 
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        torch.device(device)
+    except RuntimeError:
+        raise ValueError(
+            f"device={device!r} is not a torch device; use auto, cpu, cuda or cuda:N"
+        ) from None
     return device
 
 

@@ -40,12 +40,38 @@ def test_dict_and_list_fields():
         ("algo.use_kl_loss=maybe", "not a boolean"),
         ("train.lr", "needs a value"),
         ("lr=1", "section.field=value"),
+        (
+            "train.lr=-1e-6",
+            "train.lr='-1e-6' is out of range: it must be greater than or equal to 0",
+        ),
+        ("rollout.n_samples_per_prompt=0", "is out of range: it must be greater than 0"),
+        ("rollout.rollout_top_p=1.5", "rollout_top_p='1.5' is out of range: it must be less than"),
+        ("algo.eps_clip_c=0.9", "eps_clip_c='0.9' is out of range: it must be greater than 1"),
+        ("train.max_staleness=-1", "max_staleness='-1' is out of range"),
     ],
 )
 def test_bad_override_names_field_and_value(override, fragment):
     with pytest.raises(ConfigError, match=None) as e:
         apply_overrides(RunConfig(), [override])
     assert fragment in str(e.value)
+
+
+def test_bounds_keep_their_edge_values_and_none():
+    cfg = apply_overrides(
+        RunConfig(),
+        ["train.lr=0", "rollout.rollout_top_p=1", "train.max_staleness=0",
+         "train.max_staleness=none", "rollout.rollout_top_k=-1", "engine.mem_fraction_static=1"],
+    )  # fmt: skip
+    assert cfg.train.lr == 0 and cfg.rollout.rollout_top_p == 1 and cfg.train.max_staleness is None
+    assert cfg.rollout.rollout_top_k == -1 and cfg.engine.mem_fraction_static == 1
+
+
+def test_a_saved_config_out_of_range_is_refused_on_load():
+    """A hand-edited run_config.json goes through the same checks as the command line."""
+    data = RunConfig().to_dict()
+    data["rollout"]["rollout_batch_size"] = 0
+    with pytest.raises(ConfigError, match="rollout.rollout_batch_size=0 is out of range"):
+        RunConfig.from_dict(data)
 
 
 def test_round_trip_through_dict():

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from agentrl.data import TaskSource, read_rows
+from agentrl.data import DataError, TaskSource, read_rows
 from agentrl.types import Task
 
 
@@ -55,8 +55,14 @@ def test_read_rows_jsonl_and_parquet(tmp_path):
 def test_read_rows_bad_line_names_line(tmp_path):
     p = tmp_path / "bad.jsonl"
     p.write_text('{"a": 1}\n{oops\n')
-    with pytest.raises(ValueError, match=r"bad.jsonl:2: not valid JSON"):
+    with pytest.raises(DataError, match=r"bad.jsonl:2: not valid JSON"):
         read_rows(p)
+    p.write_text('{"a": 1}\n[1, 2]\n')
+    with pytest.raises(DataError, match=r"bad.jsonl:2: a JSON list, not an object"):
+        read_rows(p)
+    (tmp_path / "bad.parquet").write_text("not parquet")
+    with pytest.raises(DataError, match=r"bad.parquet: not a readable parquet file"):
+        read_rows(tmp_path / "bad.parquet")
 
 
 def test_task_source_skips_positions_a_checkpoint_marks_taken():

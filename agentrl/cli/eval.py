@@ -73,6 +73,7 @@ def eval_command(
 ) -> None:
     """Evaluate a model on held-out tasks: mean reward, pass@k, maj@k, status mix, tools."""
     from rich.console import Console
+    from rich.markup import escape
 
     from agentrl.cli import quiet_libraries
 
@@ -91,7 +92,7 @@ def eval_command(
             overrides=overrides or [],
         )
     except (ValueError, FileNotFoundError) as e:
-        console.print(f"[red]error:[/] {e}")
+        console.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(2)
     if cfg.eval.temperature == 0 and cfg.eval.n_samples > 1:
         console.print(
@@ -115,7 +116,7 @@ def eval_command(
             _run(cfg, split, out_dir, meta, resume=resume, seed=seed, progress=cfg.log.progress)
         )
     except (ResumeMismatchError, DataError, UnknownEnvError, EnvLoadError) as e:
-        console.print(f"[red]error:[/] {e}")
+        console.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(2)
     print_report(console, report, out_dir)
 
@@ -149,10 +150,7 @@ def build_config(
         "eval.num_eval_tasks": num_tasks,
         "eval.temperature": temperature,
     }
-    cfg = config_from_flags(env, values, overrides or [])
-    if cfg.eval.n_samples < 1:
-        raise ValueError(f"-k {cfg.eval.n_samples} must be at least 1 (episodes per task)")
-    return cfg
+    return config_from_flags(env, values, overrides or [])  # -k 0 is out of eval.n_samples' range
 
 
 def checkpoint_model_dir(checkpoint: Path) -> Path:

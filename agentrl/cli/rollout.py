@@ -34,6 +34,7 @@ def rollout_command(
     import logging
 
     from rich.console import Console
+    from rich.markup import escape
 
     from agentrl.cli import quiet_libraries
     from agentrl.config import ConfigError, config_from_flags
@@ -49,10 +50,27 @@ def rollout_command(
     try:
         cfg = config_from_flags(env, {"model.path": model or None}, set_)
     except ConfigError as e:
-        console.print(f"[red]config error:[/red] {e}")
+        console.print(f"[red]config error:[/red] {escape(str(e))}", soft_wrap=True)
+        raise typer.Exit(2)
+    try:
+        open(out, "w").close()  # a fresh file, before anything loads; groups are appended
+    except OSError as e:
+        console.print(
+            f"[red]error:[/red] --out {escape(out)}: {e.strerror}; pass a writable file path",
+            soft_wrap=True,
+        )
         raise typer.Exit(2)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    summary = asyncio.run(_rollout(cfg, split, num_tasks, n_samples, temperature, out, console))
+    from agentrl.data import DataError
+    from agentrl.engine.sglang.launcher import SGLangNotInstalled
+    from agentrl.envs.registry import EnvLoadError, UnknownEnvError
+    from agentrl.model_store import ModelPathError
+
+    try:
+        summary = asyncio.run(_rollout(cfg, split, num_tasks, n_samples, temperature, out, console))
+    except (DataError, SGLangNotInstalled, UnknownEnvError, EnvLoadError, ModelPathError) as e:
+        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
+        raise typer.Exit(2)
     console.print(summary)
 
 
@@ -80,7 +98,6 @@ async def _rollout(
         engine = make_engine(cfg)
     statuses: Counter[str] = Counter()
     rewards: list[float] = []
-    open(out, "w").close()  # start a fresh file; groups are appended as they finish
     try:
         runner = build_runner(cfg, engine)
         columns = (

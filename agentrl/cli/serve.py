@@ -9,14 +9,16 @@ def serve_command(
     model: str = typer.Option(
         "smollm2-135m-instruct", "--model", help="Transformers checkpoint dir or bundled name."
     ),
-    port: int = typer.Option(30000, "--port", help="Port (SGLang's default is 30000)."),
+    port: int = typer.Option(
+        30000, "--port", min=1, max=65535, help="Port (SGLang's default is 30000)."
+    ),
     host: str = typer.Option(
         "127.0.0.1", "--host", help="Bind address; 0.0.0.0 exposes the server to the network."
     ),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N"),
     dtype: str = typer.Option("auto", "--dtype", help="auto | float32 | bfloat16"),
     max_batch_size: int = typer.Option(
-        32, "--max-batch-size", help="Most sequences decoded together."
+        32, "--max-batch-size", min=1, help="Most sequences decoded together."
     ),
     seed: int = typer.Option(
         0, "--seed", help="Engine RNG seed for requests without sampling_seed."
@@ -29,6 +31,7 @@ def serve_command(
     reserve_gb: float = typer.Option(
         0.0,
         "--reserve-gb",
+        min=0.0,
         help="GiB left out of the free memory the KV cache is sized from: what a trainer sharing "
         "the GPU will still allocate (its optimizer state).",
     ),
@@ -41,8 +44,10 @@ def serve_command(
     ),
 ) -> None:
     """Serve MODEL at http://HOST:PORT: /generate, weight updates, memory release, /v1/chat/completions..."""
+    from agentrl.engine.base import EngineMemoryError
     from agentrl.engine.local import LocalEngine
     from agentrl.engine.serve.app import serve
+    from agentrl.model_store import ModelPathError
 
     if host not in ("127.0.0.1", "localhost", "::1"):
         typer.secho(
@@ -50,16 +55,20 @@ def serve_command(
             fg=typer.colors.YELLOW,
             err=True,
         )
-    engine = LocalEngine.load(
-        model,
-        device=device,
-        dtype=dtype,
-        max_batch_size=max_batch_size,
-        seed=seed,
-        weights_cpu_backup=weights_cpu_backup,
-        mem_fraction_static=mem_fraction_static,
-        reserve_bytes=int(reserve_gb * 2**30),
-    )
+    try:
+        engine = LocalEngine.load(
+            model,
+            device=device,
+            dtype=dtype,
+            max_batch_size=max_batch_size,
+            seed=seed,
+            weights_cpu_backup=weights_cpu_backup,
+            mem_fraction_static=mem_fraction_static,
+            reserve_bytes=int(reserve_gb * 2**30),
+        )
+    except (ModelPathError, EngineMemoryError, ValueError) as e:  # the user's values: one line
+        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2)
     typer.echo(
         f"agentrl serve: {engine.model_path} on http://{host}:{port} (device {engine.device})",
         err=True,

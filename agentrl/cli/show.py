@@ -30,6 +30,7 @@ def show_command(
 ) -> None:
     """Show each trajectory turn by turn with its status, reason and reward."""
     from rich.console import Console
+    from rich.markup import escape
 
     from agentrl.rollout.trajectory import read_jsonl
 
@@ -37,7 +38,7 @@ def show_command(
     try:
         trajectories = read_jsonl(path)
     except (OSError, ValueError, KeyError, TypeError) as e:
-        console.print(f"[red]cannot read {path}:[/red] {e}")
+        console.print(f"[red]cannot read {path}:[/red] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(2)
     if index is not None:
         if not -len(trajectories) <= index < len(trajectories):

@@ -236,6 +236,7 @@ def train_command(
     import logging
 
     from rich.console import Console
+    from rich.markup import escape
 
     from agentrl.cli import quiet_libraries
     from agentrl.config import ConfigError
@@ -246,7 +247,7 @@ def train_command(
         cfg, changed = build_config(env, flags, set_, resume, is_override=override)
         cfg.checkpoint.overwrite = overwrite
     except ConfigError as e:
-        console.print(f"[red]config error:[/red] {e}", soft_wrap=True)
+        console.print(f"[red]config error:[/red] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(2)
     for line in changed:
         console.print(f"[yellow]override[/yellow] {line}", soft_wrap=True)
@@ -276,13 +277,13 @@ def train_command(
         EnvLoadError,
         ModelPathError,
     ) as e:
-        console.print(f"[red]error:[/red] {e}", soft_wrap=True)
+        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(2)
     except KeyboardInterrupt:
         console.print(f"[yellow]stopped[/yellow]: {_saved_line(cfg)}", soft_wrap=True)
         raise typer.Exit(130)
     except EngineMemoryError as e:
-        console.print(f"[red]error:[/red] {e}", soft_wrap=True)
+        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
         lower = round(cfg.engine.mem_fraction_static * 0.75, 2)
         fix = f" --override --set engine.mem_fraction_static={lower}"
         console.print(_saved_line(cfg, fix), soft_wrap=True)

@@ -71,7 +71,7 @@ class TorchBackend:
         temperature: float = 1.0,
         num_optimizer_steps: int | None = None,
     ) -> None:
-        check_backend_args(train_cfg, dtype=dtype, temperature=temperature)
+        check_backend_args(train_cfg, dtype=dtype, temperature=temperature, device=device)
         self.model_path = model_path
         self.train_cfg = train_cfg
         self.algo_cfg = algo_cfg

@@ -111,11 +111,18 @@ def test_bad_prompt_data_row_is_named_before_any_model_loads(tmp_path):
     ("flags", "named"),
     [
         (["--env", "nope"], "unknown env id 'nope'"),
+        # square brackets in a message are text, not rich markup
+        (["--env", "nope"], 'in your package\'s [project.entry-points."agentrl.envs"] table'),
         # an env argument the env does not take: named with its value and what the env takes
         (["--set", "env.kwargs.max_turnz=3"], "env.kwargs.max_turnz=3: CalculatorEnv"),
         (["--model", "/does/not/exist"], "model path '/does/not/exist'"),
         # without megatron-core (CI) or CUDA (here) the error says which and names the fix
         (["--train-backend", "megatron"], "use --train-backend torch"),
+        # out-of-range numbers are config errors before anything loads (these crashed with a
+        # ZeroDivisionError, a backend traceback, or ran while ignoring the flag)
+        (["--rollout-batch-size", "0"], "rollout.rollout_batch_size=0 is out of range: it must"),
+        (["--lr", "-1"], "train.lr=-1.0 is out of range: it must be greater than or equal to 0"),
+        (["--actor-num-gpus-per-node", "0"], "cluster.actor_num_gpus_per_node=0 is out of"),
     ],
 )
 def test_a_user_error_is_one_line_and_writes_nothing(tmp_path, flags, named):

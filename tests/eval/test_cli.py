@@ -39,7 +39,7 @@ def test_build_config_errors_name_the_problem(tmp_path) -> None:
         build_config("calculator", data=tmp_path / "missing.jsonl")
     with pytest.raises(ConfigError, match="unknown field 'eval.bogus'"):
         build_config("calculator", overrides=["eval.bogus=1"])
-    with pytest.raises(ValueError, match="-k 0 must be at least 1"):
+    with pytest.raises(ConfigError, match="eval.n_samples=0 is out of range: it must be greater"):
         build_config("calculator", k=0)
 
 

@@ -85,7 +85,7 @@ class MegatronBackend:
         temperature: float = 1.0,
         num_optimizer_steps: int | None = None,
     ) -> None:
-        check_backend_args(train_cfg, dtype=dtype, temperature=temperature)
+        check_backend_args(train_cfg, dtype=dtype, temperature=temperature, device=device)
         check_megatron_usable(train_cfg)
         self.model_path, self.train_cfg, self.algo_cfg = model_path, train_cfg, algo_cfg
         self.objective = build_objective(algo_cfg)

@@ -1,0 +1,31 @@
+"""`agentrl rollout` refuses what it cannot do before any model loads, in one line."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from agentrl.cli import app
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--out", "{tmp}/no/such/dir/r.jsonl"], "/no/such/dir/r.jsonl: No such file or directory"),
+        (["--out", "{tmp}/r.jsonl", "--env", "nope"], "unknown env id 'nope'"),
+        (["--out", "{tmp}/r.jsonl", "--model", "/does/not/exist"], "model path '/does/not/exist'"),
+        (
+            ["--out", "{tmp}/r.jsonl", "--set", "rollout.max_turns=0"],
+            "rollout.max_turns='0' is out",
+        ),
+    ],
+)
+def test_a_user_error_is_one_line(tmp_path, flags, named):
+    args = [a.format(tmp=tmp_path) for a in flags]
+    result = runner.invoke(app, ["rollout", "--env", "calculator", *args])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and named in lines[0], result.output
+    assert "Traceback" not in result.output
