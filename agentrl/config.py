@@ -250,6 +250,11 @@ class ClusterConfig:
     """GPUs of one engine server (its tensor-parallel size)."""
     colocate: bool = False
     """Engines share the trainer's GPUs and release their memory while the trainer steps."""
+    offload_train: bool = False
+    """slime's --offload-train, for a trainer sharing its GPU with an engine (colocated, or in
+    one process on CUDA): between steps its optimizer state waits in pinned host memory, and the
+    engine's KV cache is sized without leaving room for it. Costs a host round trip of the state
+    per step. Off by default (slime turns it on with --colocate)."""
     update_weight_transport: Literal["auto", "tensor", "distributed", "disk"] = "auto"
     """auto = tensor (CUDA IPC / shared memory) when colocated, distributed (NCCL / gloo broadcast)
     when disaggregated; disk = `update_weights_from_disk` through a checkpoint directory."""

@@ -90,9 +90,12 @@ async def make_runtime(cfg: RunConfig, model_path: str, num_optimizer_steps: int
         num_optimizer_steps=num_optimizer_steps,
     )
     # On a GPU the trainer loads first and the engine's KV cache leaves room for the optimizer
-    # state the trainer creates at its first step (engine and trainer share the device).
+    # state the trainer creates at its first step (engine and trainer share the device), unless
+    # that state waits in host memory between steps (--offload-train).
     is_shared = cfg.engine.kind == "local" and backend.device.type == "cuda"
-    reserve = backend.pending_state_bytes() if is_shared else 0
+    reserve = backend.pending_state_bytes() if is_shared else 0  # (loads the trainer first)
+    if cfg.cluster.offload_train:
+        reserve = 0
     return InProcessRuntime(cfg, backend, make_engine(cfg, reserve_bytes=reserve))
 
 
@@ -111,6 +114,9 @@ class InProcessRuntime:
         self.cfg, self.backend = cfg, backend
         self.engine: Any = GatedEngine(engine)
         self._is_released = False
+        is_shared = cfg.engine.kind == "local" and backend.device.type == "cuda"
+        self.is_state_offloaded = is_shared and cfg.cluster.offload_train
+        """The optimizer state goes to host memory after each step (--offload-train)."""
 
     @property
     def pad_id(self) -> int:
@@ -129,6 +135,10 @@ class InProcessRuntime:
             _return_free_heap()
         else:  # the step's gradients and cached blocks: the KV arena resumes into them
             await asyncio.to_thread(self.backend.free_step_memory)
+        if self.is_state_offloaded:
+            t0 = time.perf_counter()
+            await asyncio.to_thread(self.backend.offload_state)
+            metrics["time/offload_state_s"] = time.perf_counter() - t0
         return metrics
 
     async def policy_logprobs(self, token_ids: list[int], start: int) -> list[float]:
@@ -156,7 +166,12 @@ class InProcessRuntime:
         self.backend.save(directory)
 
     async def load(self, directory: Path) -> None:
+        if self.is_state_offloaded:  # the loaded optimizer state lands on the GPU first
+            await self.engine.release_memory()
+            self._is_released = True  # the sync after a load resumes the engine
         self.backend.load(directory)
+        if self.is_state_offloaded:
+            self.backend.offload_state()
 
     async def close(self) -> None:
         await self.engine.close()

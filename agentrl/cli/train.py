@@ -39,6 +39,7 @@ SLIME_FLAGS: dict[str, str] = {
     "rollout_num_gpus": "cluster.rollout_num_gpus",
     "rollout_num_gpus_per_engine": "cluster.rollout_num_gpus_per_engine",
     "colocate": "cluster.colocate",
+    "offload_train": "cluster.offload_train",
     "update_weight_transport": "cluster.update_weight_transport",
     "update_weight_buffer_size": "cluster.update_weight_buffer_size",
     "async_": "train.use_async",
@@ -156,6 +157,13 @@ def train_command(
         None,
         "--colocate/--no-colocate",
         help="Engines share the trainer's GPUs, releasing memory while it steps.",
+        rich_help_panel=PLACEMENT,
+    ),
+    offload_train: bool | None = typer.Option(
+        None,
+        "--offload-train/--no-offload-train",
+        help="Colocated on CUDA: keep the trainer's optimizer state in host memory between steps, "
+        "so the engine's KV cache gets its room.",
         rich_help_panel=PLACEMENT,
     ),
     update_weight_transport: str | None = typer.Option(

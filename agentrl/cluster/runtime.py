@@ -256,6 +256,10 @@ class RayRuntime:
         await asyncio.gather(*(r.save.remote(str(directory)) for r in self.ranks))
 
     async def load(self, directory: Path) -> None:
+        if self.placement.is_colocated and self.cfg.cluster.offload_train:
+            # the loaded optimizer state lands on the GPU before it goes to host memory; the
+            # sync that follows a load resumes the engines
+            await self.engine.release_memory_occupation(None)
         await asyncio.gather(*(r.load.remote(str(directory)) for r in self.ranks))
 
     async def policy_logprobs(self, token_ids: list[int], start: int) -> list[float]:

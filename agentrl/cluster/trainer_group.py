@@ -120,15 +120,26 @@ class TrainerRank:
             return self.backend.dp_rank  # type: ignore[attr-defined]
         return self.spec.rank
 
+    @property
+    def _is_state_offloaded(self) -> bool:
+        """Between steps the optimizer state waits in host memory (--offload-train)."""
+        return self.spec.shares_device and self.spec.use_gpu and self.cfg.cluster.offload_train
+
     def engine_reserve_bytes(self) -> int:
         """What an engine sharing this GPU leaves out of its KV cache: the optimizer state
-        this rank creates at its first step."""
-        return self.backend.pending_state_bytes() if self.spec.use_gpu else 0
+        this rank creates at its first step (none when it waits in host memory between steps).
+        Loads the model first either way."""
+        reserve = self.backend.pending_state_bytes() if self.spec.use_gpu else 0
+        return 0 if self._is_state_offloaded else reserve
 
     def train_step(self, batch: Any) -> dict[str, float]:
         metrics = self.backend.train_step(batch)
         if self.spec.shares_device:  # the engine's KV cache resumes into what the step used
             self.backend.free_step_memory()
+        if self._is_state_offloaded:
+            t0 = time.perf_counter()
+            self.backend.offload_state()
+            metrics["time/offload_state_s"] = time.perf_counter() - t0
         return metrics
 
     def sequence_logprobs(self, token_ids: list[int], start: int) -> list[float]:
@@ -139,6 +150,8 @@ class TrainerRank:
 
     def load(self, directory: str) -> None:
         self.backend.load(directory)
+        if self._is_state_offloaded:
+            self.backend.offload_state()
 
     def memory_allocated_bytes(self) -> int:
         import torch

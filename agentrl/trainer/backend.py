@@ -58,6 +58,11 @@ class TrainerBackend(Protocol):
         under the current weights (the engine's definition, to check a weight sync)."""
         ...
 
+    def offload_state(self) -> None:
+        """Move the optimizer state to host memory until the next `train_step` (a no-op on CPU
+        and before the first step); `save` writes it from there."""
+        ...
+
     def save(self, directory: str | Path) -> None:
         """Sharded model + optimizer state, loadable on any number of ranks, plus an HF copy."""
         ...

@@ -21,6 +21,7 @@ from agentrl.trainer.fsdp import apply_fsdp, decoder_layers, dp_rank, dp_world_s
 from agentrl.trainer.logprobs import CausalLMLogprobs
 from agentrl.trainer.losses import build_objective, combine_metrics
 from agentrl.trainer.lr_schedule import lr_scheduler
+from agentrl.trainer.offload import StateOffload
 from agentrl.trainer.packing import use_packed_attention
 from agentrl.trainer.weights import DEFAULT_BUCKET_SIZE_BYTES, full_tensor, unique_named_tensors
 from agentrl.weight_buckets import bucket_by_dtype
@@ -92,6 +93,7 @@ class TorchBackend:
         """Data-parallel ranks, read from the process group when the model loads."""
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        self._offload = StateOffload()  # the optimizer state in host memory between steps
 
     # ------------------------------------------------------------ setup
 
@@ -257,6 +259,7 @@ class TorchBackend:
         model = self.model
         if not self._has_signal(batch):
             return self._skip(batch)
+        self._offload.reload()
         mbs = list(batch.micro_batches())
         need_old = len(batch.steps) > 1 and any(mb.old_logprobs is None for mb in mbs)
         need_ref = self.ref_model is not None and any(mb.ref_logprobs is None for mb in mbs)
@@ -351,6 +354,18 @@ class TorchBackend:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
+    def offload_state(self) -> None:
+        """The optimizer state (AdamW's moments) to pinned host memory, its blocks back to the
+        device, where a colocated engine's KV cache takes them between steps (slime's
+        --offload-train). The next `train_step` brings it back; `save` writes it from the host;
+        `load` replaces it. A no-op on CPU and before the first step."""
+        if self.device.type == "cuda" and self.optimizer is not None:
+            self._offload.offload([self.optimizer])
+
+    @property
+    def is_state_offloaded(self) -> bool:
+        return bool(self._offload)
+
     # ------------------------------------------------------------ weights out
 
     def state_dict_for_engine(self) -> dict[str, Tensor]:
@@ -405,6 +420,7 @@ class TorchBackend:
         model = self.model
         assert self.optimizer is not None and self.scheduler is not None
         sharded_checkpoint.load_sharded(src, model, self.optimizer)
+        self._offload.forget()  # the loaded state replaced it, on the parameters' device
         state = sharded_checkpoint.read_counters(src, self.scheduler)
         self.optimizer_step = int(state["optimizer_step"])
         self.num_train_steps = int(state["num_train_steps"])

@@ -72,14 +72,14 @@ def test_megatron_flags_map_to_the_train_section():
 def test_placement_flags_map_to_the_cluster_section():
     flags = ["--actor-num-nodes", "2", "--actor-num-gpus-per-node", "4", "--rollout-num-gpus", "4",
              "--rollout-num-gpus-per-engine", "2", "--colocate", "--ray-address", "head:6379",
-             "--update-weight-transport", "disk"]  # fmt: skip
+             "--update-weight-transport", "disk", "--offload-train"]  # fmt: skip
     result = runner.invoke(app, ["train", *flags, "--show-config"])
     assert result.exit_code == 0, result.output
     cluster = json.loads(result.output)["cluster"]
     assert cluster["actor_num_nodes"] == 2 and cluster["actor_num_gpus_per_node"] == 4
     assert cluster["rollout_num_gpus"] == 4 and cluster["rollout_num_gpus_per_engine"] == 2
     assert cluster["colocate"] is True and cluster["ray_address"] == "head:6379"
-    assert cluster["update_weight_transport"] == "disk"
+    assert cluster["update_weight_transport"] == "disk" and cluster["offload_train"] is True
 
 
 def test_placement_help_is_grouped():

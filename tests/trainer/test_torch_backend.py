@@ -311,3 +311,62 @@ def test_pending_state_bytes_are_what_the_first_step_allocates(tiny_llama_path, 
         if name != "step"
     )
     assert moments == pending and backend.pending_state_bytes() == 0
+
+
+def _state_tensors(optimizer) -> list[torch.Tensor]:
+    return [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+
+
+def test_offload_state_on_cpu_moves_nothing(tiny_llama_path, groups_factory):
+    backend = _backend(tiny_llama_path, lr=1e-3)
+    batch = build_train_batch(groups_factory(num_groups=1, group_size=4, seed=4), AlgoConfig(),
+                              max_tokens_per_micro_batch=64, pad_id=0)  # fmt: skip
+    backend.train_step(batch)
+    assert backend.optimizer is not None
+    before = [t.data_ptr() for t in _state_tensors(backend.optimizer)]
+    backend.offload_state()
+    assert not backend.is_state_offloaded
+    assert [t.data_ptr() for t in _state_tensors(backend.optimizer)] == before
+
+
+@pytest.mark.gpu
+def test_cuda_offloaded_state_frees_its_memory_and_changes_no_step(
+    tiny_llama_path, groups_factory, tmp_path
+):
+    """--offload-train: Adam's moments wait in pinned host memory between steps. The steps equal
+    those that keep them on the GPU (to the GPU's run-to-run noise: a lost or reset moment would
+    change the update by orders more), a checkpoint saved from the host reloads them, and the
+    device memory they held is given back."""
+    groups = groups_factory(num_groups=2, group_size=4, seed=8)
+
+    def batch() -> TrainBatch:
+        return build_train_batch(groups, AlgoConfig(), max_tokens_per_micro_batch=64, pad_id=0)
+
+    def backend() -> TorchBackend:
+        return TorchBackend(tiny_llama_path, TrainConfig(lr=1e-2), AlgoConfig(), device="cuda")
+
+    kept, offloaded = backend(), backend()
+    for step in range(3):
+        loss = kept.train_step(batch())["loss"]
+        assert offloaded.train_step(batch())["loss"] == pytest.approx(loss, rel=1e-5), step
+        assert offloaded.optimizer is not None
+        moments = sum(t.numel() * t.element_size() for t in _state_tensors(offloaded.optimizer))
+        allocated = torch.cuda.memory_allocated()
+        offloaded.offload_state()
+        assert offloaded.is_state_offloaded
+        assert all(
+            t.device.type == "cpu" and t.is_pinned() for t in _state_tensors(offloaded.optimizer)
+        )
+        assert allocated - torch.cuda.memory_allocated() >= moments
+    for a, b in zip(kept.model.parameters(), offloaded.model.parameters(), strict=True):
+        assert torch.allclose(a, b, rtol=0, atol=1e-6)
+    offloaded.save(tmp_path / "ckpt")  # from the host
+    fresh = backend()
+    fresh.load(tmp_path / "ckpt")
+    assert fresh.optimizer is not None and not fresh.is_state_offloaded
+    for a, b in zip(
+        _state_tensors(offloaded.optimizer), _state_tensors(fresh.optimizer), strict=True
+    ):
+        assert b.device.type == "cuda" and torch.equal(a, b.cpu())
+    loss = offloaded.train_step(batch())["loss"]
+    assert fresh.train_step(batch())["loss"] == pytest.approx(loss, rel=1e-6)

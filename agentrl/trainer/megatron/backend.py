@@ -42,6 +42,7 @@ from agentrl.trainer.megatron.parallel import (
 )
 from agentrl.trainer.megatron.requirements import check_megatron_usable
 from agentrl.trainer.megatron.vocab_parallel import vocab_parallel_logprobs
+from agentrl.trainer.offload import StateOffload
 from agentrl.trainer.packing import pack_tokens
 from agentrl.trainer.weights import DEFAULT_BUCKET_SIZE_BYTES
 from agentrl.weight_buckets import bucket_by_dtype
@@ -98,6 +99,7 @@ class MegatronBackend:
         self._ddp: Any = None  # DistributedDataParallel around this rank's GPTModel stage
         self._ref: Any = None  # the reference model's stage, without gradients
         self._optimizer: Any = None
+        self._offload = StateOffload()  # the optimizer state in host memory between steps
 
     # ------------------------------------------------------------ setup
 
@@ -320,6 +322,7 @@ class MegatronBackend:
         there: no forward, backward nor update (Adam would move the weights on old momentum)."""
         if not self._has_signal(batch):
             return self._skip(batch)
+        self._offload.reload()
         mbs = list(batch.micro_batches())
         need_old = len(batch.steps) > 1 and any(mb.old_logprobs is None for mb in mbs)
         need_ref = self._ref is not None and any(mb.ref_logprobs is None for mb in mbs)
@@ -394,6 +397,17 @@ class MegatronBackend:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
+    def offload_state(self) -> None:
+        """Adam's moments (megatron-core's inner torch optimizers' state) to pinned host memory
+        between steps; the fp32 master weights and the gradient buffer stay. The next
+        `train_step` brings them back; `load` replaces them."""
+        if self.device.type == "cuda" and self._optimizer is not None:
+            self._offload.offload(torch_optimizers(self._optimizer))
+
+    @property
+    def is_state_offloaded(self) -> bool:
+        return bool(self._offload)
+
     def export_weights(
         self,
         bucket_size_bytes: int = DEFAULT_BUCKET_SIZE_BYTES,
@@ -411,6 +425,7 @@ class MegatronBackend:
 
     def load(self, directory: str | Path) -> None:
         checkpoint.load(self, Path(directory))
+        self._offload.forget()  # the loaded state replaced it, on the parameters' device
 
 
 def torch_optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:

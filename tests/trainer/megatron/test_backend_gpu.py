@@ -90,6 +90,13 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out: str, cfg: dic
     # Every sequence in trajectory order when DP = 1; under DP each rank has only its share.
     before_seqs = logprobs_by_sequence(batch) if dp == 1 else None
     metrics = backend.train_step(batch)
+    offload: dict[str, float] = {}
+    for _ in range(cfg.get("steps", 1) - 1):  # the same batch again (its old logprobs kept)
+        if cfg.get("offload"):  # Adam's moments to pinned host memory between the steps
+            offload = _offload_report(backend)
+        metrics = backend.train_step(batch)
+    if cfg.get("offload"):
+        offload = _offload_report(backend)  # and the checkpoint below is saved from the host
     backend.compute_logprobs(batch)
     after = [mb.old_logprobs for mb in batch.micro_batches()]
     after_seqs = logprobs_by_sequence(batch) if dp == 1 else None
@@ -109,9 +116,24 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out: str, cfg: dic
                for k in ("bias_activation_fusion", "gradient_accumulation_fusion")}  # fmt: skip
     if rank == 0:
         torch.save({"before": before, "after": after, "metrics": metrics, "fusions": fusions,
+                    "offload": offload,
                     "before_seqs": before_seqs, "after_seqs": after_seqs,
                     "export": {k: v.cpu() for k, v in export.items()}}, Path(out) / "result.pt")  # fmt: skip
     torch.distributed.destroy_process_group()
+
+
+def _offload_report(backend) -> dict[str, float]:
+    from agentrl.trainer.megatron.backend import torch_optimizers
+
+    def state():
+        return [t for inner in torch_optimizers(backend._optimizer) for entry in inner.state.values()
+                for t in entry.values() if isinstance(t, torch.Tensor)]  # fmt: skip
+
+    moments = sum(t.numel() * t.element_size() for t in state() if t.is_cuda)
+    allocated = torch.cuda.memory_allocated()
+    backend.offload_state()
+    return {"moments": moments, "freed": allocated - torch.cuda.memory_allocated(),
+            "all_pinned": all(not t.is_cuda and t.is_pinned() for t in state())}  # fmt: skip
 
 
 def _run(model_dir: str, out: Path, world: int, **cfg) -> dict:
@@ -263,3 +285,25 @@ def test_fusions_on_cuda_give_the_unfused_update(model_135m, tmp_path):
     plain = _run(model_135m, tmp_path / "plain16", 1, dtype="bfloat16", unfused=True)
     g1, g2 = fused["metrics"]["grad_norm"], plain["metrics"]["grad_norm"]
     assert abs(g1 - g2) <= 2e-2 * g2, (g1, g2)
+
+
+def test_offloaded_state_changes_no_step(model_135m, tmp_path):
+    """--offload-train under Megatron: Adam's moments (the inner torch optimizers' state) wait
+    in pinned host memory between two steps and the device memory is given back; the steps equal
+    those that keep them on the GPU, and a checkpoint saved from the host reloads."""
+    kept = _run(model_135m, tmp_path / "kept", 1, dtype="float32", steps=2)
+    off = _run(model_135m, tmp_path / "off", 1, dtype="float32", steps=2, offload=True, save=True)
+    report = off["offload"]
+    assert report["all_pinned"] and report["freed"] >= report["moments"] > 0, report
+    diff = max((a - b).abs().max().item() for a, b in zip(kept["after"], off["after"], strict=True))
+    moved = max(
+        (a - b).abs().max().item() for a, b in zip(kept["after"], kept["before"], strict=True)
+    )
+    reloaded = torch.load(tmp_path / "off" / "reloaded.pt")
+    reload_diff = max(
+        (a - b).abs().max().item() for a, b in zip(reloaded, off["after"], strict=True)
+    )
+    print("OFFLOAD_REPORT", json.dumps({**report, "after_max_abs": diff, "step_moved": moved,
+                                        "reload_max_abs": reload_diff}))  # fmt: skip
+    assert moved > 100 * diff and diff <= 1e-4
+    assert reload_diff <= 1e-5
