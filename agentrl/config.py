@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import json
 import typing
 from dataclasses import dataclass, field
@@ -325,12 +326,13 @@ _FIXES = {  # the kind of value pydantic expected -> how the one-line error ends
     "list": 'is not a list; e.g. {key}=\'["a", "b"]\'',
     "greater": "is out of range: it {msg}",
     "less": "is out of range: it {msg}",
+    "finite": "is not a finite number",
 }
 
 
 @functools.cache
 def _adapter(hint: Any) -> TypeAdapter[Any]:
-    return TypeAdapter(hint, config=ConfigDict(coerce_numbers_to_str=True))
+    return TypeAdapter(hint, config=ConfigDict(coerce_numbers_to_str=True, allow_inf_nan=False))
 
 
 def _coerce(key: str, value: Any, hint: Any) -> Any:
@@ -416,6 +418,73 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
         key, value = item.split("=", 1)
         set_field(cfg, key.strip(), value.strip())
     return cfg
+
+
+# ---------------------------------------------------------------- fields that must agree
+
+
+def check_run(cfg: RunConfig) -> None:
+    """What no single field's type or bound catches: fields that contradict each other, and
+    what this machine lacks for them. A `ConfigError` naming the flags, before anything loads."""
+    e, t, c, a, r = cfg.engine, cfg.train, cfg.cluster, cfg.algo, cfg.rollout
+    if e.kind == "http" and not e.url:
+        raise ConfigError(
+            "engine.kind=http needs engine.url, e.g. --set engine.url=http://127.0.0.1:30000 "
+            "(start one with `agentrl serve --model PATH` or a real SGLang server)"
+        )
+    if e.url and not e.url.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"engine.url={e.url!r} must start with http:// or https://, e.g. http://127.0.0.1:30000"
+        )
+    if t.backend == "torch":
+        megatron_only = {
+            "--tensor-model-parallel-size": t.tensor_model_parallel_size != 1,
+            "--pipeline-model-parallel-size": t.pipeline_model_parallel_size != 1,
+            "--sequence-parallel": t.sequence_parallel,
+            "--recompute-granularity": t.recompute_granularity is not None,
+            "--use-distributed-optimizer": t.use_distributed_optimizer,
+        }
+        if given := [flag for flag, is_set in megatron_only.items() if is_set]:
+            verb = "needs" if len(given) == 1 else "need"
+            raise ConfigError(
+                f"{', '.join(given)} {verb} --train-backend megatron (train.backend is torch, "
+                "which would ignore it); add --train-backend megatron or drop it"
+            )
+    if a.eps_clip_high is not None and a.eps_clip_high < a.eps_clip:
+        raise ConfigError(
+            f"--eps-clip-high={a.eps_clip_high} is below --eps-clip={a.eps_clip}: the upper clip "
+            "is 1 + eps_clip_high; raise it (clip-higher) or leave it unset"
+        )
+    if t.min_lr > t.lr:
+        raise ConfigError(f"train.min_lr={t.min_lr} is above --lr={t.lr}; lower train.min_lr")
+    if r.rollout_max_response_len > r.rollout_max_context_len:
+        raise ConfigError(
+            f"--rollout-max-response-len={r.rollout_max_response_len} is more than "
+            f"rollout.rollout_max_context_len={r.rollout_max_context_len} (the whole episode); "
+            "lower the first or raise the second"
+        )
+    if c.ray_address and not _is_ray_address(c.ray_address):
+        raise ConfigError(
+            f"--ray-address={c.ray_address!r} is not a Ray address; use HOST:PORT of the head "
+            "node (e.g. 10.0.0.1:6379), ray://HOST:PORT, or auto"
+        )
+    if cfg.log.use_wandb and importlib.util.find_spec("wandb") is None:
+        raise ConfigError("log.use_wandb=true but wandb is not installed; pip install wandb")
+    if cfg.model.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"model.device={cfg.model.device!r} but torch sees no CUDA GPU here; use "
+                "model.device=auto or cpu"
+            )
+
+
+def _is_ray_address(address: str) -> bool:
+    if address in ("auto", "local") or address.startswith("ray://"):
+        return True
+    host, _, port = address.rpartition(":")
+    return bool(host) and port.isdigit()
 
 
 # ---------------------------------------------------------------- recipes

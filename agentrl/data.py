@@ -24,6 +24,8 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         raise DataError(
             f"data file {str(path)!r} does not exist; pass an existing JSONL or parquet file"
         )
+    if path.is_dir():
+        raise DataError(f"data file {str(path)!r} is a directory; pass a JSONL or parquet file")
     if path.suffix == ".parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -68,7 +70,10 @@ def load_tasks(env_cfg: EnvConfig, split: str, env_cls: TaskRows) -> list[Task]:
     else the env's own split. The caller resolves the env class (data sits below envs)."""
     path = env_cfg.prompt_data if split == "train" else env_cfg.eval_data
     if path is None:
-        return env_cls.load_tasks(split, **env_cfg.kwargs)
+        try:
+            return env_cls.load_tasks(split, **env_cfg.kwargs)
+        except (TypeError, ValueError) as e:  # an unknown split, a kwarg it does not take
+            raise DataError(f"env {env_cfg.id!r}, split {split!r}: {e}") from e
     tasks = []
     for index, row in enumerate(read_rows(path)):
         try:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from agentrl import run_dir as run_dir_guard
-from agentrl.config import ConfigError, RunConfig
+from agentrl.config import ConfigError, RunConfig, check_run
 from agentrl.data import TaskSource, load_tasks
 from agentrl.engine.base import EngineMemoryError
 from agentrl.envs import spec
@@ -74,6 +74,7 @@ async def _train(cfg: RunConfig, progress: RunProgress) -> TrainResult:
     # Everything a user can get wrong fails first, in a second, before anything is written:
     # flags, the env id and its data rows, the model path.
     _check_async(cfg)
+    check_run(cfg)
     env_spec = spec(cfg.env.id)
     env_spec.check_kwargs(cfg.env.kwargs)
     env_cls = env_spec.load_class()

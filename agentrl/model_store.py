@@ -33,7 +33,13 @@ class ModelPathError(ValueError):
 def resolve_model_path(path_or_name: str, cache_dir: str | None = None) -> str:
     """A checkpoint directory as is, or the bundled model's name converted once into `cache_dir`."""
     if os.path.isdir(os.path.expanduser(path_or_name)):
-        return os.path.expanduser(path_or_name)
+        path = os.path.expanduser(path_or_name)
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise ModelPathError(
+                f"model path {path_or_name!r} has no config.json, so it is not a transformers "
+                "checkpoint directory; pass the directory that holds config.json and the weights"
+            )
+        return path
     if path_or_name in MODEL_ALIASES:
         return _ensure_smollm2(Path(cache_dir or default_cache_dir()))
     raise ModelPathError(

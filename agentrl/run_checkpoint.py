@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from agentrl.run_dir import RunDirError
 from agentrl.trainer.checkpoint import (
     capture_rng_state,
     find_latest,
@@ -59,7 +60,7 @@ async def resume_run(
         or (root if (root / "loop_state.pt").exists() else None)
     )
     if ckpt is None:
-        raise FileNotFoundError(
+        raise RunDirError(
             f"--resume {str(root)!r}: no complete checkpoint found there (looked for step_* dirs)"
         )
     await runtime.load(ckpt)

@@ -25,22 +25,58 @@ class RunDirError(ConfigError):
 
 
 def check_writable(run_dir: Path, *, is_resume: bool, is_overwrite: bool) -> None:
-    """A directory holding another run's files is refused unless resumed or overwritten."""
-    if is_resume or is_overwrite or not run_dir.is_dir():
-        return
-    if any(p.name != LOCK_NAME for p in run_dir.iterdir()):
+    """A directory holding another run's files is refused unless resumed or overwritten;
+    `--overwrite` clears only a directory an agentrl run wrote (its run_config.json), never
+    someone's other files."""
+    if not str(run_dir) or str(run_dir) == ".":
         raise RunDirError(
-            f"--save {run_dir}: the directory is not empty (an earlier run?); continue it with "
-            f"--resume {run_dir}, or start over in it with --overwrite"
+            f"--save {str(run_dir)!r} is the current directory; pass a directory of its own for "
+            "the run, e.g. --save runs/my_run"
         )
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"--save {run_dir} is a file; pass a directory for the run")
+    if is_resume or not run_dir.is_dir():
+        return
+    files = [p for p in run_dir.iterdir() if p.name != LOCK_NAME]
+    if not files:
+        return
+    is_run = (run_dir / CONFIG_NAME).is_file()
+    if is_overwrite and not is_run:
+        raise RunDirError(
+            f"--save {run_dir} --overwrite: the directory holds files but no {CONFIG_NAME}, so "
+            "no agentrl run wrote it; --overwrite clears only a run directory. Choose another "
+            "--save"
+        )
+    if is_overwrite:
+        return
+    has_checkpoint = any((run_dir / "checkpoints").glob("step_*"))
+    if is_run and has_checkpoint:
+        raise RunDirError(
+            f"--save {run_dir}: an earlier run is there; continue it with --resume {run_dir}, "
+            "or start over in it with --overwrite"
+        )
+    if is_run:
+        raise RunDirError(
+            f"--save {run_dir}: an earlier run that saved no checkpoint is there; start over in "
+            "it with --overwrite"
+        )
+    raise RunDirError(
+        f"--save {run_dir}: the directory holds files and no agentrl run wrote it; choose "
+        "another --save"
+    )
 
 
 @contextlib.contextmanager
 def hold_lock(run_dir: Path) -> Iterator[None]:
     """Exclusive flock on `run_dir/.agentrl.lock` while the run writes; the kernel drops it when
     the process dies, so a crashed run never leaves a stale lock."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise RunDirError(
+            f"--save {run_dir}: cannot create it ({e.strerror}); pass a writable directory"
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -72,7 +108,7 @@ def saved_config(resume: str) -> dict[str, Any]:
     path = Path(resume)
     for candidate in (path, path.parent, path.parent.parent):
         if (candidate / CONFIG_NAME).is_file():
-            return json.loads((candidate / CONFIG_NAME).read_text())
+            return _read_config(candidate / CONFIG_NAME)
     if not path.exists():
         raise RunDirError(f"--resume {resume}: no such directory; pass the --save dir of a run")
     raise RunDirError(
@@ -91,3 +127,18 @@ def config_diff(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
             if key not in NOT_COMPARED and old != value:
                 lines.append(f"{key}: {old!r} -> {value!r}")
     return lines
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise RunDirError(
+            f"--resume: {path} is not valid JSON ({e.msg}, line {e.lineno})"
+        ) from None
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise RunDirError(
+            f"--resume: {path} is not a run config (an object of sections, each an object of "
+            "fields); restore it from the run's checkpoint or start a new run"
+        )
+    return data

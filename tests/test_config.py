@@ -1,8 +1,17 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from agentrl.config import ConfigError, RunConfig, apply_overrides, recipe_for_env, set_field
+from agentrl.config import (
+    ConfigError,
+    RunConfig,
+    apply_overrides,
+    check_run,
+    recipe_for_env,
+    set_field,
+)
 
 
 def test_override_sets_typed_values():
@@ -100,3 +109,36 @@ def test_an_installed_package_contributes_the_recipe_of_its_env(tmp_path, monkey
     monkeypatch.syspath_prepend(str(tmp_path))
     assert recipe_for_env("toy").train.num_rollout == 3
     assert recipe_for_env("search_r1").env.kwargs["reward"] == "format"  # the bundled env's own
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["engine.kind=http"], "engine.kind=http needs engine.url"),
+        (["engine.kind=http", "engine.url=notaurl"], "engine.url='notaurl' must start with http"),
+        (["train.tensor_model_parallel_size=2", "train.sequence_parallel=true"],
+         "--tensor-model-parallel-size, --sequence-parallel need --train-backend megatron"),
+        (["algo.eps_clip=0.3", "algo.eps_clip_high=0.1"], "--eps-clip-high=0.1 is below --eps-clip=0.3"),
+        (["train.lr=1e-6", "train.min_lr=1e-5"], "train.min_lr=1e-05 is above --lr=1e-06"),
+        (["rollout.rollout_max_response_len=5000"], "--rollout-max-response-len=5000 is more than"),
+        (["cluster.ray_address=garbage"], "--ray-address='garbage' is not a Ray address"),
+    ],
+)  # fmt: skip
+def test_contradicting_fields_are_refused_naming_them(overrides, named):
+    cfg = apply_overrides(RunConfig(), overrides)
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        check_run(cfg)
+
+
+def test_consistent_configs_pass():
+    for env in ("calculator", "search_r1", "code_sandbox"):
+        check_run(recipe_for_env(env))
+    cfg = apply_overrides(RunConfig(), ["train.backend=megatron", "train.tensor_model_parallel_size=2",
+                                        "cluster.ray_address=10.0.0.1:6379", "algo.eps_clip_high=0.28",
+                                        "engine.kind=http", "engine.url=http://127.0.0.1:30000"])  # fmt: skip
+    check_run(cfg)
+
+
+def test_non_finite_numbers_are_refused():
+    with pytest.raises(ConfigError, match="train.lr='inf' is not a finite number"):
+        apply_overrides(RunConfig(), ["train.lr=inf"])

@@ -60,6 +60,8 @@ def test_read_rows_bad_line_names_line(tmp_path):
     p.write_text('{"a": 1}\n[1, 2]\n')
     with pytest.raises(DataError, match=r"bad.jsonl:2: a JSON list, not an object"):
         read_rows(p)
+    with pytest.raises(DataError, match=r"is a directory; pass a JSONL or parquet file"):
+        read_rows(tmp_path)
     (tmp_path / "bad.parquet").write_text("not parquet")
     with pytest.raises(DataError, match=r"bad.parquet: not a readable parquet file"):
         read_rows(tmp_path / "bad.parquet")

@@ -9,6 +9,7 @@ import torch
 from transformers import AutoTokenizer
 
 from agentrl.model_store import (
+    ModelPathError,
     eos_token_ids,
     load_model_and_tokenizer,
     resolve_dtype,
@@ -18,7 +19,13 @@ from tests.support.models import make_tiny_model
 
 
 def test_existing_directory_is_returned_as_is(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
     assert resolve_model_path(str(tmp_path)) == str(tmp_path)
+
+
+def test_a_directory_without_config_is_not_a_model(tmp_path: Path) -> None:
+    with pytest.raises(ModelPathError, match="has no config.json, so it is not a transformers"):
+        resolve_model_path(str(tmp_path))
 
 
 @pytest.mark.parametrize("value", ["no-such-model", "/definitely/missing/dir"])

@@ -110,12 +110,17 @@ def eval_command(
     from agentrl.data import DataError
     from agentrl.envs.registry import EnvLoadError, UnknownEnvError
     from agentrl.eval.runner import ResumeMismatchError
+    from agentrl.model_store import ModelPathError
 
+    if out_dir.exists() and not out_dir.is_dir():
+        message = f"[red]error:[/] --out {escape(str(out_dir))} is a file; pass a directory"
+        console.print(message, soft_wrap=True)
+        raise typer.Exit(2)
     try:
         report = asyncio.run(
             _run(cfg, split, out_dir, meta, resume=resume, seed=seed, progress=cfg.log.progress)
         )
-    except (ResumeMismatchError, DataError, UnknownEnvError, EnvLoadError) as e:
+    except (ResumeMismatchError, DataError, UnknownEnvError, EnvLoadError, ModelPathError) as e:
         console.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(2)
     print_report(console, report, out_dir)
@@ -133,7 +138,7 @@ def build_config(
     overrides: list[str] | None = None,
 ) -> RunConfig:
     """The env's recipe, then the flags, then `--set` overrides."""
-    from agentrl.config import config_from_flags
+    from agentrl.config import check_run, config_from_flags
 
     if checkpoint is not None and model is not None:
         raise ValueError(
@@ -150,7 +155,9 @@ def build_config(
         "eval.num_eval_tasks": num_tasks,
         "eval.temperature": temperature,
     }
-    return config_from_flags(env, values, overrides or [])  # -k 0 is out of eval.n_samples' range
+    cfg = config_from_flags(env, values, overrides or [])  # -k 0 is out of eval.n_samples' range
+    check_run(cfg)
+    return cfg
 
 
 def checkpoint_model_dir(checkpoint: Path) -> Path:

@@ -4,6 +4,9 @@ per line (JSONL), flushed as each group ends."""
 from __future__ import annotations
 
 import asyncio
+import math
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
@@ -37,7 +40,7 @@ def rollout_command(
     from rich.markup import escape
 
     from agentrl.cli import quiet_libraries
-    from agentrl.config import ConfigError, config_from_flags
+    from agentrl.config import ConfigError, check_run, config_from_flags
 
     quiet_libraries()
 
@@ -47,18 +50,17 @@ def rollout_command(
             f"[red]--num-tasks={num_tasks} and --n-samples={n_samples} must both be at least 1"
         )
         raise typer.Exit(2)
+    if temperature is not None and not 0 <= temperature < math.inf:
+        console.print(f"[red]error:[/red] --temperature={temperature} must be >= 0 (0 = greedy)")
+        raise typer.Exit(2)
     try:
         cfg = config_from_flags(env, {"model.path": model or None}, set_)
+        check_run(cfg)
     except ConfigError as e:
         console.print(f"[red]config error:[/red] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(2)
-    try:
-        open(out, "w").close()  # a fresh file, before anything loads; groups are appended
-    except OSError as e:
-        console.print(
-            f"[red]error:[/red] --out {escape(out)}: {e.strerror}; pass a writable file path",
-            soft_wrap=True,
-        )
+    if problem := _unwritable(Path(out)):
+        console.print(f"[red]error:[/red] --out {escape(out)}: {problem}", soft_wrap=True)
         raise typer.Exit(2)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from agentrl.data import DataError
@@ -72,6 +74,19 @@ def rollout_command(
         console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(2)
     console.print(summary)
+
+
+def _unwritable(out: Path) -> str | None:
+    """Why `out` cannot take the trajectories (checked before anything loads, without touching
+    an existing file); None when it can."""
+    if out.is_dir():
+        return "is a directory; pass a file path, e.g. rollouts.jsonl"
+    parent = out.parent
+    if not parent.is_dir():
+        return f"its directory {parent} does not exist; create it or pass another path"
+    if not os.access(out if out.exists() else parent, os.W_OK):
+        return "is not writable here; pass another path"
+    return None
 
 
 async def _rollout(
@@ -98,6 +113,7 @@ async def _rollout(
         engine = make_engine(cfg)
     statuses: Counter[str] = Counter()
     rewards: list[float] = []
+    open(out, "w").close()  # a fresh file once env and engine loaded; groups are appended
     try:
         runner = build_runner(cfg, engine)
         columns = (

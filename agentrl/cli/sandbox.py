@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 
@@ -21,24 +23,29 @@ def register(app: typer.Typer) -> None:
             ..., exists=True, dir_okay=False, help="Python program to run."
         ),
         backend: str = typer.Option("auto", help="auto, bubblewrap, docker or subprocess."),
-        timeout_s: float = typer.Option(10.0, help="Wall-clock limit in seconds."),
-        memory_mb: int = typer.Option(512, help="Memory limit in MiB."),
+        timeout_s: float = typer.Option(10.0, help="Wall-clock limit in seconds (> 0)."),
+        memory_mb: int = typer.Option(512, help="Memory limit in MiB (> 0)."),
         stdin: Path | None = typer.Option(
             None, exists=True, dir_okay=False, help="File fed to the program's stdin."
         ),
         allow_unsafe: bool = typer.Option(False, help="Permit the unsandboxed subprocess backend."),
     ) -> None:
         """Run FILE once under the limits and print status, exit_code, stdout, stderr, wall_s,
-        truncated as JSON. Exit status: 0 when the program ran OK, 1 otherwise, 2 if no sandbox."""
+        truncated as JSON. Exit status: 0 when the program ran OK, 1 otherwise, 2 if no sandbox or bad input."""
         from agentrl.tools.sandbox import Limits, Program, SandboxUnavailable, make_sandbox
 
+        # Checked here, before a sandbox exists, so each error names the flag as typed.
+        if not (math.isfinite(timeout_s) and timeout_s > 0):
+            _fail(f"--timeout-s={timeout_s:g} must be a finite number > 0; e.g. --timeout-s 10")
+        if memory_mb <= 0:
+            _fail(f"--memory-mb={memory_mb} must be > 0; e.g. --memory-mb 512")
+        program = Program(code=_read_program(file), stdin=stdin.read_bytes() if stdin else b"")
+        limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb)
         try:
             sandbox = make_sandbox(backend, allow_unsafe=allow_unsafe)
         except (SandboxUnavailable, PermissionError, ValueError) as e:
             typer.echo(json.dumps({"status": "sandbox_error", "error": str(e)}))
             raise typer.Exit(2)
-        program = Program(code=file.read_text(), stdin=stdin.read_bytes() if stdin else b"")
-        limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb)
 
         async def go():
             try:
@@ -61,3 +68,21 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"{name}: {'ok' if ok else 'unavailable: ' + why}")
 
     app.add_typer(group, name="sandbox")
+
+
+def _read_program(file: Path) -> str:
+    try:
+        return file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        _fail(
+            f"FILE {file} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); "
+            "save it as UTF-8"
+        )
+    except OSError as e:
+        _fail(f"FILE {file} cannot be read ({e.strerror}); check its permissions")
+
+
+def _fail(message: str) -> NoReturn:
+    """One line on stderr and exit status 2 (bad input), as the other commands do."""
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)

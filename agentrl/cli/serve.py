@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import math
+from typing import Literal, NoReturn
+
 import typer
+
+# uvicorn's names (uvicorn.config.LOG_LEVELS); anything else is a KeyError inside uvicorn.
+LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
 
 
 def serve_command(
@@ -16,7 +22,9 @@ def serve_command(
         "127.0.0.1", "--host", help="Bind address; 0.0.0.0 exposes the server to the network."
     ),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N"),
-    dtype: str = typer.Option("auto", "--dtype", help="auto | float32 | bfloat16"),
+    dtype: str = typer.Option(
+        "auto", "--dtype", help="auto | float32 (fp32) | bfloat16 (bf16) | float16 (fp16)"
+    ),
     max_batch_size: int = typer.Option(
         32, "--max-batch-size", min=1, help="Most sequences decoded together."
     ),
@@ -26,7 +34,7 @@ def serve_command(
     mem_fraction_static: float = typer.Option(
         0.8,
         "--mem-fraction-static",
-        help="On CUDA, the KV cache takes this fraction of the memory free at start.",
+        help="On CUDA, the KV cache takes this fraction (0 < f <= 1) of the memory free at start.",
     ),
     reserve_gb: float = typer.Option(
         0.0,
@@ -35,7 +43,7 @@ def serve_command(
         help="GiB left out of the free memory the KV cache is sized from: what a trainer sharing "
         "the GPU will still allocate (its optimizer state).",
     ),
-    log_level: str = typer.Option("info", "--log-level"),
+    log_level: LogLevel = typer.Option("info", "--log-level", case_sensitive=False),
     weights_cpu_backup: bool = typer.Option(
         True,
         "--weights-cpu-backup/--no-weights-cpu-backup",
@@ -49,6 +57,7 @@ def serve_command(
     from agentrl.engine.serve.app import serve
     from agentrl.model_store import ModelPathError
 
+    _check_before_loading(device, mem_fraction_static, reserve_gb)
     if host not in ("127.0.0.1", "localhost", "::1"):
         typer.secho(
             f"warning: binding {host}: anyone who can reach it can generate and replace weights",
@@ -67,13 +76,41 @@ def serve_command(
             reserve_bytes=int(reserve_gb * 2**30),
         )
     except (ModelPathError, EngineMemoryError, ValueError) as e:  # the user's values: one line
-        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(2)
+        _fail(str(e))
     typer.echo(
         f"agentrl serve: {engine.model_path} on http://{host}:{port} (device {engine.device})",
         err=True,
     )
     serve(engine, host=host, port=port, log_level=log_level)
+
+
+def _check_before_loading(device: str, mem_fraction_static: float, reserve_gb: float) -> None:
+    """Refuse values the engine would refuse only after the weights load (or crash on)."""
+    if not 0 < mem_fraction_static <= 1:
+        _fail(
+            f"--mem-fraction-static={mem_fraction_static:g} must be in (0, 1]; "
+            "e.g. --mem-fraction-static 0.8"
+        )
+    if not math.isfinite(reserve_gb):
+        _fail(f"--reserve-gb={reserve_gb:g} must be a finite number of GiB; e.g. --reserve-gb 4")
+    if device.startswith("cuda"):
+        _check_cuda(device)
+
+
+def _check_cuda(device: str) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        _fail(f"--device {device} but torch sees no CUDA GPU here; use --device cpu or auto")
+    _, _, ordinal = device.partition(":")
+    count = torch.cuda.device_count()
+    if ordinal.isdigit() and int(ordinal) >= count:
+        _fail(f"--device {device} but torch sees {count} CUDA GPU(s) (cuda:0..cuda:{count - 1})")
+
+
+def _fail(message: str) -> NoReturn:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
 
 
 def register(app: typer.Typer) -> None:

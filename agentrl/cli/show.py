@@ -3,6 +3,9 @@ on a green background and masked tokens (prompt, observations) dimmed."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -14,14 +17,29 @@ if TYPE_CHECKING:
 
 TRAINED_STYLE = "black on green3"
 MASKED_STYLE = "dim"
+# what a non-object JSON line is, in JSON's words
+JSON_KINDS: dict[type, str] = {
+    list: "array",
+    str: "string",
+    int: "number",
+    float: "number",
+    bool: "boolean",
+    type(None): "null",
+}
 
 
 def show_command(
     path: str = typer.Argument(
-        ..., help="A trajectories JSONL file (agentrl rollout --out, or a run's rollouts/)."
+        ...,
+        help="A trajectories JSONL file (agentrl rollout --out), or a run's rollouts/ directory "
+        "(its latest step file).",
     ),
     index: int | None = typer.Option(
-        None, "--index", "-i", help="Show only the trajectory on this line (0-based)."
+        None,
+        "--index",
+        "-i",
+        help="Show only the trajectory on this line (0-based; negative counts from the end, "
+        "-1 is the last).",
     ),
     model: str = typer.Option(
         "smollm2-135m-instruct", help="Model whose tokenizer decodes the ids."
@@ -32,18 +50,15 @@ def show_command(
     from rich.console import Console
     from rich.markup import escape
 
-    from agentrl.rollout.trajectory import read_jsonl
-
     console = Console()
-    try:
-        trajectories = read_jsonl(path)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        console.print(f"[red]cannot read {path}:[/red] {escape(str(e))}", soft_wrap=True)
-        raise typer.Exit(2)
+    file, trajectories = _load_or_exit(console, path)
     if index is not None:
-        if not -len(trajectories) <= index < len(trajectories):
+        num = len(trajectories)
+        if not -num <= index < num:
             console.print(
-                f"[red]--index {index} is out of range: {path} holds {len(trajectories)} trajectories"
+                f"[red]--index {index} is out of range: {escape(str(file))} holds {num} "
+                f"trajectories; use 0..{num - 1}, or -{num}..-1 counting from the end",
+                soft_wrap=True,
             )
             raise typer.Exit(2)
         selected = [(index % len(trajectories), trajectories[index])]
@@ -55,6 +70,78 @@ def show_command(
     )
     for i, traj in selected:
         render_trajectory(console, i, traj, decode, show_prompt=show_prompt)
+
+
+def _load_or_exit(console: Console, path: str) -> tuple[Path, list[Trajectory]]:
+    """The file shown and its trajectories; exit 2 if unreadable, 1 if it holds none."""
+    from rich.markup import escape
+
+    try:
+        file = trajectories_file(Path(path))
+        if file != Path(path):
+            parent = escape(str(file.parent))
+            console.print(f"showing {escape(str(file))}, the latest step file in {parent}")
+        trajectories = read_trajectories(file)
+    except (OSError, ValueError) as e:
+        console.print(f"[red]cannot read {escape(path)}:[/red] {escape(str(e))}", soft_wrap=True)
+        raise typer.Exit(2)
+    if not trajectories:
+        console.print(f"[red]no trajectories in {escape(str(file))}[/red]", soft_wrap=True)
+        raise typer.Exit(1)
+    return file, trajectories
+
+
+def trajectories_file(path: Path) -> Path:
+    """`path` itself, or for a directory (a run's rollouts/, or the run) its latest step file."""
+    if not path.is_dir():
+        return path
+    if (path / "rollouts").is_dir():
+        path = path / "rollouts"
+    # step_000001.jsonl ...: zero-padded, so the name order is the step order
+    steps = sorted(path.glob("*.jsonl"))
+    if not steps:
+        raise ValueError(f"no *.jsonl step files in {path}; give a trajectories JSONL file")
+    return steps[-1]
+
+
+def read_trajectories(path: Path) -> list[Trajectory]:
+    """One `Trajectory` per non-blank line; a line that is not one raises ValueError naming it
+    and its first missing field (a task file, say, has none of them)."""
+    from agentrl.rollout.trajectory import Trajectory
+
+    required = [
+        f.name
+        for f in dataclasses.fields(Trajectory)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    trajectories = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"line {line_no} is not JSON ({e})") from None
+            if not isinstance(row, dict):
+                kind = JSON_KINDS.get(type(row), type(row).__name__)
+                raise ValueError(
+                    f"line {line_no} is not a trajectory: a JSON {kind}, not an object"
+                )
+            missing = [name for name in required if name not in row]
+            if missing:
+                more = (
+                    f" (nor {len(missing) - 1} other trajectory fields)" if len(missing) > 1 else ""
+                )
+                raise ValueError(
+                    f"line {line_no} is not a trajectory: it has no {missing[0]!r} field{more}; "
+                    "show reads agentrl rollout --out files and a run's rollouts/"
+                )
+            try:
+                trajectories.append(Trajectory.from_json(row))
+            except (ValueError, TypeError, KeyError) as e:
+                raise ValueError(f"line {line_no} is not a trajectory ({e})") from None
+    return trajectories
 
 
 def render_trajectory(

@@ -4,6 +4,7 @@ to the `agentrl` command line through the `agentrl.cli` entry-point group."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 
@@ -23,9 +24,9 @@ def register(app: typer.Typer) -> None:
         host: str = typer.Option(
             "127.0.0.1", "--host", help="Bind address; 0.0.0.0 exposes the server to the network"
         ),
-        port: int = typer.Option(8000, "--port"),
+        port: int = typer.Option(8000, "--port", min=1, max=65535),
         topk: int = typer.Option(
-            3, "--topk", help="Documents per query when a request gives no topk"
+            3, "--topk", min=1, help="Documents per query when a request gives no topk"
         ),
     ) -> None:
         """Serve the corpus so several rollout workers share one index
@@ -34,7 +35,14 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         path = resolve_corpus(corpus)
-        server = make_server(path, host=host, port=port, topk=topk)
+        try:
+            server = make_server(path, host=host, port=port, topk=topk)
+        except UnicodeDecodeError as e:
+            _fail(f"--corpus {corpus} is not UTF-8 text (byte offset {e.start}); save it as UTF-8")
+        except ValueError as e:  # read_corpus names the file, the line and the fix
+            _fail(str(e))
+        except OSError as e:
+            _fail(f"--corpus {corpus} cannot be read ({e.strerror}); check its permissions")
         Console(stderr=True).print(f"retriever: serving {path} on http://{host}:{port}/retrieve")
         server.run()
 
@@ -50,9 +58,14 @@ def register(app: typer.Typer) -> None:
 
         from agentrl_envs.search_r1.embedded import ensure_embedded
 
+        if out is not None:
+            check_out_path(out)
         data = ensure_embedded(seed)
         if out is not None:
-            shutil.copyfile(data / "corpus.jsonl", out)
+            try:
+                shutil.copyfile(data / "corpus.jsonl", out)
+            except OSError as e:
+                _fail(f"--out {out}: cannot write it ({e.strerror}); give a writable file path")
             typer.echo(f"wrote {out}")
         typer.echo(f"embedded data: {data} (corpus.jsonl, train.jsonl, dev.jsonl, test.jsonl)")
 
@@ -71,3 +84,19 @@ def resolve_corpus(corpus: str) -> Path:
             f"--corpus {corpus}: no such file; give a JSONL corpus or 'embedded'"
         )
     return path
+
+
+def check_out_path(out: Path) -> None:
+    """Refuse an `--out` that cannot become a file before the corpus is built."""
+    if out.is_dir():
+        _fail(f"--out {out} is a directory; give a file path, e.g. --out {out / 'corpus.jsonl'}")
+    if not out.parent.is_dir():
+        _fail(f"--out {out}: {out.parent} is not an existing directory; create it or pick another")
+
+
+def _fail(message: str) -> NoReturn:
+    from rich.console import Console
+    from rich.markup import escape
+
+    Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {escape(message)}")
+    raise typer.Exit(2)

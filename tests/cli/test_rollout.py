@@ -13,7 +13,11 @@ runner = CliRunner()
 @pytest.mark.parametrize(
     ("flags", "named"),
     [
-        (["--out", "{tmp}/no/such/dir/r.jsonl"], "/no/such/dir/r.jsonl: No such file or directory"),
+        (["--out", "{tmp}/no/such/dir/r.jsonl"], "/no/such/dir does not exist"),
+        (["--out", "{tmp}"], "is a directory; pass a file path"),
+        (["--out", "{tmp}/r.jsonl", "--temperature", "-1"], "--temperature=-1.0 must be >= 0"),
+        (["--out", "{tmp}/r.jsonl", "--split", "bogus"], "calculator has splits"),
+        (["--out", "{tmp}/r.jsonl", "--set", "env.kwargs.bogus=1"], "'bogus'"),
         (["--out", "{tmp}/r.jsonl", "--env", "nope"], "unknown env id 'nope'"),
         (["--out", "{tmp}/r.jsonl", "--model", "/does/not/exist"], "model path '/does/not/exist'"),
         (
@@ -29,3 +33,11 @@ def test_a_user_error_is_one_line(tmp_path, flags, named):
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and named in lines[0], result.output
     assert "Traceback" not in result.output
+
+
+def test_a_failed_start_leaves_an_existing_out_file_alone(tmp_path):
+    out = tmp_path / "earlier.jsonl"
+    out.write_text('{"kept": true}\n')
+    result = runner.invoke(app, ["rollout", "--env", "nope", "--out", str(out)])
+    assert result.exit_code == 2 and "unknown env id" in result.output
+    assert out.read_text() == '{"kept": true}\n'

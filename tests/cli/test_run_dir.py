@@ -33,15 +33,49 @@ def _saved_run(path, **changes):
     return path
 
 
-def test_a_non_empty_save_dir_is_refused_naming_both_fixes(tmp_path, tiny_model_path):
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "metrics.jsonl").write_text("{}\n")
+def test_an_earlier_run_is_refused_naming_both_fixes(tmp_path, tiny_model_path):
+    run = _saved_run(tmp_path / "run")
+    (run / "checkpoints" / "step_000001").mkdir()
     result = runner.invoke(app, ["train", "--model", tiny_model_path, "--save", str(run)])
     assert result.exit_code == 2
     line = _one_line(result.output)
     assert str(run) in line and f"--resume {run}" in line and "--overwrite" in line
-    assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl"]
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "run_config.json"]
+
+
+def test_a_run_that_saved_no_checkpoint_is_not_offered_for_resume(tmp_path, tiny_model_path):
+    run = _saved_run(tmp_path / "run")  # it failed before its first checkpoint
+    result = runner.invoke(app, ["train", "--model", tiny_model_path, "--save", str(run)])
+    assert result.exit_code == 2
+    line = _one_line(result.output)
+    assert "saved no checkpoint" in line and "--overwrite" in line and "--resume" not in line
+
+
+def test_overwrite_never_clears_a_directory_no_run_wrote(tmp_path, tiny_model_path):
+    """--overwrite removes an earlier run's files, not a user's: a directory without
+    run_config.json is refused and keeps everything."""
+    data = tmp_path / "data"
+    (data / "sub").mkdir(parents=True)
+    (data / "precious.txt").write_text("keep me")
+    for flags in ([], ["--overwrite"]):
+        args = ["train", "--model", tiny_model_path, "--save", str(data), *flags]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2
+        assert "no agentrl run wrote it" in _one_line(result.output)
+    assert sorted(p.name for p in data.iterdir()) == ["precious.txt", "sub"]
+    assert (data / "precious.txt").read_text() == "keep me"
+
+
+def test_save_must_be_a_directory_of_its_own(tmp_path, tiny_model_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    for save, named in (("", "is the current directory"), ("afile", "afile is a file"),
+                        ("afile/sub", "cannot create it")):  # fmt: skip
+        args = ["train", "--model", tiny_model_path, "--save", save, "--overwrite"]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert named in _one_line(result.output)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
 
 
 def test_a_second_writer_is_refused_by_the_lock(tmp_path, tiny_model_path):

@@ -37,3 +37,71 @@ def test_an_out_of_range_flag_is_a_usage_error(flags, named):
     result = runner.invoke(app, ["serve", *flags], env={"COLUMNS": "200"})
     assert result.exit_code == 2, result.output
     assert named in result.output and "Traceback" not in result.output
+
+
+@pytest.fixture
+def no_model_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These values must be refused before the weights load: loading fails the test."""
+    from agentrl.engine.local import LocalEngine
+
+    def load(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("the model was loaded before the bad value was refused")
+
+    monkeypatch.setattr(LocalEngine, "load", load)
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--mem-fraction-static", "-3"], "--mem-fraction-static=-3 must be in (0, 1]"),
+        (["--mem-fraction-static", "0"], "--mem-fraction-static=0 must be in (0, 1]"),
+        (["--mem-fraction-static", "1.5"], "--mem-fraction-static=1.5 must be in (0, 1]"),
+        (["--mem-fraction-static", "nan"], "--mem-fraction-static=nan must be in (0, 1]"),
+        (["--reserve-gb", "inf"], "--reserve-gb=inf must be a finite number"),
+    ],
+)
+def test_a_bad_value_is_refused_before_loading(no_model_load, flags, named):
+    result = runner.invoke(app, ["serve", *flags])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0]
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_cuda_without_a_gpu_is_refused_before_loading(no_model_load, monkeypatch, device):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    result = runner.invoke(app, ["serve", "--device", device])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert lines == [
+        f"error: --device {device} but torch sees no CUDA GPU here; use --device cpu or auto"
+    ]
+
+
+def test_a_cuda_ordinal_past_the_gpus_is_refused_before_loading(no_model_load, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    result = runner.invoke(app, ["serve", "--device", "cuda:2"])
+    assert result.exit_code == 2, result.output
+    assert "error: --device cuda:2 but torch sees 2 CUDA GPU(s)" in result.output
+
+
+def test_an_unknown_log_level_is_a_usage_error(no_model_load):
+    result = runner.invoke(app, ["serve", "--log-level", "bogus"], env={"COLUMNS": "200"})
+    assert result.exit_code == 2, result.output
+    assert "'--log-level'" in result.output and "'bogus' is not one of" in result.output
+    assert "'trace'" in result.output and "Traceback" not in result.output
+
+
+def test_dtype_help_lists_every_accepted_name():
+    from agentrl.model_store import resolve_dtype
+
+    result = runner.invoke(app, ["serve", "--help"], env={"COLUMNS": "200"})
+    for name, alias in (("float32", "fp32"), ("bfloat16", "bf16"), ("float16", "fp16")):
+        assert resolve_dtype(name) == resolve_dtype(alias)  # accepted ...
+        assert f"| {name} ({alias})" in result.output  # ... and documented

@@ -159,3 +159,23 @@ def test_checkpoint_accepts_a_run_dir_and_picks_the_newest_checkpoint(tmp_path) 
         checkpoint_model_dir(tmp_path / "checkpoints" / "step_000001")
         == tmp_path / "checkpoints" / "step_000001"
     )
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--model", "bogusname"], "model path 'bogusname' is neither"),
+        (["--split", "bogus"], "calculator has splits"),
+        (["--out", "{tmp}/afile"], "afile is a file; pass a directory"),
+        (["--set", "engine.kind=http"], "engine.kind=http needs engine.url"),
+    ],
+)
+def test_a_user_error_is_one_line(tmp_path, flags, named) -> None:
+    from agentrl.cli import app
+
+    (tmp_path / "afile").write_text("x")
+    args = ["eval", "--env", "calculator", *(f.format(tmp=tmp_path) for f in flags)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and named in lines[0] and "Traceback" not in result.output

@@ -1,0 +1,108 @@
+"""`agentrl show` names the line that is not a trajectory, reads a run's rollouts/ directory,
+says when a file holds none, and counts a negative --index from the end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from agentrl.cli import app
+from agentrl.rollout.trajectory import Trajectory, Turn, write_jsonl
+from agentrl.types import EpisodeStatus, StatusReason
+
+runner = CliRunner()
+NO_TOKENIZER = ["--model", "no-such-model"]  # sampled spans show their stored text
+
+
+def _trajectory(reward: float) -> Trajectory:
+    return Trajectory(
+        token_ids=[1, 2, 3],
+        loss_mask=[0, 1, 1],
+        logprobs=[-0.1, -0.2],
+        prompt_len=1,
+        reward=reward,
+        status=EpisodeStatus.COMPLETED,
+        status_reason=StatusReason.DONE,
+        turns=[Turn(1, 2, 0, "0", "stop", text=f"TEXT-{reward:g}")],
+    )
+
+
+def _show(*args: str):  # type: ignore[no-untyped-def]
+    return runner.invoke(app, ["show", *args, *NO_TOKENIZER], env={"COLUMNS": "300"})
+
+
+@pytest.mark.parametrize(
+    ("rows", "named"),
+    [
+        (
+            [{"question": "q", "answer": "a"}],
+            "line 1 is not a trajectory: it has no 'token_ids' field",
+        ),
+        ([["a", "b"]], "line 1 is not a trajectory: a JSON array, not an object"),
+        ([None], "line 1 is not a trajectory: a JSON null, not an object"),
+    ],
+)
+def test_a_line_that_is_not_a_trajectory_is_named(tmp_path: Path, rows, named) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "good.jsonl"
+    write_jsonl(str(path), [_trajectory(1.0)])
+    with path.open("a") as f:
+        f.write("\n" + "".join(json.dumps(row) + "\n" for row in rows))
+    result = _show(str(path))
+    assert result.exit_code == 2, result.output
+    assert f"cannot read {path}: {named.replace('line 1', 'line 3')}" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_row_missing_one_field_names_that_field(tmp_path: Path) -> None:
+    row = _trajectory(1.0).to_json()
+    del row["status_reason"]
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    result = _show(str(path))
+    assert result.exit_code == 2, result.output
+    assert "line 1 is not a trajectory: it has no 'status_reason' field;" in result.output
+
+
+def test_a_rollouts_dir_shows_its_latest_step_file(tmp_path: Path) -> None:
+    rollouts = tmp_path / "run" / "rollouts"
+    rollouts.mkdir(parents=True)
+    write_jsonl(str(rollouts / "step_000002.jsonl"), [_trajectory(0.2)])
+    write_jsonl(str(rollouts / "step_000010.jsonl"), [_trajectory(0.5)])
+    for path in (rollouts, rollouts.parent):
+        result = _show(str(path))
+        assert result.exit_code == 0, result.output
+        latest = rollouts / "step_000010.jsonl"
+        assert f"showing {latest}, the latest step file in {rollouts}" in result.output
+        assert "TEXT-0.5" in result.output and "TEXT-0.2" not in result.output
+
+
+def test_a_dir_without_step_files_is_an_error(tmp_path: Path) -> None:
+    result = _show(str(tmp_path))
+    assert result.exit_code == 2, result.output
+    assert f"no *.jsonl step files in {tmp_path}" in result.output
+
+
+def test_an_empty_file_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n")
+    result = _show(str(path))
+    assert result.exit_code == 1, result.output
+    assert f"no trajectories in {path}" in result.output and "Legend" not in result.output
+
+
+def test_a_negative_index_counts_from_the_end(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    write_jsonl(str(path), [_trajectory(0.1), _trajectory(0.2), _trajectory(0.3)])
+    result = _show(str(path), "-i", "-1")
+    assert result.exit_code == 0, result.output
+    assert "#2" in result.output and "TEXT-0.3" in result.output and "TEXT-0.1" not in result.output
+    assert (
+        "negative counts from the end"
+        in runner.invoke(app, ["show", "--help"], env={"COLUMNS": "300"}).output
+    )
+    out_of_range = _show(str(path), "-i", "-4")
+    assert out_of_range.exit_code == 2
+    assert "use 0..2, or -3..-1 counting from the end" in out_of_range.output

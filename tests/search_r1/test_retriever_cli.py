@@ -1,0 +1,89 @@
+"""`agentrl retriever serve | build-corpus` refuse bad flags and corpora in one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from agentrl.cli import app
+
+runner = CliRunner()
+
+
+def _one_error_line(output: str) -> str:
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), output
+    assert "Traceback" not in output
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--port", "99999"], "'--port'"),
+        (["--port", "0"], "'--port'"),
+        (["--topk", "0"], "'--topk'"),
+    ],
+)
+def test_an_out_of_range_serve_flag_is_a_usage_error(
+    corpus_path: Path, flags: list[str], named: str
+) -> None:
+    args = ["retriever", "serve", "--corpus", str(corpus_path), *flags]
+    result = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 2, result.output
+    assert named in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("not json\n", "line 1: expected a JSON object with 'id' and 'contents'"),
+        ('{"id": "1"}\n', "line 1: expected a JSON object with 'id' and 'contents'"),
+        ('{"contents": "x"}\n', "line 1: expected a JSON object with 'id' and 'contents'"),
+        ("", "has no documents"),
+    ],
+)
+def test_a_bad_corpus_is_one_error_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, named: str
+) -> None:
+    monkeypatch.setenv("AGENTRL_CACHE", str(tmp_path / "cache"))
+    corpus = tmp_path / "bad.jsonl"
+    corpus.write_text(text)
+    result = runner.invoke(app, ["retriever", "serve", "--corpus", str(corpus)])
+    assert result.exit_code == 2, result.output
+    line = _one_error_line(result.output)
+    assert str(corpus) in line and named in line
+
+
+def test_a_corpus_that_is_not_utf8_is_one_error_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENTRL_CACHE", str(tmp_path / "cache"))
+    corpus = tmp_path / "bad.jsonl"
+    corpus.write_bytes(b"\xff\xfe")
+    result = runner.invoke(app, ["retriever", "serve", "--corpus", str(corpus)])
+    assert result.exit_code == 2, result.output
+    assert f"--corpus {corpus} is not UTF-8" in _one_error_line(result.output)
+
+
+@pytest.mark.parametrize(
+    ("out", "named"),
+    [
+        (".", "is a directory; give a file path"),
+        ("afile/x.jsonl", "is not an existing directory"),
+        ("missing/x.jsonl", "is not an existing directory"),
+    ],
+)
+def test_build_corpus_refuses_an_out_that_cannot_be_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, out: str, named: str
+) -> None:
+    monkeypatch.setenv("AGENTRL_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "afile").write_text("")
+    target = tmp_path / out
+    result = runner.invoke(app, ["retriever", "build-corpus", "--out", str(target)])
+    assert result.exit_code == 2, result.output
+    line = _one_error_line(result.output)
+    assert f"--out {target}" in line and named in line
+    assert not (tmp_path / "cache").exists()  # refused before the corpus is built
