@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -17,8 +18,19 @@ class DataError(ValueError):
     """A data file or one of its rows is unusable; the message names the file, row and field."""
 
 
+# what a non-object JSON line is, in JSON's words
+_JSON_KINDS: dict[type, str] = {list: "array", str: "string", int: "number", float: "number",
+                                bool: "boolean", type(None): "null"}  # fmt: skip
+
+
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """Rows of a JSONL (`.jsonl`, `.json` with one object per line) or parquet file."""
+    return [row for _, row in numbered_rows(path)]
+
+
+def numbered_rows(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, row) of each non-blank JSONL line (for parquet, the row's number from 1).
+    A line that is not a JSON object raises `DataError` naming the file and the line."""
     path = Path(path)
     if not path.exists():
         raise DataError(
@@ -31,10 +43,11 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         import pyarrow.parquet as pq
 
         try:
-            return pq.read_table(path).to_pylist()
+            table = pq.read_table(path).to_pylist()
         except (pa.ArrowException, OSError) as e:
             raise DataError(f"{path}: not a readable parquet file ({e})") from None
-    rows = []
+        yield from enumerate(table, start=1)
+        return
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
@@ -46,12 +59,12 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
                     f"{path}:{lineno}: not valid JSON ({e.msg}); each line must be one JSON object"
                 ) from None
             if not isinstance(row, dict):
+                kind = _JSON_KINDS.get(type(row), type(row).__name__)
                 raise DataError(
-                    f"{path}:{lineno}: a JSON {type(row).__name__}, not an object; each line "
-                    'must be one JSON object, e.g. {"question": ..., "answer": ...}'
+                    f"{path}:{lineno}: a JSON {kind}, not an object; each line must be one JSON "
+                    'object, e.g. {"question": ..., "answer": ...}'
                 )
-            rows.append(row)
-    return rows
+            yield lineno, row
 
 
 class TaskRows(Protocol):

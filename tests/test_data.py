@@ -58,7 +58,7 @@ def test_read_rows_bad_line_names_line(tmp_path):
     with pytest.raises(DataError, match=r"bad.jsonl:2: not valid JSON"):
         read_rows(p)
     p.write_text('{"a": 1}\n[1, 2]\n')
-    with pytest.raises(DataError, match=r"bad.jsonl:2: a JSON list, not an object"):
+    with pytest.raises(DataError, match=r"bad.jsonl:2: a JSON array, not an object"):
         read_rows(p)
     with pytest.raises(DataError, match=r"is a directory; pass a JSONL or parquet file"):
         read_rows(tmp_path)

@@ -4,7 +4,6 @@ on a green background and masked tokens (prompt, observations) dimmed."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,15 +16,6 @@ if TYPE_CHECKING:
 
 TRAINED_STYLE = "black on green3"
 MASKED_STYLE = "dim"
-# what a non-object JSON line is, in JSON's words
-JSON_KINDS: dict[type, str] = {
-    list: "array",
-    str: "string",
-    int: "number",
-    float: "number",
-    bool: "boolean",
-    type(None): "null",
-}
 
 
 def show_command(
@@ -107,6 +97,7 @@ def trajectories_file(path: Path) -> Path:
 def read_trajectories(path: Path) -> list[Trajectory]:
     """One `Trajectory` per non-blank line; a line that is not one raises ValueError naming it
     and its first missing field (a task file, say, has none of them)."""
+    from agentrl.data import numbered_rows
     from agentrl.rollout.trajectory import Trajectory
 
     required = [
@@ -115,32 +106,18 @@ def read_trajectories(path: Path) -> list[Trajectory]:
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     ]
     trajectories = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"line {line_no} is not JSON ({e})") from None
-            if not isinstance(row, dict):
-                kind = JSON_KINDS.get(type(row), type(row).__name__)
-                raise ValueError(
-                    f"line {line_no} is not a trajectory: a JSON {kind}, not an object"
-                )
-            missing = [name for name in required if name not in row]
-            if missing:
-                more = (
-                    f" (nor {len(missing) - 1} other trajectory fields)" if len(missing) > 1 else ""
-                )
-                raise ValueError(
-                    f"line {line_no} is not a trajectory: it has no {missing[0]!r} field{more}; "
-                    "show reads agentrl rollout --out files and a run's rollouts/"
-                )
-            try:
-                trajectories.append(Trajectory.from_json(row))
-            except (ValueError, TypeError, KeyError) as e:
-                raise ValueError(f"line {line_no} is not a trajectory ({e})") from None
+    for line_no, row in numbered_rows(path):
+        missing = [name for name in required if name not in row]
+        if missing:
+            more = f" (nor {len(missing) - 1} other trajectory fields)" if len(missing) > 1 else ""
+            raise ValueError(
+                f"line {line_no} is not a trajectory: it has no {missing[0]!r} field{more}; "
+                "show reads agentrl rollout --out files and a run's rollouts/"
+            )
+        try:
+            trajectories.append(Trajectory.from_json(row))
+        except (ValueError, TypeError, KeyError) as e:
+            raise ValueError(f"line {line_no} is not a trajectory ({e})") from None
     return trajectories
 
 

@@ -41,8 +41,8 @@ def _show(*args: str):  # type: ignore[no-untyped-def]
             [{"question": "q", "answer": "a"}],
             "line 1 is not a trajectory: it has no 'token_ids' field",
         ),
-        ([["a", "b"]], "line 1 is not a trajectory: a JSON array, not an object"),
-        ([None], "line 1 is not a trajectory: a JSON null, not an object"),
+        ([["a", "b"]], "jsonl:1: a JSON array, not an object"),
+        ([None], "jsonl:1: a JSON null, not an object"),
     ],
 )
 def test_a_line_that_is_not_a_trajectory_is_named(tmp_path: Path, rows, named) -> None:  # type: ignore[no-untyped-def]
@@ -52,7 +52,8 @@ def test_a_line_that_is_not_a_trajectory_is_named(tmp_path: Path, rows, named) -
         f.write("\n" + "".join(json.dumps(row) + "\n" for row in rows))
     result = _show(str(path))
     assert result.exit_code == 2, result.output
-    assert f"cannot read {path}: {named.replace('line 1', 'line 3')}" in result.output
+    named = named.replace("line 1", "line 3").replace("jsonl:1", "jsonl:3")
+    assert f"cannot read {path}: " in result.output and named in result.output
     assert "Traceback" not in result.output
 
 
