@@ -92,11 +92,16 @@ async def make_runtime(cfg: RunConfig, model_path: str, num_optimizer_steps: int
     # On a GPU the trainer loads first and the engine's KV cache leaves room for the optimizer
     # state the trainer creates at its first step (engine and trainer share the device), unless
     # that state waits in host memory between steps (--offload-train).
-    is_shared = cfg.engine.kind == "local" and backend.device.type == "cuda"
+    is_shared = _shares_device(cfg, backend)
     reserve = backend.pending_state_bytes() if is_shared else 0  # (loads the trainer first)
     if cfg.cluster.offload_train:
         reserve = 0
     return InProcessRuntime(cfg, backend, make_engine(cfg, reserve_bytes=reserve))
+
+
+def _shares_device(cfg: RunConfig, backend: Any) -> bool:
+    """An in-process engine on the trainer's GPU: they take turns with its memory."""
+    return cfg.engine.kind == "local" and backend.device.type == "cuda"
 
 
 class InProcessRuntime:
@@ -114,8 +119,7 @@ class InProcessRuntime:
         self.cfg, self.backend = cfg, backend
         self.engine: Any = GatedEngine(engine)
         self._is_released = False
-        is_shared = cfg.engine.kind == "local" and backend.device.type == "cuda"
-        self.is_state_offloaded = is_shared and cfg.cluster.offload_train
+        self.is_state_offloaded = _shares_device(cfg, backend) and cfg.cluster.offload_train
         """The optimizer state goes to host memory after each step (--offload-train)."""
 
     @property
