@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
 import json
 import typing
 from dataclasses import dataclass, field
@@ -418,76 +417,6 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
         key, value = item.split("=", 1)
         set_field(cfg, key.strip(), value.strip())
     return cfg
-
-
-# ---------------------------------------------------------------- fields that must agree
-
-
-def check_run(cfg: RunConfig) -> None:
-    """What no single field's type or bound catches: fields that contradict each other, and
-    what this machine lacks for them. A `ConfigError` naming the flags, before anything loads."""
-    engine, train, algo, rollout = cfg.engine, cfg.train, cfg.algo, cfg.rollout
-    if engine.kind == "http" and not engine.url:
-        raise ConfigError(
-            "engine.kind=http needs engine.url, e.g. --set engine.url=http://127.0.0.1:30000 "
-            "(start one with `agentrl serve --model PATH` or a real SGLang server)"
-        )
-    if engine.url and not engine.url.startswith(("http://", "https://")):
-        raise ConfigError(
-            f"engine.url={engine.url!r} must start with http:// or https://, "
-            "e.g. http://127.0.0.1:30000"
-        )
-    if train.backend == "torch":
-        megatron_only = {
-            "--tensor-model-parallel-size": train.tensor_model_parallel_size != 1,
-            "--pipeline-model-parallel-size": train.pipeline_model_parallel_size != 1,
-            "--sequence-parallel": train.sequence_parallel,
-            "--recompute-granularity": train.recompute_granularity is not None,
-            "--use-distributed-optimizer": train.use_distributed_optimizer,
-        }
-        if given := [flag for flag, is_set in megatron_only.items() if is_set]:
-            verb = "needs" if len(given) == 1 else "need"
-            raise ConfigError(
-                f"{', '.join(given)} {verb} --train-backend megatron (train.backend is torch, "
-                "which would ignore it); add --train-backend megatron or drop it"
-            )
-    if algo.eps_clip_high is not None and algo.eps_clip_high < algo.eps_clip:
-        raise ConfigError(
-            f"--eps-clip-high={algo.eps_clip_high} is below --eps-clip={algo.eps_clip}: the upper "
-            "clip is 1 + eps_clip_high; raise it (clip-higher) or leave it unset"
-        )
-    if train.min_lr > train.lr:
-        raise ConfigError(
-            f"train.min_lr={train.min_lr} is above --lr={train.lr}; lower train.min_lr"
-        )
-    if rollout.rollout_max_response_len > rollout.rollout_max_context_len:
-        raise ConfigError(
-            f"--rollout-max-response-len={rollout.rollout_max_response_len} is more than "
-            f"rollout.rollout_max_context_len={rollout.rollout_max_context_len} (the whole "
-            "episode); lower the first or raise the second"
-        )
-    if cfg.cluster.ray_address and not _is_ray_address(cfg.cluster.ray_address):
-        raise ConfigError(
-            f"--ray-address={cfg.cluster.ray_address!r} is not a Ray address; use HOST:PORT of the "
-            "head node (e.g. 10.0.0.1:6379), ray://HOST:PORT, or auto"
-        )
-    if cfg.log.use_wandb and importlib.util.find_spec("wandb") is None:
-        raise ConfigError("log.use_wandb=true but wandb is not installed; pip install wandb")
-    if cfg.model.device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError(
-                f"model.device={cfg.model.device!r} but torch sees no CUDA GPU here; use "
-                "model.device=auto or cpu"
-            )
-
-
-def _is_ray_address(address: str) -> bool:
-    if address in ("auto", "local") or address.startswith("ray://"):
-        return True
-    host, _, port = address.rpartition(":")
-    return bool(host) and port.isdigit()
 
 
 # ---------------------------------------------------------------- recipes

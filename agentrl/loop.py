@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from agentrl import run_dir as run_dir_guard
-from agentrl.config import ConfigError, RunConfig, check_run
+from agentrl.config import ConfigError, RunConfig
+from agentrl.config_checks import check_run
 from agentrl.data import TaskSource, load_tasks
 from agentrl.engine.base import EngineMemoryError
 from agentrl.envs import spec

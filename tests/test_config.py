@@ -8,10 +8,10 @@ from agentrl.config import (
     ConfigError,
     RunConfig,
     apply_overrides,
-    check_run,
     recipe_for_env,
     set_field,
 )
+from agentrl.config_checks import check_run
 
 
 def test_override_sets_typed_values():

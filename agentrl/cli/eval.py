@@ -138,7 +138,8 @@ def build_config(
     overrides: list[str] | None = None,
 ) -> RunConfig:
     """The env's recipe, then the flags, then `--set` overrides."""
-    from agentrl.config import check_run, config_from_flags
+    from agentrl.config import config_from_flags
+    from agentrl.config_checks import check_run
 
     if checkpoint is not None and model is not None:
         raise ValueError(

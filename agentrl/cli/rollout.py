@@ -40,7 +40,8 @@ def rollout_command(
     from rich.markup import escape
 
     from agentrl.cli import quiet_libraries
-    from agentrl.config import ConfigError, check_run, config_from_flags
+    from agentrl.config import ConfigError, config_from_flags
+    from agentrl.config_checks import check_run
 
     quiet_libraries()
 
