@@ -6,6 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from agentrl.cli import app
+from tests.support.cli import one_line
 
 runner = CliRunner()
 
@@ -30,9 +31,7 @@ def test_a_user_error_is_one_line(tmp_path, flags, named):
     args = [a.format(tmp=tmp_path) for a in flags]
     result = runner.invoke(app, ["rollout", "--env", "calculator", *args])
     assert result.exit_code == 2, result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and named in lines[0], result.output
-    assert "Traceback" not in result.output
+    assert named in one_line(result.output)
 
 
 def test_a_failed_start_leaves_an_existing_out_file_alone(tmp_path):

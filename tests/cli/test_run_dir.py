@@ -12,14 +12,9 @@ from typer.testing import CliRunner
 from agentrl.cli import app
 from agentrl.config import recipe_for_env
 from agentrl.run_dir import LOCK_NAME
+from tests.support.cli import one_line
 
 runner = CliRunner()
-
-
-def _one_line(output: str) -> str:
-    lines = [line for line in output.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in output, output
-    return lines[0]
 
 
 def _saved_run(path, **changes):
@@ -38,7 +33,7 @@ def test_an_earlier_run_is_refused_naming_both_fixes(tmp_path, tiny_model_path):
     (run / "checkpoints" / "step_000001").mkdir()
     result = runner.invoke(app, ["train", "--model", tiny_model_path, "--save", str(run)])
     assert result.exit_code == 2
-    line = _one_line(result.output)
+    line = one_line(result.output)
     assert str(run) in line and f"--resume {run}" in line and "--overwrite" in line
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "run_config.json"]
 
@@ -47,7 +42,7 @@ def test_a_run_that_saved_no_checkpoint_is_not_offered_for_resume(tmp_path, tiny
     run = _saved_run(tmp_path / "run")  # it failed before its first checkpoint
     result = runner.invoke(app, ["train", "--model", tiny_model_path, "--save", str(run)])
     assert result.exit_code == 2
-    line = _one_line(result.output)
+    line = one_line(result.output)
     assert "saved no checkpoint" in line and "--overwrite" in line and "--resume" not in line
 
 
@@ -61,7 +56,7 @@ def test_overwrite_never_clears_a_directory_no_run_wrote(tmp_path, tiny_model_pa
         args = ["train", "--model", tiny_model_path, "--save", str(data), *flags]
         result = runner.invoke(app, args)
         assert result.exit_code == 2
-        assert "no agentrl run wrote it" in _one_line(result.output)
+        assert "no agentrl run wrote it" in one_line(result.output)
     assert sorted(p.name for p in data.iterdir()) == ["precious.txt", "sub"]
     assert (data / "precious.txt").read_text() == "keep me"
 
@@ -74,7 +69,7 @@ def test_save_must_be_a_directory_of_its_own(tmp_path, tiny_model_path, monkeypa
         args = ["train", "--model", tiny_model_path, "--save", save, "--overwrite"]
         result = runner.invoke(app, args)
         assert result.exit_code == 2, result.output
-        assert named in _one_line(result.output)
+        assert named in one_line(result.output)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
 
 
@@ -88,7 +83,7 @@ def test_a_second_writer_is_refused_by_the_lock(tmp_path, tiny_model_path):
     finally:
         os.close(fd)
     assert result.exit_code == 2
-    line = _one_line(result.output)
+    line = one_line(result.output)
     assert "another agentrl run is writing" in line and str(run) in line
     assert [p.name for p in run.iterdir()] == [LOCK_NAME]
 
@@ -108,7 +103,7 @@ def test_resume_refuses_a_changed_flag_with_the_diff_unless_overridden(tmp_path)
     args = ["train", "--resume", str(run), "--lr", "1e-3", "--env", "calculator"]
     result = runner.invoke(app, [*args, "--show-config"])
     assert result.exit_code == 2
-    line = _one_line(result.output)
+    line = one_line(result.output)
     assert "train.lr: 2e-05 -> 0.001" in line and "env.id: 'slow_tools' -> 'calculator'" in line
     assert "--override" in line
 
@@ -118,10 +113,10 @@ def test_resume_refuses_a_changed_flag_with_the_diff_unless_overridden(tmp_path)
     assert '"lr": 0.001' in result.output
 
 
-def test_resume_of_a_missing_dir_is_one_line(tmp_path):
+def test_resume_of_a_missing_dir_isone_line(tmp_path):
     result = runner.invoke(app, ["train", "--resume", str(tmp_path / "nope")])
     assert result.exit_code == 2
-    assert "--resume" in _one_line(result.output) and not (tmp_path / "nope").exists()
+    assert "--resume" in one_line(result.output) and not (tmp_path / "nope").exists()
 
 
 def test_engine_out_of_room_saves_the_step_and_names_the_fix(tmp_path, tiny_model_path,

@@ -9,15 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from agentrl.cli import app
+from tests.support.cli import one_line
 
 runner = CliRunner()
-
-
-def _one_error_line(output: str) -> str:
-    lines = [line for line in output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), output
-    assert "Traceback" not in output
-    return lines[0]
 
 
 @pytest.mark.parametrize(
@@ -36,7 +30,7 @@ def test_a_bad_limit_is_one_error_line(tmp_path: Path, flags: list[str], named: 
     program.write_text("print(1)\n")
     result = runner.invoke(app, ["sandbox", "run", str(program), *flags])
     assert result.exit_code == 2, result.output
-    assert named in _one_error_line(result.output)
+    assert named in one_line(result.output, prefix="error: ")
 
 
 def test_a_program_that_is_not_utf8_is_one_error_line(tmp_path: Path) -> None:
@@ -44,5 +38,5 @@ def test_a_program_that_is_not_utf8_is_one_error_line(tmp_path: Path) -> None:
     program.write_bytes(b"\xff\xfeprint(1)\n")
     result = runner.invoke(app, ["sandbox", "run", str(program)])
     assert result.exit_code == 2, result.output
-    line = _one_error_line(result.output)
+    line = one_line(result.output, prefix="error: ")
     assert str(program) in line and "not UTF-8" in line and "0xff" in line

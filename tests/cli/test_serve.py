@@ -6,6 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from agentrl.cli import app
+from tests.support.cli import one_line
 
 runner = CliRunner()
 
@@ -20,9 +21,7 @@ runner = CliRunner()
 def test_a_bad_value_is_one_error_line(flags, named):
     result = runner.invoke(app, ["serve", *flags])
     assert result.exit_code == 2, result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0]
-    assert "Traceback" not in result.output
+    assert named in one_line(result.output, prefix="error: ")
 
 
 @pytest.mark.parametrize(
@@ -63,9 +62,7 @@ def no_model_load(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_bad_value_is_refused_before_loading(no_model_load, flags, named):
     result = runner.invoke(app, ["serve", *flags])
     assert result.exit_code == 2, result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0]
-    assert "Traceback" not in result.output
+    assert named in one_line(result.output, prefix="error: ")
 
 
 @pytest.mark.parametrize("device", ["cuda", "cuda:1"])

@@ -172,10 +172,10 @@ def test_checkpoint_accepts_a_run_dir_and_picks_the_newest_checkpoint(tmp_path) 
 )
 def test_a_user_error_is_one_line(tmp_path, flags, named) -> None:
     from agentrl.cli import app
+    from tests.support.cli import one_line
 
     (tmp_path / "afile").write_text("x")
     args = ["eval", "--env", "calculator", *(f.format(tmp=tmp_path) for f in flags)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2, result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and named in lines[0] and "Traceback" not in result.output
+    assert named in one_line(result.output)

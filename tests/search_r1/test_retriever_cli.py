@@ -8,15 +8,9 @@ import pytest
 from typer.testing import CliRunner
 
 from agentrl.cli import app
+from tests.support.cli import one_line
 
 runner = CliRunner()
-
-
-def _one_error_line(output: str) -> str:
-    lines = [line for line in output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), output
-    assert "Traceback" not in output
-    return lines[0]
 
 
 @pytest.mark.parametrize(
@@ -53,7 +47,7 @@ def test_a_bad_corpus_is_one_error_line(
     corpus.write_text(text)
     result = runner.invoke(app, ["retriever", "serve", "--corpus", str(corpus)])
     assert result.exit_code == 2, result.output
-    line = _one_error_line(result.output)
+    line = one_line(result.output, prefix="error: ")
     assert str(corpus) in line and named in line
 
 
@@ -65,7 +59,7 @@ def test_a_corpus_that_is_not_utf8_is_one_error_line(
     corpus.write_bytes(b"\xff\xfe")
     result = runner.invoke(app, ["retriever", "serve", "--corpus", str(corpus)])
     assert result.exit_code == 2, result.output
-    assert f"--corpus {corpus} is not UTF-8" in _one_error_line(result.output)
+    assert f"--corpus {corpus} is not UTF-8" in one_line(result.output, prefix="error: ")
 
 
 @pytest.mark.parametrize(
@@ -84,6 +78,6 @@ def test_build_corpus_refuses_an_out_that_cannot_be_a_file(
     target = tmp_path / out
     result = runner.invoke(app, ["retriever", "build-corpus", "--out", str(target)])
     assert result.exit_code == 2, result.output
-    line = _one_error_line(result.output)
+    line = one_line(result.output, prefix="error: ")
     assert f"--out {target}" in line and named in line
     assert not (tmp_path / "cache").exists()  # refused before the corpus is built
