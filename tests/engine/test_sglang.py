@@ -22,11 +22,8 @@ from agentrl.engine.sglang.protocol import (
     completion_from_sglang,
     num_requests_from_load,
 )
-from agentrl.engine.weight_transport import (
-    deserialize_named_tensors,
-    flatten_bucket,
-    serialize_for_ipc,
-)
+from agentrl.engine.weight_receive import deserialize_named_tensors
+from agentrl.engine.weight_transport import flatten_bucket, serialize_for_ipc
 from tests.support.servers import run_app_in_thread
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -9,11 +9,8 @@ import pytest
 import torch
 
 from agentrl.engine.sglang.weight_sender import flatten_into
-from agentrl.engine.weight_transport import (
-    destroy_process_group,
-    init_weights_update_process_group,
-    receive_broadcast,
-)
+from agentrl.engine.weight_receive import receive_broadcast
+from agentrl.engine.weight_transport import destroy_process_group, init_weights_update_process_group
 
 
 @pytest.fixture

@@ -19,13 +19,12 @@ from agentrl.engine.serve.protocol import (
     UpdateWeightVersionReqInput,
 )
 from agentrl.engine.serve.state import ServerState
-from agentrl.engine.weight_transport import (
+from agentrl.engine.weight_receive import (
     deserialize_named_tensors,
-    destroy_process_group,
-    init_weights_update_process_group,
     load_checkpoint_tensors,
     receive_broadcast,
 )
+from agentrl.engine.weight_transport import destroy_process_group, init_weights_update_process_group
 
 
 def _weight_result(success: bool, message: str, **extra: Any) -> JSONResponse:
