@@ -102,7 +102,11 @@ class _ToolSchema(GenerateJsonSchema):
         return out
 
     def dataclass_schema(self, schema: Any) -> Any:
-        return _documented(super().dataclass_schema(schema), schema["cls"])
+        out = _documented(super().dataclass_schema(schema), schema["cls"])
+        # A dataclass refuses unknown keys (its __init__ takes none); pydantic >= 2.14 says so
+        # in the schema and older releases did not: say it always, so the model sees one schema.
+        out.setdefault("additionalProperties", False)
+        return out
 
     def model_schema(self, schema: Any) -> Any:
         return _documented(super().model_schema(schema), schema["cls"])

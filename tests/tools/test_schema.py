@@ -137,12 +137,18 @@ def test_nested_dataclasses() -> None:
             "lon": {"type": "number", "description": "Longitude in degrees.", "default": 0.0},
         },
         "required": ["lat"],
+        "additionalProperties": False,  # what validation does: an unknown key is refused
     }
     assert route == {
         "type": "object",
         "properties": {"start": point, "stops": {"type": "array", "items": point}},
         "required": ["start", "stops"],
+        "additionalProperties": False,
     }
+    args = tool(plan).args_model
+    args.model_validate_json('{"route": {"start": {"lat": 1.0}, "stops": []}}')
+    with pytest.raises(pydantic.ValidationError, match="route.start.alt"):
+        args.model_validate_json('{"route": {"start": {"lat": 1.0, "alt": 2}, "stops": []}}')
 
 
 def test_pydantic_model() -> None:
