@@ -6,6 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+pytest.importorskip(
+    "megatron.core", reason="megatron-core is not installed (pip install 'agentrl[megatron]')"
+)
+
 from agentrl.trainer.megatron import wgrad
 
 
