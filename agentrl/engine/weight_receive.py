@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import glob
+import importlib
 import io
 import math
 import os
@@ -16,34 +17,119 @@ from typing import Any
 from agentrl.engine.weight_transport import FlattenedTensorMetadata, reconstruct_bucket
 
 
-class WeightUnpickler(pickle.Unpickler):
-    """Only what a flattened bucket needs: torch tensors/storages (CUDA IPC or shared memory) and
-    the metadata class, whichever module (sglang's or ours) the sender pickled it from."""
+def _words(text: str) -> list[str]:
+    return text.split()
 
-    _ALLOWED_PREFIXES = (
-        "torch.",
-        "torch",
-        "collections.",
-        "copyreg.",
-        "multiprocessing.resource_sharer.",
-        "multiprocessing.reduction.",
-        "_codecs",
-    )
-    _BUILTINS = frozenset(
-        {"dict", "list", "tuple", "int", "float", "str", "bool", "slice", "bytes", "getattr", "set"}
-    )
+
+# The globals SGLang 0.5.23's `SafeUnpickler` (sglang/srt/utils/common.py) lets a weight payload
+# name, as exact (module, name) pairs: a payload one server takes, the other takes too. A prefix
+# ("torch.") or a dotted name would reach os.system through torch's own imports.
+_TENSOR_KINDS = _words("BFloat16 Bool Byte Char Double Float Half Int Long Short")
+_SPARSE_KINDS = [k for k in _TENSOR_KINDS if k != "Bool"]
+_STORAGE_KINDS = (*_TENSOR_KINDS, "ComplexDouble", "ComplexFloat")
+_DTYPES = _words(
+    "bfloat16 bit bits16 bits1x8 bits2x4 bits4x2 bits8 bool cdouble cfloat chalf complex128 "
+    "complex32 complex64 double float float16 float32 float4_e2m1fn_x2 float64 float8_e4m3fn "
+    "float8_e4m3fnuz float8_e5m2 float8_e5m2fnuz float8_e8m0fnu half int int1 int16 int2 int3 "
+    "int32 int4 int5 int6 int64 int7 int8 long qint32 qint8 quint2x4 quint4x2 quint8 short uint1 "
+    "uint16 uint2 uint3 uint32 uint4 uint5 uint6 uint64 uint7 uint8 bcomplex32"
+)
+_BUILTINS = "bool bytearray bytes complex dict float frozenset int list range set slice str tuple"
+_TORCH_UTILS = (
+    "_rebuild_tensor _rebuild_tensor_v2 _rebuild_tensor_v3 _rebuild_parameter "
+    "_rebuild_parameter_with_state _rebuild_qtensor _rebuild_sparse_tensor "
+    "_rebuild_meta_tensor_no_storage _rebuild_wrapper_subclass _rebuild_device_tensor_from_numpy "
+    "_rebuild_device_tensor_from_cpu_tensor"
+)
+_MP_REBUILDS = (
+    "rebuild_tensor rebuild_meta_tensor rebuild_cuda_tensor rebuild_nested_tensor "
+    "rebuild_sparse_coo_tensor rebuild_sparse_compressed_tensor rebuild_storage_fd "
+    "rebuild_storage_filename rebuild_storage_empty rebuild_typed_storage "
+    "rebuild_typed_storage_child"
+)
+_QSCHEMES = "per_tensor_affine per_tensor_symmetric per_channel_affine per_channel_symmetric"
+
+ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset(
+    {("builtins", n) for n in _words(_BUILTINS)}
+    | {("collections", n) for n in ("OrderedDict", "defaultdict", "deque", "Counter")}
+    | {("copyreg", "__newobj__"), ("copyreg", "__newobj_ex__"), ("functools", "partial")}
+    | {("itertools", "chain"), ("itertools", "repeat"), ("_codecs", "encode")}
+    | {("multiprocessing.reduction", "_rebuild_partial")}
+    | {("multiprocessing.reduction", "_rebuild_socket")}
+    | {("multiprocessing.resource_sharer", "DupFd"), ("types", "SimpleNamespace")}
+    | {(m, f"{k}Tensor") for m in ("torch", "torch.cuda") for k in _TENSOR_KINDS}
+    | {(m, f"{k}Tensor") for m in ("torch.sparse", "torch.cuda.sparse") for k in _SPARSE_KINDS}
+    | {("torch", "Tensor"), ("torch", "Size"), ("torch", "device"), ("torch", "dtype")}
+    | {("torch", n) for n in _DTYPES}
+    | {("torch", n) for n in (*_words(_QSCHEMES), "per_channel_affine_float_qparams")}
+    | {("torch.nn.parameter", "Parameter"), ("torch.serialization", "_get_layout")}
+    | {("torch._utils", n) for n in _words(_TORCH_UTILS)}
+    | {("torch._tensor", "_rebuild_from_type_v2")}
+    | {("torch.storage", n) for n in ("UntypedStorage", "_UntypedStorage", "TypedStorage")}
+    | {("torch", "UntypedStorage")}
+    | {("torch", f"{k}Storage") for k in _STORAGE_KINDS}
+    | {("torch", f"{k}Storage") for k in ("QInt32", "QInt8", "QUInt2x4", "QUInt4x2", "QUInt8")}
+    | {("torch.cuda", f"{k}Storage") for k in _STORAGE_KINDS}
+    | {("torch.multiprocessing.reductions", n) for n in _words(_MP_REBUILDS)}
+)
+# Names a sender may pickle that resolve to agentrl's own code here (sglang need not be installed).
+_SGLANG_METADATA = ("sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata")
+_AGENTRL_METADATA = ("agentrl.engine.weight_transport", "FlattenedTensorMetadata")
+_SGLANG_CUDA_REBUILD = ("sglang.srt.utils.patch_torch", "_rebuild_cuda_tensor_modified")
+_TORCH_STORAGE_FROM_BYTES = ("torch.storage", "_load_from_bytes")
+
+
+class WeightUnpickler(pickle.Unpickler):
+    """Resolves only `ALLOWED_GLOBALS` and the bucket metadata classes, each by its exact
+    (module, name): what a flattened bucket of torch tensors (CUDA IPC or shared memory) needs.
+    Anything else raises `UnpicklingError` before it can run."""
 
     def find_class(self, module: str, name: str) -> Any:
-        if name == "FlattenedTensorMetadata":
+        pair = (module, name)
+        if pair in (_SGLANG_METADATA, _AGENTRL_METADATA):
             return FlattenedTensorMetadata
-        if (module == "builtins" and name in self._BUILTINS) or (
-            module != "builtins"
-            and any(module == p or module.startswith(p) for p in self._ALLOWED_PREFIXES)
-        ):
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(
-            f"refusing to unpickle {module}.{name} in update_weights_from_tensor"
-        )
+        if pair == _SGLANG_CUDA_REBUILD:
+            return _rebuild_cuda_tensor_by_uuid
+        if pair == _TORCH_STORAGE_FROM_BYTES:  # torch's own helper runs an unrestricted load
+            return _load_storage_from_bytes
+        if pair not in ALLOWED_GLOBALS:
+            raise pickle.UnpicklingError(
+                f"refusing to unpickle {module}.{name} in a weight payload: only torch tensor, "
+                "storage and dtype globals and FlattenedTensorMetadata are allowed"
+            )
+        # No super().find_class: it follows dotted names and remaps protocol-2 module names.
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as e:
+            raise pickle.UnpicklingError(
+                f"refusing to unpickle {module}.{name}: not in this torch ({e})"
+            ) from None
+
+
+def _rebuild_cuda_tensor_by_uuid(*args: Any) -> Any:
+    """SGLang's `_rebuild_cuda_tensor_modified`: its sender names the GPU by UUID (argument 6)."""
+    import torch
+    from torch.multiprocessing import reductions
+
+    device = args[6]
+    if isinstance(device, str):
+        uuids = [
+            str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())
+        ]
+        if device not in uuids:
+            raise pickle.UnpicklingError(f"no GPU here has device_uuid={device!r}")
+        args = (*args[:6], uuids.index(device), *args[7:])
+    rebuild = getattr(reductions, "_rebuild_cuda_tensor_original", reductions.rebuild_cuda_tensor)
+    return rebuild(*args)
+
+
+def _load_storage_from_bytes(data: bytes) -> Any:
+    import torch
+
+    storage = torch.load(io.BytesIO(data), weights_only=True)
+    if not isinstance(storage, (torch.storage.TypedStorage, torch.UntypedStorage)):
+        raise pickle.UnpicklingError(f"expected a torch storage, got {type(storage).__name__}")
+    return storage
 
 
 def deserialize_named_tensors(serialized: str, load_format: str | None) -> list[tuple[str, Any]]:
