@@ -14,8 +14,16 @@ from typing import Any
 
 import torch
 
+from agentrl.trainer.checkpoint_space import (
+    CheckpointSaveError,
+    check_fits,
+    save_failure,
+    tree_bytes,
+)
+
 STEP_DIR = re.compile(r"^step_(\d+)$")
 TMP_PREFIX = ".tmp_step_"
+ASIDE_PREFIX = ".prev_"  # `.prev_step_000123`: the old copy while the same step is saved again
 LATEST = "latest"
 
 
@@ -42,23 +50,54 @@ def _fsync_tree(path: Path) -> None:
 
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     _fsync_dir(path.parent)
 
 
 def save_checkpoint(
-    root: str | Path, step: int, write_fn: Callable[[Path], None], *, keep_last: int
+    root: str | Path,
+    step: int,
+    write_fn: Callable[[Path], None],
+    *,
+    keep_last: int,
+    resume_command: str | None = None,
 ) -> Path:
     """Call `write_fn(tmp_dir)`, then publish tmp_dir as `root/step_{step:06d}` by rename and point
-    `root/latest` at it. A crash at any moment leaves the previous checkpoint intact and found."""
+    `root/latest` at it. A crash at any moment leaves the previous checkpoint intact and found.
+    A save that cannot fit, or fails in the storage, raises `CheckpointSaveError` (one line, with
+    `resume_command` as the way on) and leaves the previous checkpoint as it was."""
     if keep_last < 1:
         raise ValueError(f"checkpoint.keep_last={keep_last} must be >= 1")
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
+    _recover(root)
+    last_good = find_latest(root)
+    try:
+        needed = check_fits(root, step, last_good)
+        final = _write_and_publish(root, step, write_fn, needed, last_good)
+    except CheckpointSaveError as e:
+        raise (e.with_resume(resume_command) if resume_command else e) from None
+    try:
+        _write_atomic(root / LATEST, final.name + "\n")
+    except OSError:
+        # A full disk may refuse even the pointer. Without one, `find_latest` takes the newest
+        # step dir: the one just published, not the older one a stale pointer would name.
+        (root / LATEST).unlink(missing_ok=True)
+    _prune(root, keep_last, keep=final)
+    return final
+
+
+def _write_and_publish(
+    root: Path, step: int, write_fn: Callable[[Path], None], needed: int, last_good: Path | None
+) -> Path:
     final = root / step_dir_name(step)
     tmp = root / f"{TMP_PREFIX}{step:06d}.{os.getpid()}"
     if tmp.exists():
@@ -67,26 +106,65 @@ def save_checkpoint(
     try:
         write_fn(tmp)
         _fsync_tree(tmp)
-    except BaseException:
+    except BaseException as e:
         # A failed save leaves nothing behind (after SIGKILL, the next save cleans up).
+        written = tree_bytes(tmp)
         shutil.rmtree(tmp, ignore_errors=True)
+        failure = save_failure(
+            e, step=step, root=root, needed_bytes=max(needed, written), last_good=last_good
+        )
+        if failure is not None:
+            raise failure from None
         raise
-    if final.exists():  # saving the same step again (e.g. Ctrl-C right after a periodic save)
-        shutil.rmtree(final)
-    os.rename(tmp, final)
-    _fsync_dir(root)
-    _write_atomic(root / LATEST, final.name + "\n")
-    _prune(root, keep_last, keep=final)
+    _publish(tmp, final)
     return final
 
 
+def _publish(tmp: Path, final: Path) -> None:
+    """Rename `tmp` to `final`. Saving the same step again (e.g. Ctrl-C right after a periodic
+    save) moves the old one aside first and deletes it last, so a kill in between leaves one
+    of the two (`find_latest` and the next save see the aside copy)."""
+    aside = final.with_name(ASIDE_PREFIX + final.name)
+    if final.exists():
+        if aside.exists():
+            shutil.rmtree(aside)
+        os.rename(final, aside)
+    os.rename(tmp, final)
+    _fsync_dir(final.parent)
+    if aside.exists():
+        shutil.rmtree(aside)
+
+
+def _recover(root: Path) -> None:
+    """What a killed writer left: its temp dir is deleted (its space counts before the next
+    save); an aside copy whose step dir never came back (a kill mid-`_publish`) is put back,
+    one whose replacement was published is deleted."""
+    _remove_dead_temp_dirs(root)
+    for p in root.iterdir():
+        if not p.name.startswith(ASIDE_PREFIX):
+            continue
+        final = root / p.name.removeprefix(ASIDE_PREFIX)
+        if final.exists():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            os.rename(p, final)
+
+
+def _remove_dead_temp_dirs(root: Path) -> None:
+    for p in root.iterdir():
+        if p.name.startswith(TMP_PREFIX) and not p.name.endswith(f".{os.getpid()}"):
+            shutil.rmtree(p, ignore_errors=True)
+
+
 def _step_dirs(root: Path) -> list[tuple[int, Path]]:
-    found = []
-    for p in root.iterdir() if root.is_dir() else []:
-        m = STEP_DIR.match(p.name)
-        if m and p.is_dir():
-            found.append((int(m.group(1)), p))
-    return sorted(found)
+    """Complete checkpoints by step; an aside copy stands in for a step dir a kill left missing."""
+    found: dict[int, Path] = {}
+    for p in sorted(root.iterdir()) if root.is_dir() else []:
+        name = p.name.removeprefix(ASIDE_PREFIX)
+        m = STEP_DIR.match(name)
+        if m and p.is_dir() and (p.name == name or not (root / name).is_dir()):
+            found[int(m.group(1))] = p
+    return sorted(found.items())
 
 
 def _prune(root: Path, keep_last: int, *, keep: Path) -> None:
@@ -94,9 +172,7 @@ def _prune(root: Path, keep_last: int, *, keep: Path) -> None:
     for _, path in _step_dirs(root)[:-keep_last]:
         if path != keep:
             shutil.rmtree(path, ignore_errors=True)
-    for p in root.iterdir():
-        if p.name.startswith(TMP_PREFIX) and not p.name.endswith(f".{os.getpid()}"):
-            shutil.rmtree(p, ignore_errors=True)
+    _remove_dead_temp_dirs(root)
 
 
 def find_latest(root: str | Path) -> Path | None:
@@ -110,12 +186,15 @@ def find_latest(root: str | Path) -> Path | None:
         named = root / pointer.read_text().strip()
         if STEP_DIR.match(named.name) and named.is_dir():
             return named
+        aside = named.with_name(ASIDE_PREFIX + named.name)
+        if STEP_DIR.match(named.name) and aside.is_dir():  # killed while re-saving that step
+            return aside
     dirs = _step_dirs(root)
     return dirs[-1][1] if dirs else None
 
 
 def checkpoint_step(path: str | Path) -> int:
-    m = STEP_DIR.match(Path(path).name)
+    m = STEP_DIR.match(Path(path).name.removeprefix(ASIDE_PREFIX))
     if not m:
         raise ValueError(f"{path} is not a checkpoint directory (expected a name like step_000123)")
     return int(m.group(1))

@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 from torch import Tensor
 from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 
 from agentrl.trainer.fsdp import dp_world_size
 
@@ -41,28 +48,79 @@ TOKENIZER_FILES = (
 
 
 def save_sharded(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Collective: every rank writes its shards of the model and optimizer state."""
-    model_state, optim_state = get_state_dict(model, optimizer)
+    """Collective: every rank writes its shards of the model and optimizer state. An optimizer
+    that has not stepped yet is left out: asking torch for its state dict would create that state
+    by stepping with zero gradients, which sets AdamW's `step` to 1 and so shrinks the next real
+    update (to 0.744x a first step). `load_sharded` then leaves the optimizer fresh."""
+    if _has_state(optimizer):
+        model_state, optim_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optimizer": optim_state}
+    else:
+        state = {"model": get_model_state_dict(model)}
     with _single_process_is_intended():
-        state_dict_saver.save(
-            {"model": model_state, "optimizer": optim_state},
-            checkpoint_id=str(out / SHARDED_DIR),
-            no_dist=dp_world_size() == 1,  # one rank: the same format, without a process group
-        )
+        try:
+            state_dict_saver.save(
+                state,
+                checkpoint_id=str(out / SHARDED_DIR),
+                no_dist=dp_world_size() == 1,  # one rank: the same format, without a process group
+            )
+        except CheckpointException as e:
+            # DCP's error is a BaseException (`except Exception` and asyncio miss it) whose text
+            # is a traceback per rank; the storage's own message is what tells the user why.
+            raise RuntimeError(
+                f"could not write {out / SHARDED_DIR}: {_first_failure(e)}"
+            ) from None
 
 
 def load_sharded(src: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Collective: every rank reads the pieces its own shards need."""
+    """Collective: every rank reads the pieces its own shards need. A checkpoint saved before
+    the first update holds no optimizer state: the optimizer is left (or made) fresh."""
     _check_is_checkpoint(src)
+    checkpoint_id = str(src / SHARDED_DIR)
+    if not _holds_optimizer_state(checkpoint_id):
+        model_state = get_model_state_dict(model)
+        with _single_process_is_intended():
+            state_dict_loader.load(
+                {"model": model_state}, checkpoint_id=checkpoint_id, no_dist=dp_world_size() == 1
+            )
+        set_model_state_dict(model, model_state)
+        optimizer.state.clear()  # what an optimizer that never stepped holds
+        return
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optim_state}
     with _single_process_is_intended():
-        state_dict_loader.load(
-            state, checkpoint_id=str(src / SHARDED_DIR), no_dist=dp_world_size() == 1
-        )
+        state_dict_loader.load(state, checkpoint_id=checkpoint_id, no_dist=dp_world_size() == 1)
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
     )
+
+
+def _has_state(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether any rank's optimizer has stepped (ranks step together; asked of all so that
+    every rank takes the same, collective, path)."""
+    has_state = bool(optimizer.state)
+    if dp_world_size() > 1:
+        flag = torch.tensor([float(has_state)], device=_device_of(optimizer))
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        has_state = bool(flag.item())
+    return has_state
+
+
+def _device_of(optimizer: torch.optim.Optimizer) -> torch.device:
+    """Where the parameters live: where the process group's collectives run (gloo: CPU)."""
+    return optimizer.param_groups[0]["params"][0].device
+
+
+def _holds_optimizer_state(checkpoint_id: str) -> bool:
+    metadata = FileSystemReader(checkpoint_id).read_metadata()
+    return any(key.startswith("optimizer.") for key in metadata.state_dict_metadata)
+
+
+def _first_failure(error: CheckpointException) -> str:
+    for failure in error.failures.values():
+        cause = failure[0] if isinstance(failure, tuple) else failure
+        return f"{type(cause).__name__}: {cause}"
+    return str(error)
 
 
 @contextmanager

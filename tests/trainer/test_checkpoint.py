@@ -15,6 +15,7 @@ import torch
 
 from agentrl.config import AlgoConfig, TrainConfig
 from agentrl.trainer.checkpoint import (
+    CheckpointSaveError,
     checkpoint_step,
     find_latest,
     load_rng_state,
@@ -64,13 +65,57 @@ def test_a_failing_writer_leaves_the_previous_checkpoint(tmp_path):
 
     def boom(d: Path) -> None:
         (d / "half").write_text("x")
-        raise OSError("disk full")
+        raise PermissionError(13, "Permission denied")
 
-    with pytest.raises(OSError, match="disk full"):
-        save_checkpoint(tmp_path, 2, boom, keep_last=2)
+    with pytest.raises(CheckpointSaveError, match="not saved: Permission denied") as info:
+        save_checkpoint(tmp_path, 2, boom, keep_last=2, resume_command="agentrl train --resume r")
+    assert "\n" not in str(info.value) and "--resume r" in str(info.value)
+    assert f"the last good checkpoint is {tmp_path / 'step_000001'}" in str(info.value)
     assert find_latest(tmp_path) == tmp_path / "step_000001"
     # No temp dir is left behind.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_000001"]
+
+
+def test_a_bug_in_the_writer_keeps_its_own_error(tmp_path):
+    def bug(d: Path) -> None:
+        raise KeyError("model.layers.0")
+
+    with pytest.raises(KeyError, match="model.layers.0"):
+        save_checkpoint(tmp_path, 1, bug, keep_last=2)
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_kill_while_resaving_a_step_leaves_the_old_copy_found_and_restored(tmp_path):
+    """Re-saving step_N moves the old copy aside before the new one is renamed in; killed in
+    between (simulated: the state that moment leaves), the old copy is still found, and the
+    next save puts it back before it writes."""
+    save_checkpoint(tmp_path, 3, _write({"v": 1}), keep_last=2)
+    os.rename(tmp_path / "step_000003", tmp_path / ".prev_step_000003")
+    found = find_latest(tmp_path)
+    assert found is not None and read_json(found / "state.json") == {"v": 1}
+    assert checkpoint_step(found) == 3
+    (tmp_path / "latest").unlink()  # without the pointer, the scan finds it too
+    assert find_latest(tmp_path) == found
+    seen = []
+    save_checkpoint(tmp_path, 4, lambda d: seen.append(find_latest(tmp_path)), keep_last=2)
+    assert seen == [tmp_path / "step_000003"]  # put back before the new save began
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_000003", "step_000004"]
+
+
+def test_resaving_a_step_never_removes_it_before_the_new_copy_is_in(tmp_path, monkeypatch):
+    save_checkpoint(tmp_path, 7, _write({"v": 1}), keep_last=2)
+    real_rename = os.rename
+    seen_during_publish = []
+
+    def rename(src, dst):  # observe the directory at each rename of the publish
+        real_rename(src, dst)
+        seen_during_publish.append(find_latest(tmp_path) is not None)
+
+    monkeypatch.setattr(os, "rename", rename)
+    save_checkpoint(tmp_path, 7, _write({"v": 2}), keep_last=2)
+    assert seen_during_publish and all(seen_during_publish)
+    assert read_json(find_latest(tmp_path) / "state.json") == {"v": 2}
+    assert not any(p.name.startswith(".prev_") for p in tmp_path.iterdir())
 
 
 SLOW_WRITER = textwrap.dedent(
@@ -137,3 +182,37 @@ def test_keep_last_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match="keep_last=0"):
         save_checkpoint(tmp_path, 1, _write({}), keep_last=0)
     assert not any(tmp_path.iterdir())
+
+
+def test_a_save_before_the_first_update_changes_no_later_step(
+    tiny_llama_path, groups_factory, tmp_path
+):
+    """Saving (and resuming from) a checkpoint taken before the optimizer ever stepped gives the
+    same weights, bit for bit, as never saving: the save creates no AdamW state (whose `step`
+    of 1 would shrink the first real update), and the load leaves the optimizer fresh."""
+    from agentrl.trainer.batch import build_train_batch
+
+    groups = groups_factory(num_groups=2, group_size=4, seed=3)
+    kw = dict(lr=1e-2, weight_decay=0.1, num_rollout=4)
+
+    def backend() -> TorchBackend:
+        return TorchBackend(tiny_llama_path, TrainConfig(**kw), AlgoConfig(), device="cpu")
+
+    def two_steps(b: TorchBackend) -> list[torch.Tensor]:
+        for _ in range(2):
+            b.train_step(
+                build_train_batch(groups, AlgoConfig(), max_tokens_per_micro_batch=64, pad_id=0)
+            )
+        return [p.detach().clone() for p in b.model.parameters()]
+
+    clean = two_steps(backend())
+    saved = backend()
+    saved.save(tmp_path / "step0")
+    resumed = backend()
+    resumed.load(tmp_path / "step0")
+    for weights in (two_steps(saved), two_steps(resumed)):
+        assert all(torch.equal(a, b) for a, b in zip(clean, weights, strict=True))
+    # A checkpoint with state, loaded into an optimizer that has stepped, replaces that state;
+    # one without state makes a used optimizer fresh again.
+    resumed.load(tmp_path / "step0")
+    assert resumed.optimizer is not None and not resumed.optimizer.state
