@@ -44,6 +44,38 @@ def serve_command(
         "the GPU will still allocate (its optimizer state).",
     ),
     log_level: LogLevel = typer.Option("info", "--log-level", case_sensitive=False),
+    api_key: str | None = typer.Option(
+        None,
+        "--api-key",
+        envvar="AGENTRL_API_KEY",
+        help="Every route but /health* wants 'Authorization: Bearer KEY' (SGLang's --api-key).",
+    ),
+    admin_api_key: str | None = typer.Option(
+        None,
+        "--admin-api-key",
+        envvar="AGENTRL_ADMIN_API_KEY",
+        help="Weight, memory and cache routes want this key instead (SGLang's --admin-api-key).",
+    ),
+    max_body_mb: float = typer.Option(
+        32.0, "--max-body-mb", min=0.001, help="Largest request body in MiB (larger: 413)."
+    ),
+    max_prompts: int = typer.Option(
+        256, "--max-prompts", min=1, help="Most prompts (OpenAI: prompts x n) in one request."
+    ),
+    max_n: int = typer.Option(64, "--max-n", min=1, help="Largest OpenAI `n` accepted."),
+    context_length: int | None = typer.Option(
+        None,
+        "--context-length",
+        min=2,
+        help="Tokens one sequence may reach (default: the engine's); longer prompts are a 400, "
+        "max_new_tokens is capped to what is left.",
+    ),
+    weight_group_timeout_s: float = typer.Option(
+        60.0,
+        "--weight-group-timeout-s",
+        min=1.0,
+        help="Seconds /init_weights_update_group waits for the trainer's store.",
+    ),
     weights_cpu_backup: bool = typer.Option(
         True,
         "--weights-cpu-backup/--no-weights-cpu-backup",
@@ -55,15 +87,26 @@ def serve_command(
     from agentrl.engine.base import EngineMemoryError
     from agentrl.engine.local import LocalEngine
     from agentrl.engine.serve.app import serve
+    from agentrl.engine.serve.requests import ServerLimits
     from agentrl.model_store import ModelPathError
 
     _check_before_loading(device, mem_fraction_static, reserve_gb)
-    if host not in ("127.0.0.1", "localhost", "::1"):
+    if not math.isfinite(max_body_mb):
+        _fail(f"--max-body-mb={max_body_mb:g} must be a finite number of MiB; e.g. 32")
+    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
         typer.secho(
-            f"warning: binding {host}: anyone who can reach it can generate and replace weights",
+            f"warning: binding {host} without --api-key: anyone who can reach it can generate "
+            "and replace weights",
             fg=typer.colors.YELLOW,
             err=True,
         )
+    limits = ServerLimits(
+        max_body_bytes=int(max_body_mb * 2**20),
+        max_prompts=max_prompts,
+        max_n=max_n,
+        context_len=context_length,
+        group_timeout_s=weight_group_timeout_s,
+    )
     try:
         engine = LocalEngine.load(
             model,
@@ -81,7 +124,8 @@ def serve_command(
         f"agentrl serve: {engine.model_path} on http://{host}:{port} (device {engine.device})",
         err=True,
     )
-    serve(engine, host=host, port=port, log_level=log_level)
+    serve(engine, host=host, port=port, log_level=log_level, limits=limits,
+          api_key=api_key, admin_api_key=admin_api_key)  # fmt: skip
 
 
 def _check_before_loading(device: str, mem_fraction_static: float, reserve_gb: float) -> None:

@@ -15,10 +15,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from agentrl.engine.base import Engine
+from agentrl.engine.serve.auth import GuardMiddleware
 from agentrl.engine.serve.control import add_control_routes
 from agentrl.engine.serve.generate import add_generate_routes
 from agentrl.engine.serve.openai import add_openai_routes
 from agentrl.engine.serve.protocol import error_response
+from agentrl.engine.serve.requests import ServerLimits, validation_message
 from agentrl.engine.serve.state import ServerState
 from agentrl.engine.serve.weights import add_weight_routes
 
@@ -34,9 +36,15 @@ def create_app(
     tokenizer: Any = None,
     model_path: str = "",
     served_model_name: str | None = None,
+    api_key: str | None = None,
+    admin_api_key: str | None = None,
+    limits: ServerLimits | None = None,
 ) -> FastAPI:
     """The FastAPI app around `engine` (a LocalEngine: its `.tokenizer` and `.model_path` are used
-    when not given)."""
+    when not given). With `api_key`, every route but the health probes wants
+    `Authorization: Bearer <api_key>`; with `admin_api_key`, the weight, memory and cache routes
+    want that one instead (SGLang's `--api-key` / `--admin-api-key`)."""
+    limits = limits or ServerLimits()
     tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
     model_path = model_path or str(getattr(engine, "model_path", ""))
     name = served_model_name or os.path.basename(model_path.rstrip("/")) or "agentrl"
@@ -45,18 +53,25 @@ def create_app(
 
     def state() -> ServerState:
         if app.state.sglang is None:  # asyncio primitives must be made inside the serving loop
-            app.state.sglang = ServerState(engine, tokenizer, model_path, name)
+            app.state.sglang = ServerState(engine, tokenizer, model_path, name, limits=limits)
         return app.state.sglang
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         # SGLang answers a malformed body with 400, not FastAPI's 422.
-        return error_response(f"invalid request body: {exc.errors()}")
+        return error_response(validation_message(list(exc.errors())))
 
     add_generate_routes(app, state)
     add_control_routes(app, state)
     add_weight_routes(app, state)
     add_openai_routes(app, state)
+    app.add_middleware(
+        GuardMiddleware,
+        fastapi_app=app,
+        api_key=api_key or None,
+        admin_api_key=admin_api_key or None,
+        max_body_bytes=limits.max_body_bytes,
+    )
     return app
 
 
@@ -64,9 +79,14 @@ def create_app(
 
 
 def serve(
-    engine: Engine, *, host: str = "127.0.0.1", port: int = 30000, log_level: str = "info"
+    engine: Engine,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 30000,
+    log_level: str = "info",
+    **app_options: Any,
 ) -> None:
-    """Blocking: serve `engine` until interrupted."""
+    """Blocking: serve `engine` until interrupted; `app_options` are `create_app`'s."""
     import uvicorn
 
-    uvicorn.run(create_app(engine), host=host, port=port, log_level=log_level)
+    uvicorn.run(create_app(engine, **app_options), host=host, port=port, log_level=log_level)

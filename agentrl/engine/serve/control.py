@@ -11,6 +11,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from agentrl.engine.base import EngineMemoryError
+from agentrl.engine.serve.auth import admin
 from agentrl.engine.serve.protocol import AbortReq, MemoryOccupationReqInput, error_response
 from agentrl.engine.serve.state import ServerState
 
@@ -96,6 +97,7 @@ def add_control_routes(app: FastAPI, state: Any) -> None:
         }
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
+    @admin
     async def flush_cache() -> Response:
         s: ServerState = state()  # the transformers engine keeps no prefix cache: nothing to flush
         return Response(
@@ -129,6 +131,7 @@ def add_control_routes(app: FastAPI, state: Any) -> None:
         return {"message": "Generation continued successfully.", "status": "ok"}
 
     @app.api_route("/release_memory_occupation", methods=["GET", "POST"])
+    @admin
     async def release_memory_occupation(obj: MemoryOccupationReqInput | None = None) -> Any:
         s: ServerState = state()
         tags = set(obj.tags if obj and obj.tags is not None else MEMORY_TAGS)
@@ -140,6 +143,7 @@ def add_control_routes(app: FastAPI, state: Any) -> None:
         return None
 
     @app.api_route("/resume_memory_occupation", methods=["GET", "POST"])
+    @admin
     async def resume_memory_occupation(obj: MemoryOccupationReqInput | None = None) -> Any:
         s: ServerState = state()
         tags = set(obj.tags if obj and obj.tags is not None else MEMORY_TAGS)

@@ -8,12 +8,13 @@ import time
 import uuid
 from typing import Any
 
-from fastapi import Body, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from agentrl.engine.base import Completion, SamplingParams
-from agentrl.engine.serve.protocol import error_response, finish_reason_json, sampling_from_sglang
-from agentrl.engine.serve.state import ServerState
+from agentrl.engine.serve.protocol import error_response, finish_reason_json
+from agentrl.engine.serve.requests import GenerateReqInput, fit_to_context, tokenize
+from agentrl.engine.serve.state import ClientDisconnectedError, ServerState, cancel_on_disconnect
 from agentrl.engine.sglang.protocol import ROUTING_KEY_HEADER
 
 
@@ -46,48 +47,38 @@ def generate_response(
 
 def add_generate_routes(app: FastAPI, state: Any) -> None:
     @app.api_route("/generate", methods=["POST", "PUT"])
-    async def generate(request: Request, body: dict[str, Any] = Body(...)) -> Any:
+    async def generate(obj: GenerateReqInput, request: Request) -> Any:
         s: ServerState = state()
         # The episode's key (sglang-router's header): its turns reuse their prefix's K/V here.
         routing_key = request.headers.get(ROUTING_KEY_HEADER)
-        if body.get("stream"):
+        if obj.stream:
             return error_response(
                 "stream=true is not supported by agentrl serve; send stream=false"
             )
-        input_ids = body.get("input_ids")
-        if input_ids is None and body.get("text") is not None:
-            text = body["text"]
-            input_ids = (
-                [s.tokenizer.encode(t, add_special_tokens=False) for t in text]
-                if isinstance(text, list)
-                else s.tokenizer.encode(text, add_special_tokens=False)
+        if obj.num_prompts > s.limits.max_prompts:
+            return error_response(
+                f"input_ids: {obj.num_prompts} prompts in one request, over this server's limit "
+                f"of {s.limits.max_prompts}; split the batch (or raise --max-prompts)"
             )
-        elif body.get("text") is not None:
-            return error_response("text and input_ids cannot be provided at the same time")
-        if not input_ids:
-            return error_response("input_ids (or text) is required and must be non-empty")
-        is_batch = isinstance(input_ids[0], list)
-        batch = input_ids if is_batch else [input_ids]
-        params = body.get("sampling_params") or {}
-        params_list = params if isinstance(params, list) else [params] * len(batch)
-        rid = body.get("rid") or uuid.uuid4().hex
-        rids = (
-            rid
-            if isinstance(rid, list)
-            else ([f"{rid}-{i}" for i in range(len(batch))] if is_batch else [rid])
-        )
         started = time.perf_counter()
         try:
-            completions = await asyncio.gather(
-                *(
-                    s.run(
-                        [int(t) for t in ids], sampling_from_sglang(p), r, routing_key=routing_key
-                    )
-                    for ids, p, r in zip(batch, params_list, rids, strict=False)
-                )
-            )
+            batch = await _prompt_ids(s, obj)
+            params = obj.sampling_list()
+            field = "text" if obj.text is not None else "input_ids"
+            sampling = [
+                p.to_sampling(fit_to_context(field, len(ids), p.max_new_tokens, s.context_len))
+                for ids, p in zip(batch, params, strict=True)
+            ]
+            rids = obj.rid_list(uuid.uuid4().hex)
+            runs = [
+                s.run(ids, sp, r, routing_key=routing_key)
+                for ids, sp, r in zip(batch, sampling, rids, strict=True)
+            ]
+            completions = await cancel_on_disconnect(request, asyncio.gather(*runs))
         except ValueError as e:
             return error_response(str(e))
+        except ClientDisconnectedError:  # nobody reads this; the generation was aborted
+            return Response(status_code=499)
         except Exception as e:  # the engine failed: a 5xx the client may retry
             return error_response(f"{type(e).__name__}: {e}", status_code=500)
         outs = [
@@ -96,15 +87,15 @@ def add_generate_routes(app: FastAPI, state: Any) -> None:
                 c,
                 r,
                 prompt_len=len(ids),
-                return_logprob=bool(body.get("return_logprob")),
-                skip_special_tokens=bool(p.get("skip_special_tokens", True)),
+                return_logprob=obj.return_logprob,
+                skip_special_tokens=p.skip_special_tokens,
                 started=started,
             )
-            for c, ids, p, r in zip(completions, batch, params_list, rids, strict=False)
+            for c, ids, p, r in zip(completions, batch, params, rids, strict=True)
         ]
         # JSONResponse directly: FastAPI's encoder walk over every logprob pair costs more than the
         # model step for short generations.
-        return JSONResponse(outs if is_batch else outs[0])
+        return JSONResponse(outs if obj.is_batch else outs[0])
 
     @app.get("/health")
     @app.get("/health_generate")
@@ -120,3 +111,11 @@ def add_generate_routes(app: FastAPI, state: Any) -> None:
         except Exception:
             return Response(status_code=503)
         return Response(status_code=200)
+
+
+async def _prompt_ids(s: ServerState, obj: GenerateReqInput) -> list[list[int]]:
+    if obj.input_ids is not None:
+        ids = obj.input_ids
+        return [list(p) for p in ids] if obj.is_batch else [list(ids)]  # type: ignore[arg-type]
+    texts = obj.text if isinstance(obj.text, list) else [obj.text or ""]
+    return await tokenize(s.tokenizer, texts, add_special_tokens=False)

@@ -10,11 +10,14 @@ import time
 import uuid
 from typing import Any
 
-from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.engine.base import Completion, FinishReason, SamplingParams
 from agentrl.engine.serve.protocol import error_response
+from agentrl.engine.serve.requests import fit_to_context, tokenize
+from agentrl.engine.serve.state import ClientDisconnectedError, ServerState, cancel_on_disconnect
 from agentrl.model_store import eos_token_ids
 
 
@@ -22,10 +25,10 @@ class _OpenAIRequest(BaseModel):
     model_config = ConfigDict(extra="allow")  # unknown OpenAI fields are ignored, as SGLang does
 
     model: str | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
     top_k: int | None = None
-    n: int = 1
+    n: int = Field(default=1, ge=1)
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: bool = False
@@ -34,14 +37,14 @@ class _OpenAIRequest(BaseModel):
 
 class CompletionRequest(_OpenAIRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
+    max_tokens: int | None = Field(default=16, ge=0)
     logprobs: int | None = None
 
 
 class ChatCompletionRequest(_OpenAIRequest):
     messages: list[dict[str, Any]]
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: int | None = Field(default=None, ge=0)
+    max_completion_tokens: int | None = Field(default=None, ge=0)
     logprobs: bool = False
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
@@ -96,21 +99,24 @@ def add_openai_routes(app: FastAPI, state: Any) -> None:
         return {"object": "list", "data": [card]}
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest) -> Any:
-        s = state()
+    async def completions(req: CompletionRequest, request: Request) -> Any:
+        s: ServerState = state()
         if req.stream:
             return error_response("stream=true is not supported by agentrl serve")
-        prompts = _prompt_ids(s.tokenizer, req.prompt)
-        jobs = [(p, i) for p in prompts for i in range(req.n)]
         try:
-            outs = await asyncio.gather(
-                *(
-                    s.run(p, _sampling(req, req.max_tokens or 16, [], i), uuid.uuid4().hex)
-                    for p, i in jobs
-                )
-            )
+            prompts = await _prompt_ids(s.tokenizer, req.prompt)
+            jobs = [(p, i) for p in prompts for i in range(req.n)]
+            _check_count(s, req.n, len(jobs))
+            runs = [
+                s.run(p, _sampling(req, _room(s, "prompt", p, req.max_tokens or 16), [], i),
+                      uuid.uuid4().hex)
+                for p, i in jobs
+            ]  # fmt: skip
+            outs = await cancel_on_disconnect(request, asyncio.gather(*runs))
         except ValueError as e:
             return error_response(str(e))
+        except ClientDisconnectedError:
+            return Response(status_code=499)
         choices = []
         for index, ((prompt, _), c) in enumerate(zip(jobs, outs, strict=False)):
             choice: dict[str, Any] = {
@@ -142,34 +148,32 @@ def add_openai_routes(app: FastAPI, state: Any) -> None:
         }
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(req: ChatCompletionRequest) -> Any:
-        s = state()
+    async def chat_completions(req: ChatCompletionRequest, request: Request) -> Any:
+        s: ServerState = state()
         if req.stream:
             return error_response("stream=true is not supported by agentrl serve")
         messages = [{**m, "content": _message_text(m.get("content"))} for m in req.messages]
         try:
-            text = s.tokenizer.apply_chat_template(
-                messages, tools=req.tools, add_generation_prompt=True, tokenize=False
-            )
-            prompt = s.tokenizer.encode(text, add_special_tokens=False)
+            prompt = await asyncio.to_thread(_chat_prompt, s.tokenizer, messages, req.tools)
         except Exception as e:
             return error_response(
-                f"the chat template failed on these messages: {type(e).__name__}: {e}"
+                f"messages: the chat template failed on them: {type(e).__name__}: {e}"
             )
-        max_new_tokens = req.max_completion_tokens or req.max_tokens or 256
         try:
-            outs = await asyncio.gather(
-                *(
-                    s.run(
-                        list(prompt),
-                        _sampling(req, max_new_tokens, eos_token_ids(s.tokenizer), i),
-                        uuid.uuid4().hex,
-                    )
-                    for i in range(req.n)
-                )
+            _check_count(s, req.n, req.n)
+            max_new_tokens = _room(
+                s, "messages", prompt, req.max_completion_tokens or req.max_tokens or 256
             )
+            stop_ids = eos_token_ids(s.tokenizer)
+            runs = [
+                s.run(list(prompt), _sampling(req, max_new_tokens, stop_ids, i), uuid.uuid4().hex)
+                for i in range(req.n)
+            ]
+            outs = await cancel_on_disconnect(request, asyncio.gather(*runs))
         except ValueError as e:
             return error_response(str(e))
+        except ClientDisconnectedError:
+            return Response(status_code=499)
         choices = []
         for index, c in enumerate(outs):
             choice: dict[str, Any] = {
@@ -210,9 +214,34 @@ def add_openai_routes(app: FastAPI, state: Any) -> None:
         return response
 
 
-def _prompt_ids(tokenizer: Any, prompt: Any) -> list[list[int]]:
+async def _prompt_ids(tokenizer: Any, prompt: Any) -> list[list[int]]:
     if isinstance(prompt, str):
-        return [tokenizer.encode(prompt)]
+        return await tokenize(tokenizer, [prompt])
     if prompt and isinstance(prompt[0], int):
         return [list(prompt)]
-    return [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]
+    if not prompt or any(not p for p in prompt):
+        raise ValueError("prompt: empty; give at least one token (or character)")
+    texts = [p for p in prompt if isinstance(p, str)]
+    encoded = iter(await tokenize(tokenizer, texts)) if texts else iter(())
+    return [next(encoded) if isinstance(p, str) else list(p) for p in prompt]
+
+
+def _chat_prompt(tokenizer: Any, messages: list[dict[str, Any]], tools: Any) -> list[int]:
+    text = tokenizer.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True, tokenize=False
+    )
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _check_count(s: ServerState, n: int, num_sequences: int) -> None:
+    if n > s.limits.max_n:
+        raise ValueError(f"n={n} is over this server's limit of {s.limits.max_n}; ask for fewer")
+    if num_sequences > s.limits.max_prompts:
+        raise ValueError(
+            f"prompt: {num_sequences} sequences (prompts x n) in one request, over this server's "
+            f"limit of {s.limits.max_prompts}; split the request"
+        )
+
+
+def _room(s: ServerState, field: str, prompt: list[int], max_tokens: int) -> int:
+    return fit_to_context(field, len(prompt), max_tokens, s.context_len)

@@ -9,7 +9,7 @@ from typing import Any
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from agentrl.engine.base import Completion, FinishReason, SamplingParams
+from agentrl.engine.base import Completion, FinishReason
 
 # ---------------------------------------------------------------- request bodies (io_struct.py)
 
@@ -68,22 +68,6 @@ class UpdateWeightVersionReqInput(BaseModel):
 
 
 # ---------------------------------------------------------------- conversions
-
-
-def sampling_from_sglang(params: dict[str, Any] | None) -> SamplingParams:
-    """SGLang `sampling_params` -> SamplingParams (the inverse of `SamplingParams.to_sglang`)."""
-    p = params or {}
-    defaults = SamplingParams()
-    stop = p.get("stop") or []
-    return SamplingParams(
-        temperature=float(p.get("temperature", defaults.temperature)),
-        top_p=float(p.get("top_p", defaults.top_p)),
-        top_k=int(p.get("top_k", defaults.top_k)),
-        max_new_tokens=int(p.get("max_new_tokens", 128)),  # SGLang's default
-        stop=[stop] if isinstance(stop, str) else list(stop),
-        stop_token_ids=list(p.get("stop_token_ids") or []),
-        seed=p.get("sampling_seed"),
-    )
 
 
 def finish_reason_json(completion: Completion) -> dict[str, Any]:

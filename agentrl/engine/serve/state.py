@@ -4,10 +4,18 @@ pause gate, released memory tags, weight update groups) and how a request honour
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from agentrl.engine.base import Completion, Engine, FinishReason, SamplingParams
+from agentrl.engine.serve.requests import ServerLimits, engine_context_len
+
+T = TypeVar("T")
+
+
+class ClientDisconnectedError(Exception):
+    """The HTTP client went away; its generation was aborted."""
 
 
 @dataclass
@@ -24,9 +32,16 @@ class ServerState:
     released_tags: set[str] = field(default_factory=set)
     groups: dict[str, Any] = field(default_factory=dict)
     weight_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    limits: ServerLimits = field(default_factory=ServerLimits)
+    # Rendezvous of /init_weights_update_group block for up to `limits.group_timeout_s` each:
+    # their own threads, so parked ones never hold the pool that tokenizes and loads weights.
+    group_pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(4, thread_name_prefix="agentrl-weight-group")
+    )
 
     def __post_init__(self) -> None:
         self.is_running.set()
+        self.context_len = engine_context_len(self.engine, self.tokenizer, self.limits.context_len)
 
     @property
     def weight_version(self) -> str:
@@ -98,3 +113,30 @@ class ServerState:
             await self.engine.update_weights(
                 named_tensors, weight_version=weight_version or self.weight_version
             )
+
+
+async def cancel_on_disconnect(request: Any, work: asyncio.Future[T] | Any) -> T:
+    """Await `work`, cancelling it if the client disconnects first: Starlette does not cancel a
+    non-streaming handler, so without this a client that gave up leaves its generation running.
+    The body is read by then, so the next ASGI message is the disconnect."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the server is shutting down
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(
+            task, return_exceptions=True
+        )  # the engine has ended it when this returns
+        raise ClientDisconnectedError
+    return task.result()

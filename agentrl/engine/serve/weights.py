@@ -4,12 +4,14 @@ over a torch.distributed group, plus the weight-version bump."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from agentrl.engine.base import Engine
+from agentrl.engine.serve.auth import admin
 from agentrl.engine.serve.protocol import (
     DestroyWeightsUpdateGroupReqInput,
     InitWeightsUpdateGroupReqInput,
@@ -35,6 +37,7 @@ def _weight_result(success: bool, message: str, **extra: Any) -> JSONResponse:
 
 def add_weight_routes(app: FastAPI, state: Any) -> None:
     @app.post("/update_weights_from_disk")
+    @admin
     async def update_weights_from_disk(obj: UpdateWeightFromDiskReqInput) -> JSONResponse:
         s: ServerState = state()
         try:
@@ -51,6 +54,7 @@ def add_weight_routes(app: FastAPI, state: Any) -> None:
         )
 
     @app.post("/update_weights_from_tensor")
+    @admin
     async def update_weights_from_tensor(obj: UpdateWeightsFromTensorReqInput) -> JSONResponse:
         s: ServerState = state()
         if not obj.serialized_named_tensors:
@@ -69,18 +73,29 @@ def add_weight_routes(app: FastAPI, state: Any) -> None:
         )
 
     @app.post("/init_weights_update_group")
+    @admin
     async def init_weights_update_group(obj: InitWeightsUpdateGroupReqInput) -> JSONResponse:
         s: ServerState = state()
-        try:
-            s.groups[obj.group_name] = await asyncio.to_thread(
-                init_weights_update_process_group,
-                backend=obj.backend,
-                master_address=obj.master_address,
-                master_port=obj.master_port,
-                world_size=obj.world_size,
-                rank=obj.rank_offset,
-                group_name=obj.group_name,
+        if obj.rank_offset < 1 or obj.world_size <= obj.rank_offset:
+            return _weight_result(
+                False,
+                f"rank_offset={obj.rank_offset} with world_size={obj.world_size}: rank 0 of a "
+                "weight update group is the trainer's, which hosts its store; an engine joins "
+                "as 1 <= rank_offset < world_size",
             )
+        join = functools.partial(
+            init_weights_update_process_group,
+            backend=obj.backend,
+            master_address=obj.master_address,
+            master_port=obj.master_port,
+            world_size=obj.world_size,
+            rank=obj.rank_offset,
+            group_name=obj.group_name,
+            timeout_s=s.limits.group_timeout_s,
+        )
+        try:
+            loop = asyncio.get_running_loop()
+            s.groups[obj.group_name] = await loop.run_in_executor(s.group_pool, join)
         except Exception as e:
             return _weight_result(
                 False, f"Failed to initialize custom process group: {type(e).__name__}: {e}"
@@ -88,6 +103,7 @@ def add_weight_routes(app: FastAPI, state: Any) -> None:
         return _weight_result(True, "Succeeded to initialize custom process group.")
 
     @app.post("/destroy_weights_update_group")
+    @admin
     async def destroy_weights_update_group(obj: DestroyWeightsUpdateGroupReqInput) -> JSONResponse:
         pg = state().groups.pop(obj.group_name, None)
         if pg is None:
@@ -96,6 +112,7 @@ def add_weight_routes(app: FastAPI, state: Any) -> None:
         return _weight_result(True, "Succeeded to destroy custom process group.")
 
     @app.post("/update_weights_from_distributed")
+    @admin
     async def update_weights_from_distributed(
         obj: UpdateWeightsFromDistributedReqInput,
     ) -> JSONResponse:
@@ -126,6 +143,7 @@ def add_weight_routes(app: FastAPI, state: Any) -> None:
         )
 
     @app.post("/update_weight_version")
+    @admin
     async def update_weight_version(obj: UpdateWeightVersionReqInput) -> JSONResponse:
         await state().update_weights([], obj.new_version)
         return JSONResponse(
