@@ -24,7 +24,7 @@ from agentrl.engine.base import EngineMemoryError
 from agentrl.envs import spec
 from agentrl.eval import evaluate, plot_eval_history
 from agentrl.loop_async import Pace, Rollout, Schedule, check_async, make_schedule
-from agentrl.metrics import MetricsLogger, rollout_metrics
+from agentrl.metrics import MetricsLogger, num_tied_groups, rollout_metrics
 from agentrl.progress import RunProgress, StepClock, sampled_tokens, step_line
 from agentrl.rollout import RolloutRunner, build_runner
 from agentrl.rollout.collect import collect_groups
@@ -120,6 +120,8 @@ async def _train_in(
     try:
         runner = build_runner(cfg, runtime.engine)
         start_step, evals = await resume_run(cfg, runtime, source)
+        if cfg.checkpoint.resume:  # the steps after the checkpoint are redone: logged once
+            logger.truncate_after(start_step)
         state = _State(cfg, run_dir, runtime, runner, source, eval_tasks, logger, evals)
         state.step, state.progress = start_step, progress
         with _stop_on_signals(progress):
@@ -137,7 +139,7 @@ async def _run(state: _State, start_step: int) -> TrainResult:
     cfg = state.cfg
     schedule: Schedule | None = None
     try:
-        if start_step == 0 and cfg.eval.eval_at_start:
+        if start_step == 0 and cfg.eval.eval_at_start and not state.evals:
             await state.run_eval(step=0)
         schedule = make_schedule(state, start_step)
         last_save_t = time.monotonic()
@@ -148,13 +150,15 @@ async def _run(state: _State, start_step: int) -> TrainResult:
             t0 = time.perf_counter()
             metrics = await state.learn(step, rollout)
             busy_s, done = time.perf_counter() - t0, step + 1
-            if not cfg.train.use_async or _is_due(cfg.train.update_weights_interval, done):
-                await schedule.before_sync()  # trainer idle: not in busy_s
-                t1 = time.perf_counter()
-                metrics.update(await state.sync(step))
-                busy_s += time.perf_counter() - t1
-            metrics.update(pace.step_metrics(busy_s, schedule.queue_depth()))
-            state.logger.log(done, metrics)
+            try:
+                if not cfg.train.use_async or _is_due(cfg.train.update_weights_interval, done):
+                    await schedule.before_sync()  # trainer idle: not in busy_s
+                    t1 = time.perf_counter()
+                    metrics.update(await state.sync(step))
+                    busy_s += time.perf_counter() - t1
+                metrics.update(pace.step_metrics(busy_s, schedule.queue_depth()))
+            finally:  # the step is trained and will be saved: its line is there, interrupted or not
+                state.logger.log(done, metrics)
             state.progress.note(step_line(done, cfg.train.num_rollout, metrics, clock.done()))
             if done < cfg.train.num_rollout and _is_due(cfg.eval.eval_interval, done):
                 await state.run_eval(step=done)
@@ -347,11 +351,9 @@ class _State:
                 train_metrics, is_interrupted = await update, True
             phase.advance(num_tokens)
         self.step, self.data_state = step + 1, rollout.data_state
-        if is_interrupted:
-            raise asyncio.CancelledError
         metrics.update({**rollout_metrics(groups), **_prefixed("train/", train_metrics)})
         metrics.update(staleness_metrics(groups, step))
-        metrics["rollout/num_zero_variance_groups"] = float(_num_tied_groups(groups))
+        metrics["rollout/num_zero_variance_groups"] = float(num_tied_groups(groups))
         metrics.update(
             {
                 "rollout/num_zero_variance_groups_dropped": float(
@@ -366,6 +368,9 @@ class _State:
         )
         num_tokens = sum(len(t.token_ids) for g in groups for t in g)
         metrics["perf/tokens_per_s"] = num_tokens / max(rollout.seconds, 1e-9)
+        if is_interrupted:  # the step counts and is saved on the way out: so is its line
+            self.logger.log(step + 1, metrics)
+            raise asyncio.CancelledError
         return metrics
 
     async def offpolicy_metrics(self, groups: list[Any], step: int) -> dict[str, float]:
@@ -436,11 +441,3 @@ def _finite(value: Any) -> Any:
 
 def _rollout_seed(seed: int, step: int, round_index: int) -> int:
     return (seed * 1_000_003 + step * 101 + round_index) % (2**31)
-
-
-def _num_tied_groups(groups: list[Any]) -> int:
-    """Groups whose scored rewards all match: GRPO gives them advantage 0, no signal."""
-    from agentrl.eval import stats
-
-    rewards = [[t.reward for t in g if stats.is_scored(t)] for g in groups]
-    return sum(len(r) > 1 and max(r) == min(r) for r in rewards)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -80,6 +81,12 @@ def _zero_std_group_fraction(groups: Sequence[Sequence[Any]]) -> float:
     return sum(max(r) == min(r) for r in rewarded) / len(rewarded)
 
 
+def num_tied_groups(groups: Sequence[Sequence[Any]]) -> int:
+    """Groups whose scored rewards all match: GRPO gives them advantage 0, no signal."""
+    rewards = [[t.reward for t in g if stats.is_scored(t)] for g in groups]
+    return sum(len(r) > 1 and max(r) == min(r) for r in rewards)
+
+
 class Timer:
     """Accumulates wall seconds per phase: `with timer("rollout"): ...`; `timer.totals` maps
     phase -> seconds, and `timer.pop()` -> {"time/rollout_s": ...} starts the counters again."""
@@ -103,7 +110,8 @@ class Timer:
 
 class MetricsLogger:
     """`log(step, metrics)` appends one JSON line to `run_dir/metrics.jsonl` (flushed), and
-    writes numeric values as TensorBoard scalars and to wandb when asked.
+    writes numeric values as TensorBoard scalars and to wandb when asked. A resumed run calls
+    `truncate_after(step)` first.
 
     Files open on the first `log`, so constructing a logger does no I/O.
     """
@@ -135,6 +143,7 @@ class MetricsLogger:
         self._jsonl: TextIO | None = None
         self._tb: Any = None
         self._wandb_run: Any = None
+        self._purge_step: int | None = None
 
     @property
     def path(self) -> Path:
@@ -147,7 +156,10 @@ class MetricsLogger:
         if self.use_tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+            # purge_step: TensorBoard hides the earlier files' events from that step on.
+            self._tb = SummaryWriter(
+                log_dir=str(self.run_dir / "tensorboard"), purge_step=self._purge_step
+            )
             if self.config:
                 self._tb.add_text(
                     "config", "```\n" + json.dumps(self.config, indent=2, default=str) + "\n```"
@@ -159,6 +171,21 @@ class MetricsLogger:
                 project=self.wandb_project, config=self.config, dir=str(self.run_dir)
             )
         return jsonl
+
+    def truncate_after(self, step: int) -> None:
+        """A run resumed from the checkpoint of `step` redoes the steps after it: the lines the
+        interrupted run wrote for them are dropped, so each step appears once — metrics.jsonl is
+        rewritten (a line cut short by a crash goes too) and TensorBoard, reading the new event
+        file's `purge_step`, hides the old files' events past `step`. Call before `log`."""
+        if self._jsonl is not None or self._tb is not None:
+            raise RuntimeError("MetricsLogger.truncate_after must come before the first log()")
+        self._purge_step = step + 1
+        if not self.path.is_file():
+            return
+        kept = [line for line in self.path.read_text("utf-8").splitlines() if _is_kept(line, step)]
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        os.replace(tmp, self.path)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         jsonl = self._jsonl if self._jsonl is not None else self._open()
@@ -193,6 +220,19 @@ class MetricsLogger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _is_kept(line: str, max_step: int) -> bool:
+    """Whether a metrics.jsonl line is a whole record of a step up to `max_step`."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return (
+        isinstance(record, dict)
+        and isinstance(record.get("step"), int)
+        and (record["step"] <= max_step)
+    )
 
 
 def _is_number(v: Any) -> bool:

@@ -32,7 +32,7 @@ async def save_run(
 ) -> Path:
     """`checkpoints/step_N` under `run_dir` (N = loop_state["step"]): the trainer's shards (it
     saves on the event loop) and `loop_state.pt` with the RNG state added; the last `keep_last`
-    kept."""
+    kept. A full disk raises `CheckpointSaveError`, one line that names the command to resume."""
     state = {**loop_state, "rng": capture_rng_state()}
     loop = asyncio.get_running_loop()
 
@@ -41,7 +41,12 @@ async def save_run(
         torch.save(state, tmp_dir / "loop_state.pt")
 
     return await asyncio.to_thread(
-        save_checkpoint, run_dir / "checkpoints", state["step"], write, keep_last=keep_last
+        save_checkpoint,
+        run_dir / "checkpoints",
+        state["step"],
+        write,
+        keep_last=keep_last,
+        resume_command=f"agentrl train --resume {run_dir}",
     )
 
 

@@ -4,6 +4,7 @@ counts the step, so the checkpoint taken on the way out holds whole steps."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 
 from agentrl.config import recipe_for_env
@@ -57,3 +58,9 @@ async def test_interrupt_mid_update_finishes_the_step_and_counts_it(tmp_path):
         raise AssertionError("the interrupt must still stop the run")
     assert trainer.finished.is_set()  # the update was not abandoned half-way
     assert state.step == 1 and state.data_state == {"cursor": 1}  # and the step counts
+    # The step is saved on the way out, so its metrics line is written before the interrupt
+    # goes on (flushed: read back while the logger is still open).
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [1]
+    assert lines[0]["train/loss"] == 0.0 and lines[0]["rollout/num_episodes"] == 4.0
+    logger.close()

@@ -115,6 +115,44 @@ def test_metrics_logger_appends_on_resume(tmp_path) -> None:
     assert not (tmp_path / "tensorboard").exists()
 
 
+def test_a_resumed_logger_drops_the_redone_steps_from_jsonl_and_tensorboard(tmp_path) -> None:
+    """Crashed after logging steps 1-3 with a checkpoint at step 1: the resumed run redoes 2 and
+    3, and each step is there once, with the redone values (a line cut short goes too)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    with MetricsLogger(tmp_path) as crashed:
+        for step in (1, 2, 3):
+            crashed.log(step, {"x": float(step)})
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "x"')  # the crash cut this line short
+    with MetricsLogger(tmp_path) as resumed:
+        resumed.truncate_after(1)
+        assert [json.loads(line)["step"] for line in _lines(tmp_path)] == [1]
+        for step in (2, 3):
+            resumed.log(step, {"x": 10.0 * step})
+        with pytest.raises(RuntimeError, match="before the first log"):
+            resumed.truncate_after(1)
+    assert [(r["step"], r["x"]) for r in map(json.loads, _lines(tmp_path))] == [
+        (1, 1.0),
+        (2, 20.0),
+        (3, 30.0),
+    ]
+    assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 2
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("x")] == [(1, 1.0), (2, 20.0), (3, 30.0)]
+
+
+def test_truncating_a_run_without_metrics_writes_nothing(tmp_path) -> None:
+    logger = MetricsLogger(tmp_path, use_tensorboard=False)
+    logger.truncate_after(5)
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def _lines(run_dir) -> list[str]:
+    return (run_dir / "metrics.jsonl").read_text().splitlines()
+
+
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb is installed")
 def test_metrics_logger_wandb_asked_but_missing_is_a_clear_error(tmp_path) -> None:
     with pytest.raises(RuntimeError, match="pip install wandb"):

@@ -274,6 +274,7 @@ def train_command(
     from agentrl.loop import train
     from agentrl.model_store import ModelPathError
     from agentrl.progress import RunProgress
+    from agentrl.trainer.checkpoint_space import CheckpointSaveError
 
     try:
         result = train(cfg, RunProgress(enabled=cfg.log.progress, console=console))
@@ -290,6 +291,9 @@ def train_command(
     except KeyboardInterrupt:
         console.print(f"[yellow]stopped[/yellow]: {_saved_line(cfg)}", soft_wrap=True)
         raise typer.Exit(130)
+    except CheckpointSaveError as e:  # the disk is full: the line says what and how to go on
+        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
+        raise typer.Exit(1)
     except EngineMemoryError as e:
         console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
         lower = round(cfg.engine.mem_fraction_static * 0.75, 2)
