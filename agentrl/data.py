@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,19 +19,28 @@ class DataError(ValueError):
     """A data file or one of its rows is unusable; the message names the file, row and field."""
 
 
+MAX_ROW_BYTES = 4 * 1024 * 1024
+"""The longest task row read (JSONL line or parquet row as JSON): a 50 MB row took 7.6 GB."""
+
+# Control characters JSON never holds raw (inside strings they are escaped): a binary file's.
+_CONTROL_BYTE = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f]")
 # what a non-object JSON line is, in JSON's words
 _JSON_KINDS: dict[type, str] = {list: "array", str: "string", int: "number", float: "number",
                                 bool: "boolean", type(None): "null"}  # fmt: skip
 
 
-def read_rows(path: str | Path) -> list[dict[str, Any]]:
+def read_rows(path: str | Path, *, max_row_bytes: int = MAX_ROW_BYTES) -> list[dict[str, Any]]:
     """Rows of a JSONL (`.jsonl`, `.json` with one object per line) or parquet file."""
-    return [row for _, row in numbered_rows(path)]
+    return [row for _, row in numbered_rows(path, max_row_bytes=max_row_bytes)]
 
 
-def numbered_rows(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, row) of each non-blank JSONL line (for parquet, the row's number from 1).
-    A line that is not a JSON object raises `DataError` naming the file and the line."""
+def numbered_rows(
+    path: str | Path, *, max_row_bytes: int = MAX_ROW_BYTES
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, row) of each non-blank JSONL line (for parquet, the row's number from 1),
+    read one at a time. A line that is not a JSON object, not UTF-8 text (a binary file) or
+    longer than `max_row_bytes` raises `DataError` naming the file and the line, before the
+    line is parsed: a row costs many times its size in memory once parsed and tokenized."""
     path = Path(path)
     if not path.exists():
         raise DataError(
@@ -39,32 +49,68 @@ def numbered_rows(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     if path.is_dir():
         raise DataError(f"data file {str(path)!r} is a directory; pass a JSONL or parquet file")
     if path.suffix == ".parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        try:
-            table = pq.read_table(path).to_pylist()
-        except (pa.ArrowException, OSError) as e:
-            raise DataError(f"{path}: not a readable parquet file ({e})") from None
-        yield from enumerate(table, start=1)
+        yield from _parquet_rows(path, max_row_bytes)
         return
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(
-                    f"{path}:{lineno}: not valid JSON ({e.msg}); each line must be one JSON object"
-                ) from None
-            if not isinstance(row, dict):
-                kind = _JSON_KINDS.get(type(row), type(row).__name__)
-                raise DataError(
-                    f"{path}:{lineno}: a JSON {kind}, not an object; each line must be one JSON "
-                    'object, e.g. {"question": ..., "answer": ...}'
-                )
-            yield lineno, row
+    with path.open("rb") as f:
+        lineno = 0
+        while raw := f.readline(max_row_bytes + 1):
+            lineno += 1
+            if len(raw) > max_row_bytes and not raw.endswith(b"\n"):
+                raise DataError(_too_long(path, lineno, max_row_bytes))
+            if raw.strip():
+                yield lineno, _json_object(path, lineno, raw)
+
+
+def _json_object(path: Path, lineno: int, raw: bytes) -> dict[str, Any]:
+    try:
+        line = raw.decode("utf-8")
+        control = _CONTROL_BYTE.search(raw)  # valid UTF-8, but JSON text holds none of them
+        bad_at = control.start() if control else -1
+    except UnicodeDecodeError as e:
+        bad_at = e.start
+    if bad_at >= 0:
+        raise DataError(
+            f"{path}:{lineno}: binary data, not UTF-8 text (byte 0x{raw[bad_at]:02x} at column "
+            f"{bad_at + 1}); a data file is JSONL text, one JSON object per line, or parquet "
+            "named *.parquet"
+        )
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataError(
+            f"{path}:{lineno}: not valid JSON ({e.msg}); each line must be one JSON object"
+        ) from None
+    if not isinstance(row, dict):
+        kind = _JSON_KINDS.get(type(row), type(row).__name__)
+        raise DataError(
+            f"{path}:{lineno}: a JSON {kind}, not an object; each line must be one JSON "
+            'object, e.g. {"question": ..., "answer": ...}'
+        )
+    return row
+
+
+def _parquet_rows(path: Path, max_row_bytes: int) -> Iterator[tuple[int, dict[str, Any]]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path)
+        num = 0
+        for batch in parquet.iter_batches(batch_size=256):  # a batch at a time, not the file
+            for row in batch.to_pylist():
+                num += 1
+                if len(json.dumps(row, default=str)) > max_row_bytes:
+                    raise DataError(_too_long(path, num, max_row_bytes, unit="row"))
+                yield num, row
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"{path}: not a readable parquet file ({e})") from None
+
+
+def _too_long(path: Path, num: int, max_row_bytes: int, *, unit: str = "line") -> str:
+    return (
+        f"{path}:{num}: the {unit} is longer than {max_row_bytes:,} bytes; a task row holds a "
+        "prompt and its labels: shorten it, or raise env.max_row_bytes if it is meant"
+    )
 
 
 class TaskRows(Protocol):
@@ -88,7 +134,9 @@ def load_tasks(env_cfg: EnvConfig, split: str, env_cls: TaskRows) -> list[Task]:
         except (TypeError, ValueError) as e:  # an unknown split, a kwarg it does not take
             raise DataError(f"env {env_cfg.id!r}, split {split!r}: {e}") from e
     tasks = []
-    for index, row in enumerate(read_rows(path)):
+    # env.max_row_bytes, once EnvConfig has it (config.py is not this module's)
+    max_row_bytes = getattr(env_cfg, "max_row_bytes", MAX_ROW_BYTES)
+    for index, row in enumerate(read_rows(path, max_row_bytes=max_row_bytes)):
         try:
             task = env_cls.task_from_row(
                 row, index=index, input_key=env_cfg.input_key, label_key=env_cfg.label_key

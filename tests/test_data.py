@@ -67,6 +67,51 @@ def test_read_rows_bad_line_names_line(tmp_path):
         read_rows(tmp_path / "bad.parquet")
 
 
+def test_a_binary_file_is_a_data_error_naming_the_line(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([{"q": "a"}]), tmp_path / "tasks.parquet")
+    misnamed = tmp_path / "tasks.jsonl"  # parquet bytes under a JSONL name
+    misnamed.write_bytes((tmp_path / "tasks.parquet").read_bytes())
+    with pytest.raises(
+        DataError, match=r"tasks.jsonl:1: binary data, not UTF-8 text \(byte 0x"
+    ) as info:
+        read_rows(misnamed)
+    assert "parquet named *.parquet" in str(info.value)
+    (tmp_path / "later.jsonl").write_bytes(b'{"q": 1}\n{"q": "\xff\xfe"}\n')
+    with pytest.raises(
+        DataError, match=r"later.jsonl:2: binary data, not UTF-8 text \(byte 0xff at column 8"
+    ):
+        read_rows(tmp_path / "later.jsonl")
+
+
+def test_a_row_over_the_bound_is_refused_before_it_is_read_whole(tmp_path):
+    path = tmp_path / "big.jsonl"
+    fits = json.dumps({"q": "x" * 80})  # 89 bytes, and its newline
+    path.write_text(fits + "\n" + json.dumps({"q": "x" * 200}) + "\n")
+    with pytest.raises(DataError, match=r"big.jsonl:2: the line is longer than 100 bytes") as info:
+        read_rows(path, max_row_bytes=100)
+    assert "env.max_row_bytes" in str(info.value)
+    assert read_rows(path, max_row_bytes=300)[1] == {"q": "x" * 200}
+    path.write_text(fits)  # at the bound, without a final newline
+    assert read_rows(path, max_row_bytes=len(fits)) == [{"q": "x" * 80}]
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([{"q": "a"}, {"q": "x" * 200}]), tmp_path / "b.parquet")
+    with pytest.raises(DataError, match=r"b.parquet:2: the row is longer than 100 bytes"):
+        read_rows(tmp_path / "b.parquet", max_row_bytes=100)
+
+
+def test_the_default_bound_refuses_a_50_mb_row(tmp_path):
+    path = tmp_path / "huge.jsonl"
+    with path.open("w") as f:
+        f.write('{"q": "' + "x" * (50 * 1024 * 1024) + '"}\n')
+    with pytest.raises(DataError, match=r"huge.jsonl:1: the line is longer than 4,194,304 bytes"):
+        read_rows(path)
+
+
 def test_task_source_skips_positions_a_checkpoint_marks_taken():
     tasks = _tasks(5)
     full = TaskSource(tasks, seed=3)

@@ -160,6 +160,7 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tiny_model_path, tmp_path):
     said, saving = out.index("Ctrl-C: finishing the current step…"), out.index("saving step ")
     assert said < saving < out.index(f"saved in {ckpt}")
     assert f"saving step {step} (the last completed)" in out
+    assert step in _metrics(run)  # the saved step's metrics line is there
     assert f"saved in {ckpt}" in out.replace("\n", "") and f"--resume {run}" in out
 
     # Resumed, the next step trains on the tasks that follow the checkpoint's in the seeded order.
@@ -180,6 +181,8 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tiny_model_path, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert checkpoint_step(find_latest(run / "checkpoints")) == step + 1
     assert "train/loss" in _metrics(run)[step + 1]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "train/loss" in r] == list(range(1, step + 2))  # once each
     resumed = read_jsonl(str(run / "rollouts" / f"step_{step + 1:06d}.jsonl"))
     assert list(dict.fromkeys(t.task["id"] for t in resumed)) == expected
 

@@ -6,6 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from agentrl.cli import app
+from tests.support.cli import one_line
 
 runner = CliRunner()
 
@@ -131,4 +132,18 @@ def test_a_user_error_is_one_line_and_writes_nothing(tmp_path, flags, named):
     assert result.exit_code == 2, result.output
     assert named in result.output and "Traceback" not in result.output
     assert len([line for line in result.output.splitlines() if line.strip()]) == 1
+    assert not run_dir.exists()
+
+
+def test_a_binary_prompt_data_file_is_one_line(tmp_path):
+    """A gzip file given as JSONL was a UnicodeDecodeError traceback."""
+    import gzip
+
+    data = tmp_path / "tasks.jsonl"
+    data.write_bytes(gzip.compress(b'{"question": "1+1?", "answer": "2"}\n'))
+    run_dir = tmp_path / "run"
+    result = runner.invoke(app, ["train", "--prompt-data", str(data), "--save", str(run_dir)])
+    assert result.exit_code == 2, result.output
+    line = one_line(result.output, prefix="error:")
+    assert "tasks.jsonl:1: binary data, not UTF-8 text (byte 0x8b at column 2)" in line
     assert not run_dir.exists()
