@@ -28,21 +28,46 @@ def register(app: typer.Typer) -> None:
         topk: int = typer.Option(
             3, "--topk", min=1, help="Documents per query when a request gives no topk"
         ),
+        api_key: str | None = typer.Option(
+            None,
+            "--api-key",
+            envvar="AGENTRL_API_KEY",
+            help="Every route but /health wants 'Authorization: Bearer KEY'",
+        ),
+        max_topk: int = typer.Option(
+            100, "--max-topk", min=1, help="Largest topk a request may ask"
+        ),
+        max_queries: int = typer.Option(
+            512, "--max-queries", min=1, help="Most queries in one /retrieve call"
+        ),
+        max_body_mb: float = typer.Option(
+            4.0, "--max-body-mb", min=0.001, max=1024.0, help="Largest request body in MiB (413)"
+        ),
     ) -> None:
         """Serve the corpus so several rollout workers share one index
         (env kwarg: retriever_url="http://HOST:PORT")."""
-        from agentrl_envs.search_r1.server import make_server
+        from agentrl_envs.search_r1.server import RetrieverLimits, make_server
         from rich.console import Console
 
+        if topk > max_topk:
+            _fail(f"--topk {topk} is over --max-topk {max_topk}; lower --topk or raise --max-topk")
         path = resolve_corpus(corpus)
+        limits = RetrieverLimits(max_topk=max_topk, max_queries=max_queries,
+                                 max_body_bytes=int(max_body_mb * 2**20))  # fmt: skip
         try:
-            server = make_server(path, host=host, port=port, topk=topk)
+            server = make_server(path, host=host, port=port, topk=topk, api_key=api_key,
+                                 limits=limits)  # fmt: skip
         except UnicodeDecodeError as e:
             _fail(f"--corpus {corpus} is not UTF-8 text (byte offset {e.start}); save it as UTF-8")
         except ValueError as e:  # read_corpus names the file, the line and the fix
             _fail(str(e))
         except OSError as e:
             _fail(f"--corpus {corpus} cannot be read ({e.strerror}); check its permissions")
+        if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
+            Console(stderr=True).print(
+                f"[yellow]warning:[/yellow] binding {host} without --api-key: anyone who can "
+                "reach it can query the corpus"
+            )
         Console(stderr=True).print(f"retriever: serving {path} on http://{host}:{port}/retrieve")
         server.run()
 

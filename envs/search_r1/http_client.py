@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,8 +42,12 @@ class HTTPRetriever:
         window_s: float = 0.005,
         max_batch_size: int = 64,
         cache_size: int = 10_000,
+        api_key: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        # Sent as `Authorization: Bearer` (`agentrl retriever serve --api-key`); default the
+        # environment's AGENTRL_API_KEY, as the server reads it.
+        self.api_key = api_key if api_key is not None else os.environ.get("AGENTRL_API_KEY")
         self.timeout_s = timeout_s
         self.max_retries = max_retries
         self.max_concurrency = max_concurrency
@@ -84,8 +89,11 @@ class HTTPRetriever:
         loop = asyncio.get_running_loop()
         if self._client is None or self._loop is not loop:
             self._loop = loop
+            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
             self._client = httpx.AsyncClient(
-                timeout=self.timeout_s, limits=httpx.Limits(max_connections=self.max_concurrency)
+                timeout=self.timeout_s,
+                limits=httpx.Limits(max_connections=self.max_concurrency),
+                headers=headers,
             )
             self._semaphore = asyncio.Semaphore(self.max_concurrency)
         return self._client
