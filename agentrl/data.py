@@ -35,12 +35,37 @@ def read_rows(path: str | Path, *, max_row_bytes: int = MAX_ROW_BYTES) -> list[d
 
 
 def numbered_rows(
-    path: str | Path, *, max_row_bytes: int = MAX_ROW_BYTES
+    path: str | Path, *, max_row_bytes: int = MAX_ROW_BYTES, bound_name: str = "env.max_row_bytes"
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, row) of each non-blank JSONL line (for parquet, the row's number from 1),
     read one at a time. A line that is not a JSON object, not UTF-8 text (a binary file) or
-    longer than `max_row_bytes` raises `DataError` naming the file and the line, before the
-    line is parsed: a row costs many times its size in memory once parsed and tokenized."""
+    longer than `max_row_bytes` (the setting `bound_name`) raises `DataError` naming the file and
+    the line, before the line is parsed: a row costs many times its size once parsed."""
+    path = _check_file(path)
+    if path.suffix == ".parquet":
+        yield from _parquet_rows(path, max_row_bytes, bound_name)
+        return
+    for lineno, raw in numbered_lines(path, max_row_bytes=max_row_bytes, bound_name=bound_name):
+        yield lineno, parse_row(path, lineno, raw)
+
+
+def numbered_lines(
+    path: str | Path, *, max_row_bytes: int = MAX_ROW_BYTES, bound_name: str = "env.max_row_bytes"
+) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes) of each non-blank line of a JSONL file, unparsed (what counting or
+    skipping lines needs); no line longer than `max_row_bytes` is ever held whole."""
+    path = _check_file(path)
+    with path.open("rb") as f:
+        lineno = 0
+        while raw := f.readline(max_row_bytes + 1):
+            lineno += 1
+            if len(raw) > max_row_bytes and not raw.endswith(b"\n"):
+                raise DataError(_too_long(path, lineno, max_row_bytes, bound_name))
+            if raw.strip():
+                yield lineno, raw
+
+
+def _check_file(path: str | Path) -> Path:
     path = Path(path)
     if not path.exists():
         raise DataError(
@@ -48,20 +73,11 @@ def numbered_rows(
         )
     if path.is_dir():
         raise DataError(f"data file {str(path)!r} is a directory; pass a JSONL or parquet file")
-    if path.suffix == ".parquet":
-        yield from _parquet_rows(path, max_row_bytes)
-        return
-    with path.open("rb") as f:
-        lineno = 0
-        while raw := f.readline(max_row_bytes + 1):
-            lineno += 1
-            if len(raw) > max_row_bytes and not raw.endswith(b"\n"):
-                raise DataError(_too_long(path, lineno, max_row_bytes))
-            if raw.strip():
-                yield lineno, _json_object(path, lineno, raw)
+    return path
 
 
-def _json_object(path: Path, lineno: int, raw: bytes) -> dict[str, Any]:
+def parse_row(path: Path, lineno: int, raw: bytes) -> dict[str, Any]:
+    """Line `lineno` of `path` as a JSON object, or a `DataError` that names it."""
     try:
         line = raw.decode("utf-8")
         control = _CONTROL_BYTE.search(raw)  # valid UTF-8, but JSON text holds none of them
@@ -89,7 +105,9 @@ def _json_object(path: Path, lineno: int, raw: bytes) -> dict[str, Any]:
     return row
 
 
-def _parquet_rows(path: Path, max_row_bytes: int) -> Iterator[tuple[int, dict[str, Any]]]:
+def _parquet_rows(
+    path: Path, max_row_bytes: int, bound_name: str
+) -> Iterator[tuple[int, dict[str, Any]]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -100,16 +118,18 @@ def _parquet_rows(path: Path, max_row_bytes: int) -> Iterator[tuple[int, dict[st
             for row in batch.to_pylist():
                 num += 1
                 if len(json.dumps(row, default=str)) > max_row_bytes:
-                    raise DataError(_too_long(path, num, max_row_bytes, unit="row"))
+                    raise DataError(_too_long(path, num, max_row_bytes, bound_name, unit="row"))
                 yield num, row
     except (pa.ArrowException, OSError) as e:
         raise DataError(f"{path}: not a readable parquet file ({e})") from None
 
 
-def _too_long(path: Path, num: int, max_row_bytes: int, *, unit: str = "line") -> str:
+def _too_long(
+    path: Path, num: int, max_row_bytes: int, bound_name: str, *, unit: str = "line"
+) -> str:
     return (
-        f"{path}:{num}: the {unit} is longer than {max_row_bytes:,} bytes; a task row holds a "
-        "prompt and its labels: shorten it, or raise env.max_row_bytes if it is meant"
+        f"{path}:{num}: the {unit} is longer than {max_row_bytes:,} bytes; shorten it, or raise "
+        f"{bound_name} if it is meant"
     )
 
 

@@ -4,6 +4,7 @@ on a green background and masked tokens (prompt, observations) dimmed."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +15,8 @@ if TYPE_CHECKING:
 
     from agentrl.rollout.trajectory import Trajectory
 
+MAX_LINE_BYTES = 64 * 1024 * 1024
+"""The longest line (one trajectory) shown; a longer one is refused before it is read whole."""
 TRAINED_STYLE = "black on green3"
 MASKED_STYLE = "dim"
 
@@ -35,50 +38,54 @@ def show_command(
         "smollm2-135m-instruct", help="Model whose tokenizer decodes the ids."
     ),
     show_prompt: bool = typer.Option(True, "--prompt/--no-prompt", help="Show the prompt tokens."),
+    max_line_bytes: int = typer.Option(
+        MAX_LINE_BYTES, help="Refuse a line (one trajectory) longer than this many bytes."
+    ),
 ) -> None:
-    """Show each trajectory turn by turn with its status, reason and reward."""
+    """Show each trajectory turn by turn with its status, reason and reward. The file is read
+    a line at a time, so a file of any size shows (and `--index` parses only its line)."""
     from rich.console import Console
     from rich.markup import escape
 
     console = Console()
-    file, trajectories = _load_or_exit(console, path)
-    if index is not None:
-        num = len(trajectories)
-        if not -num <= index < num:
-            console.print(
-                f"[red]--index {index} is out of range: {escape(str(file))} holds {num} "
-                f"trajectories; use 0..{num - 1}, or -{num}..-1 counting from the end",
-                soft_wrap=True,
-            )
-            raise typer.Exit(2)
-        selected = [(index % len(trajectories), trajectories[index])]
-    else:
-        selected = list(enumerate(trajectories))
-    decode = _decoder(model, console)
-    console.print(
-        f"Legend: [{TRAINED_STYLE}] trained (loss_mask 1) [/] [{MASKED_STYLE}]masked (loss_mask 0)[/]"
-    )
-    for i, traj in selected:
-        render_trajectory(console, i, traj, decode, show_prompt=show_prompt)
+    file = _file_or_exit(console, path)
+    decode = None
+    try:
+        for i, traj in selected_trajectories(file, index, max_line_bytes=max_line_bytes):
+            if decode is None:  # the tokenizer loads once there is something to show
+                decode = _decoder(model, console)
+                console.print(
+                    f"Legend: [{TRAINED_STYLE}] trained (loss_mask 1) [/] [{MASKED_STYLE}]masked "
+                    "(loss_mask 0)[/]"
+                )
+            render_trajectory(console, i, traj, decode, show_prompt=show_prompt)
+    except IndexOutOfRange as e:
+        console.print(f"[red]--index {index} is out of range: {escape(str(e))}", soft_wrap=True)
+        raise typer.Exit(2)
+    except (OSError, ValueError) as e:
+        console.print(f"[red]cannot read {escape(path)}:[/red] {escape(str(e))}", soft_wrap=True)
+        raise typer.Exit(2)
+    if decode is None:
+        console.print(f"[red]no trajectories in {escape(str(file))}[/red]", soft_wrap=True)
+        raise typer.Exit(1)
 
 
-def _load_or_exit(console: Console, path: str) -> tuple[Path, list[Trajectory]]:
-    """The file shown and its trajectories; exit 2 if unreadable, 1 if it holds none."""
+class IndexOutOfRange(LookupError):
+    """`--index` names no line of the file; the message says which indices exist."""
+
+
+def _file_or_exit(console: Console, path: str) -> Path:
     from rich.markup import escape
 
     try:
         file = trajectories_file(Path(path))
-        if file != Path(path):
-            parent = escape(str(file.parent))
-            console.print(f"showing {escape(str(file))}, the latest step file in {parent}")
-        trajectories = read_trajectories(file)
     except (OSError, ValueError) as e:
         console.print(f"[red]cannot read {escape(path)}:[/red] {escape(str(e))}", soft_wrap=True)
         raise typer.Exit(2)
-    if not trajectories:
-        console.print(f"[red]no trajectories in {escape(str(file))}[/red]", soft_wrap=True)
-        raise typer.Exit(1)
-    return file, trajectories
+    if file != Path(path):
+        parent = escape(str(file.parent))
+        console.print(f"showing {escape(str(file))}, the latest step file in {parent}")
+    return file
 
 
 def trajectories_file(path: Path) -> Path:
@@ -94,10 +101,35 @@ def trajectories_file(path: Path) -> Path:
     return steps[-1]
 
 
-def read_trajectories(path: Path) -> list[Trajectory]:
-    """One `Trajectory` per non-blank line; a line that is not one raises ValueError naming it
-    and its first missing field (a task file, say, has none of them)."""
-    from agentrl.data import numbered_rows
+def selected_trajectories(
+    path: Path, index: int | None, *, max_line_bytes: int = MAX_LINE_BYTES
+) -> Iterator[tuple[int, Trajectory]]:
+    """(position, trajectory) of every line, read as it is shown; with `index`, only that line
+    is parsed (a negative one is found by counting the lines first)."""
+    from agentrl.data import numbered_lines, parse_row
+
+    bound = {"max_row_bytes": max_line_bytes, "bound_name": "--max-line-bytes"}
+    if index is None:
+        for i, (line_no, raw) in enumerate(numbered_lines(path, **bound)):
+            yield i, _trajectory(line_no, parse_row(path, line_no, raw))
+        return
+    num = sum(1 for _ in numbered_lines(path, **bound)) if index < 0 else None
+    wanted = index + num if num is not None else index
+    count = 0
+    for count, (line_no, raw) in enumerate(numbered_lines(path, **bound), start=1):
+        if count - 1 == wanted:
+            yield wanted, _trajectory(line_no, parse_row(path, line_no, raw))
+            return
+    num = count if num is None else num
+    if num:
+        raise IndexOutOfRange(
+            f"{path} holds {num} trajectories; use 0..{num - 1}, or -{num}..-1 counting from the end"
+        )
+
+
+def _trajectory(line_no: int, row: dict[str, Any]) -> Trajectory:
+    """A row as a `Trajectory`, or a ValueError naming the line and its first missing field
+    (a task file, say, has none of them)."""
     from agentrl.rollout.trajectory import Trajectory
 
     required = [
@@ -105,20 +137,17 @@ def read_trajectories(path: Path) -> list[Trajectory]:
         for f in dataclasses.fields(Trajectory)
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     ]
-    trajectories = []
-    for line_no, row in numbered_rows(path):
-        missing = [name for name in required if name not in row]
-        if missing:
-            more = f" (nor {len(missing) - 1} other trajectory fields)" if len(missing) > 1 else ""
-            raise ValueError(
-                f"line {line_no} is not a trajectory: it has no {missing[0]!r} field{more}; "
-                "show reads agentrl rollout --out files and a run's rollouts/"
-            )
-        try:
-            trajectories.append(Trajectory.from_json(row))
-        except (ValueError, TypeError, KeyError) as e:
-            raise ValueError(f"line {line_no} is not a trajectory ({e})") from None
-    return trajectories
+    missing = [name for name in required if name not in row]
+    if missing:
+        more = f" (nor {len(missing) - 1} other trajectory fields)" if len(missing) > 1 else ""
+        raise ValueError(
+            f"line {line_no} is not a trajectory: it has no {missing[0]!r} field{more}; "
+            "show reads agentrl rollout --out files and a run's rollouts/"
+        )
+    try:
+        return Trajectory.from_json(row)
+    except (ValueError, TypeError, KeyError) as e:
+        raise ValueError(f"line {line_no} is not a trajectory ({e})") from None
 
 
 def render_trajectory(

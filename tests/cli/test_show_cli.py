@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from agentrl.cli import app
 from agentrl.rollout.trajectory import Trajectory, Turn, write_jsonl
 from agentrl.types import EpisodeStatus, StatusReason
+from tests.support.cli import one_line
 
 runner = CliRunner()
 NO_TOKENIZER = ["--model", "no-such-model"]  # sampled spans show their stored text
@@ -107,3 +108,23 @@ def test_a_negative_index_counts_from_the_end(tmp_path: Path) -> None:
     out_of_range = _show(str(path), "-i", "-4")
     assert out_of_range.exit_code == 2
     assert "use 0..2, or -3..-1 counting from the end" in out_of_range.output
+
+
+def test_an_index_parses_only_its_line_and_a_long_line_is_refused(tmp_path: Path) -> None:
+    """The file is read a line at a time: --index shows its line although a later one is not
+    JSON, and a line over --max-line-bytes is refused in one line before it is read whole."""
+    path = tmp_path / "t.jsonl"
+    write_jsonl(str(path), [_trajectory(0.1), _trajectory(0.2)])
+    with path.open("a") as f:
+        f.write("{not json\n")
+    result = _show(str(path), "-i", "1")
+    assert result.exit_code == 0, result.output
+    assert "TEXT-0.2" in result.output and "TEXT-0.1" not in result.output
+    assert _show(str(path), "-i", "-1").exit_code == 2  # the last line is the one not JSON
+    too_long = _show(str(path), "--max-line-bytes", "100")
+    assert too_long.exit_code == 2
+    line = one_line(too_long.output, prefix="cannot read")
+    assert line.endswith(
+        "t.jsonl:1: the line is longer than 100 bytes; shorten it, or raise --max-line-bytes if "
+        "it is meant"
+    )
