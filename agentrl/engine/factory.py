@@ -24,10 +24,18 @@ def make_engine(cfg: RunConfig, *, reserve_bytes: int = 0) -> Engine:
         return _client(cfg, cfg.engine.url)
     if kind == "sglang":
         from agentrl.engine.sglang.launcher import launch_servers
+        from agentrl.engine.sglang.protocol import resolve_api_key
         from agentrl.model_store import resolve_model_path
 
         model_path = resolve_model_path(cfg.model.path, cfg.model.cache_dir)
-        cluster = launch_servers(model_path, cfg.engine, router_policy=cfg.engine.router_policy)
+        cluster = launch_servers(
+            model_path,
+            cfg.engine,
+            router_policy=cfg.engine.router_policy,
+            api_key=resolve_api_key(cfg.engine),
+            # the in-process trainer steps on the servers' GPU while they release their memory
+            enable_memory_saver=cfg.model.device != "cpu",
+        )
         engine = _client(cfg, cluster.url)
         engine.cluster = cluster  # shut down with the engine
         return engine
@@ -36,6 +44,7 @@ def make_engine(cfg: RunConfig, *, reserve_bytes: int = 0) -> Engine:
 
 def _client(cfg: RunConfig, url: str):
     from agentrl.engine.sglang import SGLangEngine
+    from agentrl.engine.sglang.protocol import resolve_api_key
 
     return SGLangEngine(
         url,
@@ -43,4 +52,5 @@ def _client(cfg: RunConfig, url: str):
         max_retries=cfg.engine.max_retries,
         max_connections=max(1, cfg.rollout.max_concurrent_episodes),  # one connection per episode
         weight_update_path=cfg.engine.weight_update_path,
+        api_key=resolve_api_key(cfg.engine),
     )

@@ -14,6 +14,7 @@ import base64
 import contextlib
 import io
 import threading
+import types
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
@@ -25,7 +26,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class FlattenedTensorMetadata:
-    """Same fields as sglang.srt.weight_sync.tensor_bucket.FlattenedTensorMetadata."""
+    """Same fields as sglang.srt.weight_sync.tensor_bucket.FlattenedTensorMetadata; what a
+    receiver rebuilds a bucket into (the sender pickles SGLang's class or a SimpleNamespace)."""
 
     name: str
     shape: Any  # torch.Size
@@ -35,12 +37,17 @@ class FlattenedTensorMetadata:
     numel: int
 
 
-def _metadata_class() -> type:
-    # A real SGLang server unpickles only allow-listed modules (its SafeUnpickler), so when
-    # sglang is installed the metadata must be its own class; our server accepts either.
+def bucket_metadata(name: str, shape: Any, dtype: Any, start: int, end: int) -> Any:
+    """One entry of a bucket's metadata, as a class a real SGLang server unpickles: its own
+    `FlattenedTensorMetadata` when sglang is importable here, else `types.SimpleNamespace`
+    (the other type its SafeUnpickler admits; SGLang reads the fields by name)."""
     from agentrl.engine.sglang.compat import flattened_metadata_class
 
-    return flattened_metadata_class(FlattenedTensorMetadata)
+    cls = flattened_metadata_class()
+    fields = dict(name=name, shape=shape, dtype=dtype, start_idx=start, end_idx=end)
+    if cls is None:
+        return types.SimpleNamespace(**fields, numel=end - start)
+    return cls(**fields, numel=end - start)
 
 
 def flatten_bucket(named_tensors: list[tuple[str, torch.Tensor]]) -> dict[str, Any]:
@@ -55,11 +62,10 @@ def flatten_bucket(named_tensors: list[tuple[str, torch.Tensor]]) -> dict[str, A
     dtypes = {t.dtype for _, t in named_tensors}
     if len(dtypes) != 1:
         raise ValueError(f"a flattened bucket holds one dtype, got {sorted(map(str, dtypes))}")
-    meta_cls, metadata, start = _metadata_class(), [], 0
+    metadata, start = [], 0
     for name, t in named_tensors:
-        numel = t.numel()
-        metadata.append(meta_cls(name, t.shape, t.dtype, start, start + numel, numel))
-        start += numel
+        metadata.append(bucket_metadata(name, t.shape, t.dtype, start, start + t.numel()))
+        start += t.numel()
     flat = torch.cat([t.detach().reshape(-1) for _, t in named_tensors])
     return {"flattened_tensor": flat, "metadata": metadata}
 
@@ -83,14 +89,16 @@ def serialize_for_ipc(obj: Any) -> str:
     base64-encoded. CUDA tensors travel as CUDA IPC handles (what real SGLang expects); CPU tensors
     as shared-memory file names (`file_system` strategy), so the bytes never go over HTTP. Either
     way the receiver must be on the same host and the sender must keep the tensors alive until the
-    request returns."""
+    request returns. SGLang's patch of the CUDA reductions (device UUIDs) is applied only for
+    CUDA tensors: it rewrites an argument that CPU tensors' reductions do not have."""
     from multiprocessing.reduction import ForkingPickler
 
     import torch.multiprocessing as tmp
 
     from agentrl.engine.sglang.compat import patch_torch_reductions
 
-    patch_torch_reductions()  # device UUIDs instead of ordinals, as SGLang does
+    if _holds_cuda_tensor(obj):
+        patch_torch_reductions()  # device UUIDs instead of ordinals, as SGLang does
     buf = io.BytesIO()
     with _SHARING_LOCK:
         old = tmp.get_sharing_strategy()
@@ -100,6 +108,18 @@ def serialize_for_ipc(obj: Any) -> str:
         finally:
             tmp.set_sharing_strategy(old)
     return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _holds_cuda_tensor(obj: Any) -> bool:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.is_cuda
+    if isinstance(obj, dict):
+        return any(_holds_cuda_tensor(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(_holds_cuda_tensor(v) for v in obj)
+    return False
 
 
 # ---------------------------------------------------------------- weight-update process group

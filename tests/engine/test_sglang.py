@@ -42,6 +42,8 @@ class Replay:
         self.is_held = False
         self.release = asyncio.Event()
         self.num_running = 0
+        self.version = "0.5.23"
+        self.tp_size = 1
         app = FastAPI()
 
         @app.post("/generate")
@@ -74,11 +76,11 @@ class Replay:
         async def anything(path: str, request: Request) -> Any:
             body = json.loads(await request.body() or b"{}")
             self.requests.append((f"/{path}", body, {}))
-            if path == "get_weight_version":
-                return CONTROL["get_weight_version"]["response"]
-            if path == "get_server_info":
-                return {"tp_size": 1}
-            if path.startswith("update_weights"):
+            if path == "model_info":
+                return {"weight_version": CONTROL["get_weight_version"]["response"]["weight_version"]}
+            if path == "server_info":
+                return {"tp_size": self.tp_size, "version": self.version}
+            if path.startswith(("update_weights", "begin_weight", "end_weight")):
                 return {"success": True, "message": "ok"}
             return None
 
@@ -239,8 +241,9 @@ async def test_control_calls_send_sglangs_bodies(replay: Replay) -> None:
         CONTROL["resume_memory_occupation_rest"]["request"],
     ]
     assert replay.bodies("/update_weights_from_disk") == [
-        {"model_path": "/ckpt/hf", "weight_version": "10"}
-    ]
+        {"model_path": "/ckpt/hf", "weight_version": "10", "flush_cache": False}
+    ]  # flushed after the update instead (a refused flush would fail the update)
+    assert len(replay.bodies("/flush_cache")) == 2
     assert engine.weight_version == "10"
     assert await engine.get_weight_version() == "default"
     await engine.close()

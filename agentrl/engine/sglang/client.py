@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import uuid
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -25,14 +27,17 @@ from agentrl.engine.base import (
 )
 from agentrl.engine.sglang.control import SGLangControl
 from agentrl.engine.sglang.protocol import (
+    API_KEY_ENV,
     DEFAULT_WEIGHT_VERSION,
     ROUTING_KEY_HEADER,
     aborted_completion,
     completion_from_sglang,
     generate_payload,
 )
+from agentrl.engine.sglang.weight_control import SGLangWeights
 
 if TYPE_CHECKING:
+    from agentrl.engine.sglang.dialect import ServerDialect
     from agentrl.engine.sglang.launcher import SGLangCluster
     from agentrl.engine.sglang.weight_sender import DistributedWeightSender
 
@@ -44,11 +49,16 @@ _RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
 
 
 def _error_message(response: httpx.Response) -> str:
-    """The `message` of SGLang's error body, else the body itself."""
+    """The message of an error body (SGLang's `{"error": {"message"}}`, `{"error": text}` or
+    `{"message"}`), else the body itself."""
     try:
-        return str(response.json()["message"])
-    except (ValueError, KeyError, TypeError):
+        body = response.json()
+    except ValueError:
         return response.text[:500]
+    error = body.get("error", body) if isinstance(body, dict) else body
+    if isinstance(error, dict) and "message" in error:
+        return str(error["message"])
+    return str(error)[:500]
 
 
 _UNREACHABLE = (
@@ -70,7 +80,7 @@ class _Retryable(Exception):
 # ---------------------------------------------------------------- the client
 
 
-class SGLangEngine(SGLangControl):
+class SGLangEngine(SGLangControl, SGLangWeights):
     """An `Engine` backed by one SGLang server, a router over several, or `agentrl serve`.
 
     Generation goes to `base_url` (a router spreads it; the `routing_key` header keeps an episode
@@ -86,6 +96,11 @@ class SGLangEngine(SGLangControl):
     CPU tensors), one flattened bucket per dtype of what it is given (the trainer's exporter
     already cut the weights into buckets); "distributed" broadcasts over a torch.distributed group (gloo on CPU, NCCL on
     GPU) and works across hosts.
+
+    `api_key` (default: the AGENTRL_API_KEY environment variable) goes with every request as
+    `Authorization: Bearer <key>`, as SGLang's and `agentrl serve`'s `--api-key` want it. Each
+    server's version is read once from its info route (`dialect`); a release outside the
+    supported window is refused there, in one line.
     """
 
     def __init__(
@@ -98,6 +113,7 @@ class SGLangEngine(SGLangControl):
         retry_backoff_s: float = 0.5,
         weight_update_path: Literal["tensor", "distributed"] = "tensor",
         worker_urls: list[str] | None = None,
+        api_key: str | None = None,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(
@@ -128,6 +144,10 @@ class SGLangEngine(SGLangControl):
         self._weight_version = DEFAULT_WEIGHT_VERSION
         self._tp_size: int | None = None
         self._sender: DistributedWeightSender | None = None
+        self.api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
+        self._dialects: dict[str, ServerDialect] = {}
+        self._released_tags: dict[str, set[str]] = {}  # per worker: what a resume may map again
+        self._is_updating = False  # inside a weight-update session opened by the caller
 
     @property
     def weight_version(self) -> str:
@@ -147,8 +167,9 @@ class SGLangEngine(SGLangControl):
             limits = httpx.Limits(
                 max_connections=self.max_connections, max_keepalive_connections=self.max_connections
             )
+            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
             self._client = httpx.AsyncClient(
-                timeout=httpx.Timeout(self.request_timeout_s), limits=limits
+                timeout=httpx.Timeout(self.request_timeout_s), limits=limits, headers=headers
             )
             self._client_loop = loop
         return self._client
@@ -161,7 +182,10 @@ class SGLangEngine(SGLangControl):
         json: Any = None,
         headers: dict[str, str] | None = None,
         timeout_s: float | None = None,
+        is_fresh_rid: bool = False,
     ) -> httpx.Response:
+        """`is_fresh_rid`: every attempt sends `json` under a new `rid` (SGLang refuses a second
+        request with the `rid` of one still live, as a timed-out first attempt may be)."""
         retrying = tenacity.AsyncRetrying(
             stop=tenacity.stop_after_attempt(self.max_retries + 1),
             wait=tenacity.wait_exponential(multiplier=self.retry_backoff_s)
@@ -171,7 +195,13 @@ class SGLangEngine(SGLangControl):
         )
         try:
             return await retrying(
-                self._attempt, method, url, json, headers, timeout_s or self.request_timeout_s
+                self._attempt,
+                method,
+                url,
+                json,
+                headers,
+                timeout_s or self.request_timeout_s,
+                is_fresh_rid,
             )
         except _Retryable as e:
             error_cls = EngineUnavailable if e.is_unreachable else EngineError
@@ -181,8 +211,16 @@ class SGLangEngine(SGLangControl):
             ) from None
 
     async def _attempt(
-        self, method: str, url: str, json: Any, headers: dict[str, str] | None, timeout_s: float
+        self,
+        method: str,
+        url: str,
+        json: Any,
+        headers: dict[str, str] | None,
+        timeout_s: float,
+        is_fresh_rid: bool,
     ) -> httpx.Response:
+        if is_fresh_rid:
+            json["rid"] = uuid.uuid4().hex  # the caller's dict: a cancel aborts the live rid
         try:
             response = await self._http().request(
                 method, url, json=json, headers=headers, timeout=httpx.Timeout(timeout_s)
@@ -200,7 +238,8 @@ class SGLangEngine(SGLangControl):
             raise _Retryable(f"HTTP {response.status_code}: {response.text[:300]}")
         if response.status_code >= 400:
             raise EngineError(
-                f"{method} {url} -> HTTP {response.status_code} (not retried): {response.text[:500]}"
+                f"{method} {url} -> HTTP {response.status_code} (not retried): "
+                f"{_error_message(response)}"
             )
         return response
 
@@ -254,7 +293,13 @@ class SGLangEngine(SGLangControl):
         payload = generate_payload(input_ids, sampling)
         headers = {ROUTING_KEY_HEADER: routing_key} if routing_key else None
         request = asyncio.ensure_future(
-            self._request("POST", f"{self.base_url}/generate", json=payload, headers=headers)
+            self._request(
+                "POST",
+                f"{self.base_url}/generate",
+                json=payload,
+                headers=headers,
+                is_fresh_rid=True,
+            )
         )
         self._pending.add(request)
         try:

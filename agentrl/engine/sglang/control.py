@@ -1,5 +1,6 @@
-"""`SGLangControl`: `SGLangEngine`'s calls besides generation -- abort and drain, health and info,
-pause/flush/memory, and weight updates -- sent to every worker where the call is per server."""
+"""`SGLangControl`: `SGLangEngine`'s calls besides generation and weights -- abort and drain,
+health, each server's dialect and info, pause/flush, and memory release/resume by tags -- sent
+to every worker where the call is per server."""
 
 from __future__ import annotations
 
@@ -11,25 +12,23 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from agentrl.engine.base import EngineError
+from agentrl.engine.sglang.dialect import ServerDialect, dialect_from_info
 from agentrl.engine.sglang.protocol import num_requests_from_load
-from agentrl.engine.sglang.weight_sender import DistributedWeightSender
-from agentrl.engine.weight_transport import flatten_bucket, serialize_for_ipc
-from agentrl.weight_buckets import bucket_by_dtype
 
-if TYPE_CHECKING:
-    import torch
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
+"""SGLang's memory tags; a release or resume without tags means all of them."""
 
 
 class SGLangControl:
     """Mixed into `SGLangEngine`, which owns the state and the HTTP plumbing declared here."""
 
     base_url: str
-    weight_update_path: str
     _pending: set[asyncio.Future[Any]]
     _is_aborting: bool
     _weight_version: str
     _tp_size: int | None
-    _sender: DistributedWeightSender | None
+    _dialects: dict[str, ServerDialect]
+    _released_tags: dict[str, set[str]]
 
     if TYPE_CHECKING:
 
@@ -99,7 +98,7 @@ class SGLangControl:
                 raise
         return num_requests_from_load(await self._get("/get_load", url=url))
 
-    # -- health and info
+    # -- health, dialect and info
 
     async def health(self) -> bool:
         try:
@@ -118,29 +117,70 @@ class SGLangControl:
                 )
             await asyncio.sleep(interval_s)
 
-    async def get_model_info(self) -> dict[str, Any]:
-        return await self._get("/get_model_info")
+    async def dialect(self, url: str | None = None) -> ServerDialect:
+        """What one worker (default: the first) speaks, read once from `/server_info` (or
+        `/get_server_info` where that is all it serves); refuses an unsupported SGLang."""
+        url = url or self.worker_urls[0]
+        if url not in self._dialects:
+            try:
+                info, has_new_routes = await self._get("/server_info", url=url), True
+            except EngineError as e:
+                if "HTTP 404" not in str(e):
+                    raise
+                info, has_new_routes = await self._get("/get_server_info", url=url), False
+            self._dialects[url] = dialect_from_info(info, has_new_routes=has_new_routes, url=url)
+        return self._dialects[url]
 
     async def get_server_info(self, *, url: str | None = None) -> dict[str, Any]:
-        """`/get_server_info` of one worker (default: the first)."""
-        return await self._get("/get_server_info", url=url or self.worker_urls[0])
+        """The server info of one worker (default: the first), live state included."""
+        url = url or self.worker_urls[0]
+        return await self._get((await self.dialect(url)).server_info_path, url=url)
+
+    async def get_model_info(self, *, url: str | None = None) -> dict[str, Any]:
+        url = url or self.worker_urls[0]
+        return await self._get((await self.dialect(url)).model_info_path, url=url)
 
     async def get_weight_version(self) -> str:
-        version = str(
-            (await self._get("/get_weight_version", url=self.worker_urls[0]))["weight_version"]
-        )
+        """The weight version the first worker serves (`weight_version` of its model info)."""
+        version = str((await self.get_model_info())["weight_version"])
         self._weight_version = version
         return version
 
+    async def tp_size(self) -> int:
+        if self._tp_size is None:
+            self._tp_size = int((await self.get_server_info()).get("tp_size", 1))
+        return self._tp_size
+
     # -- control
 
-    async def flush_cache(self) -> None:
-        await self._post_workers("/flush_cache")
+    async def flush_cache(self, *, max_wait_s: float = 60.0, poll_interval_s: float = 0.2) -> None:
+        """Flush every worker's prefix cache. SGLang answers 400 while requests are running or
+        queued (unless paused): retried until `max_wait_s`."""
+        await asyncio.gather(
+            *(self._flush_one(u, max_wait_s, poll_interval_s) for u in self.worker_urls)
+        )
+
+    async def _flush_one(self, url: str, max_wait_s: float, poll_interval_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max_wait_s
+        while True:
+            try:
+                await self._post("/flush_cache", url=url)
+                return
+            except EngineError as e:
+                if "HTTP 400" not in str(e):
+                    raise
+                if loop.time() > deadline:
+                    raise EngineError(
+                        f"{url}/flush_cache still refused after {max_wait_s}s (requests running "
+                        "or queued); pause generation or let them finish before a weight update"
+                    ) from None
+            await asyncio.sleep(poll_interval_s)
 
     async def pause_generation(self, mode: str | None = None) -> None:
         """Hold generation on every worker. SGLang's modes: abort (running requests return
-        ABORT; its default), retract (running requests go back to the queue, keeping their
-        tokens, and continue after `continue_generation`), in_place (they stay where they are).
+        ABORT; its default), retract (running requests go back to the queue and are recomputed
+        on the new weights after `continue_generation`), in_place (they stay where they are).
         None sends no mode (servers older than the modes)."""
         await self._post_workers("/pause_generation", None if mode is None else {"mode": mode})
 
@@ -148,11 +188,28 @@ class SGLangControl:
         await self._post_workers("/continue_generation")
 
     async def release_memory_occupation(self, tags: list[str] | None = None) -> None:
-        """tags None = everything; SGLang tags are "weights", "kv_cache", "cuda_graph"."""
+        """tags None = everything; SGLang tags are "weights", "kv_cache", "cuda_graph" (they free
+        memory only on a server started with --enable-memory-saver)."""
         await self._post_workers("/release_memory_occupation", {"tags": tags})
+        for url in self.worker_urls:
+            self._released_tags.setdefault(url, set()).update(tags or MEMORY_TAGS)
 
     async def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
-        await self._post_workers("/resume_memory_occupation", {"tags": tags})
+        """Resume those of `tags` (None = all) each worker released: SGLang kills a server asked
+        to resume memory it never released (as after a colocated `--resume`)."""
+        await asyncio.gather(*(self._resume_one(u, tags) for u in self.worker_urls))
+
+    async def _resume_one(self, url: str, tags: list[str] | None) -> None:
+        released = self._released_tags.get(url, set())
+        due = [t for t in (tags or MEMORY_TAGS) if t in released]
+        if not due:
+            return
+        await self._post("/resume_memory_occupation", {"tags": due}, url=url)
+        released.difference_update(due)
+
+    def released_tags(self, url: str | None = None) -> set[str]:
+        """What one worker (default: the first) has released and not resumed."""
+        return set(self._released_tags.get(url or self.worker_urls[0], set()))
 
     async def release_memory(self) -> None:
         await self.release_memory_occupation(None)
@@ -165,129 +222,3 @@ class SGLangControl:
             return
         await self.resume_memory_occupation(["weights"])
         await self.resume_memory_occupation(["kv_cache", "cuda_graph"])
-
-    # -- weights
-
-    async def update_weights_from_disk(
-        self, model_path: str, *, weight_version: str | None = None, load_format: str | None = None
-    ) -> None:
-        payload: dict[str, Any] = {"model_path": model_path}
-        if weight_version is not None:
-            payload["weight_version"] = weight_version
-        if load_format is not None:
-            payload["load_format"] = load_format
-        await self._post_workers("/update_weights_from_disk", payload)
-        if weight_version is not None:
-            self._weight_version = weight_version
-
-    async def update_weights_from_tensor(
-        self,
-        serialized_named_tensors: list[str],
-        *,
-        load_format: str | None = "flattened_bucket",
-        flush_cache: bool = False,
-        weight_version: str | None = None,
-    ) -> None:
-        """Raw endpoint: one serialized entry per tensor-parallel rank."""
-        payload: dict[str, Any] = {
-            "serialized_named_tensors": serialized_named_tensors,
-            "load_format": load_format,
-            "flush_cache": flush_cache,
-        }
-        if weight_version is not None:
-            payload["weight_version"] = weight_version
-        await self._post_workers("/update_weights_from_tensor", payload)
-        if weight_version is not None:
-            self._weight_version = weight_version
-
-    async def init_weights_update_group(
-        self,
-        *,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        group_name: str = "weight_update_group",
-        backend: str = "nccl",
-        url: str | None = None,
-    ) -> None:
-        result = await self._post(
-            "/init_weights_update_group",
-            {
-                "master_address": master_address,
-                "master_port": master_port,
-                "rank_offset": rank_offset,
-                "world_size": world_size,
-                "group_name": group_name,
-                "backend": backend,
-            },
-            url=url,
-        )
-        if isinstance(result, dict) and not result.get("success", True):
-            raise EngineError(f"init_weights_update_group failed: {result.get('message')}")
-
-    async def destroy_weights_update_group(
-        self, group_name: str = "weight_update_group", *, url: str | None = None
-    ) -> None:
-        await self._post("/destroy_weights_update_group", {"group_name": group_name}, url=url)
-
-    async def update_weights_from_distributed(
-        self,
-        *,
-        names: list[str],
-        dtypes: list[str],
-        shapes: list[list[int]],
-        group_name: str = "weight_update_group",
-        flush_cache: bool = False,
-        weight_version: str | None = None,
-        load_format: str | None = None,
-        url: str | None = None,
-    ) -> None:
-        """`load_format="flattened_bucket"`: the bucket (one dtype) is broadcast as one flat tensor."""
-        payload: dict[str, Any] = {
-            "names": names,
-            "dtypes": dtypes,
-            "shapes": shapes,
-            "group_name": group_name,
-            "flush_cache": flush_cache,
-            "load_format": load_format,
-        }
-        if weight_version is not None:
-            payload["weight_version"] = weight_version
-        result = await self._post("/update_weights_from_distributed", payload, url=url)
-        if isinstance(result, dict) and not result.get("success", True):
-            raise EngineError(f"update_weights_from_distributed failed: {result.get('message')}")
-        if weight_version is not None:
-            self._weight_version = weight_version
-
-    async def tp_size(self) -> int:
-        if self._tp_size is None:
-            self._tp_size = int((await self.get_server_info()).get("tp_size", 1))
-        return self._tp_size
-
-    async def update_weights(
-        self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, weight_version: str
-    ) -> None:
-        """Push one bucket of weights (the trainer's exporter cuts the buckets; call once per
-        bucket, `weight_version` takes effect with the call)."""
-        if self.weight_update_path == "distributed":
-            if self._sender is None:
-                self._sender = DistributedWeightSender([self])
-                await self._sender.connect()
-            await self._sender.send(list(named_tensors), weight_version=weight_version)
-            return
-        tp_size = await self.tp_size()
-        # The caller cut the buckets (sized); here each becomes one flat tensor per dtype.
-        buckets = list(bucket_by_dtype(named_tensors))
-        for i, bucket in enumerate(buckets):
-            flat = flatten_bucket(bucket)  # stays referenced until the server has copied it
-            is_last = i == len(buckets) - 1
-            await self.update_weights_from_tensor(
-                [serialize_for_ipc(flat)] * tp_size,
-                load_format="flattened_bucket",
-                flush_cache=is_last,
-                weight_version=weight_version if is_last else None,
-            )
-        if not buckets:
-            await self._post_workers("/update_weight_version", {"new_version": weight_version})
-        self._weight_version = weight_version

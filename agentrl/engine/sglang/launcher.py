@@ -1,8 +1,9 @@
-"""Launch and supervise real SGLang servers (`python -m sglang.launch_server`), and
-`sglang_router` over several of them; the one module that needs the `sglang` extra.
+"""Launch and supervise real SGLang servers (`python -m sglang.launch_server`), and a router
+(`smg`, else `sglang_router`) over several of them; the one module that needs the `sglang` extra.
 
 Flags follow SGLang's ServerArgs (`--model-path --port --tp-size --mem-fraction-static
---base-gpu-id`) and sglang-router's launch_router (`--worker-urls --policy --host --port`).
+--base-gpu-id --enable-memory-saver --api-key`) and the routers' launch_router (`--worker-urls
+--policy --host --port --api-key`).
 """
 
 from __future__ import annotations
@@ -44,9 +45,9 @@ class SGLangNotInstalled(RuntimeError):
     """The `sglang` extra (or `sglang_router`) is missing."""
 
 
-def require_module(module: str) -> None:
+def require_module(module: str, *, hint: str | None = None) -> None:
     if importlib.util.find_spec(module) is None:
-        raise SGLangNotInstalled(SGLANG_MISSING.format(module=module))
+        raise SGLangNotInstalled(SGLANG_MISSING.format(module=hint or module))
 
 
 def server_command(
@@ -59,7 +60,11 @@ def server_command(
     base_gpu_id: int = 0,
     extra_args: list[str] | None = None,
     python: str = sys.executable,
+    enable_memory_saver: bool = False,
+    api_key: str | None = None,
 ) -> list[str]:
+    """`enable_memory_saver`: a server sharing its GPUs with the trainer (colocated) -- without
+    it SGLang's release/resume of memory silently frees nothing."""
     cmd = [
         python,
         "-m",
@@ -77,28 +82,49 @@ def server_command(
     ]
     if base_gpu_id:
         cmd += ["--base-gpu-id", str(base_gpu_id)]  # servers on one host take disjoint GPUs
+    if enable_memory_saver:
+        cmd.append("--enable-memory-saver")
+    if api_key:
+        cmd += ["--api-key", api_key]
     return cmd + list(extra_args or [])
 
 
+@dataclass(frozen=True)
+class RouterChoice:
+    """Which router package runs, and the policy it is asked for."""
+
+    module: str  # "smg" or "sglang_router"
+    policy: str
+
+
+STICKY_POLICIES = ("consistent_hashing", "manual")
+
+
+def choose_router(policy: str = "consistent_hashing") -> RouterChoice:
+    """`smg` when installed (it has `consistent_hashing`, which hashes the X-SMG-Routing-Key
+    header so every turn of an episode reaches the server holding its prefix); else
+    sglang-router, whose CLI refuses `consistent_hashing`: there `manual` (same header, sticky
+    assignment) stands in for it."""
+    if importlib.util.find_spec("smg") is not None:
+        return RouterChoice("smg", policy)
+    require_module("sglang_router", hint="smg (or sglang_router)")
+    return RouterChoice("sglang_router", "manual" if policy == "consistent_hashing" else policy)
+
+
 def router_command(
-    worker_urls: list[str], *, host: str, port: int, policy: str, python: str = sys.executable
+    worker_urls: list[str],
+    *,
+    host: str,
+    port: int,
+    policy: str,
+    python: str = sys.executable,
+    module: str = "smg",
+    api_key: str | None = None,
 ) -> list[str]:
-    """`consistent_hashing` (recent sglang-router) hashes the X-SMG-Routing-Key header, so every
-    turn of an episode lands on the server that holds its prefix; older routers offer `manual`
-    (same header, sticky assignment) or `cache_aware`."""
-    return [
-        python,
-        "-m",
-        "sglang_router.launch_router",
-        "--worker-urls",
-        *worker_urls,
-        "--policy",
-        policy,
-        "--host",
-        host,
-        "--port",
-        str(port),
-    ]
+    """`api_key`: the key the router sends to the workers (their --api-key)."""
+    cmd = [python, "-m", f"{module}.launch_router", "--worker-urls", *worker_urls,
+           "--policy", policy, "--host", host, "--port", str(port)]  # fmt: skip
+    return cmd + (["--api-key", api_key] if api_key else [])
 
 
 @dataclass
@@ -259,17 +285,19 @@ def launch_servers(
     health_timeout_s: float = 900.0,
     python: str = sys.executable,
     env: dict[str, str] | None = None,
+    api_key: str | None = None,
+    enable_memory_saver: bool = False,
 ) -> SGLangCluster:
     """Start `engine_cfg.num_servers` SGLang servers (each `tp_size` GPUs, disjoint GPU ids), wait
-    for `/health_generate`, and put `sglang_router` in front when there are several. Port layout:
-    one server listens on `engine_cfg.port`; with a router, the router takes it and the servers
-    the next ports (`port=0` picks free ports)."""
+    for `/health_generate`, and put a router (`choose_router`) in front when there are several.
+    Port layout: one server listens on `engine_cfg.port`; with a router, the router takes it and
+    the servers the next ports (`port=0` picks free ports). `enable_memory_saver`: the servers
+    share their GPUs with the trainer and release memory while it steps."""
     num_servers = engine_cfg.num_servers
     if num_servers < 1:
         raise ValueError(f"engine.num_servers={num_servers} must be at least 1")
     require_module("sglang")
-    if num_servers > 1:
-        require_module("sglang_router")
+    router = choose_router(router_policy) if num_servers > 1 else None
     logs = Path(log_dir or tempfile.mkdtemp(prefix="agentrl-sglang-"))
     logs.mkdir(parents=True, exist_ok=True)
     has_router = num_servers > 1
@@ -287,6 +315,8 @@ def launch_servers(
                 base_gpu_id=i * engine_cfg.tp_size,
                 extra_args=engine_cfg.sglang_args,
                 python=python,
+                enable_memory_saver=enable_memory_saver,
+                api_key=api_key,
             ),
             logs / f"server-{i}.log",
             env,
@@ -306,7 +336,7 @@ def launch_servers(
         for server in servers:
             wait_healthy(server, timeout_s=health_timeout_s)
             server.is_ready = True
-        if has_router:
+        if router is not None:
             url = f"http://{host}:{ports[0]}"
             cluster.router = ManagedProcess(
                 "sglang-router",
@@ -315,8 +345,10 @@ def launch_servers(
                     cluster.worker_urls,
                     host=host,
                     port=ports[0],
-                    policy=router_policy,
+                    policy=router.policy,
                     python=python,
+                    module=router.module,
+                    api_key=api_key,
                 ),
                 logs / "router.log",
                 env,

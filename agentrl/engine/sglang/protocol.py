@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from typing import Any
 
@@ -14,13 +15,25 @@ ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
 
 DEFAULT_WEIGHT_VERSION = "default"  # SGLang ServerArgs.weight_version before any update
 
+API_KEY_ENV = "AGENTRL_API_KEY"
+"""Where the key of servers started with `--api-key` is read when no config names one (the same
+variable `agentrl serve --api-key` reads)."""
+
+
+def resolve_api_key(engine_cfg: Any) -> str | None:
+    """`engine.api_key` when the config has the field and sets it, else AGENTRL_API_KEY."""
+    return getattr(engine_cfg, "api_key", None) or os.environ.get(API_KEY_ENV) or None
+
 
 # ---------------------------------------------------------------- request bodies
 
 
 def generate_payload(input_ids: list[int], sampling: SamplingParams) -> dict[str, Any]:
     """A `/generate` body (io_struct.py GenerateReqInput) under a fresh `rid`, asking for the
-    output tokens' logprobs (which carry the ids too: see `completion_from_sglang`)."""
+    output tokens' logprobs (which carry the ids too: see `completion_from_sglang`).
+
+    `sampling.seed` goes as `sampling_seed`, which SGLang honours only on a server started with
+    `--enable-deterministic-inference`; elsewhere it is ignored and sampling is not reproducible."""
     return {
         "rid": uuid.uuid4().hex,
         "input_ids": list(input_ids),

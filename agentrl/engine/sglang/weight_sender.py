@@ -2,7 +2,9 @@
 every engine rank, then per bucket post `/update_weights_from_distributed` to each server while
 broadcasting the bucket. Same protocol as slime's `connect_rollout_engines_from_distributed` /
 `update_weights_from_distributed`; a one-dtype bucket travels as SGLang's `flattened_bucket`
-(one broadcast per bucket instead of one per tensor)."""
+(one broadcast per bucket instead of one per tensor), as bytes: SGLang's receiver allocates the
+bucket as uint8 (`FlattenedTensorBucket.empty`), and NCCL wants the same count and type on
+every rank. The caller wraps the buckets of one update in the engines' weight-update session."""
 
 from __future__ import annotations
 
@@ -56,7 +58,8 @@ class WeightGroupMember(Protocol):
 
 
 def flatten_into(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """One fresh flat buffer holding `tensors` (one dtype) back to back, in order."""
+    """One fresh flat buffer holding `tensors` (one dtype) back to back, in order, viewed as
+    bytes (what SGLang's receiver posts for a flattened bucket)."""
     import torch
 
     flat = torch.empty(
@@ -66,7 +69,7 @@ def flatten_into(tensors: list[torch.Tensor]) -> torch.Tensor:
     for t in tensors:
         flat[start : start + t.numel()].copy_(t.detach().reshape(-1))
         start += t.numel()
-    return flat
+    return flat.view(torch.uint8)
 
 
 class DistributedWeightSender:

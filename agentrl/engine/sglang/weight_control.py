@@ -1,0 +1,244 @@
+"""`SGLangWeights`: `SGLangEngine`'s weight updates -- from disk, from tensors (flattened buckets
+over CUDA IPC or shared memory, one serialization per tensor-parallel rank) and by broadcast --
+inside SGLang's weight-update session where the server wants one, the prefix cache flushed
+once the new weights are in."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Iterable
+from typing import TYPE_CHECKING, Any
+
+from agentrl.engine.base import EngineError
+from agentrl.engine.sglang.weight_sender import DistributedWeightSender
+from agentrl.engine.weight_transport import flatten_bucket, serialize_for_ipc
+from agentrl.weight_buckets import bucket_by_dtype
+
+if TYPE_CHECKING:
+    import torch
+
+    from agentrl.engine.sglang.dialect import ServerDialect
+
+
+class SGLangWeights:
+    """Mixed into `SGLangEngine` next to `SGLangControl` (whose calls it uses)."""
+
+    weight_update_path: str
+    _weight_version: str
+    _sender: DistributedWeightSender | None
+    _dialects: dict[str, ServerDialect]
+    _is_updating: bool
+
+    if TYPE_CHECKING:
+
+        @property
+        def worker_urls(self) -> list[str]: ...
+
+        async def _post(
+            self,
+            path: str,
+            payload: dict[str, Any] | None = None,
+            *,
+            url: str | None = None,
+            timeout_s: float | None = None,
+        ) -> Any: ...
+
+        async def _post_workers(
+            self, path: str, payload: dict[str, Any] | None = None
+        ) -> list[Any]: ...
+
+        async def dialect(self, url: str | None = None) -> ServerDialect: ...
+
+        async def tp_size(self) -> int: ...
+
+        async def flush_cache(self) -> None: ...
+
+    # -- the session
+
+    async def begin_weight_update(self) -> None:
+        """Open a weight-update session on every worker that has them (SGLang 0.5.23 refuses
+        tensor and broadcast updates outside one); older servers answer 404 once and are
+        remembered as having none."""
+        for url in self.worker_urls:
+            await self._begin_one(url)
+        self._is_updating = True
+
+    async def _begin_one(self, url: str) -> None:
+        dialect = await self.dialect(url)
+        if dialect.uses_weight_sessions is False:
+            return
+        try:
+            await self._post("/begin_weight_update", {}, url=url)
+        except EngineError as e:
+            if "HTTP 404" in str(e) and dialect.uses_weight_sessions is None:
+                self._dialects[url] = dataclasses.replace(dialect, uses_weight_sessions=False)
+                return
+            if "already open" not in str(e):
+                raise
+            # A trainer that died mid-update left it open: close it, then open ours.
+            await self._post("/end_weight_update", {}, url=url)
+            await self._post("/begin_weight_update", {}, url=url)
+        self._dialects[url] = dataclasses.replace(dialect, uses_weight_sessions=True)
+
+    async def end_weight_update(self, *, flush_cache: bool = True) -> None:
+        """Close the session, then flush the prefix cache: KV computed with the old weights
+        must not be reused (retried while the server still has requests queued)."""
+        self._is_updating = False
+        for url in self.worker_urls:
+            if (await self.dialect(url)).uses_weight_sessions:
+                await self._post("/end_weight_update", {}, url=url)
+        if flush_cache:
+            await self.flush_cache()
+
+    @contextlib.asynccontextmanager
+    async def weight_update(self) -> AsyncIterator[None]:
+        """One session around several `update_weights` calls (the trainer's buckets)."""
+        await self.begin_weight_update()
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(EngineError):
+                await self.end_weight_update(flush_cache=False)
+            raise
+        await self.end_weight_update()
+
+    # -- raw routes
+
+    async def update_weights_from_disk(
+        self, model_path: str, *, weight_version: str | None = None, load_format: str | None = None
+    ) -> None:
+        payload: dict[str, Any] = {"model_path": model_path, "flush_cache": False}
+        if weight_version is not None:
+            payload["weight_version"] = weight_version
+        if load_format is not None:
+            payload["load_format"] = load_format
+        await self._post_workers("/update_weights_from_disk", payload)
+        await self.flush_cache()
+        if weight_version is not None:
+            self._weight_version = weight_version
+
+    async def update_weights_from_tensor(
+        self,
+        serialized_named_tensors: list[str],
+        *,
+        load_format: str | None = "flattened_bucket",
+        flush_cache: bool = False,
+        weight_version: str | None = None,
+    ) -> None:
+        """Raw endpoint: one serialized entry per tensor-parallel rank (each rank opens only its
+        own). Never aborts running requests (SGLang's `abort_all_requests`)."""
+        payload: dict[str, Any] = {
+            "serialized_named_tensors": serialized_named_tensors,
+            "load_format": load_format,
+            "flush_cache": flush_cache,
+            "abort_all_requests": False,
+        }
+        if weight_version is not None:
+            payload["weight_version"] = weight_version
+        await self._post_workers("/update_weights_from_tensor", payload)
+        if weight_version is not None:
+            self._weight_version = weight_version
+
+    async def update_weight_version(self, weight_version: str) -> None:
+        """Stamp a version without new weights; running requests go on (SGLang's default for
+        `abort_all_requests` is true: it would abort them)."""
+        body = {"new_version": weight_version, "abort_all_requests": False}
+        await self._post_workers("/update_weight_version", body)
+        self._weight_version = weight_version
+
+    async def init_weights_update_group(
+        self,
+        *,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        backend: str = "nccl",
+        url: str | None = None,
+    ) -> None:
+        body = {
+            "master_address": master_address,
+            "master_port": master_port,
+            "rank_offset": rank_offset,
+            "world_size": world_size,
+            "group_name": group_name,
+            "backend": backend,
+        }
+        result = await self._post("/init_weights_update_group", body, url=url)
+        if isinstance(result, dict) and not result.get("success", True):
+            raise EngineError(f"init_weights_update_group failed: {result.get('message')}")
+
+    async def destroy_weights_update_group(
+        self, group_name: str = "weight_update_group", *, url: str | None = None
+    ) -> None:
+        await self._post("/destroy_weights_update_group", {"group_name": group_name}, url=url)
+
+    async def update_weights_from_distributed(
+        self,
+        *,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str = "weight_update_group",
+        flush_cache: bool = False,
+        weight_version: str | None = None,
+        load_format: str | None = None,
+        url: str | None = None,
+    ) -> None:
+        """`load_format="flattened_bucket"`: the bucket (one dtype) is broadcast as one flat run
+        of bytes. The flush comes once, after the session (`end_weight_update`)."""
+        payload: dict[str, Any] = {
+            "names": names,
+            "dtypes": dtypes,
+            "shapes": shapes,
+            "group_name": group_name,
+            "flush_cache": flush_cache,
+            "abort_all_requests": False,
+            "load_format": load_format,
+        }
+        if weight_version is not None:
+            payload["weight_version"] = weight_version
+        result = await self._post("/update_weights_from_distributed", payload, url=url)
+        if isinstance(result, dict) and not result.get("success", True):
+            raise EngineError(f"update_weights_from_distributed failed: {result.get('message')}")
+        if weight_version is not None:
+            self._weight_version = weight_version
+
+    # -- the Engine protocol
+
+    async def update_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, weight_version: str
+    ) -> None:
+        """Push one bucket of weights (the trainer's exporter cuts the buckets; call once per
+        bucket, `weight_version` takes effect with the call). Outside `weight_update()` the
+        call is a session of its own."""
+        if self._is_updating:
+            await self._push(list(named_tensors), weight_version)
+            return
+        async with self.weight_update():
+            await self._push(list(named_tensors), weight_version)
+
+    async def _push(self, named: list[tuple[str, torch.Tensor]], weight_version: str) -> None:
+        if self.weight_update_path == "distributed":
+            if self._sender is None:
+                self._sender = DistributedWeightSender([self])
+                await self._sender.connect()
+            await self._sender.send(named, weight_version=weight_version)
+            self._weight_version = weight_version
+            return
+        tp_size = await self.tp_size()
+        buckets = list(bucket_by_dtype(named))  # one flat tensor per dtype
+        for i, bucket in enumerate(buckets):
+            flat = flatten_bucket(bucket)  # stays referenced until the server has copied it
+            is_last = i == len(buckets) - 1
+            # One serialization per rank: each registers its own CUDA-IPC reference, and a rank
+            # that opened another's handle would break the sender's reference counting.
+            await self.update_weights_from_tensor(
+                [serialize_for_ipc(flat) for _ in range(tp_size)],
+                weight_version=weight_version if is_last else None,
+            )
+        if not buckets:
+            await self.update_weight_version(weight_version)
+        self._weight_version = weight_version
