@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -47,13 +50,23 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps({"status": "sandbox_error", "error": str(e)}))
             raise typer.Exit(2)
 
+        received: list[int] = []
+
         async def go():
             try:
-                return await sandbox.run(program, limits)
+                with _cancelled_on_signals(received):
+                    return await sandbox.run(program, limits)
             finally:
                 await sandbox.close()
 
-        result = asyncio.run(go())
+        try:
+            result = asyncio.run(go())
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            # The run's cgroup and work dir went with the cancelled run (its `finally`).
+            signum = received[0] if received else signal.SIGINT
+            name = signal.Signals(signum).name
+            typer.secho(f"error: stopped by {name}; the program was killed", err=True)
+            raise typer.Exit(128 + signum) from None
         out = result.to_dict()
         out.pop("files")
         typer.echo(json.dumps(out, indent=2))
@@ -68,6 +81,28 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"{name}: {'ok' if ok else 'unavailable: ' + why}")
 
     app.add_typer(group, name="sandbox")
+
+
+@contextlib.contextmanager
+def _cancelled_on_signals(received: list[int]) -> Iterator[None]:
+    """SIGTERM and SIGHUP cancel the run, as Ctrl-C does under `asyncio.run`: the default action
+    would end the process at once and leave the run's cgroup and work dir (a tmpfs) behind.
+    The signals that came are appended to `received`."""
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    assert task is not None
+
+    def cancel(signum: int) -> None:
+        received.append(signum)
+        task.cancel()
+
+    signals = (signal.SIGTERM, signal.SIGHUP)
+    for signum in signals:
+        loop.add_signal_handler(signum, cancel, signum)
+    try:
+        yield
+    finally:
+        for signum in signals:
+            loop.remove_signal_handler(signum)
 
 
 def _read_program(file: Path) -> str:
