@@ -240,6 +240,7 @@ def train_command(
     show_config: bool = typer.Option(False, help="Print the resolved config and exit."),
 ) -> None:
     """Train a policy on an env with GRPO-family RL; runs on CPU with the embedded defaults."""
+    import errno
     import json
     import logging
 
@@ -293,6 +294,14 @@ def train_command(
         raise typer.Exit(130)
     except CheckpointSaveError as e:  # the disk is full: the line says what and how to go on
         console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
+        raise typer.Exit(1)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # Full while writing rollouts, metrics or evals (a checkpoint says more, above).
+        where = f" writing {e.filename}" if e.filename else ""
+        line = f"{e.strerror}{where}; free space: {_saved_line(cfg)}"
+        console.print(f"[red]error:[/red] {escape(line)}", soft_wrap=True)
         raise typer.Exit(1)
     except EngineMemoryError as e:
         console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)

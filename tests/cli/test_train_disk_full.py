@@ -37,15 +37,21 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
     subprocess.run(["umount", str(mount)], check=True)
 
 
-def _fill(fs: Path) -> Path:
-    """Another writer takes the disk, leaving LEFT_FREE_BYTES."""
+def _fill(fs: Path, left_free_bytes: int = LEFT_FREE_BYTES) -> Path:
+    """Another writer takes the disk, leaving `left_free_bytes`."""
     filler = fs / "filler"
+    st = os.statvfs(fs)
     with open(filler, "wb") as f:
-        f.truncate(0)
-        os.posix_fallocate(
-            f.fileno(), 0, os.statvfs(fs).f_bavail * os.statvfs(fs).f_frsize - LEFT_FREE_BYTES
-        )
+        os.posix_fallocate(f.fileno(), 0, st.f_bavail * st.f_frsize - left_free_bytes)
     return filler
+
+
+def _train_args(model: str, run: Path) -> list[str]:
+    return ["train", "--env", "calculator", "--model", model, "--save", str(run),
+            "--num-rollout", "3", "--save-interval", "1", "--rollout-batch-size", "2",
+            "--n-samples-per-prompt", "2", "--rollout-max-response-len", "8",
+            "--set", "eval.eval_at_start=false", "--set", "eval.num_eval_tasks=2",
+            "--set", "log.progress=false"]  # fmt: skip
 
 
 def _train_lines(run: Path) -> list[dict]:
@@ -68,15 +74,8 @@ def test_a_disk_that_fills_during_a_save_is_one_line_and_resume_finishes(
         real_save(out, model, optimizer)
 
     monkeypatch.setattr(sharded_checkpoint, "save_sharded", save_on_a_filling_disk)
-    args = ["--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-            "--rollout-max-response-len", "8", "--set", "eval.eval_at_start=false",
-            "--set", "eval.num_eval_tasks=2", "--set", "log.progress=false"]  # fmt: skip
     runner = CliRunner()
-    result = runner.invoke(
-        app,
-        ["train", "--env", "calculator", "--model", tiny_model_path, "--save", str(run),
-         "--num-rollout", "3", "--save-interval", "1", *args],
-    )  # fmt: skip
+    result = runner.invoke(app, _train_args(tiny_model_path, run))
     out = result.output
     assert result.exit_code == 1, out
     assert "Traceback" not in out and isinstance(result.exception, SystemExit)
@@ -97,3 +96,30 @@ def test_a_disk_that_fills_during_a_save_is_one_line_and_resume_finishes(
     assert find_latest(run / "checkpoints") == run / "checkpoints" / "step_000003"
     # Step 2 was redone after the crash: each step's line is there once.
     assert [r["step"] for r in _train_lines(run)] == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_a_disk_full_while_writing_rollouts_is_one_line(tiny_model_path, small_fs, monkeypatch):
+    """Full before a checkpoint is due (the step's trajectories cannot be written): one line
+    naming the last saved step and the resume command, no traceback."""
+    import agentrl.loop
+
+    run = small_fs / "run"
+    real_write = agentrl.loop.write_jsonl
+
+    def write_on_a_full_disk(path, trajectories):
+        if path.endswith("step_000002.jsonl"):
+            _fill(small_fs, left_free_bytes=0)
+        real_write(path, trajectories)
+
+    monkeypatch.setattr(agentrl.loop, "write_jsonl", write_on_a_full_disk)
+    result = CliRunner().invoke(app, _train_args(tiny_model_path, run))
+    out = result.output
+    assert result.exit_code == 1, out
+    assert "Traceback" not in out and isinstance(result.exception, SystemExit)
+    last = [line for line in out.splitlines() if line.strip()][-1]
+    step_1 = run / "checkpoints" / "step_000001"
+    assert last == (  # a failed write() names no file (an open() would)
+        f"error: No space left on device; free space: the last completed step is saved in "
+        f"{step_1}; continue with: agentrl train --resume {run}"
+    )

@@ -5,6 +5,7 @@ filesystems are real: small tmpfs mounts (skipped where this user may not mount)
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 from collections.abc import Callable, Iterator
@@ -21,7 +22,7 @@ from agentrl.trainer.checkpoint import (
     save_checkpoint,
     write_json,
 )
-from agentrl.trainer.checkpoint_space import tree_bytes
+from agentrl.trainer.checkpoint_space import save_failure, tree_bytes
 from agentrl.trainer.torch_backend import TorchBackend
 
 RESUME = "agentrl train --resume /runs/r"
@@ -120,3 +121,39 @@ def test_the_disk_filling_mid_save_is_one_line_and_the_last_checkpoint_stays(
     fresh.load(second)
     for pa, pb in zip(backend.model.parameters(), fresh.model.parameters(), strict=True):
         assert torch.equal(pa, pb)
+
+
+class _RemoteError(Exception):
+    """What a Ray actor's failure looks like on the driver: the remote text, no errno."""
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (OSError(28, "No space left on device"), "no space left on device"),
+        (OSError(122, "Disk quota exceeded"), "no space left on device"),
+        (
+            RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"),
+            "no space left on device",
+        ),  # fmt: skip
+        (
+            _RemoteError(
+                "ray::TrainerActor.save() ... OSError: [Errno 28] No space left on device"
+            ),
+            "no space left on device",
+        ),  # fmt: skip
+        (PermissionError(13, "Permission denied"), "Permission denied"),
+    ],
+)
+def test_storage_failures_become_one_line_with_the_reason(tmp_path, error, reason):
+    failure = save_failure(error, step=3, root=tmp_path, needed_bytes=1000, last_good=None)
+    assert failure is not None
+    assert str(failure).startswith(f"checkpoint of step 3 not saved: {reason} in {tmp_path}")
+    assert "no earlier checkpoint was saved" in str(failure) and "\n" not in str(failure)
+
+
+@pytest.mark.parametrize(
+    "error", [KeyboardInterrupt(), asyncio.CancelledError(), ValueError("a bug"), KeyError("k")]
+)
+def test_interrupts_and_bugs_keep_their_own_error(tmp_path, error):
+    assert save_failure(error, step=3, root=tmp_path, needed_bytes=0, last_good=None) is None
