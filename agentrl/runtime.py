@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import os
 import time
@@ -159,11 +160,14 @@ class InProcessRuntime:
         num_bytes = 0
         dtype = serving_dtype(self.cfg.model.dtype, self.backend.device.type == "cuda")
         t0 = time.perf_counter()
+        # An SGLang server takes all the buckets in one weight-update session (flushed once).
+        session = getattr(self.engine, "weight_update", None)
         async with self.engine.paused():  # running turns end on the old weights first
             t1 = time.perf_counter()
-            for bucket in self.backend.export_weights(size, dtype=dtype):
-                num_bytes += sum(nbytes(t) for _, t in bucket)
-                await self.engine.update_weights(bucket, weight_version=version)
+            async with session() if session is not None else contextlib.nullcontext():
+                for bucket in self.backend.export_weights(size, dtype=dtype):
+                    num_bytes += sum(nbytes(t) for _, t in bucket)
+                    await self.engine.update_weights(bucket, weight_version=version)
         return {"weight_sync/bytes": float(num_bytes), "time/weight_sync_drain_s": t1 - t0}
 
     async def save(self, directory: Path) -> None:

@@ -40,6 +40,19 @@ if [[ -z "$wheel" ]]; then
 fi
 "$python" -m pip install -q --no-deps --upgrade --target "$target" "$wheel" "${deps[@]}"
 
+# Each release registers its own model configs with transformers and breaks on a transformers
+# that already has them: the transformers it pins goes into the target too, and wins over the
+# venv's only where the target comes first on the path (the SGLang tests, in a process of their own).
+pinned="$(unzip -p "$wheel" '*.dist-info/METADATA' | sed -n 's/^Requires-Dist: transformers==\([^ ;]*\).*/\1/p')"
+have="$("$python" -c 'import transformers; print(transformers.__version__)')"
+if [[ -n "$pinned" && "$pinned" != "$have" ]]; then
+  "$python" -m pip install -q --no-deps --upgrade --target "$target" "transformers==$pinned"
+  # and the tokenizers / huggingface-hub that transformers release checks for at import
+  meta="$(ls -d "$target"/transformers-*.dist-info)/METADATA"
+  mapfile -t needs < <(sed -n 's/^Requires-Dist: \(\(tokenizers\|huggingface-hub\)[^;]*\)$/\1/p' "$meta" | tr -d ' ')
+  "$python" -m pip install -q --no-deps --upgrade --target "$target" "${needs[@]}"
+fi
+
 # torchvision (SGLang's multimodal configs import its transforms) must match the venv's torch.
 # PyPI has only CUDA builds, whose C ops cannot load next to a CPU torch; torchvision then still
 # imports, except two fake-op registrations that do not check whether the ops loaded: guard them

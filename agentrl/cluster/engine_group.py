@@ -12,19 +12,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from agentrl.config import RunConfig
 from agentrl.engine.router import RoutedEngine
 from agentrl.engine.sglang import SGLangEngine
 from agentrl.engine.sglang.launcher import (
     ManagedProcess,
+    choose_router,
     free_ports,
-    require_module,
     router_command,
     server_command,
     wait_healthy,
 )
+from agentrl.engine.sglang.protocol import API_KEY_ENV, resolve_api_key
+from agentrl.engine.sglang.router_admin import replace_worker
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,8 @@ class ServerSpec:
     health_timeout_s: float
     keep_weights_on_release: bool = True
     reserve_bytes: int = 0  # colocated: the trainer's state to come, left out of the KV cache
+    is_colocated: bool = False  # shares its GPUs with trainer ranks: releases memory per step
+    api_key: str | None = None  # the server wants `Authorization: Bearer <key>`
 
 
 def server_cmd(spec: ServerSpec, port: int) -> list[str]:
@@ -59,6 +61,8 @@ def server_cmd(spec: ServerSpec, port: int) -> list[str]:
             mem_fraction_static=spec.mem_fraction_static,
             base_gpu_id=spec.device_ids[0] if spec.use_gpu else 0,
             extra_args=spec.sglang_args,
+            enable_memory_saver=spec.is_colocated,
+            api_key=spec.api_key,
         )
     device = f"cuda:{spec.device_ids[0]}" if spec.use_gpu else "cpu"
     return [sys.executable, "-m", "agentrl.cli", "serve", "--model", spec.model_path,
@@ -83,6 +87,10 @@ def server_env(spec: ServerSpec) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     if not spec.use_gpu:  # one CPU "GPU" per worker: threads beyond that only fight each other
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    # `agentrl serve` reads its --api-key from here (off the command line, out of `ps`)
+    env.pop(API_KEY_ENV, None)
+    if spec.api_key:
+        env[API_KEY_ENV] = spec.api_key
     return env
 
 
@@ -126,17 +134,17 @@ class EngineServer:
             self.process.stop()
 
 
-def start_router(urls: list[str], log_dir: Path) -> ManagedProcess:
-    """sglang-router over the engine servers, consistent hashing on the routing-key header."""
-    require_module("sglang_router")
+def start_router(urls: list[str], log_dir: Path, api_key: str | None = None) -> ManagedProcess:
+    """A router over the engine servers, sticky on the routing-key header: smg's
+    consistent_hashing, else sglang-router's manual policy."""
+    choice = choose_router("consistent_hashing")
     (port,) = free_ports(1)
+    cmd = router_command(urls, host="127.0.0.1", port=port, policy=choice.policy,
+                         module=choice.module, api_key=api_key)  # fmt: skip
     router = ManagedProcess(
-        "sglang-router",
-        f"http://127.0.0.1:{port}",
-        router_command(urls, host="127.0.0.1", port=port, policy="consistent_hashing"),
-        log_dir / "router.log",
+        "sglang-router", f"http://127.0.0.1:{port}", cmd, log_dir / "router.log",
         die_with_parent=True,
-    )
+    )  # fmt: skip
     router.start()
     wait_healthy(router, timeout_s=120.0, path="/health")
     return router
@@ -147,10 +155,12 @@ class EngineGroup:
 
     def __init__(self, actors: list[Any], urls: list[str], cfg: RunConfig) -> None:
         self.actors, self.urls, self.cfg = actors, urls, cfg
+        self.api_key = resolve_api_key(cfg.engine)
         self.num_restarts = [0] * len(actors)
         self.router: ManagedProcess | None = None
         if cfg.cluster.use_sglang_router:
-            self.router = start_router(urls, Path(cfg.checkpoint.save) / "engine_logs")
+            logs = Path(cfg.checkpoint.save) / "engine_logs"
+            self.router = start_router(urls, logs, self.api_key)
         router_client = self._client(self.router.url) if self.router else None
         self.engine = RoutedEngine([self._client(u) for u in urls], router=router_client)
 
@@ -160,6 +170,7 @@ class EngineGroup:
             request_timeout_s=self.cfg.engine.request_timeout_s,
             max_retries=self.cfg.engine.max_retries,
             max_connections=max(1, self.cfg.rollout.max_concurrent_episodes),
+            api_key=self.api_key,
         )
 
     @classmethod
@@ -192,9 +203,8 @@ class EngineGroup:
         urls = await asyncio.gather(*(self.actors[i].start.remote() for i in dead))
         for i, url in zip(dead, urls, strict=True):
             await self.engine.clients[i].close()
-            if self.router is not None:  # sglang-router's worker management API
-                httpx.post(f"{self.router.url}/remove_worker", params={"url": self.urls[i]})
-                httpx.post(f"{self.router.url}/add_worker", params={"url": url})
+            if self.router is not None:
+                await replace_worker(self.router.url, self.urls[i], url, api_key=self.api_key)
             self.urls[i] = url
             self.engine.clients[i] = self._client(url)
         return dead

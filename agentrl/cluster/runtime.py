@@ -226,10 +226,13 @@ class RayRuntime:
         return gap
 
     async def _engine_memory_bytes(self) -> float:
-        """Accelerator memory engine 0 holds, as its server reports it (0 where it does not)."""
-        info = await self.engine.clients[0].get_server_info()
-        states = info.get("internal_states") or [{}]
-        return float(states[0].get("memory_allocated_bytes", 0))
+        """Accelerator memory engine 0 holds, as its server reports it (SGLang: the sizes of the
+        parts it has not released)."""
+        from agentrl.engine.sglang.protocol import memory_bytes_from_server_info
+
+        client = self.engine.clients[0]
+        info = await client.get_server_info()
+        return memory_bytes_from_server_info(info, client.released_tags())
 
     async def _sync(self, version: str) -> dict[str, float]:
         """Rank 0's bytes and its export/send split (every rank exports; rank 0 sends most)."""
@@ -312,8 +315,8 @@ def _require_asked_packages(cfg: RunConfig) -> None:
         )
     if cfg.cluster.engine_server == "sglang":
         require_module("sglang")
-    if cfg.cluster.use_sglang_router:
-        require_module("sglang_router")
+    if cfg.cluster.use_sglang_router and importlib.util.find_spec("smg") is None:
+        require_module("sglang_router", hint="smg (or sglang_router)")
 
 
 def _transport(cfg: RunConfig, placement: Placement) -> str:
@@ -378,6 +381,7 @@ def _start_engine_actors(
     import ray
 
     from agentrl.engine.sglang.launcher import require_module
+    from agentrl.engine.sglang.protocol import resolve_api_key
 
     use_sglang = cfg.cluster.engine_server == "sglang" or (
         cfg.cluster.engine_server == "auto"
@@ -410,6 +414,8 @@ def _start_engine_actors(
             health_timeout_s=cfg.cluster.engine_start_timeout_s,
             keep_weights_on_release=not placement.is_colocated,
             reserve_bytes=_reserve_for(placement, e, reserves),
+            is_colocated=placement.is_colocated,
+            api_key=resolve_api_key(cfg.engine),
         )
         if use_sglang and spec.reserve_bytes:
             log.warning(

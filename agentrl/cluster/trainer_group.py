@@ -164,11 +164,13 @@ class TrainerRank:
         """tensor: this rank pushes to the engines in `urls` (those sharing its device);
         distributed: rank 0 joins one broadcast group with every engine rank in `urls`."""
         from agentrl.engine.sglang import SGLangEngine
+        from agentrl.engine.sglang.protocol import resolve_api_key
         from agentrl.engine.sglang.weight_sender import DistributedWeightSender
 
         self.close_engines()
         self.transport = transport
-        self._targets = [SGLangEngine(u, request_timeout_s=600.0) for u in urls]
+        api_key = resolve_api_key(self.cfg.engine)
+        self._targets = [SGLangEngine(u, request_timeout_s=600.0, api_key=api_key) for u in urls]
         if transport == "distributed" and self._targets:
             self._sender = DistributedWeightSender(
                 self._targets, master_address=self.spec.master_addr
@@ -182,12 +184,16 @@ class TrainerRank:
         if self.transport == "disk":
             return self._sync_from_disk(version, size)
         num_bytes, send_s, t0 = 0, 0.0, time.perf_counter()
+        if self._targets:  # one weight-update session per engine around all the buckets
+            self._run(self._each_target("begin_weight_update"))
         for bucket, is_last in with_last(self.backend.export_weights(size, dtype=self._dtype)):
             num_bytes += sum(nbytes(t) for _, t in bucket)
             if self._targets:
                 t_send = time.perf_counter()
                 self._run(self._send(bucket, version if is_last else None))
                 send_s += time.perf_counter() - t_send
+        if self._targets:  # closes the session, then flushes the prefix cache
+            self._run(self._each_target("end_weight_update"))
         if self.spec.shares_device:  # the buckets' cached blocks: the KV cache resumes next
             self.backend.free_step_memory()
         total_s = time.perf_counter() - t0
@@ -195,6 +201,9 @@ class TrainerRank:
 
     def _run(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _each_target(self, method: str) -> None:
+        await asyncio.gather(*(getattr(t, method)() for t in self._targets))
 
     async def _send(self, bucket: list[tuple[str, Any]], version: str | None) -> None:
         if self._sender is not None:

@@ -99,7 +99,7 @@ def test_commands_use_sglang_and_router_flag_names() -> None:
     assert router == [
         "py",
         "-m",
-        "sglang_router.launch_router",
+        "smg.launch_router",
         "--worker-urls",
         "http://a:1",
         "http://b:2",

@@ -98,3 +98,21 @@ def num_requests_from_load(load: Any) -> int:
     return (running if isinstance(running, int) else 0) + (
         waiting if isinstance(waiting, int) else 0
     )
+
+
+def memory_bytes_from_server_info(info: dict[str, Any], released_tags: Any = ()) -> float:
+    """Accelerator memory a server holds, from its server info. `agentrl serve` reports
+    `memory_allocated_bytes` (live). SGLang reports `memory_usage` {weight, kvcache, graph} in GB,
+    sized at start and unchanged by a release: the parts of `released_tags` are left out."""
+    states = info.get("internal_states") or [{}]
+    state = states[0] if isinstance(states[0], dict) else {}
+    if "memory_allocated_bytes" in state:
+        return float(state["memory_allocated_bytes"])
+    usage = state.get("memory_usage") or {}
+    graph = usage.get("graph") or {}
+    parts = {
+        "weights": float(usage.get("weight") or 0),
+        "kv_cache": float(usage.get("kvcache") or 0),
+        "cuda_graph": float(sum(graph.values())) if isinstance(graph, dict) else float(graph),
+    }
+    return sum(gb * 1e9 for tag, gb in parts.items() if tag not in set(released_tags))
