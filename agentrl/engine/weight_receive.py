@@ -172,25 +172,17 @@ def receive_broadcast(
     *,
     load_format: str | None = None,
 ) -> list[tuple[str, Any]]:
-    """The engine side of update_weights_from_distributed, as SGLang's model runner does it:
-    `flattened_bucket` receives the whole bucket (one dtype) as one flat tensor in one broadcast
-    and views it per name; otherwise one broadcast per tensor, all in flight together."""
+    """The engine side of update_weights_from_distributed, as SGLang 0.5.23's model runner does
+    it: `flattened_bucket` receives the whole bucket as bytes in one broadcast
+    (`FlattenedTensorBucket.empty`) and views it per name; otherwise one broadcast per tensor,
+    all in flight together."""
     import torch
     import torch.distributed as dist
 
     torch_dtypes = [getattr(torch, d) for d in dtypes]
     if load_format == "flattened_bucket":
-        if len(set(torch_dtypes)) > 1:
-            raise ValueError(
-                f"a flattened bucket holds one dtype, got dtypes={sorted(set(dtypes))}"
-            )
-        numels = [math.prod(shape) for shape in shapes]
-        flat = torch.empty(sum(numels), dtype=torch_dtypes[0], device=device)
+        flat, views = _empty_byte_bucket(names, torch_dtypes, shapes, device)
         dist.broadcast(flat, 0, group=pg)
-        views, start = [], 0
-        for name, shape, numel in zip(names, shapes, numels, strict=True):
-            views.append((name, flat[start : start + numel].view(shape)))
-            start += numel
         return views
     if load_format is not None:
         raise ValueError(
@@ -206,3 +198,29 @@ def receive_broadcast(
             raise RuntimeError("this engine rank is not in the weight update process group")
         work.wait()
     return named
+
+
+def _empty_byte_bucket(
+    names: list[str], dtypes: list[Any], shapes: list[list[int]], device: Any
+) -> tuple[Any, list[tuple[str, Any]]]:
+    """One uint8 buffer holding the tensors back to back, and each tensor's view of it; a tensor
+    must start at a multiple of its item size (SGLang refuses an unaligned bucket too)."""
+    import torch
+
+    spans, offset = [], 0
+    for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
+        if any(dim < 0 for dim in shape):
+            raise ValueError(f"negative dimension in received tensor {name}: shape={shape}")
+        if offset % dtype.itemsize:
+            raise ValueError(
+                f"unaligned received tensor {name}: byte offset {offset}, dtype {dtype}; order "
+                "the bucket's tensors by item size, largest first"
+            )
+        size = math.prod(shape) * dtype.itemsize
+        spans.append((name, dtype, shape, offset, size))
+        offset += size
+    if not spans:
+        raise ValueError("a flattened bucket needs at least one tensor")
+    flat = torch.empty(offset, dtype=torch.uint8, device=device)
+    views = [(n, flat[o : o + z].view(d).reshape(s)) for n, d, s, o, z in spans]
+    return flat, views
