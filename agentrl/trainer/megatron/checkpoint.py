@@ -12,6 +12,7 @@ from typing import Any, cast
 import agentrl.trainer.megatron.saver_compat  # noqa: F401  (before megatron.core: see there)
 
 # isort: split
+import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing
 
@@ -23,12 +24,38 @@ MEGATRON_DIR = "megatron"  # dist_checkpointing's files
 STATE_FILE = "trainer_state.json"
 
 
-def _sharded_state(backend: Any, *, is_loading: bool) -> dict[str, Any]:
+def _sharded_state(backend: Any, *, is_loading: bool, with_optimizer: bool) -> dict[str, Any]:
     model_state = backend.model.module.sharded_state_dict()
+    if not with_optimizer:
+        return {"model": model_state}
     return {
         "model": model_state,
         "optimizer": backend.optimizer.sharded_state_dict(model_state, is_loading=is_loading),
     }
+
+
+def _has_optimizer_state(backend: Any) -> bool:
+    """Whether the optimizer has stepped, asked of every rank (one whose distributed-optimizer
+    shard is empty holds no state even then). Before the first update there is nothing to save,
+    and a checkpoint that claimed moments would not load (the keys are not in the files)."""
+    from agentrl.trainer.megatron.backend import torch_optimizers
+
+    inner = torch_optimizers(backend._optimizer) if backend._optimizer is not None else []
+    flag = torch.tensor([float(any(o.state for o in inner))], device=backend.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def _make_optimizer_fresh(backend: Any) -> None:
+    """What an optimizer that never stepped holds, over the weights just loaded: no moments,
+    and (bf16) fp32 master copies taken from the loaded weights, not the ones it was built on."""
+    from agentrl.trainer.megatron.backend import torch_optimizers
+
+    if backend._optimizer is None:  # built later, from the loaded weights
+        return
+    for inner in torch_optimizers(backend._optimizer):
+        inner.state.clear()
+    backend._optimizer.reload_model_params()
 
 
 def _hf_source(backend: Any) -> Any:
@@ -46,7 +73,9 @@ def save(backend: Any, out: Path) -> None:
     """Collective, the same `out` on every rank."""
     out.mkdir(parents=True, exist_ok=True)
     (out / MEGATRON_DIR).mkdir(exist_ok=True)
-    dist_checkpointing.save(_sharded_state(backend, is_loading=False), str(out / MEGATRON_DIR))
+    has_state = _has_optimizer_state(backend)
+    state = _sharded_state(backend, is_loading=False, with_optimizer=has_state)
+    dist_checkpointing.save(state, str(out / MEGATRON_DIR))
     is_writer = dist.get_rank() == 0
     tensors = export_hf_tensors(backend.model.module, backend.wmap)
     sharded_checkpoint.save_hf_copy(
@@ -58,6 +87,7 @@ def save(backend: Any, out: Path) -> None:
             "num_train_steps": backend.num_train_steps,
             "base_model_path": backend.model_path,
             "backend": "megatron",
+            "has_optimizer_state": has_state,
         })  # fmt: skip
     dist.barrier()
 
@@ -70,13 +100,15 @@ def load(backend: Any, src: Path) -> None:
             "the Megatron backend? A torch-backend checkpoint resumes with --train-backend torch; "
             "its HF copy starts a new Megatron run with --model"
         )
-    # The default `strict` mode returns the state alone, not (state, missing, unexpected).
-    state = cast(
-        dict[str, Any],
-        dist_checkpointing.load(_sharded_state(backend, is_loading=True), str(src / MEGATRON_DIR)),
-    )
-    backend.model.module.load_state_dict(state["model"])
-    backend.optimizer.load_state_dict(state["optimizer"])
     counters = read_json(src / STATE_FILE)
+    has_state = bool(counters.get("has_optimizer_state", True))  # older checkpoints: they did
+    sharded = _sharded_state(backend, is_loading=True, with_optimizer=has_state)
+    # The default `strict` mode returns the state alone, not (state, missing, unexpected).
+    state = cast(dict[str, Any], dist_checkpointing.load(sharded, str(src / MEGATRON_DIR)))
+    backend.model.module.load_state_dict(state["model"])
+    if has_state:
+        backend.optimizer.load_state_dict(state["optimizer"])
+    else:
+        _make_optimizer_fresh(backend)
     backend.optimizer_step = int(counters["optimizer_step"])
     backend.num_train_steps = int(counters["num_train_steps"])
