@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The SGLang conformance suite (tests/engine/sglang_real) against each pinned SGLang release, on CPU.
+#
+#   bash scripts/ci_sglang.sh [VERSION...]     (default: the releases agentrl supports, below)
+#
+# SGLang's wheel pins CUDA torch and GPU kernels; its HTTP server, request classes, serializer and
+# weight-sync code import without them. Each version goes, once, into its own directory
+# (.cache/sglang-VERSION) through scripts/install_sglang_cpu.sh (--no-deps, beside the modules
+# its server imports, never into the venv), with the sglang-router wheel next to it. The tests put
+# that directory at the front of sys.path through AGENTRL_SGLANG_PATH and skip without it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONUNBUFFERED=1
+
+VERSIONS=("$@")
+[ ${#VERSIONS[@]} -gt 0 ] || VERSIONS=(0.5.23 0.5.15.post1)  # the current release; slime's pin
+ROUTER=sglang-router==0.3.2
+
+install_version() {
+  local version=$1 target=.cache/sglang-$1
+  [ -f "$target/.complete" ] && return 0
+  echo "== installing sglang==$version into $target (once)"
+  rm -rf "$target"
+  # The local copy of the wheel when there is one, else PyPI's (install_sglang_cpu.sh downloads).
+  local wheel
+  wheel=$(ls /tmp/sgl/sglang-"$version"-*.whl 2>/dev/null | head -1 || true)
+  SGLANG_WHEEL=$wheel bash scripts/install_sglang_cpu.sh "$version" "$target"
+  # The router: a Rust binary in a Python wheel, run as `python -m sglang_router.launch_router`.
+  local router_wheel
+  router_wheel=$(ls /tmp/sgl/sglang_router-"${ROUTER#*==}"-*.whl 2>/dev/null | head -1 || true)
+  pip install -q --no-deps --target "$target" "${router_wheel:-$ROUTER}"
+  touch "$target/.complete"
+}
+
+status=0
+for version in "${VERSIONS[@]}"; do
+  install_version "$version"
+  echo "== tests/engine/sglang_real against sglang $version"
+  AGENTRL_SGLANG_PATH=$PWD/.cache/sglang-$version python -m pytest -q tests/engine/sglang_real \
+    || status=1
+done
+exit $status
