@@ -122,6 +122,12 @@ class StandIn:
 
     # -- control
 
+    def _pause_generation(self, _: dict[str, Any]) -> Any:
+        return {"message": "Generation paused successfully.", "status": "ok"}
+
+    def _continue_generation(self, _: dict[str, Any]) -> Any:
+        return {"message": "Generation continued successfully.", "status": "ok"}
+
     def _abort_request(self, _: dict[str, Any]) -> Any:
         return Response(status_code=200)
 
