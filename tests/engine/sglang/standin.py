@@ -109,6 +109,9 @@ class StandIn:
     def _health_generate(self, _: dict[str, Any]) -> Any:
         return Response(status_code=200)
 
+    def _health(self, _: dict[str, Any]) -> Any:
+        return Response(status_code=200)
+
     # -- generation
 
     def _generate(self, body: dict[str, Any]) -> Any:
