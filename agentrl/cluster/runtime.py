@@ -336,6 +336,8 @@ async def _start_ranks(
 ) -> list[Any]:
     import ray
 
+    from agentrl.engine.sglang.protocol import resolve_api_key
+
     first = bundles[placement.trainer_bundles[0]]
     master_port = (
         await ray.remote(_free_port)
@@ -355,6 +357,7 @@ async def _start_ranks(
             model_path=model_path,
             num_optimizer_steps=num_optimizer_steps,
             shares_device=placement.is_colocated,
+            api_key=resolve_api_key(cfg.engine),
         )
         ranks.append(
             actor_cls.options(

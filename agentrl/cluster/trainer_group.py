@@ -37,6 +37,7 @@ class RankSpec:
     model_path: str
     num_optimizer_steps: int
     shares_device: bool = False  # colocated: an engine resumes into this GPU after each step
+    api_key: str | None = None  # the engines' --api-key (read on the driver, not in the actor)
 
 
 def with_last(items: Iterable[T]) -> Iterator[tuple[T, bool]]:
@@ -164,12 +165,11 @@ class TrainerRank:
         """tensor: this rank pushes to the engines in `urls` (those sharing its device);
         distributed: rank 0 joins one broadcast group with every engine rank in `urls`."""
         from agentrl.engine.sglang import SGLangEngine
-        from agentrl.engine.sglang.protocol import resolve_api_key
         from agentrl.engine.sglang.weight_sender import DistributedWeightSender
 
         self.close_engines()
         self.transport = transport
-        api_key = resolve_api_key(self.cfg.engine)
+        api_key = self.spec.api_key
         self._targets = [SGLangEngine(u, request_timeout_s=600.0, api_key=api_key) for u in urls]
         if transport == "distributed" and self._targets:
             self._sender = DistributedWeightSender(

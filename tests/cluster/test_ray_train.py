@@ -65,9 +65,13 @@ def _alive(pids: set[int]) -> set[int]:
 
 
 @pytest.mark.parametrize("layout", ["colocated", "disaggregated"])
-def test_train_two_steps_on_two_ranks_and_two_engines(tiny_model_path, tmp_path, layout):
+def test_train_two_steps_on_two_ranks_and_two_engines(
+    tiny_model_path, tmp_path, layout, monkeypatch
+):
     from agentrl.loop import train
 
+    # The engines start with --api-key; every call of the driver and the ranks carries it.
+    monkeypatch.setenv("AGENTRL_API_KEY", f"key-{layout}")
     before = _our_children()
     result = train(_config(tiny_model_path, tmp_path / "run", layout))
 
