@@ -34,12 +34,18 @@ def make_engine(cfg: RunConfig, *, reserve_bytes: int = 0) -> Engine:
             router_policy=cfg.engine.router_policy,
             api_key=resolve_api_key(cfg.engine),
             # the in-process trainer steps on the servers' GPU while they release their memory
-            enable_memory_saver=cfg.model.device != "cpu",
+            enable_memory_saver=_trainer_uses_cuda(cfg),
         )
         engine = _client(cfg, cluster.url)
         engine.cluster = cluster  # shut down with the engine
         return engine
     raise ValueError(f"engine.kind={kind!r} is not one of: local, http, sglang")
+
+
+def _trainer_uses_cuda(cfg: RunConfig) -> bool:
+    import torch
+
+    return cfg.model.device != "cpu" and torch.cuda.is_available()
 
 
 def _client(cfg: RunConfig, url: str):
