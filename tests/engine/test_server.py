@@ -117,13 +117,12 @@ async def test_bad_input_is_a_400_in_sglangs_error_shape(served) -> None:
     async with httpx.AsyncClient() as client:
         r = await client.post(f"{url}/generate", json={"input_ids": [10**9], "sampling_params": {}})
         both = await client.post(f"{url}/generate", json={"input_ids": [1], "text": "hi"})
+    # SGLang 0.5.23: a refused request is {"error": {"message"}}, a malformed body ErrorResponse
+    assert r.status_code == 400 and "vocabulary" in r.json()["error"]["message"]
     assert (
-        r.status_code == 400
-        and r.json()["object"] == "error"
-        and "vocabulary" in r.json()["message"]
-    )
-    assert (
-        both.status_code == 400 and "cannot be provided at the same time" in both.json()["message"]
+        both.status_code == 400
+        and both.json()["object"] == "error"
+        and "cannot be provided at the same time" in both.json()["message"]
     )
     http = SGLangEngine(url, max_retries=3)
     with pytest.raises(EngineError, match="HTTP 400 \\(not retried\\)"):
@@ -317,9 +316,12 @@ async def test_distributed_weight_update_into_agentrl_serve_subprocess(
             mixed = [(n, t.double() if i % 2 else t) for i, (n, t) in enumerate(named[half:])]
             sender = DistributedWeightSender([http], backend="gloo")
             await sender.connect()
-            await sender.send(named[:half], weight_version=None)
-            assert await http.get_weight_version() != "dist-1"
-            await sender.send(mixed, weight_version="dist-1")
+            async with httpx.AsyncClient(base_url=url) as raw:  # SGLang 0.5.23's session
+                assert (await raw.post("/begin_weight_update", json={})).status_code == 200
+                await sender.send(named[:half], weight_version=None)
+                assert await http.get_weight_version() != "dist-1"
+                await sender.send(mixed, weight_version="dist-1")
+                assert (await raw.post("/end_weight_update", json={})).status_code == 200
             await sender.close()
             await local.update_weights(named, weight_version="dist-1")
             want, got = await _both(local, http, _sampling(2), PROMPTS[2])
@@ -419,25 +421,32 @@ async def test_control_and_weight_responses_have_sglangs_shapes(served) -> None:
         assert release.json() is None and all(
             r.status_code == 200 and r.json() is None for r in resume
         )
-        assert set((await client.get("/get_weight_version")).json()) == set(
-            control["get_weight_version"]["response"]
-        )
-        assert set((await client.get("/get_model_info")).json()) == set(
-            control["get_model_info"]["response"]
-        )
+        assert (await client.get("/get_weight_version")).status_code == 404  # gone in 0.5.23
+        model_info = (await client.get("/model_info")).json()
+        assert set(model_info) >= set(control["get_model_info"]["response"])
+        assert (await client.get("/get_model_info")).json() == model_info  # deprecated alias
         bad_disk = await client.post("/update_weights_from_disk", json={"model_path": "/nope"})
         assert bad_disk.status_code == 400 and set(bad_disk.json()) == set(
             weights["failure_response"]
         )
         assert bad_disk.json()["success"] is False and "/nope" in bad_disk.json()["message"]
-        no_group = await client.post(
-            "/update_weights_from_distributed",
-            json=weights["update_weights_from_distributed"]["request"],
+        distributed = weights["update_weights_from_distributed"]["request"]
+        outside = await client.post("/update_weights_from_distributed", json=distributed)
+        assert outside.status_code == 400 and outside.json()["message"] == (
+            "update_weights_from_distributed must run between begin_weight_update() and "
+            "end_weight_update()"
         )
+        assert (await client.post("/begin_weight_update", json={})).json()["success"] is True
+        again = await client.post("/begin_weight_update", json={})
+        assert again.status_code == 400 and "already open" in again.json()["message"]
+        no_group = await client.post("/update_weights_from_distributed", json=distributed)
         assert (
             no_group.status_code == 400
             and "init_weights_update_group first" in no_group.json()["message"]
         )
+        assert (await client.post("/end_weight_update", json={})).status_code == 200
+        closed = await client.post("/end_weight_update", json={})
+        assert closed.status_code == 400 and "no weight-update session" in closed.json()["message"]
         abort = await client.post("/abort_request", json=control["abort_request"]["request"])
         assert abort.status_code == control["abort_request"]["response_status"]
 

@@ -19,8 +19,10 @@ MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 
 
 class PauseGenerationReqInput(BaseModel):
-    """SGLang's body for /pause_generation (its default mode is abort; without a body this
-    server holds new requests and lets running ones finish)."""
+    """SGLang's body for /pause_generation: `abort` (its default) ends every request;
+    `retract` sends running requests back to wait, to go on after /continue_generation from
+    their output so far; `in_place` is served as `retract` (this engine cannot hold a batch
+    mid-step, so the request's prompt and output are recomputed on continue)."""
 
     mode: Literal["abort", "retract", "in_place"] = "abort"
 
@@ -29,48 +31,40 @@ SERVER_VERSION = "agentrl-serve/0.1"
 
 
 def add_control_routes(app: FastAPI, state: Any) -> None:
-    @app.get("/get_model_info")
-    async def get_model_info() -> dict[str, Any]:
+    @app.get("/model_info")
+    async def model_info() -> dict[str, Any]:
         s: ServerState = state()
         return {
             "model_path": s.model_path,
+            "served_model_name": s.served_model_name,
             "tokenizer_path": s.model_path,
             "is_generation": True,
             "preferred_sampling_params": None,
             "weight_version": s.weight_version,
         }
 
-    @app.get("/get_weight_version")
-    async def get_weight_version() -> dict[str, Any]:
-        return {"weight_version": state().weight_version}
-
-    @app.get("/get_server_info")
-    async def get_server_info() -> dict[str, Any]:
+    @app.get("/server_info")
+    async def server_info() -> dict[str, Any]:
         s: ServerState = state()
         return {
             "model_path": s.model_path,
             "served_model_name": s.served_model_name,
             "tp_size": 1,
             "dp_size": 1,
-            "weight_version": s.weight_version,
+            "context_length": s.context_len,
             "version": SERVER_VERSION,
-            "internal_states": [
-                {
-                    "num_running_reqs": s.num_running,
-                    "num_waiting_reqs": s.num_waiting,
-                    "released_tags": sorted(s.released_tags),
-                    "memory_allocated_bytes": _memory_allocated(s.engine),
-                    # release/resume unmap and map pages in place (torch_memory_saver) rather
-                    # than freeing and re-allocating
-                    "pausable_memory": bool(getattr(s.engine, "is_memory_pausable", False)),
-                    # the engine's own time for its last resume, per tag (no HTTP in it)
-                    "last_resume_s": dict(getattr(s.engine, "last_resume_s", {})),
-                    # the KV cache's size (what a resume maps again) and the room it left
-                    "kv_cache_bytes": int(getattr(getattr(s.engine, "arena", None), "nbytes", 0)),
-                    "reserve_bytes": int(getattr(s.engine, "reserve_bytes", 0)),
-                }
-            ],
+            "internal_states": [_internal_state(s)],
         }
+
+    @app.get("/get_model_info", deprecated=True)
+    async def get_model_info() -> dict[str, Any]:
+        """Deprecated alias of /model_info (as in SGLang 0.5.23)."""
+        return await model_info()
+
+    @app.get("/get_server_info", deprecated=True)
+    async def get_server_info() -> dict[str, Any]:
+        """Deprecated alias of /server_info (as in SGLang 0.5.23)."""
+        return await server_info()
 
     @app.get("/get_load")
     async def get_load() -> list[dict[str, Any]]:
@@ -107,6 +101,7 @@ def add_control_routes(app: FastAPI, state: Any) -> None:
         )
 
     @app.post("/abort_request")
+    @admin
     async def abort_request(obj: AbortReq) -> Response:
         s: ServerState = state()
         if obj.abort_all:
@@ -116,16 +111,13 @@ def add_control_routes(app: FastAPI, state: Any) -> None:
         return Response(status_code=200)
 
     @app.post("/pause_generation")
-    async def pause_generation(obj: PauseGenerationReqInput | None = None) -> dict[str, str]:
-        s: ServerState = state()
-        s.is_running.clear()  # new requests wait
-        if obj is not None and obj.mode == "abort":
-            await s.abort_all()
-        # retract / in_place / no mode: running requests finish on the weights they started
-        # with (the transformers engine cannot retract a request); none is lost
+    @admin
+    async def pause_generation(obj: PauseGenerationReqInput) -> dict[str, str]:
+        await state().pause(obj.mode)
         return {"message": "Generation paused successfully.", "status": "ok"}
 
     @app.post("/continue_generation")
+    @admin
     async def continue_generation() -> dict[str, str]:
         state().is_running.set()
         return {"message": "Generation continued successfully.", "status": "ok"}
@@ -168,3 +160,21 @@ def _memory_allocated(engine: Any) -> int:
     if not torch.cuda.is_available() or str(device or "cuda").startswith("cpu"):
         return 0
     return int(torch.cuda.memory_allocated(device))
+
+
+def _internal_state(s: ServerState) -> dict[str, Any]:
+    return {
+        "num_running_reqs": s.num_running,
+        "num_waiting_reqs": s.num_waiting,
+        "weight_version": s.weight_version,
+        "released_tags": sorted(s.released_tags),
+        "memory_allocated_bytes": _memory_allocated(s.engine),
+        # release/resume unmap and map pages in place (torch_memory_saver) rather than freeing
+        # and re-allocating
+        "pausable_memory": bool(getattr(s.engine, "is_memory_pausable", False)),
+        # the engine's own time for its last resume, per tag (no HTTP in it)
+        "last_resume_s": dict(getattr(s.engine, "last_resume_s", {})),
+        # the KV cache's size (what a resume maps again) and the room it left
+        "kv_cache_bytes": int(getattr(getattr(s.engine, "arena", None), "nbytes", 0)),
+        "reserve_bytes": int(getattr(s.engine, "reserve_bytes", 0)),
+    }

@@ -11,16 +11,21 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from agentrl.engine.base import Completion, SamplingParams
-from agentrl.engine.serve.protocol import error_response, finish_reason_json
+from agentrl.engine.base import SamplingParams
+from agentrl.engine.serve.protocol import finish_reason_json, generate_error
 from agentrl.engine.serve.requests import GenerateReqInput, fit_to_context, tokenize
-from agentrl.engine.serve.state import ClientDisconnectedError, ServerState, cancel_on_disconnect
+from agentrl.engine.serve.state import (
+    ClientDisconnectedError,
+    Generation,
+    ServerState,
+    cancel_on_disconnect,
+)
 from agentrl.engine.sglang.protocol import ROUTING_KEY_HEADER
 
 
 def generate_response(
     state: ServerState,
-    completion: Completion,
+    generation: Generation,
     rid: str,
     *,
     prompt_len: int,
@@ -28,11 +33,13 @@ def generate_response(
     skip_special_tokens: bool,
     started: float,
 ) -> dict[str, Any]:
+    completion = generation.completion
     meta: dict[str, Any] = {
         "id": rid,
         "finish_reason": finish_reason_json(completion),
         "prompt_tokens": prompt_len,
         "weight_version": completion.weight_version,
+        "weight_versions": generation.weight_versions,
         "completion_tokens": len(completion.ids),
         "cached_tokens": completion.cached_tokens,
         "e2e_latency": time.perf_counter() - started,
@@ -52,11 +59,11 @@ def add_generate_routes(app: FastAPI, state: Any) -> None:
         # The episode's key (sglang-router's header): its turns reuse their prefix's K/V here.
         routing_key = request.headers.get(ROUTING_KEY_HEADER)
         if obj.stream:
-            return error_response(
+            return generate_error(
                 "stream=true is not supported by agentrl serve; send stream=false"
             )
         if obj.num_prompts > s.limits.max_prompts:
-            return error_response(
+            return generate_error(
                 f"input_ids: {obj.num_prompts} prompts in one request, over this server's limit "
                 f"of {s.limits.max_prompts}; split the batch (or raise --max-prompts)"
             )
@@ -71,27 +78,27 @@ def add_generate_routes(app: FastAPI, state: Any) -> None:
             ]
             rids = obj.rid_list(uuid.uuid4().hex)
             runs = [
-                s.run(ids, sp, r, routing_key=routing_key)
+                s.generate(ids, sp, r, routing_key=routing_key)
                 for ids, sp, r in zip(batch, sampling, rids, strict=True)
             ]
-            completions = await cancel_on_disconnect(request, asyncio.gather(*runs))
+            generations = await cancel_on_disconnect(request, asyncio.gather(*runs))
         except ValueError as e:
-            return error_response(str(e))
+            return generate_error(str(e))
         except ClientDisconnectedError:  # nobody reads this; the generation was aborted
             return Response(status_code=499)
         except Exception as e:  # the engine failed: a 5xx the client may retry
-            return error_response(f"{type(e).__name__}: {e}", status_code=500)
+            return generate_error(f"{type(e).__name__}: {e}", status_code=500)
         outs = [
             generate_response(
                 s,
-                c,
+                g,
                 r,
                 prompt_len=len(ids),
                 return_logprob=obj.return_logprob,
                 skip_special_tokens=p.skip_special_tokens,
                 started=started,
             )
-            for c, ids, p, r in zip(completions, batch, params, rids, strict=True)
+            for g, ids, p, r in zip(generations, batch, params, rids, strict=True)
         ]
         # JSONResponse directly: FastAPI's encoder walk over every logprob pair costs more than the
         # model step for short generations.

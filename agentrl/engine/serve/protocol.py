@@ -64,7 +64,11 @@ class AbortReq(BaseModel):
 
 class UpdateWeightVersionReqInput(BaseModel):
     new_version: str
-    abort_all_requests: bool = False
+    abort_all_requests: bool = True  # SGLang 0.5.23's default
+
+
+class WeightUpdateSessionReqInput(BaseModel):
+    """/begin_weight_update and /end_weight_update (SGLang's `selector` is not served here)."""
 
 
 # ---------------------------------------------------------------- conversions
@@ -86,3 +90,9 @@ def error_response(message: str, status_code: int = 400) -> JSONResponse:
         {"object": "error", "message": message, "type": kind, "param": None, "code": status_code},
         status_code=status_code,
     )
+
+
+def generate_error(message: str, status_code: int = 400) -> JSONResponse:
+    """http_server.py `_create_error_response`: how SGLang 0.5.23's `/generate` answers a
+    request the tokenizer manager refused (a malformed body is an `error_response` instead)."""
+    return JSONResponse({"error": {"message": message}}, status_code=status_code)

@@ -4,6 +4,7 @@ pause gate, released memory tags, weight update groups) and how a request honour
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -12,6 +13,28 @@ from agentrl.engine.base import Completion, Engine, FinishReason, SamplingParams
 from agentrl.engine.serve.requests import ServerLimits, engine_context_len
 
 T = TypeVar("T")
+
+
+@dataclass
+class Generation:
+    """A request's completion across its engine calls (more than one when it was retracted) and
+    SGLang's `weight_versions`: which weight version sampled which output tokens."""
+
+    completion: Completion
+    weight_versions: list[dict[str, Any]]
+
+    def add(self, part: Completion, *, prompt_tokens: int) -> None:
+        c, start = self.completion, len(self.completion.ids)
+        if start == 0:
+            c.cached_tokens = part.cached_tokens
+        c.ids, c.logprobs = c.ids + part.ids, c.logprobs + part.logprobs
+        c.finish_reason, c.matched_stop = part.finish_reason, part.matched_stop
+        c.weight_version, c.prompt_tokens = part.weight_version, prompt_tokens
+        spans = self.weight_versions
+        if spans and spans[-1]["version"] == part.weight_version:
+            spans[-1]["end"] = len(c.ids)
+        elif part.ids or not spans:
+            spans.append({"version": part.weight_version, "start": start, "end": len(c.ids)})
 
 
 class ClientDisconnectedError(Exception):
@@ -25,10 +48,11 @@ class ServerState:
     model_path: str
     served_model_name: str
     is_running: asyncio.Event = field(default_factory=asyncio.Event)  # cleared by pause_generation
-    requests: dict[str, asyncio.Future[Completion]] = field(default_factory=dict)
+    requests: dict[str, asyncio.Future[Any]] = field(default_factory=dict)
     waiters: set[asyncio.Future[Any]] = field(
         default_factory=set
     )  # requests held by pause_generation
+    ended_waiters: set[asyncio.Future[Any]] = field(default_factory=set)  # by abort_all
     released_tags: set[str] = field(default_factory=set)
     groups: dict[str, Any] = field(default_factory=dict)
     weight_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -38,6 +62,10 @@ class ServerState:
     group_pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(4, thread_name_prefix="agentrl-weight-group")
     )
+
+    retract_epoch: int = 0  # counts retracting pauses
+    abort_epoch: int = 0  # counts abort_all calls
+    weight_session: bool = False  # between /begin_weight_update and /end_weight_update
 
     def __post_init__(self) -> None:
         self.is_running.set()
@@ -62,13 +90,25 @@ class ServerState:
         *,
         routing_key: str | None = None,
     ) -> Completion:
-        """One generation, honouring pause and abort. The whole request (its wait while paused, then
-        the engine call) is one task under `rid`, so `abort_request {rid}` can end it anywhere."""
+        return (await self.generate(input_ids, sampling, rid, routing_key=routing_key)).completion
+
+    async def generate(
+        self,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        rid: str,
+        *,
+        routing_key: str | None = None,
+    ) -> Generation:
+        """One generation, honouring pause, retraction and abort. The whole request (its waits
+        while paused, then the engine calls) is one task under `rid`, so `abort_request {rid}`
+        can end it anywhere."""
         if "weights" in self.released_tags:
             raise ValueError(
                 "weights are released (release_memory_occupation); call /resume_memory_occupation first"
             )
-        request = asyncio.ensure_future(self._wait_then_generate(input_ids, sampling, routing_key))
+        gen = Generation(Completion([], [], FinishReason.ABORT, self.weight_version), [])
+        request = asyncio.ensure_future(self._generate(gen, input_ids, sampling, routing_key))
         self.requests[rid] = request
         try:
             return await asyncio.shield(request)
@@ -76,20 +116,60 @@ class ServerState:
             if not request.cancelled():  # the HTTP client went away
                 request.cancel()
                 raise
-            return Completion([], [], FinishReason.ABORT, self.weight_version)
+            gen.completion.finish_reason = FinishReason.ABORT  # ended by abort_request
+            return gen
         finally:
             self.requests.pop(rid, None)
 
-    async def _wait_then_generate(
-        self, input_ids: list[int], sampling: SamplingParams, routing_key: str | None
-    ) -> Completion:
+    async def _generate(
+        self, gen: Generation, input_ids: list[int], sampling: SamplingParams, key: str | None
+    ) -> Generation:
+        """Engine calls until one is not retracted: a request retracted by
+        `pause_generation {mode: retract}` waits for `continue_generation`, then goes on from the
+        prompt plus its output so far (recomputed on the weights of then, as SGLang does)."""
+        while True:
+            if not await self._wait_running():
+                return gen  # aborted while held: its output so far, ABORT
+            epochs = (self.retract_epoch, self.abort_epoch)
+            budget = sampling.max_new_tokens - len(gen.completion.ids)
+            part = await self.engine.generate(
+                input_ids + gen.completion.ids,
+                dataclasses.replace(sampling, max_new_tokens=budget),
+                routing_key=key,
+            )
+            gen.add(part, prompt_tokens=len(input_ids))
+            retracted = self.retract_epoch != epochs[0] and self.abort_epoch == epochs[1]
+            if (
+                part.finish_reason is not FinishReason.ABORT
+                or not retracted
+                or budget <= len(part.ids)
+            ):
+                return gen
+
+    async def _wait_running(self) -> bool:
+        """Wait while generation is paused; False when abort_all ended the wait."""
         waiter = asyncio.ensure_future(self.is_running.wait())
         self.waiters.add(waiter)
         try:
-            await waiter  # cancelled by abort_all: the request task ends cancelled -> ABORT
+            await waiter
+        except asyncio.CancelledError:
+            if waiter not in self.ended_waiters:  # the request itself is being cancelled
+                raise
+            return False
         finally:
             self.waiters.discard(waiter)
-        return await self.engine.generate(input_ids, sampling, routing_key=routing_key)
+            self.ended_waiters.discard(waiter)
+        return True
+
+    async def pause(self, mode: str) -> None:
+        """SGLang's modes: `abort` ends every request; `retract` (and `in_place`, which this
+        engine cannot hold mid-batch) sends running requests back to wait for `continue`."""
+        self.is_running.clear()  # new requests wait
+        if mode == "abort":
+            await self.abort_all()
+        else:
+            self.retract_epoch += 1
+            await self.engine.abort()  # each returns its ids so far; `_generate` holds it
 
     @property
     def num_waiting(self) -> int:
@@ -102,7 +182,9 @@ class ServerState:
     async def abort_all(self) -> None:
         """Running requests return ABORT with their ids so far (the engine ends them); requests
         still waiting behind pause_generation return ABORT at once."""
+        self.abort_epoch += 1
         for waiter in list(self.waiters):
+            self.ended_waiters.add(waiter)
             waiter.cancel()
         await self.engine.abort()
 

@@ -19,6 +19,7 @@ from agentrl.engine.serve.protocol import (
     UpdateWeightsFromDistributedReqInput,
     UpdateWeightsFromTensorReqInput,
     UpdateWeightVersionReqInput,
+    WeightUpdateSessionReqInput,
 )
 from agentrl.engine.serve.state import ServerState
 from agentrl.engine.weight_receive import (
@@ -57,6 +58,8 @@ def add_weight_routes(app: FastAPI, state: Any) -> None:
     @admin
     async def update_weights_from_tensor(obj: UpdateWeightsFromTensorReqInput) -> JSONResponse:
         s: ServerState = state()
+        if not s.weight_session:
+            return _outside_session("update_weights_from_tensor")
         if not obj.serialized_named_tensors:
             return _weight_result(False, "serialized_named_tensors is empty")
         try:  # one entry per TP rank; this server is one rank
@@ -71,6 +74,28 @@ def add_weight_routes(app: FastAPI, state: Any) -> None:
         return _weight_result(
             True, _succeeded("Succeeded to update model weights.", obj.weight_version)
         )
+
+    @app.post("/begin_weight_update")
+    @admin
+    async def begin_weight_update(obj: WeightUpdateSessionReqInput) -> JSONResponse:
+        s: ServerState = state()
+        if s.weight_session:
+            return _weight_result(
+                False, "a weight-update session is already open; call end_weight_update() first"
+            )
+        s.weight_session = True
+        return _weight_result(True, "Success")
+
+    @app.post("/end_weight_update")
+    @admin
+    async def end_weight_update(obj: WeightUpdateSessionReqInput) -> JSONResponse:
+        s: ServerState = state()
+        if not s.weight_session:
+            return _weight_result(
+                False, "no weight-update session is open; call begin_weight_update() first"
+            )
+        s.weight_session = False
+        return _weight_result(True, "Success")
 
     @app.post("/init_weights_update_group")
     @admin
@@ -117,6 +142,8 @@ def add_weight_routes(app: FastAPI, state: Any) -> None:
         obj: UpdateWeightsFromDistributedReqInput,
     ) -> JSONResponse:
         s: ServerState = state()
+        if not s.weight_session:
+            return _outside_session("update_weights_from_distributed")
         pg = s.groups.get(obj.group_name)
         if pg is None:
             return _weight_result(
@@ -145,7 +172,10 @@ def add_weight_routes(app: FastAPI, state: Any) -> None:
     @app.post("/update_weight_version")
     @admin
     async def update_weight_version(obj: UpdateWeightVersionReqInput) -> JSONResponse:
-        await state().update_weights([], obj.new_version)
+        s: ServerState = state()
+        if obj.abort_all_requests:  # SGLang's default: requests in flight end ABORT
+            await s.abort_all()
+        await s.update_weights([], obj.new_version)
         return JSONResponse(
             {
                 "success": True,
@@ -153,6 +183,13 @@ def add_weight_routes(app: FastAPI, state: Any) -> None:
                 "new_version": obj.new_version,
             }
         )
+
+
+def _outside_session(route: str) -> JSONResponse:
+    """SGLang 0.5.23 refuses tensor and broadcast updates outside a weight-update session."""
+    return _weight_result(
+        False, f"{route} must run between begin_weight_update() and end_weight_update()"
+    )
 
 
 def _succeeded(message: str, weight_version: str | None) -> str:

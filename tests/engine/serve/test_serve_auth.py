@@ -23,6 +23,8 @@ ADMIN_ROUTES = {
     "/update_weights_from_disk", "/update_weights_from_tensor", "/init_weights_update_group",
     "/destroy_weights_update_group", "/update_weights_from_distributed", "/update_weight_version",
     "/release_memory_occupation", "/resume_memory_occupation", "/flush_cache",
+    "/begin_weight_update", "/end_weight_update", "/abort_request", "/pause_generation",
+    "/continue_generation",
 }  # fmt: skip
 
 

@@ -36,6 +36,8 @@ NAMES = ["model.layers.0.mlp.down_proj.weight", "model.norm.weight"]
 def served(tiny_model_path: str) -> Iterator[tuple[str, LocalEngine]]:
     engine = LocalEngine.load(tiny_model_path, device="cpu", seed=0)
     thread = start_server_thread(engine)
+    # SGLang 0.5.23 takes tensor updates only inside a session (checked before unpickling)
+    assert httpx.post(f"{thread.url}/begin_weight_update", json={}).status_code == 200
     yield thread.url, engine
     thread.stop()
     asyncio.run(engine.close())
