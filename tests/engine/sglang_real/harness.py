@@ -48,7 +48,16 @@ class StandInTokenizerManager(RequestStandIn, WeightStandIn):
         self._subprocess_watchdog = None
         self._init_requests(sglang)
         self._init_weights(sglang, tp_size=server_args.tp_size, has_sessions=has_sessions)
-        self.weight_version = server_args.weight_version
+
+    @property
+    def weight_version(self) -> str:
+        """Kept on ServerArgs, where SGLang before 0.5.2x reads and writes it (its
+        /update_weight_version route sets `server_args.weight_version` itself)."""
+        return self.server_args.weight_version
+
+    @weight_version.setter
+    def weight_version(self, version: str) -> None:
+        self.server_args.weight_version = version
 
     def config_value(self, name: str) -> Any:
         if name == "weight_version":

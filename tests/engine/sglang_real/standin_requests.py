@@ -60,7 +60,6 @@ class RequestStandIn:
         self.is_held = False
         self._step_cond = asyncio.Condition()
         self.prefix_cache: list[list[int]] = []
-        self.weight_version = "default"
         self.last_receive_tstamp = time.time()
 
     # -- the scheduler's state

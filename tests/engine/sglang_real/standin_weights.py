@@ -102,16 +102,10 @@ class WeightStandIn:
         payloads = list(obj.serialized_named_tensors)
         loaded: dict[str, Any] = {}
         for tp_rank in range(self.tp_size):
-            # TpModelWorker.deserialize_own_rank: rank r opens payloads[r] only. One serialization
-            # opened by several ranks breaks the producer's CUDA-IPC refcounting (the GPU's rule,
-            # which this stand-in for the GPU enforces on CPU payloads too).
+            # TpModelWorker.deserialize_own_rank: rank r opens payloads[r] only (the scheduler of a
+            # rank without one dies of the IndexError; the stand-in answers it instead).
             if tp_rank >= len(payloads):
                 return False, f"IndexError: rank {tp_rank} has no payload ({len(payloads)} sent)"
-            if tp_rank > 0 and payloads[tp_rank] == payloads[0]:
-                return False, (
-                    f"rank {tp_rank} got the same serialization as rank 0: SGLang wants one "
-                    "serialization per TP rank"
-                )
             try:
                 named = self._deserialize(payloads[tp_rank])
                 loaded.update(self._reconstruct(named, obj.load_format))

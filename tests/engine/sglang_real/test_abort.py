@@ -8,7 +8,7 @@ import contextlib
 
 from agentrl.engine.base import FinishReason, SamplingParams
 from agentrl.engine.sglang import SGLangEngine
-from tests.engine.sglang_real.conftest import StandInServer
+from tests.support.sglang_real import StandInServer
 
 
 async def test_abort_drains_every_request(sglang_server: StandInServer) -> None:

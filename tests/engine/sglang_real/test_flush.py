@@ -10,7 +10,7 @@ import pytest
 
 from agentrl.engine.base import EngineError, SamplingParams
 from agentrl.engine.sglang import SGLangEngine
-from tests.engine.sglang_real.conftest import StandInServer
+from tests.support.sglang_real import StandInServer
 
 
 async def test_flush_is_refused_while_requests_run(sglang_server: StandInServer) -> None:

@@ -9,9 +9,8 @@ import httpx
 
 from agentrl.engine.base import FinishReason, SamplingParams
 from agentrl.engine.sglang import SGLangEngine
-from tests.engine.sglang_real.conftest import StandInServer
 from tests.engine.sglang_real.standin_requests import fake_logprob, fake_token
-from tests.support.sglang_real import sglang_version
+from tests.support.sglang_real import StandInServer, sglang_version
 
 
 def expected_ids(prompt: list[int], num_tokens: int) -> list[int]:

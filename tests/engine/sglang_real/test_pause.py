@@ -8,7 +8,7 @@ import asyncio
 
 from agentrl.engine.base import FinishReason, SamplingParams
 from agentrl.engine.sglang import SGLangEngine
-from tests.engine.sglang_real.conftest import StandInServer
+from tests.support.sglang_real import StandInServer
 
 
 def running(n: int):
