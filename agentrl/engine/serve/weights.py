@@ -41,6 +41,8 @@ def add_weight_routes(app: FastAPI, state: Any) -> None:
     @admin
     async def update_weights_from_disk(obj: UpdateWeightFromDiskReqInput) -> JSONResponse:
         s: ServerState = state()
+        if obj.abort_all_requests:  # as SGLang: requests in flight end ABORT first
+            await s.abort_all()
         try:
             named = await asyncio.to_thread(load_checkpoint_tensors, obj.model_path)
             await s.update_weights(named, obj.weight_version)
@@ -62,6 +64,8 @@ def add_weight_routes(app: FastAPI, state: Any) -> None:
             return _outside_session("update_weights_from_tensor")
         if not obj.serialized_named_tensors:
             return _weight_result(False, "serialized_named_tensors is empty")
+        if obj.abort_all_requests:
+            await s.abort_all()
         try:  # one entry per TP rank; this server is one rank
             named = await asyncio.to_thread(
                 deserialize_named_tensors, obj.serialized_named_tensors[0], obj.load_format
@@ -150,6 +154,8 @@ def add_weight_routes(app: FastAPI, state: Any) -> None:
                 False,
                 f"no weight update group {obj.group_name!r}; call /init_weights_update_group first",
             )
+        if obj.abort_all_requests:
+            await s.abort_all()
         try:
             named = await asyncio.to_thread(
                 receive_broadcast,

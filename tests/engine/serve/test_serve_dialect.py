@@ -123,3 +123,14 @@ async def test_pause_abort_is_the_default_mode(served) -> None:
     assert done["weight_versions"] == [
         {"version": "0", "start": 0, "end": done["completion_tokens"]}
     ]
+
+
+async def test_a_weight_update_with_abort_all_requests_ends_requests_first(served) -> None:
+    url, engine = served
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        running = await _started(client, engine, LONG)
+        body = {"model_path": "/nope", "abort_all_requests": True}
+        disk = await client.post("/update_weights_from_disk", json=body)
+        out = (await running).json()
+    assert disk.status_code == 400 and "/nope" in disk.json()["message"]
+    assert out["meta_info"]["finish_reason"]["type"] == "abort"
