@@ -4,6 +4,7 @@ and a reward of 1.0 for the exact answer. Small enough for a 135M model to learn
 from __future__ import annotations
 
 import ast
+import json
 import math
 import operator
 import random
@@ -22,6 +23,12 @@ SYSTEM_PROMPT = (
     '<tool_call>\n{"name": "calculate", "arguments": {"expression": "17 + 25"}}\n</tool_call>\n'
     "Give the final answer as <answer>NUMBER</answer>, for example <answer>42</answer>."
 )
+
+# One worked episode shown before the question (`demonstration=True`): a tool call, its result,
+# the tagged answer. With the system prompt alone the 135M model called the tool in 0 of 64
+# held-out episodes, before and after training, so no group ever compared calling with not.
+DEMONSTRATION_QUESTION = "Lena has 17 shells and finds 25 more. How many shells does Lena have?"
+DEMONSTRATION_EXPRESSION = "17 + 25"
 
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 64
@@ -238,8 +245,22 @@ def parse_label(value: Any, *, where: str) -> int | float:
 # ---------------------------------------------------------------- the env
 
 
+def demonstration() -> list[Message]:
+    """The worked episode. The call is written out in the message text, as the model writes
+    its own: the chat template renders a prompt message's `tool_calls` field as nothing."""
+    call = json.dumps({"name": "calculate", "arguments": {"expression": DEMONSTRATION_EXPRESSION}})
+    result = format_number(evaluate(DEMONSTRATION_EXPRESSION))
+    return [
+        Message(role="user", content=DEMONSTRATION_QUESTION),
+        Message(role="assistant", content=f"<tool_call>\n{call}\n</tool_call>"),
+        Message(role="tool", content=result, tool_call_id="demo-1", name="calculate"),
+        Message(role="assistant", content=f"<answer>{result}</answer>"),
+    ]
+
+
 class CalculatorEnv(AgentEnv):
     """Arithmetic word problems with a `calculate` tool; reward 1.0 for the exact answer.
+    `demonstration=True` (default) shows one worked episode that calls the tool first.
 
     An assistant message with tool calls gets the tool results back; one without tool
     calls is the final answer and ends the episode (terminated). The answer is the number
@@ -251,9 +272,10 @@ class CalculatorEnv(AgentEnv):
     tool_call_format: ClassVar[str] = "hermes"  # type: ignore[misc]
     metadata: ClassVar[dict[str, Any]] = {"description": "arithmetic word problems"}
 
-    def __init__(self, difficulty: int = 1) -> None:
+    def __init__(self, difficulty: int = 1, demonstration: bool = True) -> None:
         super().__init__()
         self.difficulty = difficulty
+        self.use_demonstration = demonstration
         self.tools.register(calculate)
         self.question = ""
         self.answer: int | float = 0
@@ -270,6 +292,7 @@ class CalculatorEnv(AgentEnv):
         self.answer = parse_label(task.data["answer"], where=f"task {task.id}")
         messages = [
             Message(role="system", content=SYSTEM_PROMPT),
+            *(demonstration() if self.use_demonstration else []),
             Message(role="user", content=self.question),
         ]
         return messages, {"task_id": task.id}

@@ -41,6 +41,8 @@ class EvalReport:
     tool_calls_per_episode: float
     tool_errors_per_episode: float
     response_len_mean: float
+    tool_calls: Interval | None = None
+    """Tool calls per episode over per-task means, with its interval (None in old reports)."""
     components: dict[str, Interval] = field(default_factory=dict)
     """Means of what the env reports beside its reward (`info["reward_components"]`, e.g.
     search_r1's em, format and is_answered), each over per-task means like `reward`."""
@@ -68,6 +70,8 @@ class EvalReport:
             d[name] = _interval(d[name])
         d["pass_at_k"] = {int(k): _interval(v) for k, v in d["pass_at_k"].items()}
         d["components"] = {k: _interval(v) for k, v in d.get("components", {}).items()}
+        if d.get("tool_calls") is not None:
+            d["tool_calls"] = _interval(d["tool_calls"])
         return cls(**d)
 
     def summary(self, prefix: str = "") -> dict[str, float]:
@@ -86,6 +90,11 @@ class EvalReport:
             "num_episodes": float(self.num_episodes),
         }
         out.update({f"pass@{k}": v.mean for k, v in self.pass_at_k.items()})
+        intervals = {"pass_rate": self.pass_rate, "tool_calls": self.tool_calls}
+        intervals.update(self.components)
+        for name, iv in intervals.items():
+            if iv is not None:
+                out.update({f"{name}_ci_low": iv.low, f"{name}_ci_high": iv.high})
         out.update({f"{name}_mean": v.mean for name, v in self.components.items()})
         out.update({f"status/{s}": frac for s, frac in self.status_mix.items()})
         return {prefix + k: float(v) for k, v in out.items()}
@@ -174,6 +183,9 @@ def build_report(
         status_reason_counts=dict(Counter(_value(t.status_reason) for t in episodes)),
         turns_mean=_mean([t.num_turns for t in scored]),
         tool_calls_per_episode=_mean([stats.num_tool_calls(t) for t in scored]),
+        tool_calls=stats.task_mean_ci(
+            [_mean([stats.num_tool_calls(t) for t in g]) for g in scored_groups if g]
+        ),
         tool_errors_per_episode=_mean([stats.num_tool_errors(t) for t in scored]),
         response_len_mean=_mean([t.response_len for t in scored]),
         components=_components(scored_groups),
@@ -283,28 +295,51 @@ def plot_report(report: EvalReport, path: str | Path) -> None:
     plt.close(fig)
 
 
+_CURVES = (
+    ("reward", "held-out reward"),
+    ("pass_rate", "pass rate (search_r1: EM)"),
+    ("tool_calls", "tool calls per episode"),
+)
+
+
 def plot_eval_history(history: list[dict[str, Any]], path: str | Path) -> None:
-    """Held-out reward vs train step with its 95% CI band.
+    """The learning curve: held-out reward, pass rate (EM for search_r1, accuracy for
+    calculator) and tool calls per episode against train step, each with its 95% CI band
+    where the history has one.
 
     Each entry is `{"step": int, **report.summary()}` (flat `reward_mean`, `reward_ci_low`,
-    `reward_ci_high`) or `{"step": int, **report.to_dict()}` (a `reward` dict).
+    `pass_rate_ci_low`, `tool_calls_ci_low`...) or `{"step": int, **report.to_dict()}`.
     """
     if not history:
         raise ValueError("plot_eval_history needs at least one evaluation in history")
-    plt = _pyplot()
     rows = sorted(history, key=lambda h: h["step"])
     steps = [h["step"] for h in rows]
-    mean, low, high = zip(*(_reward_band(h) for h in rows), strict=True)
-    fig, ax = plt.subplots(figsize=(6.0, 3.5))
-    ax.plot(steps, mean, marker="o", color="#4C72B0", label="held-out reward")
-    ax.fill_between(steps, low, high, color="#4C72B0", alpha=0.2, label="95% CI")
-    ax.set_xlabel("train step")
-    ax.set_ylabel("mean reward")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="best")
+    bands = {name: [_band(h, name) for h in rows] for name, _ in _CURVES}
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(_CURVES), figsize=(4.2 * len(_CURVES), 3.4))
+    for ax, (name, label) in zip(axes, _CURVES, strict=True):
+        mean, low, high = zip(*bands[name], strict=True)
+        ax.plot(steps, mean, marker="o", color="#4C72B0", label=label)
+        ax.fill_between(steps, low, high, color="#4C72B0", alpha=0.2, label="95% CI")
+        ax.set_xlabel("train step")
+        ax.set_title(label, fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="best", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _band(entry: dict[str, Any], name: str) -> tuple[float, float, float]:
+    """(mean, low, high) of one curve; NaN where the entry lacks it (old histories: no band)."""
+    if name == "reward":
+        return _reward_band(entry)
+    if isinstance(entry.get(name), dict):  # a full report.to_dict()
+        values = (entry[name]["mean"], entry[name]["low"], entry[name]["high"])
+    else:
+        mean_key = "tool_calls_per_episode" if name == "tool_calls" else name
+        values = (entry.get(mean_key), entry.get(f"{name}_ci_low"), entry.get(f"{name}_ci_high"))
+    return tuple(math.nan if v is None else float(v) for v in values)  # type: ignore[return-value]
 
 
 def _reward_band(entry: dict[str, Any]) -> tuple[float, float, float]:

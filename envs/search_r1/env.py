@@ -12,8 +12,6 @@ from agentrl_envs.search_r1 import embedded, tasks
 from agentrl_envs.search_r1.bm25 import BM25Retriever
 from agentrl_envs.search_r1.http_client import HTTPRetriever, RetrieverUnavailableError
 from agentrl_envs.search_r1.protocol import (
-    DEMONSTRATION_QUESTION,
-    DEMONSTRATION_TURNS,
     INVALID_ACTION_HINT,
     PROMPT_TEMPLATE,
     STOP,
@@ -23,13 +21,47 @@ from agentrl_envs.search_r1.protocol import (
     parse_action,
 )
 from agentrl_envs.search_r1.retrieval import Retriever
-from agentrl_envs.search_r1.reward import REWARD_KINDS, FormatScores, pick_reward, score_response
+from agentrl_envs.search_r1.reward import (
+    DEFAULT_FORMAT_WEIGHT,
+    REWARD_KINDS,
+    FormatScores,
+    f1_with_format,
+    pick_reward,
+    score_response,
+)
 
 from agentrl.envs import AgentEnv, StepResult
 from agentrl.tools import ToolRegistry, tool
 from agentrl.types import Message, StatusReason, Task, ToolCall
 
 _RETRIEVERS: dict[tuple[str, ...], Retriever] = {}
+
+# The prompt and the worked episode of `demonstration=True` show the policy that works at
+# 135M: search with the question as written (BM25's top-1 title is the gold answer for 95% of
+# the embedded test questions), then answer in a few words from Doc 1. With the paper's
+# prompt and a worked episode that opened with <think>, the model (greedy) wrote the <think>
+# block and ended its turn without searching in 10 of 10 test questions, or answered from the
+# question's own words. The instruction comes after the question (the model follows what it
+# read last): first turns that searched, of 32 sampled at temperature 0.7 (8 test questions)
+# and 8 greedy: 6% / 0% with it before the question, 38% / 100% after; 0% / 0% with no
+# worked episode.
+BRIEF_PROMPT_TEMPLATE = (
+    "Question: {question}\nFirst search for the question: reply with <search> and the question "
+    "</search>. When the top document comes back, reply with the answer, in a few words, "
+    "between <answer> and </answer>.\n"
+)
+DEMONSTRATION_QUESTION = (
+    'What is the subject of this description: "___ is the capital and largest city of France." '
+    "(Capital city of France)"
+)
+DEMONSTRATION_DOCUMENT = (
+    '"Paris"\nParis is the capital and largest city of France. It is on the Seine river.'
+)
+DEMONSTRATION_TURNS: tuple[tuple[str, str], ...] = (
+    ("assistant", f"<search> {DEMONSTRATION_QUESTION}? </search>"),
+    ("tool", format_observation(format_documents([DEMONSTRATION_DOCUMENT]))),
+    ("assistant", "<answer> Paris </answer>"),
+)
 
 
 def shared_retriever(kind: str, *, url: str | None = None, corpus: str | None = None) -> Retriever:
@@ -56,7 +88,8 @@ class SearchR1Env(AgentEnv):
     times; one more turn follows without search, for the final `<answer>`.
 
     Reward (`reward=`): "em" (SQuAD exact match of the last `<answer>` of the response),
-    "f1", or "format" (Search-R1's format-aware score). Retrieval: the embedded BM25 index
+    "f1", "format" (Search-R1's format-aware score), or "f1_format" (token F1 plus
+    `format_weight` for a valid Search-R1 format, see `reward.f1_with_format`). Retrieval: the embedded BM25 index
     (`retriever="bm25"`, optionally over `corpus=PATH`) or any Search-R1 server
     (`retriever_url="http://127.0.0.1:8000"`). `demonstration=True` puts one worked episode
     (search, documents, answer) before the question as chat turns: small instruct models
@@ -83,6 +116,7 @@ class SearchR1Env(AgentEnv):
         max_observation_tokens: int | None = 500,
         reward: str = "em",
         format_scores: dict[str, float] | None = None,
+        format_weight: float = DEFAULT_FORMAT_WEIGHT,
         prompt_template: str = PROMPT_TEMPLATE,
         invalid_action_hint: str = INVALID_ACTION_HINT,
         demonstration: bool = False,
@@ -114,6 +148,8 @@ class SearchR1Env(AgentEnv):
         self.max_observation_tokens = max_observation_tokens
         self.reward_kind = reward
         self.format_scores = FormatScores(**(format_scores or {}))
+        f1_with_format(0.0, False, format_weight)  # raises on a bad weight, naming the field
+        self.format_weight = format_weight
         self.prompt_template = prompt_template
         self.invalid_action_hint = invalid_action_hint
         self.use_demonstration = demonstration
@@ -225,8 +261,13 @@ class SearchR1Env(AgentEnv):
 
     def _finish(self, ep: _Episode, *, truncated: bool) -> StepResult:
         breakdown = score_response(
-            ep.answer_text, ep.transcript, ep.golden_answers, self.format_scores
+            ep.answer_text, ep.transcript, ep.golden_answers, self.format_scores, self.format_weight
         )
+        components = {
+            **breakdown.to_dict(),
+            "searches": ep.num_searches,
+            "searched": ep.num_searches > 0,
+        }
         info: dict[str, Any] = {
             "num_tool_calls": 0,
             "num_tool_errors": 0,
@@ -237,7 +278,7 @@ class SearchR1Env(AgentEnv):
             # EM decides pass rate whatever the training reward (em, f1 or format) is.
             "correct": bool(breakdown.em),
             "golden_answers": ep.golden_answers,
-            "reward_components": breakdown.to_dict(),
+            "reward_components": components,
         }
         if truncated:
             info["truncated_reason"] = StatusReason.MAX_TURNS.value

@@ -1,4 +1,5 @@
-"""Search-R1 rewards: SQuAD-normalised exact match, token F1 and the format-aware score.
+"""Search-R1 rewards: SQuAD-normalised exact match, token F1, the format-aware score, and
+token F1 with a small format term (`f1_format`, the recipe's reward).
 
 Follows `verl/utils/reward_score/qa_em.py` and `qa_em_format.py`, with one fix: only the
 *response* is scored and its last `<answer>` counts (the original scored prompt+response and
@@ -14,8 +15,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-RewardKind = Literal["em", "f1", "format"]
-REWARD_KINDS: tuple[str, ...] = ("em", "f1", "format")
+RewardKind = Literal["em", "f1", "format", "f1_format"]
+REWARD_KINDS: tuple[str, ...] = ("em", "f1", "format", "f1_format")
+DEFAULT_FORMAT_WEIGHT = 0.1
 
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _INFORMATION_RE = re.compile(r"<information>(.*?)</information>", re.DOTALL)
@@ -119,6 +121,8 @@ class RewardBreakdown:
     is_valid_format: bool
     is_retrieval_correct: bool
     format: float
+    f1_format: float
+    """`(1 - w) * f1 + w * is_answered`: see `f1_with_format`."""
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -129,6 +133,7 @@ def score_response(
     transcript: str,
     golden_answers: Sequence[str],
     scores: FormatScores = FormatScores(),
+    format_weight: float = DEFAULT_FORMAT_WEIGHT,
 ) -> RewardBreakdown:
     """`answer_text`: the assistant's own text (where the answer is looked for);
     `transcript`: assistant turns and observations in order (for the format check)."""
@@ -145,6 +150,7 @@ def score_response(
         is_valid,
         is_retrieved,
         _format_score(answer, em, is_valid, is_retrieved, scores),
+        f1_with_format(f1, answer is not None, format_weight),
     )
 
 
@@ -160,5 +166,22 @@ def _format_score(
     return partial if is_valid else s.final_format_score
 
 
+def f1_with_format(f1: float, is_answered: bool, weight: float = DEFAULT_FORMAT_WEIGHT) -> float:
+    """Token F1 with a gradient where EM ties (an answer wrapped in a sentence earns part of the
+    credit, so trimming it pays), plus `weight` for giving an `<answer>` block at all. F1 is 0
+    without one, so a right answer (1) always beats a wrong one in its tags (`weight` < 0.5):
+    the format shapes, it never outweighs being right. Search-R1's stricter sequence check
+    (a `<think>` before every action) is reported, not paid: at 135M the <think> turn ended
+    the episode's first turn before any search."""
+    if not 0.0 <= weight < 0.5:
+        raise ValueError(f"format_weight={weight}: use 0 <= format_weight < 0.5 (e.g. 0.1)")
+    return (1.0 - weight) * f1 + weight * float(is_answered)
+
+
 def pick_reward(breakdown: RewardBreakdown, kind: RewardKind) -> float:
-    return {"em": breakdown.em, "f1": breakdown.f1, "format": breakdown.format}[kind]
+    return {
+        "em": breakdown.em,
+        "f1": breakdown.f1,
+        "format": breakdown.format,
+        "f1_format": breakdown.f1_format,
+    }[kind]

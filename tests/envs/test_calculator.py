@@ -83,12 +83,30 @@ async def new_episode() -> tuple[CalculatorEnv, list[Message]]:
     return env, messages
 
 
-async def test_reset_gives_system_prompt_and_question() -> None:
+async def test_reset_gives_system_prompt_worked_episode_and_question() -> None:
     env, messages = await new_episode()
-    assert [m.role for m in messages] == ["system", "user"]
+    assert [m.role for m in messages] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "user",
+    ]
     assert "<answer>NUMBER</answer>" in messages[0].content and "calculate" in messages[0].content
-    assert messages[1].content == TASK.data["question"]
+    # the worked episode writes its call out as text: a prompt message's tool_calls field
+    # renders as nothing in the chat template
+    call = '{"name": "calculate", "arguments": {"expression": "17 + 25"}}'
+    assert messages[2].content == f"<tool_call>\n{call}\n</tool_call>"
+    assert messages[3].content == "42" and messages[4].content == "<answer>42</answer>"
+    assert messages[-1].content.startswith(TASK.data["question"])
     assert env.tool_call_format == "hermes" and env.tools.names == ["calculate"]
+
+
+async def test_without_demonstration_only_system_prompt_and_question() -> None:
+    env = make("calculator", demonstration=False)
+    messages, _ = await env.reset(seed=0, options={"task": TASK})
+    assert [m.role for m in messages] == ["system", "user"]
 
 
 async def test_tool_call_turn_returns_the_result_and_continues() -> None:
@@ -141,7 +159,7 @@ async def test_reset_without_task_generates_one_from_the_seed() -> None:
     first, _ = await env.reset(seed=5)
     again, _ = await env.reset(seed=5)
     other, _ = await env.reset(seed=6)
-    assert first[1].content == again[1].content != other[1].content
+    assert first[-1].content == again[-1].content != other[-1].content
 
 
 def test_splits_are_deterministic_sized_and_disjoint() -> None:

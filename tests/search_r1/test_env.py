@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from agentrl_envs.search_r1.env import SearchR1Env
+from agentrl_envs.search_r1.env import DEMONSTRATION_QUESTION, SearchR1Env
 from agentrl_envs.search_r1.protocol import INVALID_ACTION_HINT, make_prompt
 
 from agentrl.envs import make
@@ -25,7 +25,10 @@ async def started(corpus_path: Path, **kwargs) -> SearchR1Env:
     env = SearchR1Env(corpus=str(corpus_path), **kwargs)
     messages, _ = await env.reset(options={"task": TASK})
     assert [m.role for m in messages] == ["user"]
-    assert messages[0].content == make_prompt("what is the capital of France")
+    template = kwargs.get("prompt_template")
+    assert messages[0].content == make_prompt(
+        "what is the capital of France", *filter(None, [template])
+    )
     return env
 
 
@@ -71,24 +74,36 @@ async def test_reward_options(corpus_path: Path, reward: str, expected: float) -
     assert result.reward == pytest.approx(expected)
 
 
-async def test_recipe_pays_the_format_reward_and_reports_em_and_answer_rate(
+async def test_recipe_pays_f1_with_a_small_format_term_and_counts_searches(
     corpus_path: Path,
 ) -> None:
     from agentrl.config import recipe_for_env
 
     kwargs = {**recipe_for_env("search_r1").env.kwargs, "demonstration": False}
-    assert kwargs["reward"] == "format"
+    assert kwargs["reward"] == "f1_format" and kwargs["topk"] == 1
     env = await started(corpus_path, **kwargs)
-    wrong = await env.step(say("<answer> Lyon </answer>"))  # an answer, no <think>: 0.1
+    searched = await env.step(say("<search> capital of France </search>"))
+    assert searched.observation[0].content.count("Doc ") == 1  # top-1 only
+    wrapped = await env.step(say("<answer> it is Paris </answer>"))  # F1 2/4: 0.9 * 0.5 + 0.1
+    assert wrapped.reward == pytest.approx(0.55)
+    parts = wrapped.info["reward_components"]
+    assert parts["em"] == 0.0 and parts["f1"] == pytest.approx(0.5)
+    assert parts["searches"] == 1 and parts["searched"] is True
+    assert wrapped.info["correct"] is False
+    env = await started(corpus_path, **kwargs)
+    wrong = await env.step(say("<answer> Lyon </answer>"))  # answered, wrong, no search: 0.1
     assert wrong.reward == pytest.approx(0.1)
-    parts = wrong.info["reward_components"]
-    assert parts["is_answered"] is True and parts["em"] == 0.0 and parts["format"] == 0.1
-    assert wrong.info["correct"] is False
+    assert wrong.info["reward_components"]["searched"] is False
     env = await started(corpus_path, **kwargs)
     for _ in range(env.max_turns + 1):  # never answers: truncated, nothing paid
         last = await env.step(say("hmm"))
     assert last.truncated and last.reward == 0.0
     assert last.info["reward_components"]["is_answered"] is False
+
+
+def test_format_weight_is_checked() -> None:
+    with pytest.raises(ValueError, match=r"format_weight=0.7: use 0 <= format_weight < 0.5"):
+        SearchR1Env(format_weight=0.7)
 
 
 async def test_demonstration_is_one_worked_episode_before_the_question(
@@ -98,9 +113,11 @@ async def test_demonstration_is_one_worked_episode_before_the_question(
     messages, _ = await env.reset(options={"task": TASK})
     assert [m.role for m in messages] == ["user", "assistant", "tool", "assistant", "user"]
     assert messages[-1].content == make_prompt("what is the capital of France")
-    assert "<search> capital of France </search>" in messages[1].content
-    assert messages[2].content.startswith("\n\n<information>Doc 1")
-    assert messages[3].content.endswith("<answer> Paris </answer>")
+    # it searches with the question as written and answers with Doc 1's title, briefly
+    assert messages[1].content == f"<search> {DEMONSTRATION_QUESTION}? </search>"
+    assert messages[2].content.startswith('\n\n<information>Doc 1(Title: "Paris")')
+    assert "Doc 2" not in messages[2].content
+    assert messages[3].content == "<answer> Paris </answer>"
     # only the episode's own turns are scored: an answer-less episode still gets nothing
     for _ in range(env.max_turns + 1):
         last = await env.step(say("hmm"))

@@ -9,8 +9,10 @@ from agentrl_envs.search_r1.reward import (
     exact_match,
     extract_answer,
     f1_score,
+    f1_with_format,
     is_valid_sequence,
     normalize_answer,
+    pick_reward,
     score_response,
 )
 
@@ -96,3 +98,54 @@ def test_retrieval_score_needs_the_gold_answer_in_information() -> None:
     wrong = VALID.replace("<answer> Paris </answer>", "<answer> Lyon </answer>")
     assert score_response(wrong, wrong, ["Paris"], scores).format == pytest.approx(0.3)
     assert score_response(wrong, wrong, ["Marseille"], scores).format == pytest.approx(0.2)
+
+
+# ------------------------------------------------------------ f1_format (the recipe's reward)
+
+
+@pytest.mark.parametrize(
+    ("prediction", "gold", "em", "f1"),
+    [
+        # "answer is florence" vs "florence": precision 1/3, recall 1 -> F1 2*(1/3)/(4/3) = 0.5
+        ("The answer is: Florence.", ["Florence"], 0.0, 0.5),
+        # parentheses are punctuation: "casablanca film" matches the first gold exactly
+        ("Casablanca (film)", ["Casablanca (film)", "Casablanca"], 1.0, 1.0),
+        ("casablanca", ["Casablanca (film)", "Casablanca"], 1.0, 1.0),  # the second gold
+        # same tokens, other order: F1 counts a bag of tokens, EM the string
+        ("the film Casablanca", ["Casablanca (film)"], 0.0, 1.0),
+        # best of several gold answers: "new york" gives P 2/3, R 1 -> 0.8; "nyc" gives 0
+        ("New York City", ["NYC", "New York"], 0.0, 0.8),
+        ("Lyon", ["Paris", "Marseille"], 0.0, 0.0),
+    ],
+)
+def test_em_and_f1_after_squad_normalisation(
+    prediction: str, gold: list[str], em: float, f1: float
+) -> None:
+    assert exact_match(prediction, gold) == em
+    assert f1_score(prediction, gold) == pytest.approx(f1)
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("<answer> Florence </answer>", 1.0),  # right: 0.9 * 1 + 0.1
+        ("<answer> The answer is: Florence. </answer>", 0.55),  # wrapped: 0.9 * 0.5 + 0.1
+        ("<answer> Pisa </answer>", 0.1),  # wrong but answered: the format term alone
+        ("The answer is Florence.", 0.0),  # right, but outside the tags: not an answer
+        ("<answer> Florence", 0.0),  # an unclosed tag is no answer either
+        ("<answer> Pisa </answer> no, <answer> Florence </answer>", 1.0),  # the last counts
+    ],
+)
+def test_f1_format_pays_being_right_over_format(response: str, expected: float) -> None:
+    breakdown = score_response(response, response, ["Florence"])
+    assert breakdown.f1_format == pytest.approx(expected)
+    assert pick_reward(breakdown, "f1_format") == pytest.approx(expected)
+
+
+def test_format_term_never_outweighs_being_right() -> None:
+    for weight in (0.0, 0.1, 0.3, 0.49):
+        assert f1_with_format(1.0, True, weight) == pytest.approx(1.0)
+        # right (1) always beats wrong-but-answered (w)
+        assert f1_with_format(1.0, True, weight) > f1_with_format(0.0, True, weight)
+    with pytest.raises(ValueError, match=r"format_weight=0.5: use 0 <= format_weight < 0.5"):
+        f1_with_format(1.0, True, 0.5)
