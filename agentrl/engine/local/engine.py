@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import functools
 import logging
 import threading
@@ -26,6 +27,7 @@ from agentrl.engine.local.attention import (
     use_arena_attention,
 )
 from agentrl.engine.local.batching import Sequence, StopChecker, pack_step
+from agentrl.engine.local.cpu_linear import PackedLinears
 from agentrl.engine.local.cuda_graphs import DecodeGraphs, DecodeLaunch
 from agentrl.engine.local.engine_memory import EngineMemory
 from agentrl.engine.local.kv_arena import KVArena
@@ -78,6 +80,8 @@ class LocalEngine:
     - `pausable_memory`: on CUDA with `torch_memory_saver` installed, keep the weights and the KV
       arena in pausable regions: `release_memory` unmaps their pages and `resume_memory` maps
       fresh ones at the same addresses (fast; the arena keeps its size; graphs stay valid).
+    - `pack_cpu_linears`: on an x86 CPU in fp32, run the linear layers through oneDNN on a
+      prepacked copy of their weights (2-3x faster matmuls; one more copy of them in memory).
     """
 
     def __init__(
@@ -98,6 +102,7 @@ class LocalEngine:
         use_cuda_graphs: bool = True,
         weights_cpu_backup: bool = True,
         pausable_memory: bool = True,
+        pack_cpu_linears: bool = True,
     ) -> None:
         """An engine around a loaded transformers `model` (on its device) and its `tokenizer`;
         `LocalEngine.load` reads them from a checkpoint. `weights_cpu_backup=False`:
@@ -114,6 +119,7 @@ class LocalEngine:
         self.model, self.tokenizer = model, tokenizer
         self.device = str(next(model.parameters()).device)
         use_arena_attention(self.model)
+        self._packed = PackedLinears.install(self.model) if pack_cpu_linears else None
         self.max_batch_size = max_batch_size
         self.weights_cpu_backup = weights_cpu_backup
         self.stats = EngineStats()
@@ -476,9 +482,10 @@ class LocalEngine:
             for seq in batch:
                 assert seq.slot is not None
                 self.arena.ensure_clean(seq.slot, step.arena_step.max_k)
-        logits = forward_over_arena(
-            self.model, step.input_ids, step.position_ids, step.arena_step, step.last_index
-        )
+        with self._packed.active() if self._packed else contextlib.nullcontext():
+            logits = forward_over_arena(
+                self.model, step.input_ids, step.position_ids, step.arena_step, step.last_index
+            )
         rows = SamplingRows.empty(len(batch), self.device)
         rows.fill([s.sampling_row() for s in batch], self._vocab_size)
         return sample(
