@@ -37,6 +37,10 @@ class ArenaStep:
     seqused_k: torch.Tensor | None = None  # [B] int32
     # SDPA: queries padded to [B, max_q], keys gathered to [B, max_k] under a causal mask.
     gather_index: torch.Tensor | None = None  # [B * max_k] buffer rows
+    slot_rows: tuple[int, int, int] | None = None
+    """SDPA, instead of `gather_index` when the sequences' slots are evenly spaced (a batch admitted
+    together holds slots 0, 1, 2, ...): (first slot, slot step, slot length). Keys are then read
+    through a strided view of the arena, with no copy."""
     mask: torch.Tensor | None = None  # [B, 1, max_q, max_k] True = attend
     pad_index: torch.Tensor | None = None  # [B * max_q] packed query of each padded one
     unpad_index: torch.Tensor | None = None  # [N] padded position of each packed query
@@ -72,7 +76,9 @@ class ArenaStep:
             key_at = torch.arange(step.max_k)
             if len(q_lens) > 1 or step.max_q > 1:  # one row decoding sees all its keys: no mask
                 step.mask = (key_at[None, None, :] <= query_at[:, :, None])[:, None].to(device)
-            step.gather_index = (torch.tensor(kv_starts)[:, None] + key_at).view(-1).to(device)
+            step.slot_rows = _evenly_spaced(kv_starts, arena.max_len)
+            if step.slot_rows is None:
+                step.gather_index = (torch.tensor(kv_starts)[:, None] + key_at).view(-1).to(device)
         pad_index = torch.tensor(cu_q[:-1])[:, None] + torch.minimum(q_pos, q_len - 1)
         step.pad_index = pad_index.view(-1).to(device)
         rows = torch.repeat_interleave(torch.arange(len(q_lens)), torch.tensor(q_lens))
@@ -102,6 +108,11 @@ class ArenaStep:
             new_k, new_v = key[0].transpose(0, 1), value[0].transpose(0, 1)  # [N, KVH, D]
             k = new_k.index_select(0, self.pad_index).view(b, self.max_q, -1, head_dim)
             v = new_v.index_select(0, self.pad_index).view(b, self.max_q, -1, head_dim)
+        elif self.slot_rows is not None:  # [b, max_k, KVH, D] views into the slots
+            first, every, slot_len = self.slot_rows
+            rows = slice(first, first + every * (b - 1) + 1, every)
+            k = keys.view(-1, slot_len, *keys.shape[1:])[rows, : self.max_k]
+            v = values.view(-1, slot_len, *values.shape[1:])[rows, : self.max_k]
         else:
             assert self.gather_index is not None
             k = keys.index_select(0, self.gather_index).view(b, self.max_k, -1, head_dim)
@@ -112,6 +123,16 @@ class ArenaStep:
         )  # [B, H, max_q, D]  # fmt: skip
         out = out.transpose(1, 2).reshape(-1, num_heads, head_dim)
         return out.index_select(0, self.unpad_index)[None]
+
+
+def _evenly_spaced(kv_starts: list[int], slot_len: int) -> tuple[int, int, int] | None:
+    """(first slot, step, slot_len) when the slots starting at `kv_starts` are s0, s0 + d, ..."""
+    first, every = kv_starts[0], (kv_starts[1] - kv_starts[0] if len(kv_starts) > 1 else slot_len)
+    if first % slot_len or every <= 0 or every % slot_len:
+        return None
+    if any(start != first + i * every for i, start in enumerate(kv_starts)):
+        return None
+    return first // slot_len, every // slot_len, slot_len
 
 
 def arena_attention(
