@@ -1,23 +1,34 @@
-"""LocalEngine speed, in one run: (1) tok/s against transformers `generate()` (eager, no compile)
-on the same random-init SmolLM2-shaped model, prompt 128 + 256 new tokens with EOS ignored, at
-several batch sizes, and the fraction of the HBM roofline (weights + KV bytes read per decode step
-over the measured copy bandwidth); (2) a multi-turn workload (each turn appends the reply and a
-200-token observation) with and without prefix reuse: tok/s and tokens prefilled.
+"""LocalEngine speed against transformers `generate()` as a user runs it, in one process.
+
+On a random-init SmolLM2-shaped model (real tokenizer), prompt 128 + N new tokens, EOS ignored:
+(1) prefill throughput (tokens/s over a batch of prompts totalling `--prefill-tokens`); (2) per
+batch size, greedy and sampled, end-to-end and decode tokens/s of the engine and of each baseline:
+`generate()` eager (dynamic cache) and `generate()` with `cache_implementation="static"` (which
+transformers compiles with torch.compile on CUDA; on CPU it runs it uncompiled, as a user gets it).
+Every runner is warmed up at the exact shape, then timed over `--repeats` rounds in which the
+engine and the baselines alternate (a load change hits them alike); min and median are reported
+and ratios come from medians; the JSON names the strongest baseline and the engine's ratio to it.
+(3) a multi-turn workload (each turn appends the reply and an observation) with and without
+prefix reuse. On CUDA also the fraction of the HBM roofline (weights + KV bytes read per decode
+step over the measured copy bandwidth).
 
     python scripts/bench_engine.py --tokenizer .gpu/smollm2_tok            # GPU, bf16, full run
-    python scripts/bench_engine.py --shapes smollm2-135m --batch-sizes 1,8 --new-tokens 32 \
-        --dtype float32 --episodes 8 --turn-new-tokens 16                   # CPU, a few minutes
+    nice -n 5 python scripts/bench_engine.py --shapes smollm2-135m --batch-sizes 1,8,32 \
+        --new-tokens 32 --dtype float32 --episodes 8 --turn-new-tokens 16 \
+        --out benchmarks/bench_engine_cpu.json                              # CPU, ~15 minutes
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import gc
-import inspect
 import json
+import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +39,8 @@ from rich.table import Table
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.local import LocalEngine
 from agentrl.model_store import make_shaped_model, resolve_model_path
+
+MODES = {"greedy": 0.0, "sampled": 1.0}  # temperature; full vocabulary (no top-k/top-p) in both
 
 
 def sync(device: str) -> None:
@@ -62,8 +75,6 @@ def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]
 
 
 def make_engine(path: str, args: argparse.Namespace, max_batch_size: int, **options: Any) -> Any:
-    accepted = inspect.signature(LocalEngine).parameters
-    options = {k: v for k, v in options.items() if k in accepted}  # older engines lack some
     engine = LocalEngine.load(
         path, device=args.device, dtype=args.dtype, max_batch_size=max_batch_size, **options
     )
@@ -71,45 +82,97 @@ def make_engine(path: str, args: argparse.Namespace, max_batch_size: int, **opti
     return engine
 
 
-async def engine_run(engine: Any, prompts: list[list[int]], new_tokens: int) -> float:
-    greedy = SamplingParams(temperature=0.0, max_new_tokens=new_tokens)
-    start = time.perf_counter()
-    outs = await asyncio.gather(*(engine.generate(p, greedy) for p in prompts))
-    elapsed = time.perf_counter() - start
-    assert all(len(c.ids) == new_tokens for c in outs), "a request stopped early"
-    return len(prompts) * new_tokens / elapsed
+# ------------------------------------------------------------------ runners: one timed call each
+
+Runner = Callable[[list[list[int]], int, float], float]
+"""(prompts, new tokens, temperature) -> seconds for the whole batch."""
 
 
-def replay_ms(engine: Any, batch: int) -> float | None:
-    """GPU time of one decode-graph replay at this batch (the step without its host work)."""
-    graphs = getattr(engine, "_graphs", None)
-    if graphs is None:
-        return None
-    graph = graphs.graphs[min(b for b in graphs.buckets if b >= batch), False]
-    graph.replay()  # after the run: its rows write only into slots nobody holds any more
-    torch.cuda.synchronize()
-    start, reps = time.perf_counter(), 20
-    for _ in range(reps):
-        graph.replay()
-    torch.cuda.synchronize()
-    return 1000 * (time.perf_counter() - start) / reps
+def engine_runner(engine: Any, loop: asyncio.AbstractEventLoop) -> Runner:
+    def run(prompts: list[list[int]], new_tokens: int, temperature: float) -> float:
+        sampling = SamplingParams(temperature=temperature, max_new_tokens=new_tokens, seed=0)
+
+        async def all_of_them() -> list[Any]:
+            return await asyncio.gather(*(engine.generate(p, sampling) for p in prompts))
+
+        start = time.perf_counter()
+        outs = loop.run_until_complete(all_of_them())
+        elapsed = time.perf_counter() - start
+        assert all(len(c.ids) == new_tokens for c in outs), "a request stopped early"
+        return elapsed
+
+    return run
 
 
-def hf_run(model: Any, prompts: list[list[int]], new_tokens: int, device: str) -> float:
-    ids = torch.tensor(prompts, device=device)
-    sync(device)
-    start = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-            do_sample=False,
-        )
-    sync(device)
-    assert out.shape[1] == ids.shape[1] + new_tokens
-    return len(prompts) * new_tokens / (time.perf_counter() - start)
+def hf_runner(model: Any, device: str, cache: str | None, old_call: bool = False) -> Runner:
+    """`model.generate()` as a user calls it: the model's generation config with EOS turned off
+    (no stop criterion, no logits processor: every row runs `new_tokens`), `cache` the
+    `cache_implementation` ("static": transformers compiles the decode step on CUDA itself).
+    `old_call`: as this script called it before issue 28 (EOS kept, `min_new_tokens` forcing the
+    length through a logits processor, under `torch.inference_mode()`), to compare."""
+    config = copy.deepcopy(model.generation_config)
+    config.eos_token_id = None
+    config.cache_implementation = cache
+
+    def run(prompts: list[list[int]], new_tokens: int, temperature: float) -> float:
+        ids = torch.tensor(prompts, device=device)
+        mode = dict(do_sample=temperature > 0, temperature=temperature or None)
+        sync(device)
+        start = time.perf_counter()
+        if old_call:
+            with torch.inference_mode():
+                out = model.generate(
+                    ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                    min_new_tokens=new_tokens, **mode,
+                )  # fmt: skip
+        else:
+            out = model.generate(
+                ids, attention_mask=torch.ones_like(ids), generation_config=config,
+                max_new_tokens=new_tokens, **mode,
+            )  # fmt: skip
+        sync(device)
+        elapsed = time.perf_counter() - start
+        assert out.shape[1] == ids.shape[1] + new_tokens
+        return elapsed
+
+    return run
+
+
+def timed(runners: dict[str, Runner], prompts: list[list[int]], lengths: tuple[int, ...],
+          temperature: float, repeats: int) -> dict[str, dict[int, list[float]]]:  # fmt: skip
+    """One warm-up call each at these exact shapes, then `repeats` rounds in which the runners
+    alternate (each runs every length in turn). Returns seconds[runner][length][round]."""
+    for run in runners.values():
+        for n in lengths:
+            run(prompts, n, temperature)
+    seconds: dict[str, dict[int, list[float]]] = {
+        name: {n: [] for n in lengths} for name in runners
+    }
+    for _ in range(repeats):
+        for name, run in runners.items():
+            for n in lengths:
+                seconds[name][n].append(run(prompts, n, temperature))
+    return seconds
+
+
+def summary(tokens: int, seconds: list[float]) -> dict[str, float]:
+    median = statistics.median(seconds)
+    return {"min_s": min(seconds), "median_s": median, "tok_s": tokens / median,
+            "best_tok_s": tokens / min(seconds)}  # fmt: skip
+
+
+def compare(row: dict[str, Any], key: str = "tok_s") -> dict[str, Any]:
+    """The strongest baseline of `row` by median tokens/s and the engine's ratios."""
+    baselines = {k: v for k, v in row.items() if k != "engine"}
+    strongest = max(baselines, key=lambda k: baselines[k][key])
+    return {
+        "strongest_baseline": strongest,
+        "speedup_vs_strongest": row["engine"][key] / baselines[strongest][key],
+        "speedup": {k: row["engine"][key] / v[key] for k, v in baselines.items()},
+        "speedup_best_of_repeats": {
+            k: row["engine"]["best_tok_s"] / v["best_tok_s"] for k, v in baselines.items()
+        },
+    }
 
 
 def roofline_tok_s(cfg: Any, dtype_bytes: int, batch: int, args: argparse.Namespace, bw: float):
@@ -127,6 +190,29 @@ def roofline_tok_s(cfg: Any, dtype_bytes: int, batch: int, args: argparse.Namesp
     mean_context = args.prompt_len + args.new_tokens / 2
     bytes_per_step = num_params * dtype_bytes + batch * mean_context * kv_per_token
     return batch * bw / bytes_per_step
+
+
+def single_turn(runners: dict[str, Runner], batch: int, vocab: int, args: argparse.Namespace):
+    """Per mode: end-to-end tokens/s (N new tokens) and decode tokens/s (the N - 1 tokens after
+    the first: per round, an N-token call less a 1-token call of the same runner; the median)."""
+    prompts = random_prompts(batch, args.prompt_len, vocab, seed=batch)
+    rows = {}
+    for mode, temperature in MODES.items():
+        if mode not in args.modes:
+            continue
+        n = args.new_tokens
+        seconds = timed(runners, prompts, (n, 1), temperature, args.repeats)
+        row: dict[str, Any] = {}
+        for name, by_len in seconds.items():
+            row[name] = summary(batch * n, by_len[n])
+            decode_s = statistics.median(a - b for a, b in zip(by_len[n], by_len[1], strict=True))
+            row[name]["decode_tok_s"] = batch * (n - 1) / decode_s if decode_s > 0 else 0.0
+        rows[mode] = {"runners": row, **compare(row)}
+        rows[mode]["decode_speedup_vs_strongest"] = compare(row, "decode_tok_s")[
+            "speedup_vs_strongest"
+        ]
+        print(f"batch {batch} {mode}", json.dumps(rows[mode]), flush=True)
+    return rows
 
 
 async def multi_turn(engine: Any, args: argparse.Namespace, vocab: int, use_key: bool) -> dict:
@@ -152,95 +238,144 @@ async def multi_turn(engine: Any, args: argparse.Namespace, vocab: int, use_key:
     return {**totals, "seconds": elapsed, "tokens_per_s": totals["generated"] / elapsed}
 
 
-async def bench_shape(shape: str, args: argparse.Namespace, bw: float, work: Path) -> dict:
+HF_BASELINES: dict[str, dict[str, Any]] = {
+    "hf_eager": {"cache": None},
+    "hf_static": {"cache": "static"},
+    "hf_eager_old_call": {"cache": None, "old_call": True},
+}
+
+
+def baselines(hf: Any, args: argparse.Namespace) -> dict[str, Runner]:
+    return {name: hf_runner(hf, args.device, **HF_BASELINES[name]) for name in args.baselines}
+
+
+def bench_shape(shape: str, args: argparse.Namespace, bw: float, work: Path) -> dict:
     from transformers import AutoModelForCausalLM
 
     path = str(work / shape)
     make_shaped_model(path, args.tokenizer, shape, dtype=args.dtype, device=args.device)
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).to(
-        args.device
-    )
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype))
+    hf = hf.to(args.device).eval()
     cfg, dtype_bytes = hf.config, torch.finfo(getattr(torch, args.dtype)).bits // 8
-    rows = []
-    max_len = args.prompt_len + args.new_tokens + 8
+    loop = asyncio.new_event_loop()
+    result: dict[str, Any] = {"shape": shape}
+
+    prefill_batch = max(1, args.prefill_tokens // args.prompt_len)
+    engine = make_engine(path, args, prefill_batch, num_slots=prefill_batch,
+                         max_context_len=args.prompt_len + 8)  # fmt: skip
+    runners = {"engine": engine_runner(engine, loop), **baselines(hf, args)}
+    prompts = random_prompts(prefill_batch, args.prompt_len, cfg.vocab_size, seed=0)
+    seconds = {k: v[1] for k, v in timed(runners, prompts, (1,), 0.0, args.repeats).items()}
+    tokens = prefill_batch * args.prompt_len
+    result["prefill"] = {"batch": prefill_batch, "tokens": tokens,
+                         **compare({k: summary(tokens, v) for k, v in seconds.items()}),
+                         "runners": {k: summary(tokens, v) for k, v in seconds.items()}}  # fmt: skip
+    print(shape, "prefill", json.dumps(result["prefill"]), flush=True)
+    loop.run_until_complete(engine.close())
+    del engine, runners
+    free_memory(args.device)
+
+    result["single_turn"] = []
     for batch in args.batch_sizes:
-        prompts = random_prompts(batch, args.prompt_len, cfg.vocab_size, seed=batch)
-        hf_run(hf, prompts[:1], 4, args.device)  # warm-up
-        hf_tok_s = hf_run(hf, prompts, args.new_tokens, args.device)
-        free_memory(args.device)  # generate()'s cache blocks go back before the arena is sized
-        engine = make_engine(path, args, batch, max_context_len=max_len)
-        await engine_run(engine, prompts, 8)  # warm-up (and CUDA graph capture)
-        engine_tok_s = await engine_run(engine, prompts, args.new_tokens)
-        stats, graph_step_ms = engine.stats, replay_ms(engine, batch)
-        await engine.close()
-        del engine
-        free_memory(args.device)
+        engine = make_engine(path, args, batch, num_slots=batch,
+                             max_context_len=args.prompt_len + args.new_tokens + 8)  # fmt: skip
+        runners = {"engine": engine_runner(engine, loop), **baselines(hf, args)}
+        rows = single_turn(runners, batch, cfg.vocab_size, args)
         roof = roofline_tok_s(cfg, dtype_bytes, batch, args, bw)
-        rows.append(
-            {
-                "batch": batch,
-                "engine_tok_s": engine_tok_s,
-                "hf_generate_tok_s": hf_tok_s,
-                "speedup": engine_tok_s / hf_tok_s,
-                "roofline_tok_s": roof,
-                "roofline_fraction": engine_tok_s / roof,
-                "graph_replays": getattr(stats, "num_graph_replays", 0),  # older engines lack it
-                "mean_step_ms": 1000 * batch / engine_tok_s,
-                "graph_step_ms": graph_step_ms,
-            }
-        )
-        print(shape, rows[-1], flush=True)
+        engine_tok_s = rows[args.modes[0]]["runners"]["engine"]["tok_s"]
+        result["single_turn"].append({
+            "batch": batch, **rows, "roofline_tok_s": roof,
+            "roofline_fraction": engine_tok_s / roof,
+            "graph_replays": engine.stats.num_graph_replays,
+            "graph_step_ms": replay_ms(engine, batch),
+        })  # fmt: skip
+        loop.run_until_complete(engine.close())
+        del engine, runners
+        free_memory(args.device)
     del hf
     free_memory(args.device)
+    result["multi_turn"] = multi_turns(path, args, cfg.vocab_size, loop)
+    loop.close()
+    return result
+
+
+def multi_turns(path: str, args: argparse.Namespace, vocab: int, loop: Any) -> dict:
     turn_len = args.prompt_len + args.turns * (args.turn_new_tokens + args.observation_len) + 8
     turns = {}
     for label, use_key in (("without_reuse", False), ("with_reuse", True)):
         engine = make_engine(path, args, args.episodes, max_context_len=turn_len)
-        await engine_run(engine, random_prompts(2, args.prompt_len, cfg.vocab_size, 3), 4)
-        turns[label] = await multi_turn(engine, args, cfg.vocab_size, use_key)
-        print(shape, label, turns[label], flush=True)
-        await engine.close()
+        engine_runner(engine, loop)(random_prompts(2, args.prompt_len, vocab, 3), 4, 0.0)
+        turns[label] = loop.run_until_complete(multi_turn(engine, args, vocab, use_key))
+        print(label, turns[label], flush=True)
+        loop.run_until_complete(engine.close())
         del engine
         free_memory(args.device)
-    return {"shape": shape, "single_turn": rows, "multi_turn": turns}
+    return turns
+
+
+def replay_ms(engine: Any, batch: int) -> float | None:
+    """GPU time of one decode-graph replay at this batch (the step without its host work)."""
+    graphs = getattr(engine, "_graphs", None)
+    if graphs is None:
+        return None
+    graph = graphs.graphs[min(b for b in graphs.buckets if b >= batch), False]
+    graph.replay()  # after the run: its rows write only into slots nobody holds any more
+    torch.cuda.synchronize()
+    start, reps = time.perf_counter(), 20
+    for _ in range(reps):
+        graph.replay()
+    torch.cuda.synchronize()
+    return 1000 * (time.perf_counter() - start) / reps
 
 
 def print_tables(results: list[dict], console: Console) -> None:
-    table = Table(title="LocalEngine vs transformers generate() (greedy, EOS ignored)")
-    for col in ("shape", "batch", "engine tok/s", "HF tok/s", "speedup", "roofline"):
-        table.add_column(col, justify="right")
+    def ratio(x: float) -> str:
+        return f"{x:.2f}x"
+
     for r in results:
+        table = Table(title=f"{r['shape']}: tokens/s, median of the repeats (best in brackets)")
+        # engine, hf_eager, ... as columns; "strongest" = the fastest baseline by median
+        for col in ("run", "batch", *r["prefill"]["runners"], "strongest", "engine ÷ it"):
+            table.add_column(col, justify="right")
+        p = r["prefill"]
+        table.add_row("prefill", str(p["batch"]), *(
+            f"{v['tok_s']:,.0f} ({v['best_tok_s']:,.0f})" for v in p["runners"].values()
+        ), p["strongest_baseline"], ratio(p["speedup_vs_strongest"]))  # fmt: skip
         for row in r["single_turn"]:
-            table.add_row(
-                r["shape"],
-                str(row["batch"]),
-                f"{row['engine_tok_s']:,.0f}",
-                f"{row['hf_generate_tok_s']:,.0f}",
-                f"{row['speedup']:.2f}x",
-                f"{100 * row['roofline_fraction']:.1f}%",
-            )
-    console.print(table)
-    turns = Table(title="multi-turn episodes")
-    for col in ("shape", "prefix reuse", "tok/s", "prefilled tokens", "cached tokens"):
-        turns.add_column(col, justify="right")
-    for r in results:
+            for mode in MODES:
+                if mode not in row:
+                    continue
+                m = row[mode]
+                for label, key, speedup in (
+                    (f"{mode} end-to-end", "tok_s", m["speedup_vs_strongest"]),
+                    (f"{mode} decode", "decode_tok_s", m["decode_speedup_vs_strongest"]),
+                ):
+                    table.add_row(label, str(row["batch"]), *(
+                        f"{v[key]:,.0f}" + (f" ({v['best_tok_s']:,.0f})" if key == "tok_s" else "")
+                        for v in m["runners"].values()
+                    ), m["strongest_baseline"], ratio(speedup))  # fmt: skip
+        console.print(table)
+        turns = Table(title=f"{r['shape']}: multi-turn episodes (engine)")
+        for col in ("prefix reuse", "tok/s", "prefilled tokens", "cached tokens"):
+            turns.add_column(col, justify="right")
         for label, m in r["multi_turn"].items():
-            turns.add_row(
-                r["shape"],
-                label,
-                f"{m['tokens_per_s']:,.0f}",
-                f"{m['prefilled']:,}",
-                f"{m['cached']:,}",
-            )
-    console.print(turns)
+            turns.add_row(label, f"{m['tokens_per_s']:,.0f}", f"{m['prefilled']:,}",
+                          f"{m['cached']:,}")  # fmt: skip
+        console.print(turns)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--shapes", default="smollm2-135m,smollm2-1.7b")
     parser.add_argument("--batch-sizes", default="1,64,128")
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--prefill-tokens", type=int, default=2048,
+                        help="prefill: prompts of --prompt-len totalling this many tokens")  # fmt: skip
+    parser.add_argument("--modes", default="greedy,sampled")
+    parser.add_argument("--baselines", default="hf_eager,hf_static",
+                        help="of hf_eager, hf_static, hf_eager_old_call")  # fmt: skip
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds after a warm-up")
     parser.add_argument("--episodes", type=int, default=64, help="multi-turn: concurrent episodes")
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--observation-len", type=int, default=200)
@@ -251,14 +386,24 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/bench_engine.json")
     args = parser.parse_args()
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    args.modes = [m for m in args.modes.split(",") if m]
+    args.baselines = [b for b in args.baselines.split(",") if b]
+    for name, values, known in (("--modes", args.modes, MODES),
+                                ("--baselines", args.baselines, HF_BASELINES)):  # fmt: skip
+        if not values or not set(values) <= set(known):
+            parser.error(f"{name}={','.join(values)}: pick from {', '.join(known)}")
     args.tokenizer = resolve_model_path(args.tokenizer)
     bw = copy_bandwidth_bytes_per_s(args.device)
-    console = Console()
-    console.print(f"device {args.device}, copy bandwidth {bw / 1e9:,.0f} GB/s, dtype {args.dtype}")
+    console = Console(width=max(Console().width, 150))
+    console.print(
+        f"device {args.device}, copy bandwidth {bw / 1e9:,.0f} GB/s, dtype {args.dtype}, "
+        f"{torch.get_num_threads()} CPU threads"
+    )
     with tempfile.TemporaryDirectory() as tmp:
-        results = [asyncio.run(bench_shape(s, args, bw, Path(tmp))) for s in args.shapes.split(",")]
+        results = [bench_shape(s, args, bw, Path(tmp)) for s in args.shapes.split(",")]
     print_tables(results, console)
-    out = {"args": vars(args), "copy_bandwidth_bytes_per_s": bw, "results": results}
+    out = {"args": vars(args), "copy_bandwidth_bytes_per_s": bw, "results": results,
+           "torch_threads": torch.get_num_threads()}  # fmt: skip
     if args.device.startswith("cuda"):
         out["device_name"] = torch.cuda.get_device_name()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
