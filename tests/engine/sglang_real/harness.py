@@ -2,6 +2,7 @@
 GPU scheduler behind it, as its own process:
 
     AGENTRL_SGLANG_PATH=DIR python -m tests.engine.sglang_real.harness --model-path P --port N ...
+    AGENTRL_SGLANG_PATH=DIR python -m tests.engine.sglang_real.harness --print-server-args ...
 
 The command line is SGLang's (`ServerArgs` parses it); the app, its routes, request classes and
 error bodies are SGLang's. `StandInTokenizerManager` takes the place of SGLang's TokenizerManager
@@ -12,6 +13,7 @@ inside: `GET /_standin/state` and `POST /_standin/hold`."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from types import SimpleNamespace
@@ -40,6 +42,7 @@ class StandInTokenizerManager(RequestStandIn, WeightStandIn):
         )
         self.tokenizer = None
         self.max_req_input_len = 4096
+        self._weight_version: str | None = None
         self.gracefully_exit = False
         self.server_status = ServerStatus.Up
         self.startup_time: dict[str, Any] = {}
@@ -51,13 +54,17 @@ class StandInTokenizerManager(RequestStandIn, WeightStandIn):
 
     @property
     def weight_version(self) -> str:
-        """Kept on ServerArgs, where SGLang before 0.5.2x reads and writes it (its
-        /update_weight_version route sets `server_args.weight_version` itself)."""
-        return self.server_args.weight_version
+        """On ServerArgs where SGLang before 0.5.2x keeps it (its /update_weight_version route
+        sets `server_args.weight_version` itself); 0.5.2x's ServerArgs is read-only once
+        resolved, so there the manager keeps its own (as its config bags do)."""
+        return self._weight_version or self.server_args.weight_version
 
     @weight_version.setter
     def weight_version(self, version: str) -> None:
-        self.server_args.weight_version = version
+        try:
+            self.server_args.weight_version = version
+        except AttributeError:
+            self._weight_version = version
 
     def config_value(self, name: str) -> Any:
         if name == "weight_version":
@@ -113,6 +120,10 @@ class StandInTokenizerManager(RequestStandIn, WeightStandIn):
         }
 
 
+PRINTED_ARGS = ("model_path", "host", "port", "tp_size", "base_gpu_id", "mem_fraction_static",
+                "context_length", "api_key", "enable_memory_saver", "dtype")  # fmt: skip
+
+
 def parse_server_args(argv: list[str]) -> Any:
     """SGLang's own parser, as `python -m sglang.launch_server` uses it."""
     from sglang.srt.server_args import ServerArgs
@@ -165,6 +176,12 @@ def _add_inspection_routes(app: Any, manager: StandInTokenizerManager) -> None:
 
 def main(argv: list[str]) -> None:
     import uvicorn
+
+    if argv[:1] == ["--print-server-args"]:  # what SGLang's parser made of a command line
+        import_sglang()
+        server_args = parse_server_args(argv[1:])
+        print(json.dumps({name: getattr(server_args, name) for name in PRINTED_ARGS}, default=str))
+        return
 
     app, server_args, _ = build_app(argv)
     started = time.monotonic()

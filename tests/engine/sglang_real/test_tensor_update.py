@@ -5,6 +5,7 @@ code: flattened buckets rebuilt by SGLang's `FlattenedTensorBucket` after its sa
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import os
 import subprocess
@@ -95,7 +96,8 @@ HAS_SESSIONS = bool(os.environ.get(SGLANG_PATH_ENV)) and version_tuple(sglang_ve
 async def test_sglang_refuses_a_tensor_update_outside_a_session(
     sglang_server: StandInServer,
 ) -> None:
-    body = {"serialized_named_tensors": ["x"], "load_format": "flattened_bucket"}
+    payload = base64.b64encode(b"never opened").decode()
+    body = {"serialized_named_tensors": [payload], "load_format": "flattened_bucket"}
     response = httpx.post(f"{sglang_server.url}/update_weights_from_tensor", json=body, timeout=30)
     assert response.status_code == 400
     assert "must run between begin_weight_update() and end_weight_update()" in response.text

@@ -1,0 +1,63 @@
+"""The command lines agentrl launches SGLang servers with, parsed by SGLang's own `ServerArgs`
+(in a process of its own, as `python -m sglang.launch_server` would): every flag is one SGLang
+knows, with the value agentrl meant; a colocated server gets the memory saver."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from agentrl.cluster.engine_group import ServerSpec, server_cmd
+from agentrl.engine.sglang.launcher import server_command
+from tests.support.sglang_real import REPO_ROOT
+
+LAUNCH_PREFIX = ["-m", "sglang.launch_server"]
+
+
+def parsed_by_sglang(cmd: list[str]) -> dict[str, Any]:
+    """SGLang's ServerArgs for agentrl's `python -m sglang.launch_server ARGS` command."""
+    assert cmd[1:3] == LAUNCH_PREFIX, cmd
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.engine.sglang_real.harness", "--print-server-args", *cmd[3:]],
+        capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def spec(**overrides: Any) -> ServerSpec:
+    fields: dict[str, Any] = dict(
+        index=1, model_path="/models/policy", device_ids=[2, 3], use_gpu=True, use_sglang=True,
+        host="127.0.0.1", dtype="bfloat16", max_batch_size=64, mem_fraction_static=0.55,
+        sglang_args=["--context-length", "4096"], log_dir="/tmp", health_timeout_s=60.0,
+    )  # fmt: skip
+    fields.update(overrides)
+    return ServerSpec(**fields)
+
+
+@pytest.mark.parametrize("is_colocated", [True, False])
+def test_the_engine_groups_command_line(is_colocated: bool) -> None:
+    args = parsed_by_sglang(server_cmd(spec(is_colocated=is_colocated, api_key="k3y"), 31000))
+    assert args["model_path"] == "/models/policy"
+    assert (args["host"], args["port"]) == ("127.0.0.1", 31000)
+    assert args["tp_size"] == 2 and args["base_gpu_id"] == 2
+    assert args["mem_fraction_static"] == 0.55
+    assert args["context_length"] == 4096
+    assert args["api_key"] == "k3y"
+    assert args["enable_memory_saver"] is is_colocated  # else release frees nothing
+
+
+def test_the_launchers_command_line() -> None:
+    cmd = server_command(
+        "/models/policy", host="127.0.0.1", port=30000, tp_size=1, mem_fraction_static=0.8,
+        base_gpu_id=0, enable_memory_saver=True, extra_args=["--dtype", "bfloat16"],
+    )  # fmt: skip
+    args = parsed_by_sglang(cmd)
+    assert (args["port"], args["tp_size"], args["base_gpu_id"]) == (30000, 1, 0)
+    assert args["dtype"] == "bfloat16" and args["enable_memory_saver"] is True
