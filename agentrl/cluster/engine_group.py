@@ -5,13 +5,16 @@ API) -- health-waited at start, restarted when it dies, and reached through one 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import os
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentrl.cluster.placement import BundleInfo, Placement, bundle_strategy
 from agentrl.config import RunConfig
 from agentrl.engine.router import RoutedEngine
 from agentrl.engine.sglang import SGLangEngine
@@ -224,3 +227,73 @@ class EngineGroup:
         if self.router is not None:
             self.router.stop()
         await asyncio.gather(*(a.stop.remote() for a in self.actors), return_exceptions=True)
+
+
+def start_engine_actors(
+    cfg: RunConfig,
+    placement: Placement,
+    pg: Any,
+    bundles: list[BundleInfo],
+    model_path: str,
+    reserves: list[int],
+) -> list[Any]:
+    """One engine actor per engine; a colocated one leaves `reserves[rank]` bytes for the
+    trainer rank on its GPU."""
+    import ray
+
+    from agentrl.engine.sglang.launcher import require_module
+
+    use_sglang = cfg.cluster.engine_server == "sglang" or (
+        cfg.cluster.engine_server == "auto"
+        and placement.use_gpu
+        and importlib.util.find_spec("sglang") is not None
+    )
+    if use_sglang:
+        require_module("sglang")
+    log_dir = Path(cfg.checkpoint.save) / "engine_logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    actor_cls = ray.remote(EngineServer)
+    actors = []
+    driver_ip = ray.util.get_node_ip_address()
+    for e, members in enumerate(placement.engine_bundles):
+        first = bundles[members[0]]
+        is_local = first.node_ip == driver_ip
+        spec = ServerSpec(
+            index=e,
+            model_path=model_path,
+            device_ids=[bundles[b].device_id for b in members],
+            use_gpu=placement.use_gpu,
+            use_sglang=use_sglang,
+            # On the driver's node: loopback only. Elsewhere: the node's address, for the driver.
+            host="127.0.0.1" if is_local else first.node_ip,
+            dtype=cfg.model.dtype,
+            max_batch_size=cfg.engine.max_batch_size,
+            mem_fraction_static=cfg.engine.mem_fraction_static,
+            sglang_args=list(cfg.engine.sglang_args),
+            log_dir=str(log_dir if is_local else tempfile.gettempdir()),
+            health_timeout_s=cfg.cluster.engine_start_timeout_s,
+            keep_weights_on_release=not placement.is_colocated,
+            reserve_bytes=reserve_for(placement, e, reserves),
+            is_colocated=placement.is_colocated,
+            api_key=resolve_api_key(cfg.engine),
+        )
+        if use_sglang and spec.reserve_bytes:
+            log.warning(
+                "engine %d: SGLang sizes its KV cache from --mem-fraction-static alone; the trainer "
+                "rank on its GPU will hold %.1f GiB more after its first step (lower "
+                "engine.mem_fraction_static if the KV cache cannot resume)",
+                e, spec.reserve_bytes / 2**30,
+            )  # fmt: skip
+        actors.append(
+            actor_cls.options(
+                num_cpus=placement.engine_share if not placement.use_gpu else 0.1,
+                num_gpus=placement.engine_share if placement.use_gpu else 0,
+                scheduling_strategy=bundle_strategy(pg, first.index),
+            ).remote(spec)
+        )
+    return actors
+
+
+def reserve_for(placement: Placement, engine: int, reserves: list[int]) -> int:
+    rank = placement.colocated_rank(engine)
+    return reserves[rank] if rank is not None else 0

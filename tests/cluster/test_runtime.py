@@ -26,9 +26,8 @@ def test_agentrl_serve_gets_the_kv_fraction_and_the_trainers_reserve():
     """engine.mem_fraction_static reaches the `agentrl serve` it launches (it was dropped), and
     a colocated engine leaves its rank's optimizer state out of the KV cache. (The Ray tests of
     tests/cluster/test_ray_train.py launch `agentrl serve` with these flags.)"""
-    from agentrl.cluster.engine_group import ServerSpec, server_cmd
+    from agentrl.cluster.engine_group import ServerSpec, reserve_for, server_cmd
     from agentrl.cluster.placement import Placement
-    from agentrl.cluster.runtime import _reserve_for
 
     spec = ServerSpec(index=0, model_path="m", device_ids=[1], use_gpu=True, use_sglang=False,
                       host="127.0.0.1", dtype="bfloat16", max_batch_size=8,
@@ -40,7 +39,7 @@ def test_agentrl_serve_gets_the_kv_fraction_and_the_trainers_reserve():
     assert cmd[cmd.index("--device") + 1] == "cuda:1"
     colocated = Placement(num_bundles=2, trainer_bundles=[0, 1], engine_bundles=[[1], [0]],
                           is_colocated=True, use_gpu=True)  # fmt: skip
-    assert [_reserve_for(colocated, e, [10, 20]) for e in (0, 1)] == [20, 10]
+    assert [reserve_for(colocated, e, [10, 20]) for e in (0, 1)] == [20, 10]
     apart = Placement(num_bundles=2, trainer_bundles=[0], engine_bundles=[[1]],
                       is_colocated=False, use_gpu=True)  # fmt: skip
-    assert _reserve_for(apart, 0, [10]) == 0
+    assert reserve_for(apart, 0, [10]) == 0

@@ -77,7 +77,9 @@ class Replay:
             body = json.loads(await request.body() or b"{}")
             self.requests.append((f"/{path}", body, {}))
             if path == "model_info":
-                return {"weight_version": CONTROL["get_weight_version"]["response"]["weight_version"]}
+                return {
+                    "weight_version": CONTROL["get_weight_version"]["response"]["weight_version"]
+                }
             if path == "server_info":
                 return {"tp_size": self.tp_size, "version": self.version}
             if path.startswith(("update_weights", "begin_weight", "end_weight")):
