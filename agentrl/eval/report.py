@@ -95,6 +95,8 @@ class EvalReport:
         for name, iv in intervals.items():
             if iv is not None:
                 out.update({f"{name}_ci_low": iv.low, f"{name}_ci_high": iv.high})
+        if self.tool_calls is not None:  # over per-task means, as its interval
+            out["tool_calls_mean"] = self.tool_calls.mean
         out.update({f"{name}_mean": v.mean for name, v in self.components.items()})
         out.update({f"status/{s}": frac for s, frac in self.status_mix.items()})
         return {prefix + k: float(v) for k, v in out.items()}
@@ -337,8 +339,17 @@ def _band(entry: dict[str, Any], name: str) -> tuple[float, float, float]:
     if isinstance(entry.get(name), dict):  # a full report.to_dict()
         values = (entry[name]["mean"], entry[name]["low"], entry[name]["high"])
     else:
-        mean_key = "tool_calls_per_episode" if name == "tool_calls" else name
+        mean_key = name
+        if name == "tool_calls" and "tool_calls_mean" not in entry:
+            mean_key = "tool_calls_per_episode"  # older histories: no per-task mean
+        elif name == "tool_calls":
+            mean_key = "tool_calls_mean"
         values = (entry.get(mean_key), entry.get(f"{name}_ci_low"), entry.get(f"{name}_ci_high"))
+        if name == "pass_rate" and values[1] is None and entry.get("num_episodes"):
+            # histories written before the interval was logged: Wilson from the count
+            n = int(entry["num_episodes"])
+            iv = stats.wilson_ci(round(float(entry["pass_rate"]) * n), n)
+            values = (iv.mean, iv.low, iv.high)
     return tuple(math.nan if v is None else float(v) for v in values)  # type: ignore[return-value]
 
 

@@ -44,11 +44,13 @@ _RETRIEVERS: dict[tuple[str, ...], Retriever] = {}
 # question's own words. The instruction comes after the question (the model follows what it
 # read last): first turns that searched, of 32 sampled at temperature 0.7 (8 test questions)
 # and 8 greedy: 6% / 0% with it before the question, 38% / 100% after; 0% / 0% with no
-# worked episode.
+# worked episode; 31% / 50% asking for "the name it gives", 3 of 8 greedy for "the answer, in
+# a few words". The title is what the embedded questions ask for (the subject of an article):
+# for other data pass a prompt_template of its own (the paper's is `protocol.PROMPT_TEMPLATE`).
 BRIEF_PROMPT_TEMPLATE = (
     "Question: {question}\nFirst search for the question: reply with <search> and the question "
-    "</search>. When the top document comes back, reply with the answer, in a few words, "
-    "between <answer> and </answer>.\n"
+    "</search>. When the top document comes back, reply with its title between <answer> and "
+    "</answer>.\n"
 )
 DEMONSTRATION_QUESTION = (
     'What is the subject of this description: "___ is the capital and largest city of France." '

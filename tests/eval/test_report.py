@@ -104,3 +104,33 @@ def test_plot_eval_history_accepts_summaries_and_full_reports(groups, tmp_path) 
         plot_eval_history([], tmp_path / "empty.png")
     with pytest.raises(ValueError, match="step 3 has no reward_mean"):
         plot_eval_history([{"step": 3, "pass_rate": 0.5}], tmp_path / "bad.png")
+
+
+def test_tool_calls_and_pass_rate_have_intervals_for_the_learning_curve(groups) -> None:
+    report = build_report(groups, k=3, temperature=1.0)
+    # tool calls per task (scored episodes): (0 + 0 + 2) / 3, 0 / 2, 0 / 3 -> mean 2/9 over tasks
+    assert report.tool_calls is not None
+    assert report.tool_calls.mean == pytest.approx(2 / 9) and report.tool_calls.n == 3
+    summary = report.summary()
+    assert summary["tool_calls_ci_low"] <= 2 / 9 <= summary["tool_calls_ci_high"]
+    assert summary["pass_rate_ci_low"] == pytest.approx(report.pass_rate.low)
+    again = EvalReport.from_dict(json.loads(json.dumps(report.to_dict())))
+    assert again.tool_calls == report.tool_calls
+
+
+def test_learning_curve_bands_from_summaries_full_reports_and_old_histories(groups) -> None:
+    from agentrl.eval.report import _band
+
+    report = build_report(groups, k=3, temperature=1.0)
+    flat, full = report.summary(), report.to_dict()
+    for entry in (flat, full):
+        assert _band(entry, "pass_rate") == pytest.approx(
+            (report.pass_rate.mean, report.pass_rate.low, report.pass_rate.high)
+        )
+        assert _band(entry, "tool_calls")[0] == pytest.approx(2 / 9)
+    # a history written before the intervals were logged: Wilson from the count, no tool band
+    old = {"step": 0, "reward_mean": 0.5, "pass_rate": 0.25, "num_episodes": 8.0,
+           "tool_calls_per_episode": 0.5}  # fmt: skip
+    mean, low, high = _band(old, "pass_rate")
+    assert mean == pytest.approx(0.25) and 0.0 < low < 0.25 < high < 1.0
+    assert _band(old, "tool_calls")[0] == 0.5 and math.isnan(_band(old, "tool_calls")[1])
