@@ -113,6 +113,11 @@ class RolloutConfig:
     max_sampling_rounds: NonNegativeInt = 3
     """With dynamic_sampling: most extra rounds of sampling per train step."""
     seed: int = 0
+    agent: str | None = None
+    """An agent to train instead of the env's own loop: `module:function`, an
+    `async def run(task, client) -> float | AgentResult` whose OpenAI client is bound to each
+    episode (`--set rollout.agent=my_agent:run`); the env supplies the tasks and scores an
+    `AgentResult`. Each chat completion is one turn (at most max_turns per episode)."""
 
 
 @dataclass

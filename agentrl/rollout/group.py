@@ -15,7 +15,7 @@ from agentrl.engine.base import Engine, SamplingParams
 from agentrl.envs.base import AgentEnv
 from agentrl.rollout.codec import ChatCodec
 from agentrl.rollout.codec_check import check_codec
-from agentrl.rollout.episode import error_trajectory, run_episode
+from agentrl.rollout.episode import _episode_sampling, error_trajectory, run_episode
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.types import Task
 
@@ -46,6 +46,7 @@ class RolloutRunner:
         cfg: RolloutConfig,
         *,
         codec: ChatCodec | None = None,
+        agent: Any = None,
     ) -> None:
         if cfg.max_concurrent_episodes < 1:
             raise ValueError(
@@ -55,6 +56,10 @@ class RolloutRunner:
         self.env_factory = env_factory
         self.cfg = cfg
         self.codec = codec
+        self.agent = agent
+        """An `async def run(task, client)` agent playing each episode instead of the engine
+        loop; its episodes may give several trajectories (segments), all in the group."""
+        self._agent_endpoint: Any = None
         self._semaphores: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
         self._is_checked = False
         self._num_groups = 0
@@ -70,7 +75,8 @@ class RolloutRunner:
         on_episode: Callable[[Trajectory], Any] | None = None,
     ) -> list[Trajectory]:
         """n episodes of `task`, concurrently; one failing episode never fails the others.
-        Episode i gets the seed `episode_seed(seed, task.id, i)` (seed defaults to cfg.seed)."""
+        Episode i gets the seed `episode_seed(seed, task.id, i)` (seed defaults to cfg.seed).
+        An agent's episode that rewrote its history gives one trajectory per segment, in order."""
         await self._prepare()
         group_id = f"{task.id}#{self._num_groups}"
         self._num_groups += 1
@@ -78,7 +84,7 @@ class RolloutRunner:
         episodes = [
             self._run_one(task, i, group_id, temperature, seed, on_episode) for i in range(n)
         ]
-        return list(await asyncio.gather(*episodes))
+        return [t for trajectories in await asyncio.gather(*episodes) for t in trajectories]
 
     async def run_groups(
         self,
@@ -157,7 +163,7 @@ class RolloutRunner:
         temperature: float | None,
         seed: int,
         on_episode: Callable[[Trajectory], Any] | None,
-    ) -> Trajectory:
+    ) -> list[Trajectory]:
         episode_id = f"{group_id}/{index}"
         sampling = self.sampling(temperature=temperature, seed=episode_seed(seed, task.id, index))
         async with self._limit():
@@ -165,20 +171,23 @@ class RolloutRunner:
             try:
                 env = self.env_factory()
             except Exception:
-                traj = error_trajectory(task, group_id, episode_id, "env_factory")
+                trajectories = [error_trajectory(task, group_id, episode_id, "env_factory")]
             else:
-                traj = await self._episode(env, task, sampling, group_id, episode_id)
+                trajectories = await self._episode(env, task, sampling, group_id, episode_id)
             finally:
                 self.num_episodes_in_flight -= 1
-        _notify(on_episode, traj)
-        return traj
+        for traj in trajectories:
+            _notify(on_episode, traj)
+        return trajectories
 
     async def _episode(
         self, env: AgentEnv, task: Task, sampling: SamplingParams, group_id: str, episode_id: str
-    ) -> Trajectory:
+    ) -> list[Trajectory]:
         assert self.codec is not None
+        if self.agent is not None:
+            return await self._agent_episode(env, task, sampling, group_id, episode_id)
         try:
-            return await run_episode(
+            return [await run_episode(
                 env,
                 self.engine,
                 self.codec,
@@ -190,9 +199,40 @@ class RolloutRunner:
                 timeout_s=self.cfg.episode_timeout_s,
                 group_id=group_id,
                 episode_id=episode_id,
-            )
+            )]  # fmt: skip
         except Exception:  # run_episode handles its own failures; this is the last line of defence
-            return error_trajectory(task, group_id, episode_id, "run_episode")
+            return [error_trajectory(task, group_id, episode_id, "run_episode")]
+
+    async def _agent_episode(
+        self, env: AgentEnv, task: Task, sampling: SamplingParams, group_id: str, episode_id: str
+    ) -> list[Trajectory]:
+        # agents sit above rollout (their endpoint records through the codec): imported here.
+        from agentrl.agents.chat import CallLimits
+        from agentrl.agents.endpoint import AgentEndpoint
+        from agentrl.agents.episode import AgentEpisode, run_agent_episode
+
+        assert self.codec is not None
+        if self._agent_endpoint is None:
+            self._agent_endpoint = AgentEndpoint(self.engine)
+        await self._agent_endpoint.start()
+        setup = AgentEpisode(
+            self._agent_endpoint,
+            self.codec,
+            CallLimits(self.cfg.max_turns, self.cfg.rollout_max_context_len),
+            self.cfg.episode_timeout_s,
+        )
+        sampling = _episode_sampling(sampling, env, self.codec)
+        try:
+            return await run_agent_episode(
+                self.agent, setup, env, task, sampling, group_id=group_id, episode_id=episode_id
+            )
+        except Exception:
+            return [error_trajectory(task, group_id, episode_id, "run_agent_episode")]
+
+    async def close(self) -> None:
+        """Stop the agents' endpoint, if one was started."""
+        if self._agent_endpoint is not None:
+            await self._agent_endpoint.stop()
 
 
 def _notify(on_episode: Callable[[Trajectory], Any] | None, traj: Trajectory) -> None:
@@ -228,4 +268,9 @@ def build_runner(cfg: RunConfig, engine: Engine) -> RolloutRunner:
         codec = ChatCodec.from_pretrained(
             path, tool_call_format=tool_call_format, observation_format=observation_format
         )
-    return RolloutRunner(engine, env_factory, cfg.rollout, codec=codec)
+    agent = None
+    if cfg.rollout.agent:
+        from agentrl.agents.episode import load_agent
+
+        agent = load_agent(cfg.rollout.agent)
+    return RolloutRunner(engine, env_factory, cfg.rollout, codec=codec, agent=agent)

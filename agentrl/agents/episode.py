@@ -1,0 +1,193 @@
+"""`run_agent_episode`: one episode of a user's agent (`async def run(task, client)`), its chat
+completions captured token for token, ended with the status DESIGN §3 gives it."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import logging
+import os
+import sys
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrl.agents.capture import EpisodeCapture
+from agentrl.agents.chat import CallLimits
+from agentrl.agents.endpoint import AgentEndpoint
+from agentrl.engine.base import SamplingParams
+from agentrl.envs.base import AgentEnv
+from agentrl.rollout.codec import ChatCodec
+from agentrl.rollout.trajectory import Trajectory
+from agentrl.types import EpisodeStatus, Message, StatusReason, Task
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class AgentResult:
+    """What an agent returns when the env should score it: `answer` is given to the env as the
+    final assistant message (`env.step`), whose reward the episode gets. With `reward` set,
+    that reward is used as is."""
+
+    answer: str = ""
+    reward: float | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+AgentFn = Callable[[Task, Any], Awaitable["float | AgentResult"]]
+
+
+def load_agent(path: str) -> AgentFn:
+    """`"module:function"` (importable, or a module in the working directory) -> the agent."""
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise ValueError(
+            f"rollout.agent={path!r}: name the agent as 'module:function', e.g. my_agent:run"
+        )
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"rollout.agent={path!r}: cannot load it: {type(e).__name__}: {e}") from e
+    finally:
+        if added:
+            sys.path.remove(cwd)
+    if not inspect.iscoroutinefunction(obj):
+        raise ValueError(
+            f"rollout.agent={path!r} is {type(obj).__name__}, not an `async def run(task, client)`"
+        )
+    return obj
+
+
+@dataclass
+class AgentEpisode:
+    """Where and how one agent episode runs."""
+
+    endpoint: AgentEndpoint
+    codec: ChatCodec
+    limits: CallLimits
+    timeout_s: float | None = None
+
+
+async def run_agent_episode(
+    agent: AgentFn,
+    setup: AgentEpisode,
+    env: AgentEnv,
+    task: Task,
+    sampling: SamplingParams,
+    *,
+    group_id: str = "",
+    episode_id: str = "",
+) -> list[Trajectory]:
+    """Run `agent(task, client)`; one trajectory per segment (at least one, empty for an agent
+    that failed before its first call). Never raises for what happens inside the episode."""
+    import openai
+
+    capture = EpisodeCapture(setup.codec, task, group_id=group_id, episode_id=episode_id)
+    base_url = setup.endpoint.open(capture, sampling, setup.limits)
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=base_url.split("/")[-2], max_retries=0)
+    start = time.perf_counter()
+    try:
+        reward, ending = await _play(agent, setup, env, task, sampling, capture, client)
+    finally:
+        setup.endpoint.close(base_url)
+        await client.close()
+        await _close(env, capture)
+    capture.info["elapsed_s"] = time.perf_counter() - start
+    trajectories = capture.trajectories(reward, *ending)
+    return trajectories or [_empty(capture, *ending)]
+
+
+async def _play(
+    agent: AgentFn,
+    setup: AgentEpisode,
+    env: AgentEnv,
+    task: Task,
+    sampling: SamplingParams,
+    capture: EpisodeCapture,
+    client: Any,
+) -> tuple[float, tuple[EpisodeStatus, StatusReason]]:
+    try:
+        result = await asyncio.wait_for(agent(task, client), setup.timeout_s)
+    except asyncio.TimeoutError:
+        capture.info.update(error_where=f"agent (no result after {setup.timeout_s}s)")
+        return 0.0, capture.ending or (EpisodeStatus.ERROR, StatusReason.ENV)
+    except asyncio.CancelledError:  # shutdown or a weight-update drain: keep what was sampled
+        return 0.0, (EpisodeStatus.ABORTED, StatusReason.CANCELLED)
+    except Exception:
+        if capture.ending is not None:  # the agent raised on the error a limit answered it with
+            return 0.0, capture.ending
+        return 0.0, _fail(capture, StatusReason.ENV, "agent")
+    if capture.num_calls == 0:
+        capture.info["error_where"] = "agent (it made no chat completion)"
+        return 0.0, (EpisodeStatus.ERROR, StatusReason.ENV)
+    try:
+        reward = await _reward(result, env, task, sampling, capture)
+    except Exception:
+        return 0.0, _fail(capture, StatusReason.ENV, "env (scoring the agent's answer)")
+    ending = capture.ending or (EpisodeStatus.COMPLETED, StatusReason.DONE)
+    return reward, ending
+
+
+async def _reward(
+    result: Any, env: AgentEnv, task: Task, sampling: SamplingParams, capture: EpisodeCapture
+) -> float:
+    if isinstance(result, (int, float)) and not isinstance(result, bool):
+        return float(result)
+    if not isinstance(result, AgentResult):
+        raise TypeError(
+            f"the agent returned {type(result).__name__}: return a float or AgentResult"
+        )
+    capture.info.update(result.info)
+    if result.reward is not None:
+        return float(result.reward)
+    await env.reset(seed=sampling.seed, options={"task": task})
+    step = await env.step(Message(role="assistant", content=result.answer))
+    capture.info.update(step.info or {})
+    return float(step.reward)
+
+
+def _fail(
+    capture: EpisodeCapture, reason: StatusReason, where: str
+) -> tuple[EpisodeStatus, StatusReason]:
+    capture.info.update(error=traceback.format_exc(), error_where=where)
+    logger.warning(
+        "episode %s: %s raised; status ERROR/%s\n%s",
+        capture.episode_id,
+        where,
+        reason.value,
+        capture.info["error"],
+    )
+    return EpisodeStatus.ERROR, reason
+
+
+def _empty(capture: EpisodeCapture, status: EpisodeStatus, reason: StatusReason) -> Trajectory:
+    return Trajectory(
+        token_ids=[],
+        loss_mask=[],
+        logprobs=[],
+        prompt_len=0,
+        reward=0.0,
+        status=status,
+        status_reason=reason,
+        task=capture.task.to_dict(),
+        group_id=capture.group_id,
+        episode_id=capture.episode_id,
+        info={**capture.info, "num_calls": capture.num_calls},
+    )
+
+
+async def _close(env: AgentEnv, capture: EpisodeCapture) -> None:
+    try:
+        await env.close()
+    except Exception:
+        capture.info["close_error"] = traceback.format_exc()

@@ -1,0 +1,72 @@
+"""`rollout.agent`: an agent written only against the `openai` package trains (2 steps, CPU, the
+tiny model) token for token, and runs unchanged against `agentrl serve` (only the URL differs)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agentrl.config import recipe_for_env
+from agentrl.loop import train
+from agentrl.rollout.trajectory import read_jsonl
+from agentrl.types import EpisodeStatus, Task
+from tests.agents.conftest import tool_agent
+
+
+@pytest.mark.slow
+def test_agent_trains_two_steps_token_exact(tiny_model_path, tmp_path):
+    from agentrl.rollout.codec import ChatCodec
+
+    cfg = recipe_for_env("calculator")
+    cfg.model.path = tiny_model_path
+    cfg.checkpoint.save = str(tmp_path / "run")
+    cfg.train.num_rollout = 2
+    cfg.train.lr = 1e-3
+    cfg.rollout.agent = "tests.agents.conftest:tool_agent"
+    cfg.rollout.rollout_batch_size = 2
+    cfg.rollout.n_samples_per_prompt = 2
+    cfg.rollout.rollout_max_response_len = 8
+    cfg.rollout.max_turns = 3
+    cfg.eval.num_eval_tasks = 0
+    cfg.eval.eval_at_start = False
+    cfg.log.progress = False
+    cfg.log.use_tensorboard = False
+    result = train(cfg)
+    assert result is not None
+    codec = ChatCodec.from_pretrained(tiny_model_path)
+    for step in (1, 2):
+        trajs = read_jsonl(str(tmp_path / "run" / "rollouts" / f"step_{step:06d}.jsonl"))
+        assert len(trajs) == 4
+        for traj in trajs:
+            traj.check()
+            assert traj.status is EpisodeStatus.COMPLETED, traj.info.get("error")
+            # three calls, each extending the last: one trajectory, the nudges masked
+            assert traj.num_turns == 3 and traj.info["num_segments"] == 1
+            for turn, nxt in zip(traj.turns, traj.turns[1:], strict=False):
+                between = traj.token_ids[turn.start + turn.num_sampled : nxt.start]
+                assert "Use the add tool." in codec.decode(between)
+                assert set(traj.loss_mask[turn.start + turn.num_sampled : nxt.start]) == {0}
+            assert "Use the add tool" in codec.decode(traj.token_ids[: traj.prompt_len])
+
+
+@pytest.mark.slow
+def test_same_agent_runs_against_agentrl_serve(tiny_model_path):
+    import openai
+
+    from agentrl.engine.local import LocalEngine
+    from tests.support.servers import start_server_thread
+
+    engine = LocalEngine.load(tiny_model_path, device="cpu", seed=0)
+    thread = start_server_thread(engine)
+    try:
+
+        async def main() -> float:
+            client = openai.AsyncOpenAI(base_url=thread.url + "/v1", api_key="none")
+            task = Task(id="t", data={"question": "What is 2 + 3?", "answer": 5})
+            return await tool_agent(task, client)
+
+        assert asyncio.run(main()) in (0.0, 1.0)
+    finally:
+        thread.stop()
+        asyncio.run(engine.close())
