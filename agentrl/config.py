@@ -62,7 +62,11 @@ class EngineConfig:
     """Passed verbatim to `sglang.launch_server`, e.g. ["--context-length", "8192"]."""
     restart_on_failure: bool = False
     router_policy: str = "consistent_hashing"
-    """sglang-router policy when num_servers > 1 (older routers: "manual" or "cache_aware")."""
+    """Router policy when num_servers > 1: consistent_hashing with `smg` installed; with only
+    sglang-router installed, manual (sticky on the same routing header)."""
+    api_key: str | None = None
+    """Bearer key of the servers' --api-key (SGLang and `agentrl serve`); None reads the
+    AGENTRL_API_KEY environment variable, and no key when that is unset."""
     weight_update_path: Literal["tensor", "distributed"] = "tensor"
     """How SGLangEngine pushes weights: tensor = same host (CUDA IPC / shared memory);
     distributed = a torch.distributed broadcast from the trainer (NCCL on GPU, gloo on CPU)."""
@@ -270,8 +274,9 @@ class ClusterConfig:
     engine_server: Literal["auto", "sglang", "agentrl"] = "auto"
     """Engine servers: auto = SGLang when installed and CUDA is present, else `agentrl serve`."""
     use_sglang_router: bool = False
-    """Put `sglang_router` (consistent hashing) in front of the engines instead of agentrl's own
-    client-side consistent hashing (needs the sglang-router package)."""
+    """Put a router in front of the engines instead of agentrl's own client-side consistent
+    hashing: `smg` (consistent_hashing) when installed, else sglang-router (manual, sticky on
+    the routing header)."""
     max_engine_restarts: NonNegativeInt = 3
     """Restarts per engine server before the run stops with its last log lines."""
     max_rerun_rounds: NonNegativeInt = 2

@@ -31,7 +31,8 @@ class SamplingParams:
     """Stop strings; the stop string stays in the output (SGLang `no_stop_trim=True`)."""
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
-    """Per-request seed (SGLang `sampling_seed`); None = engine RNG."""
+    """Per-request seed (SGLang `sampling_seed`); None = engine RNG. SGLang honours it only on a
+    server started with --enable-deterministic-inference; elsewhere it is ignored."""
 
     def to_sglang(self) -> dict[str, Any]:
         out: dict[str, Any] = {
