@@ -136,10 +136,19 @@ class StandInServer:
             self.proc.wait(5)
 
 
+MAX_SGLANG_PORT = 55535
+"""SGLang 0.5.15 derives a gRPC port of --port + 10000 and refuses to start above 65535."""
+
+
 def free_port() -> int:
+    """A free loopback port every supported SGLang accepts as its --port."""
     from agentrl.engine.sglang.launcher import free_ports
 
-    return free_ports(1)[0]
+    for _ in range(200):  # most of Linux's ephemeral range (32768-60999) is below the limit
+        (port,) = free_ports(1)
+        if port <= MAX_SGLANG_PORT:
+            return port
+    raise RuntimeError(f"no free port at or below {MAX_SGLANG_PORT} in 200 tries")
 
 
 def start_standin(

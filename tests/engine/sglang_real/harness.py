@@ -128,6 +128,8 @@ def parse_server_args(argv: list[str]) -> Any:
     """SGLang's own parser, as `python -m sglang.launch_server` uses it."""
     from sglang.srt.server_args import ServerArgs
 
+    if "--device" not in argv:  # the stand-in is the accelerator: SGLang must not look for one
+        argv = [*argv, "--device", "cpu"]
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
     return ServerArgs.from_cli_args(parser.parse_args(argv))
@@ -135,8 +137,6 @@ def parse_server_args(argv: list[str]) -> Any:
 
 def build_app(argv: list[str]) -> tuple[Any, Any, StandInTokenizerManager]:
     sglang = import_sglang()
-    if "--device" not in argv:  # the stand-in is the accelerator: SGLang must not look for one
-        argv = [*argv, "--device", "cpu"]
     server_args = parse_server_args(argv)
     try:  # 0.5.2x: routes read the published config (get_serving(), get_disagg())
         from sglang.srt.runtime_context import publish

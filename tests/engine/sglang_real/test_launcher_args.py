@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from agentrl.cluster.engine_group import ServerSpec, server_cmd
-from agentrl.engine.sglang.launcher import server_command
+from agentrl.engine.sglang.launcher import free_ports, server_command
 from tests.support.sglang_real import REPO_ROOT
 
 LAUNCH_PREFIX = ["-m", "sglang.launch_server"]
@@ -31,9 +31,9 @@ def parsed_by_sglang(cmd: list[str]) -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def spec(**overrides: Any) -> ServerSpec:
+def spec(model_path: str, **overrides: Any) -> ServerSpec:
     fields: dict[str, Any] = dict(
-        index=1, model_path="/models/policy", device_ids=[2, 3], use_gpu=True, use_sglang=True,
+        index=1, model_path=model_path, device_ids=[2, 3], use_gpu=True, use_sglang=True,
         host="127.0.0.1", dtype="bfloat16", max_batch_size=64, mem_fraction_static=0.55,
         sglang_args=["--context-length", "4096"], log_dir="/tmp", health_timeout_s=60.0,
     )  # fmt: skip
@@ -42,9 +42,11 @@ def spec(**overrides: Any) -> ServerSpec:
 
 
 @pytest.mark.parametrize("is_colocated", [True, False])
-def test_the_engine_groups_command_line(is_colocated: bool) -> None:
-    args = parsed_by_sglang(server_cmd(spec(is_colocated=is_colocated, api_key="k3y"), 31000))
-    assert args["model_path"] == "/models/policy"
+def test_the_engine_groups_command_line(is_colocated: bool, smollm2_path: str) -> None:
+    """(SGLang 0.5.15 reads the model's config while parsing: a real checkpoint.)"""
+    cmd = server_cmd(spec(smollm2_path, is_colocated=is_colocated, api_key="k3y"), 31000)
+    args = parsed_by_sglang(cmd)
+    assert args["model_path"] == smollm2_path
     assert (args["host"], args["port"]) == ("127.0.0.1", 31000)
     assert args["tp_size"] == 2 and args["base_gpu_id"] == 2
     assert args["mem_fraction_static"] == 0.55
@@ -53,11 +55,19 @@ def test_the_engine_groups_command_line(is_colocated: bool) -> None:
     assert args["enable_memory_saver"] is is_colocated  # else release frees nothing
 
 
-def test_the_launchers_command_line() -> None:
+def test_the_launchers_command_line(smollm2_path: str) -> None:
     cmd = server_command(
-        "/models/policy", host="127.0.0.1", port=30000, tp_size=1, mem_fraction_static=0.8,
+        smollm2_path, host="127.0.0.1", port=30000, tp_size=1, mem_fraction_static=0.8,
         base_gpu_id=0, enable_memory_saver=True, extra_args=["--dtype", "bfloat16"],
     )  # fmt: skip
     args = parsed_by_sglang(cmd)
     assert (args["port"], args["tp_size"], args["base_gpu_id"]) == (30000, 1, 0)
     assert args["dtype"] == "bfloat16" and args["enable_memory_saver"] is True
+
+
+def test_the_ports_agentrl_picks_are_ones_sglang_accepts(smollm2_path: str) -> None:
+    """The engine group gives each server a port from `free_ports`; SGLang 0.5.15 refuses any
+    --port above 55535 (it derives a gRPC port of --port + 10000, at most 65535)."""
+    highest = max(free_ports(64))
+    args = parsed_by_sglang(server_cmd(spec(smollm2_path), highest))
+    assert args["port"] == highest
