@@ -57,4 +57,41 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(code=1)
         console.print(f"[green]✓ {env_id} passes check_env[/green]")
 
+    @group.command("serve")
+    def serve_command(
+        env_id: str = typer.Argument(..., help="A registered env id, or module:Class"),
+        host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback by default)"),
+        port: int = typer.Option(8100, "--port", help="TCP port"),
+        kwargs: str = typer.Option(
+            "{}", "--kwargs", help="Env constructor kwargs as JSON: '{\"a\": 1}'"
+        ),
+        max_sessions: int = typer.Option(
+            64, "--max-sessions", help="Most live sessions (episodes)"
+        ),
+        session_ttl_s: float = typer.Option(
+            600.0, "--session-ttl-s", help="An idle session is closed after this many seconds"
+        ),
+    ) -> None:
+        """Serve the env over HTTP, one session per episode; train or evaluate against it with
+        `--env agentrl.envs.remote:RemoteEnv --set env.kwargs.url=http://HOST:PORT`."""
+        import json
+
+        from agentrl.envs.server import serve_env
+
+        try:
+            env_kwargs = json.loads(kwargs)
+        except json.JSONDecodeError as e:
+            raise typer.BadParameter(f"--kwargs {kwargs!r} is not JSON: {e}") from e
+        if not isinstance(env_kwargs, dict):
+            raise typer.BadParameter(f"--kwargs {kwargs!r}: give a JSON object")
+        typer.echo(f"serving env {env_id} on http://{host}:{port}", err=True)
+        serve_env(
+            env_id,
+            host=host,
+            port=port,
+            env_kwargs=env_kwargs,
+            max_sessions=max_sessions,
+            session_ttl_s=session_ttl_s,
+        )
+
     app.add_typer(group, name="env")

@@ -252,7 +252,7 @@ def build_runner(cfg: RunConfig, engine: Engine) -> RolloutRunner:
     from agentrl.envs import make, spec
 
     env_factory = functools.partial(make, cfg.env.id, **cfg.env.kwargs)
-    tool_call_format = spec(cfg.env.id).load_class().tool_call_format
+    tool_call_format = _tool_call_format(spec(cfg.env.id).load_class(), cfg.env.kwargs)
     observation_format = cfg.rollout.observation_format
     tokenizer = getattr(engine, "tokenizer", None)
     if tokenizer is not None:
@@ -274,3 +274,12 @@ def build_runner(cfg: RunConfig, engine: Engine) -> RolloutRunner:
 
         agent = load_agent(cfg.rollout.agent)
     return RolloutRunner(engine, env_factory, cfg.rollout, codec=codec, agent=agent)
+
+
+def _tool_call_format(env_cls: type[AgentEnv], kwargs: dict[str, Any]) -> Any:
+    """The env class's format; a served env's comes from its server (`GET /info`)."""
+    from agentrl.envs.remote import RemoteEnv, server_info
+
+    if issubclass(env_cls, RemoteEnv):
+        return server_info(str(kwargs.get("url", "")))["tool_call_format"]
+    return env_cls.tool_call_format

@@ -1,0 +1,129 @@
+"""`RemoteEnv`: an env served by `agentrl env serve`, used exactly like a local one.
+
+Each instance holds one server session (one episode). A server that dies or answers with an
+error makes `reset`/`step` raise `RemoteEnvError`, which the rollout records as ERROR/env:
+an infrastructure failure, never a reward of 0."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import httpx
+
+from agentrl.envs.base import AgentEnv, StepResult
+from agentrl.types import Message, Task
+
+
+class RemoteEnvError(RuntimeError):
+    """The env server could not be reached or refused the call."""
+
+
+class RemoteTools:
+    """The served env's tool schemas (the tools themselves run on the server)."""
+
+    def __init__(self, schemas: list[dict[str, Any]] | None = None) -> None:
+        self._schemas = list(schemas or [])
+        self.tokenizer: Any = None  # the runner sets it; the server cuts its own outputs
+
+    def schemas(self) -> list[dict[str, Any]]:
+        return list(self._schemas)
+
+    def __len__(self) -> int:
+        return len(self._schemas)
+
+
+class RemoteEnv(AgentEnv):
+    """`--env agentrl.envs.remote:RemoteEnv --set env.kwargs.url=http://127.0.0.1:8100`."""
+
+    def __init__(self, url: str, timeout_s: float = 600.0) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"env.kwargs.url={url!r}: give the env server's http:// URL")
+        self.url, self.timeout_s = url.rstrip("/"), timeout_s
+        self.tools = RemoteTools()  # type: ignore[assignment]
+        self._session: str | None = None
+        self._client: httpx.AsyncClient | None = None
+
+    async def _call(self, method: str, path: str, body: Any = None) -> Any:
+        if self._client is None:
+            self._client = httpx.AsyncClient(base_url=self.url, timeout=self.timeout_s)
+        try:
+            response = await self._client.request(method, path, json=body)
+        except httpx.HTTPError as e:
+            raise RemoteEnvError(f"env server {self.url}: {type(e).__name__}: {e}") from e
+        return _json_or_raise(response, self.url, path)
+
+    async def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
+        await self._end_session()
+        task = (options or {}).get("task")
+        if not isinstance(task, Task):
+            raise ValueError("RemoteEnv.reset needs options={'task': Task(...)}")
+        out = await self._call("POST", "/sessions", {"task": task.to_dict(), "seed": seed})
+        self._session = out["session_id"]
+        self.tools = RemoteTools(out.get("tools"))  # type: ignore[assignment]
+        self.stop = tuple(out.get("stop") or ())  # type: ignore[misc]
+        self.max_observation_tokens = out.get("max_observation_tokens")
+        return [Message.from_dict(m) for m in out["messages"]], out.get("info") or {}
+
+    async def step(self, action: Message) -> StepResult:
+        if self._session is None:
+            raise RemoteEnvError("step before reset: no session on the env server")
+        out = await self._call(
+            "POST", f"/sessions/{self._session}/step", {"action": action.to_dict()}
+        )
+        return StepResult(
+            observation=[Message.from_dict(m) for m in out["observation"]],
+            reward=float(out["reward"]),
+            terminated=bool(out["terminated"]),
+            truncated=bool(out["truncated"]),
+            info=out.get("info") or {},
+        )
+
+    async def _end_session(self) -> None:
+        sid, self._session = self._session, None
+        if sid is not None:
+            await self._call("DELETE", f"/sessions/{sid}")
+
+    async def close(self) -> None:
+        try:
+            await self._end_session()
+        finally:
+            if self._client is not None:
+                await self._client.aclose()
+                self._client = None
+
+    @classmethod
+    def load_tasks(cls, split: str, url: str = "", **kwargs: Any) -> list[Task]:
+        """The served env's own split, fetched from its server."""
+        out = _get(url, "/tasks", params={"split": split})
+        return [Task(**t) for t in out]
+
+
+@functools.lru_cache(maxsize=16)
+def server_info(url: str) -> dict[str, Any]:
+    """`GET /info` of an env server (its tool-call format, stop strings, limits)."""
+    return _get(url, "/info")
+
+
+def _get(url: str, path: str, params: dict[str, Any] | None = None) -> Any:
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"env.kwargs.url={url!r}: give the env server's http:// URL")
+    try:
+        response = httpx.get(url.rstrip("/") + path, params=params, timeout=60)
+    except httpx.HTTPError as e:
+        raise RemoteEnvError(
+            f"env server {url}: {type(e).__name__}: {e} (is `agentrl env serve` running there?)"
+        ) from e
+    return _json_or_raise(response, url, path)
+
+
+def _json_or_raise(response: httpx.Response, url: str, path: str) -> Any:
+    if response.status_code >= 400:
+        try:
+            message = response.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = response.text[:500]
+        raise RemoteEnvError(f"env server {url}{path}: HTTP {response.status_code}: {message}")
+    return response.json()
