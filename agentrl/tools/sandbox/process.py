@@ -123,17 +123,20 @@ async def run_process(
     whole group when it exits, times out, overflows, or this coroutine is cancelled.
     `on_kill` is the backend's extra sweep (a cgroup, a container) run on the same paths."""
     start = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=cwd,
-        env=env if env is not None else {},
-        start_new_session=True,
-        preexec_fn=preexec_fn,
-        pass_fds=tuple(pass_fds),
+    spawn = asyncio.ensure_future(
+        asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=cwd,
+            env=env if env is not None else {},
+            start_new_session=True,
+            preexec_fn=preexec_fn,
+            pass_fds=tuple(pass_fds),
+        )
     )
+    proc, is_cancelled = await _started(spawn)
     budget = _OutputBudget(limits.max_output_bytes)
     out, err = bytearray(), bytearray()
     readers = [
@@ -144,6 +147,8 @@ async def run_process(
     waiter = asyncio.create_task(_exited(proc))
     tripwire = asyncio.create_task(budget.exceeded.wait())
     try:
+        if is_cancelled:
+            raise asyncio.CancelledError
         await asyncio.wait(
             {waiter, tripwire}, timeout=limits.timeout_s, return_when=asyncio.FIRST_COMPLETED
         )
@@ -168,6 +173,23 @@ async def run_process(
     return RawRun(
         proc.returncode, bytes(out), bytes(err), cut[0], cut[1], is_timeout, is_output_limit, wall_s
     )
+
+
+async def _started(
+    spawn: asyncio.Future[asyncio.subprocess.Process],
+) -> tuple[asyncio.subprocess.Process, bool]:
+    """The child, once its pipes are connected, and whether we were cancelled meanwhile. The
+    start is never cancelled: asyncio (3.11) then kills the child and waits for pipes that never
+    connect, forever, and a bwrap killed that early leaves its inner process running. Started,
+    the child is stopped like any other, group and cgroup swept."""
+    is_cancelled = False
+    while True:
+        try:
+            return await asyncio.shield(spawn), is_cancelled
+        except asyncio.CancelledError:
+            if spawn.cancelled():
+                raise
+            is_cancelled = True
 
 
 async def _exited(proc: asyncio.subprocess.Process) -> None:
