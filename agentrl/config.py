@@ -86,6 +86,9 @@ class EnvConfig:
     """Column of prompt_data that holds the question/prompt (env default when None)."""
     label_key: str | None = None
     """Column of prompt_data that holds the answer/label (env default when None)."""
+    max_row_bytes: PositiveInt = 4 * 1024 * 1024
+    """The longest task row read (a JSONL line, a parquet row as JSON); a longer one is refused
+    before it is parsed."""
 
 
 @dataclass

@@ -108,7 +108,11 @@ def test_an_installed_package_contributes_the_recipe_of_its_env(tmp_path, monkey
     (dist / "entry_points.txt").write_text("[agentrl.recipes]\ntoy = toy_recipes:recipe\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert recipe_for_env("toy").train.num_rollout == 3
-    assert recipe_for_env("search_r1").env.kwargs["reward"] == "format"  # the bundled env's own
+    from agentrl_envs.search_r1.recipe import recipe as search_r1_recipe
+
+    bundled = recipe_for_env("search_r1")  # the bundled env's own, not the default config
+    assert bundled.env.kwargs["reward"] == search_r1_recipe().env.kwargs["reward"]
+    assert bundled.env.kwargs != RunConfig().env.kwargs
 
 
 @pytest.mark.parametrize(
