@@ -1,0 +1,223 @@
+"""`judge(rubric, ...)`: LLM-as-judge rewards through an agentrl engine or any OpenAI-compatible
+URL. Concurrent `score` calls are collected into batches, deduplicated and sent together (up
+to `max_concurrency` at once); verdicts are cached by (prompt, answer). A judge that cannot
+answer raises `JudgeError`: raised inside `env.step` (or an agent) it ends the episode ERROR,
+an infrastructure outcome kept out of the loss, never a reward of 0."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from agentrl.rewards.rubric import JudgeScore, Rubric
+from agentrl.types import Message
+
+
+class JudgeError(RuntimeError):
+    """The judge could not score an answer (unreachable, refused, or unreadable replies)."""
+
+
+Backend = Callable[[list[Message]], Awaitable[str]]
+
+
+def openai_backend(
+    url: str, *, model: str, api_key: str | None = None, timeout_s: float = 120.0,
+    max_tokens: int = 256,
+) -> Backend:  # fmt: skip
+    """Chat completions at `url` (a base URL such as `http://127.0.0.1:30000/v1`), greedy."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    endpoint = url.rstrip("/") + "/chat/completions"
+
+    async def complete(messages: list[Message]) -> str:
+        body = {
+            "model": model,
+            "messages": [m.to_dict() for m in messages],
+            "temperature": 0.0,
+            "max_tokens": max_tokens,
+        }
+        async with httpx.AsyncClient(timeout=timeout_s, headers=headers) as client:
+            response = await client.post(endpoint, json=body)
+        if response.status_code >= 400:
+            raise JudgeError(
+                f"judge {endpoint}: HTTP {response.status_code}: {response.text[:300]}"
+            )
+        return response.json()["choices"][0]["message"]["content"] or ""
+
+    return complete
+
+
+def engine_backend(engine: Any, codec: Any, *, max_tokens: int = 256) -> Backend:
+    """An agentrl engine (LocalEngine, SGLangEngine) prompted through a ChatCodec, greedy."""
+    from agentrl.engine.base import SamplingParams
+
+    async def complete(messages: list[Message]) -> str:
+        ids = codec.render_prompt(messages)
+        sampling = SamplingParams(
+            temperature=0.0, max_new_tokens=max_tokens, stop_token_ids=codec.stop_token_ids
+        )
+        completion = await engine.generate(ids, sampling)
+        return codec.decode(codec.strip_end_of_turn(completion.ids))
+
+    return complete
+
+
+@dataclass
+class _Pending:
+    key: str
+    prompt: str
+    answer: str
+    reference: str | None
+    future: asyncio.Future[JudgeScore]
+
+
+class Judge:
+    """Scores answers against a rubric; one instance serves a whole run (its cache with it)."""
+
+    def __init__(
+        self,
+        rubric: Rubric,
+        backend: Backend,
+        *,
+        max_concurrency: int = 8,
+        max_batch_size: int = 32,
+        batch_window_s: float = 0.005,
+        cache_size: int = 100_000,
+        max_attempts: int = 2,
+    ) -> None:
+        for name, value in (("max_concurrency", max_concurrency), ("max_batch_size", max_batch_size),
+                            ("max_attempts", max_attempts)):  # fmt: skip
+            if value < 1:
+                raise ValueError(f"judge {name}={value}: use an int >= 1")
+        self.rubric, self.backend = rubric, backend
+        self.max_concurrency, self.max_batch_size = max_concurrency, max_batch_size
+        self.batch_window_s, self.cache_size, self.max_attempts = (
+            batch_window_s,
+            cache_size,
+            max_attempts,
+        )
+        self.cache: OrderedDict[str, JudgeScore] = OrderedDict()
+        self.num_requests = 0
+        self.num_batches = 0
+        self._queue: list[_Pending] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def score(self, prompt: str, answer: str, *, reference: str | None = None) -> JudgeScore:
+        """The verdict on one answer; concurrent calls share batches. Raises JudgeError."""
+        key = _key(prompt, answer, reference)
+        if key in self.cache:
+            self.cache.move_to_end(key)
+            return self.cache[key]
+        future: asyncio.Future[JudgeScore] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Pending(key, prompt, answer, reference, future))
+        if len(self._queue) >= self.max_batch_size:
+            self._start_flush(delay_s=0.0)
+        elif self._flusher is None or self._flusher.done():
+            self._start_flush(delay_s=self.batch_window_s)
+        return await future
+
+    async def score_many(self, items: list[tuple[str, str]]) -> list[JudgeScore]:
+        """Verdicts for (prompt, answer) pairs, in order, sent as batches."""
+        return list(await asyncio.gather(*(self.score(p, a) for p, a in items)))
+
+    async def reward(self, prompt: str, answer: str, *, reference: str | None = None) -> float:
+        return (await self.score(prompt, answer, reference=reference)).reward
+
+    def _start_flush(self, *, delay_s: float) -> None:
+        self._flusher = asyncio.ensure_future(self._flush_after(delay_s))
+
+    async def _flush_after(self, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)  # let the callers of this moment join the batch
+        while self._queue:
+            batch, self._queue = (
+                self._queue[: self.max_batch_size],
+                self._queue[self.max_batch_size :],
+            )
+            await self._send(batch)
+
+    async def _send(self, batch: list[_Pending]) -> None:
+        """One batch: each distinct (prompt, answer) judged once, up to max_concurrency at once."""
+        self.num_batches += 1
+        by_key: dict[str, list[_Pending]] = {}
+        for item in batch:
+            by_key.setdefault(item.key, []).append(item)
+        limit = asyncio.Semaphore(self.max_concurrency)
+
+        async def judge_one(items: list[_Pending]) -> None:
+            async with limit:
+                try:
+                    verdict: JudgeScore | BaseException = await self._judge(items[0])
+                except Exception as e:  # every waiter of this key gets the same failure
+                    verdict = e
+            for item in items:
+                if item.future.done():
+                    continue
+                if isinstance(verdict, BaseException):
+                    item.future.set_exception(verdict)
+                else:
+                    item.future.set_result(verdict)
+
+        await asyncio.gather(*(judge_one(items) for items in by_key.values()))
+
+    async def _judge(self, item: _Pending) -> JudgeScore:
+        messages = self.rubric.messages(item.prompt, item.answer, item.reference)
+        problem = ""
+        for _ in range(self.max_attempts):
+            self.num_requests += 1
+            try:
+                text = await self.backend(messages)
+                scores = self.rubric.parse(text)
+            except ValueError as e:  # an unreadable verdict: ask again
+                problem = str(e)
+                continue
+            except Exception as e:
+                raise JudgeError(f"judge failed: {type(e).__name__}: {e}") from e
+            verdict = JudgeScore(self.rubric.reward(scores), scores, text)
+            self._remember(item.key, verdict)
+            return verdict
+        raise JudgeError(f"judge gave no usable verdict in {self.max_attempts} attempts: {problem}")
+
+    def _remember(self, key: str, verdict: JudgeScore) -> None:
+        self.cache[key] = verdict
+        while len(self.cache) > self.cache_size:
+            self.cache.popitem(last=False)
+
+
+def _key(prompt: str, answer: str, reference: str | None) -> str:
+    parts = "\x00".join([prompt, answer, reference or ""])
+    return hashlib.sha256(parts.encode()).hexdigest()
+
+
+def judge(
+    rubric: Rubric,
+    *,
+    url: str | None = None,
+    model: str = "default",
+    api_key: str | None = None,
+    engine: Any = None,
+    codec: Any = None,
+    max_tokens: int = 256,
+    **options: Any,
+) -> Judge:
+    """A Judge for `rubric`, through an OpenAI-compatible `url` (with `model`, `api_key`) or an
+    agentrl `engine` (with its `codec`). `options` are Judge's (max_concurrency, ...)."""
+    if (url is None) == (engine is None):
+        raise ValueError("judge(rubric, ...): give url=... (OpenAI-compatible) or engine=..., one")
+    if engine is not None:
+        if codec is None:
+            raise ValueError(
+                "judge(rubric, engine=...): give codec=ChatCodec(...) for its template"
+            )
+        return Judge(rubric, engine_backend(engine, codec, max_tokens=max_tokens), **options)
+    assert url is not None
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(
+            f"judge url={url!r}: give an http(s):// base URL, e.g. http://127.0.0.1:30000/v1"
+        )
+    backend = openai_backend(url, model=model, api_key=api_key, max_tokens=max_tokens)
+    return Judge(rubric, backend, **options)
