@@ -52,6 +52,12 @@ BRIEF_PROMPT_TEMPLATE = (
     "</search>. When the top document comes back, reply with its title between <answer> and "
     "</answer>.\n"
 )
+SEARCH_FIRST_HINT = (
+    "\nMy previous action is invalid. I should first search by writing <search> and the "
+    "question </search>, then give the top document's title between <answer> and </answer>.\n"
+)
+"""The recipe's invalid-action hint: on one H100, first turns that went wrong and then searched
+after Search-R1's own hint were among the few right answers of step 1."""
 DEMONSTRATION_QUESTION = (
     'What is the subject of this description: "___ is the capital and largest city of France." '
     "(Capital city of France)"

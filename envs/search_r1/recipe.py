@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from agentrl_envs.search_r1.env import BRIEF_PROMPT_TEMPLATE
+from agentrl_envs.search_r1.env import BRIEF_PROMPT_TEMPLATE, SEARCH_FIRST_HINT
 
 from agentrl.config import RunConfig
 
@@ -14,7 +14,7 @@ def recipe() -> RunConfig:
     30 minutes.
 
     Reward `f1_format`: 0.9 x token F1 of the last `<answer>` against the gold answers (SQuAD
-    normalisation) + 0.1 for giving an `<answer>` at all; EM is reported on its own (pass
+    normalisation) + 0.1 for an `<answer>` given after a search; EM is reported on its own (pass
     rate). Search-R1's `qa_em_format` paid 0.2 for any well-formed answer and 1 only for an
     exact one: this model states the right title about half the time wrapped in a sentence
     (EM 0), so every group tied at 0.2 once the format was learned, and the policy stopped
@@ -24,8 +24,9 @@ def recipe() -> RunConfig:
     embedded test questions searched as written; the model read the answer from one passage
     56% of the time and from three 24%). The prompt asks for a search, then a brief answer,
     and the demonstration shows exactly that episode: search with the question, answer with
-    Doc 1's title (no <think>: with it the model ended its turn after thinking, unsearched). No KL term: no reference model to hold or
-    run. Up to 2 searches then the answer turn, 64 tokens a turn.
+    Doc 1's title (no <think>: with it the model ended its turn after thinking, unsearched).
+    A turn with neither action gets a hint that says to search first. No KL term: no
+    reference model to hold or run. Up to 2 searches then the answer turn, 64 tokens a turn.
     """
     cfg = RunConfig()
     cfg.env.id = "search_r1"
@@ -36,6 +37,7 @@ def recipe() -> RunConfig:
         "max_turns": 2,
         "max_observation_tokens": 192,
         "prompt_template": BRIEF_PROMPT_TEMPLATE,
+        "invalid_action_hint": SEARCH_FIRST_HINT,
     }
     cfg.rollout.rollout_batch_size = 4
     cfg.rollout.n_samples_per_prompt = 5

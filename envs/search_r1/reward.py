@@ -122,7 +122,7 @@ class RewardBreakdown:
     is_retrieval_correct: bool
     format: float
     f1_format: float
-    """`(1 - w) * f1 + w * is_answered`: see `f1_with_format`."""
+    """`(1 - w) * f1 + w * (answered after a search)`: see `f1_with_format`."""
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -150,7 +150,7 @@ def score_response(
         is_valid,
         is_retrieved,
         _format_score(answer, em, is_valid, is_retrieved, scores),
-        f1_with_format(f1, answer is not None, format_weight),
+        f1_with_format(f1, answer is not None and has_searched(transcript), format_weight),
     )
 
 
@@ -166,16 +166,24 @@ def _format_score(
     return partial if is_valid else s.final_format_score
 
 
-def f1_with_format(f1: float, is_answered: bool, weight: float = DEFAULT_FORMAT_WEIGHT) -> float:
+def has_searched(transcript: str) -> bool:
+    """Whether documents came back at least once (an `<information>` block in the transcript)."""
+    return _INFORMATION_RE.search(transcript) is not None
+
+
+def f1_with_format(f1: float, is_protocol: bool, weight: float = DEFAULT_FORMAT_WEIGHT) -> float:
     """Token F1 with a gradient where EM ties (an answer wrapped in a sentence earns part of the
-    credit, so trimming it pays), plus `weight` for giving an `<answer>` block at all. F1 is 0
-    without one, so a right answer (1) always beats a wrong one in its tags (`weight` < 0.5):
-    the format shapes, it never outweighs being right. Search-R1's stricter sequence check
-    (a `<think>` before every action) is reported, not paid: at 135M the <think> turn ended
-    the episode's first turn before any search."""
+    credit, so trimming it pays), plus `weight` for following the protocol: an `<answer>`
+    block given after a search. F1 is 0 without an answer, so a right answer (1) always beats
+    a wrong one that followed the protocol (`weight` < 0.5): the format shapes, it never
+    outweighs being right. Paying `weight` for any answer (searched or not) taught the policy
+    to stop searching on one H100 within a step: at 135M its early searches mostly went wrong,
+    while a guess in tags earned the format term every time. Search-R1's stricter sequence
+    check (a `<think>` before every action) is reported, not paid: at 135M a `<think>` ended
+    the first turn before any search."""
     if not 0.0 <= weight < 0.5:
         raise ValueError(f"format_weight={weight}: use 0 <= format_weight < 0.5 (e.g. 0.1)")
-    return (1.0 - weight) * f1 + weight * float(is_answered)
+    return (1.0 - weight) * f1 + weight * float(is_protocol)
 
 
 def pick_reward(breakdown: RewardBreakdown, kind: RewardKind) -> float:

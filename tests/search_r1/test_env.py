@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from agentrl_envs.search_r1.env import DEMONSTRATION_QUESTION, SearchR1Env
+from agentrl_envs.search_r1.env import DEMONSTRATION_QUESTION, SEARCH_FIRST_HINT, SearchR1Env
 from agentrl_envs.search_r1.protocol import INVALID_ACTION_HINT, make_prompt
 
 from agentrl.envs import make
@@ -91,9 +91,13 @@ async def test_recipe_pays_f1_with_a_small_format_term_and_counts_searches(
     assert parts["searches"] == 1 and parts["searched"] is True
     assert wrapped.info["correct"] is False
     env = await started(corpus_path, **kwargs)
-    wrong = await env.step(say("<answer> Lyon </answer>"))  # answered, wrong, no search: 0.1
-    assert wrong.reward == pytest.approx(0.1)
+    wrong = await env.step(say("<answer> Lyon </answer>"))  # a guess, no search: nothing
+    assert wrong.reward == 0.0
     assert wrong.info["reward_components"]["searched"] is False
+    env = await started(corpus_path, **kwargs)
+    lost = await env.step(say("The answer is Paris."))  # no action: the recipe's hint
+    assert lost.observation[0].content == SEARCH_FIRST_HINT
+    assert "<search>" in SEARCH_FIRST_HINT and "<answer>" in SEARCH_FIRST_HINT
     env = await started(corpus_path, **kwargs)
     for _ in range(env.max_turns + 1):  # never answers: truncated, nothing paid
         last = await env.step(say("hmm"))

@@ -125,19 +125,27 @@ def test_em_and_f1_after_squad_normalisation(
     assert f1_score(prediction, gold) == pytest.approx(f1)
 
 
+SEARCHED = '<search> q </search>\n\n<information>Doc 1(Title: "Florence") Florence is a city.</information>\n\n'
+
+
 @pytest.mark.parametrize(
-    ("response", "expected"),
+    ("response", "searched", "expected"),
     [
-        ("<answer> Florence </answer>", 1.0),  # right: 0.9 * 1 + 0.1
-        ("<answer> The answer is: Florence. </answer>", 0.55),  # wrapped: 0.9 * 0.5 + 0.1
-        ("<answer> Pisa </answer>", 0.1),  # wrong but answered: the format term alone
-        ("The answer is Florence.", 0.0),  # right, but outside the tags: not an answer
-        ("<answer> Florence", 0.0),  # an unclosed tag is no answer either
-        ("<answer> Pisa </answer> no, <answer> Florence </answer>", 1.0),  # the last counts
+        ("<answer> Florence </answer>", True, 1.0),  # right after a search: 0.9 * 1 + 0.1
+        ("<answer> Florence </answer>", False, 0.9),  # right from memory: no protocol term
+        ("<answer> The answer is: Florence. </answer>", True, 0.55),  # 0.9 * 0.5 + 0.1
+        ("<answer> Pisa </answer>", True, 0.1),  # wrong, after a search: the format term alone
+        ("<answer> Pisa </answer>", False, 0.0),  # a guess in tags earns nothing
+        ("The answer is Florence.", True, 0.0),  # right, but outside the tags: not an answer
+        ("<answer> Florence", True, 0.0),  # an unclosed tag is no answer either
+        ("<answer> Pisa </answer> no, <answer> Florence </answer>", True, 1.0),  # the last counts
     ],
 )
-def test_f1_format_pays_being_right_over_format(response: str, expected: float) -> None:
-    breakdown = score_response(response, response, ["Florence"])
+def test_f1_format_pays_being_right_over_format(
+    response: str, searched: bool, expected: float
+) -> None:
+    transcript = (SEARCHED if searched else "") + response
+    breakdown = score_response(response, transcript, ["Florence"])
     assert breakdown.f1_format == pytest.approx(expected)
     assert pick_reward(breakdown, "f1_format") == pytest.approx(expected)
 
