@@ -29,6 +29,11 @@ SYSTEM_PROMPT = (
 # held-out episodes, before and after training, so no group ever compared calling with not.
 DEMONSTRATION_QUESTION = "Lena has 17 shells and finds 25 more. How many shells does Lena have?"
 DEMONSTRATION_EXPRESSION = "17 + 25"
+CALL_FIRST = (
+    "\nFirst call calculate with the arithmetic expression, then give <answer>NUMBER</answer>."
+)
+"""Appended to each question (`instruction=`): first turns with a tool call, of 32 sampled at
+temperature 0.7 and 8 greedy (8 test problems): 6% and 0% without it, 22% and 12% with it."""
 
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 64
@@ -245,13 +250,13 @@ def parse_label(value: Any, *, where: str) -> int | float:
 # ---------------------------------------------------------------- the env
 
 
-def demonstration() -> list[Message]:
+def demonstration(instruction: str = CALL_FIRST) -> list[Message]:
     """The worked episode. The call is written out in the message text, as the model writes
     its own: the chat template renders a prompt message's `tool_calls` field as nothing."""
     call = json.dumps({"name": "calculate", "arguments": {"expression": DEMONSTRATION_EXPRESSION}})
     result = format_number(evaluate(DEMONSTRATION_EXPRESSION))
     return [
-        Message(role="user", content=DEMONSTRATION_QUESTION),
+        Message(role="user", content=DEMONSTRATION_QUESTION + instruction),
         Message(role="assistant", content=f"<tool_call>\n{call}\n</tool_call>"),
         Message(role="tool", content=result, tool_call_id="demo-1", name="calculate"),
         Message(role="assistant", content=f"<answer>{result}</answer>"),
@@ -260,7 +265,8 @@ def demonstration() -> list[Message]:
 
 class CalculatorEnv(AgentEnv):
     """Arithmetic word problems with a `calculate` tool; reward 1.0 for the exact answer.
-    `demonstration=True` (default) shows one worked episode that calls the tool first.
+    `demonstration=True` (default) shows one worked episode that calls the tool first, and
+    `instruction` (appended to each question) asks for the call; "" leaves the question bare.
 
     An assistant message with tool calls gets the tool results back; one without tool
     calls is the final answer and ends the episode (terminated). The answer is the number
@@ -272,10 +278,13 @@ class CalculatorEnv(AgentEnv):
     tool_call_format: ClassVar[str] = "hermes"  # type: ignore[misc]
     metadata: ClassVar[dict[str, Any]] = {"description": "arithmetic word problems"}
 
-    def __init__(self, difficulty: int = 1, demonstration: bool = True) -> None:
+    def __init__(
+        self, difficulty: int = 1, demonstration: bool = True, instruction: str = CALL_FIRST
+    ) -> None:
         super().__init__()
         self.difficulty = difficulty
         self.use_demonstration = demonstration
+        self.instruction = instruction
         self.tools.register(calculate)
         self.question = ""
         self.answer: int | float = 0
@@ -292,8 +301,8 @@ class CalculatorEnv(AgentEnv):
         self.answer = parse_label(task.data["answer"], where=f"task {task.id}")
         messages = [
             Message(role="system", content=SYSTEM_PROMPT),
-            *(demonstration() if self.use_demonstration else []),
-            Message(role="user", content=self.question),
+            *(demonstration(self.instruction) if self.use_demonstration else []),
+            Message(role="user", content=self.question + self.instruction),
         ]
         return messages, {"task_id": task.id}
 

@@ -7,7 +7,13 @@ import re
 import pytest
 
 from agentrl.envs import make
-from agentrl.envs.calculator import CalculatorEnv, calculate, evaluate, parse_answer
+from agentrl.envs.calculator import (
+    CALL_FIRST,
+    CalculatorEnv,
+    calculate,
+    evaluate,
+    parse_answer,
+)
 from agentrl.tools import ToolRegistry
 from agentrl.types import Message, Task, ToolCall
 
@@ -104,9 +110,15 @@ async def test_reset_gives_system_prompt_worked_episode_and_question() -> None:
 
 
 async def test_without_demonstration_only_system_prompt_and_question() -> None:
-    env = make("calculator", demonstration=False)
+    env = make("calculator", demonstration=False, instruction="")
     messages, _ = await env.reset(seed=0, options={"task": TASK})
     assert [m.role for m in messages] == ["system", "user"]
+    assert messages[1].content == TASK.data["question"]
+
+
+async def test_instruction_follows_each_question() -> None:
+    env, messages = await new_episode()
+    assert messages[1].content.endswith(CALL_FIRST) and messages[-1].content.endswith(CALL_FIRST)
 
 
 async def test_tool_call_turn_returns_the_result_and_continues() -> None:
