@@ -33,6 +33,7 @@ from agentrl.trainer.lr_schedule import lr_at
 from agentrl.trainer.megatron import checkpoint, multi_tensor, rope, wgrad
 from agentrl.trainer.megatron import model as gpt
 from agentrl.trainer.megatron.model_config import check_parallel_fit, model_shape
+from agentrl.trainer.megatron.optimizers import torch_optimizers
 from agentrl.trainer.megatron.parallel import (
     broadcast_from_last_stage,
     init_parallel,
@@ -426,11 +427,6 @@ class MegatronBackend:
     def load(self, directory: str | Path) -> None:
         checkpoint.load(self, Path(directory))
         self._offload.forget()  # the loaded state replaced it, on the parameters' device
-
-
-def torch_optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
-    """The torch optimizers inside megatron-core's (one per chained group)."""
-    return [o.optimizer for o in getattr(optimizer, "chained_optimizers", [optimizer])]
 
 
 def _fuse_torch_adam(optimizer: Any) -> None:

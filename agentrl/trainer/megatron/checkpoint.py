@@ -19,6 +19,7 @@ from megatron.core import dist_checkpointing
 from agentrl.trainer import sharded_checkpoint
 from agentrl.trainer.checkpoint import read_json, write_json
 from agentrl.trainer.megatron.model import export_hf_tensors
+from agentrl.trainer.megatron.optimizers import torch_optimizers
 
 MEGATRON_DIR = "megatron"  # dist_checkpointing's files
 STATE_FILE = "trainer_state.json"
@@ -38,8 +39,6 @@ def _has_optimizer_state(backend: Any) -> bool:
     """Whether the optimizer has stepped, asked of every rank (one whose distributed-optimizer
     shard is empty holds no state even then). Before the first update there is nothing to save,
     and a checkpoint that claimed moments would not load (the keys are not in the files)."""
-    from agentrl.trainer.megatron.backend import torch_optimizers
-
     inner = torch_optimizers(backend._optimizer) if backend._optimizer is not None else []
     flag = torch.tensor([float(any(o.state for o in inner))], device=backend.device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
@@ -49,8 +48,6 @@ def _has_optimizer_state(backend: Any) -> bool:
 def _make_optimizer_fresh(backend: Any) -> None:
     """What an optimizer that never stepped holds, over the weights just loaded: no moments,
     and (bf16) fp32 master copies taken from the loaded weights, not the ones it was built on."""
-    from agentrl.trainer.megatron.backend import torch_optimizers
-
     if backend._optimizer is None:  # built later, from the loaded weights
         return
     for inner in torch_optimizers(backend._optimizer):

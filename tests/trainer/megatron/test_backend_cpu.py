@@ -110,7 +110,7 @@ def test_checkpoint_reload_reproduces_logprobs(configs, tmp_path, family, dtype)
     which megatron-core builds in float32), so the optimizer state maps onto the model's."""
     from conftest import save_random_model
 
-    from agentrl.trainer.megatron.backend import torch_optimizers
+    from agentrl.trainer.megatron.optimizers import torch_optimizers
 
     save_random_model(configs[family](), tmp_path / "hf")
     backend = _megatron(tmp_path / "hf", dtype, lr=1e-3)

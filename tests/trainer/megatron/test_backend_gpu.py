@@ -123,7 +123,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out: str, cfg: dic
 
 
 def _offload_report(backend) -> dict[str, float]:
-    from agentrl.trainer.megatron.backend import torch_optimizers
+    from agentrl.trainer.megatron.optimizers import torch_optimizers
 
     def state():
         return [t for inner in torch_optimizers(backend._optimizer) for entry in inner.state.values()
