@@ -11,9 +11,11 @@ import importlib.util
 import logging
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from agentrl.cluster import reaper
 from agentrl.cluster.engine_group import EngineGroup, start_engine_actors
 from agentrl.cluster.placement import (
     BundleInfo,
@@ -50,15 +52,37 @@ def init_ray(cfg: RunConfig, num_bundles: int) -> bool:
     if address:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
         return True
-    # Logical CPUs: a CPU-only layout runs one worker per "GPU" even on a 2-core machine.
-    ray.init(
-        num_cpus=max(os.cpu_count() or 1, num_bundles + 1),
-        include_dashboard=False,
-        runtime_env=runtime_env,
-        log_to_driver=True,
-        configure_logging=False,
-    )
+    before = reaper.children(os.getpid())
+    with _loopback_node_ip():
+        # Logical CPUs: a CPU-only layout runs one worker per "GPU" even on a 2-core machine.
+        ray.init(
+            num_cpus=max(os.cpu_count() or 1, num_bundles + 1),
+            include_dashboard=False,
+            runtime_env=runtime_env,
+            log_to_driver=True,
+            configure_logging=False,
+            _node_ip_address="127.0.0.1",
+        )
+    # A SIGKILLed driver takes gcs_server and raylet along (Ray's fate-sharing) but not
+    # raylet's agents and workers: the reaper ends them.
+    reaper.start(reaper.children(os.getpid()) - before)
     return True
+
+
+@contextlib.contextmanager
+def _loopback_node_ip() -> Iterator[None]:
+    """A local Ray on 127.0.0.1: its gRPC servers bind to loopback when the node IP is
+    loopback, but `ray.init` replaces a loopback `_node_ip_address` by the machine's address
+    (`services.resolve_ip_for_localhost`) unless clusters are off, the switch Ray keeps for
+    macOS and Windows (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, read once at import)."""
+    from ray._private import ray_constants
+
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:  # the node keeps its address; later calls (joining a cluster) see Ray's own value
+        ray_constants.ENABLE_RAY_CLUSTER = saved
 
 
 def _cluster_has_gpus() -> bool:
