@@ -3,9 +3,9 @@ trained token for token through a loopback endpoint bound to each episode."""
 
 from __future__ import annotations
 
-from agentrl.agents.capture import EpisodeCapture, Segment
-from agentrl.agents.endpoint import AgentEndpoint
-from agentrl.agents.episode import AgentEpisode, AgentResult, load_agent, run_agent_episode
+from agentrl.rollout.agent.capture import EpisodeCapture, Segment
+from agentrl.rollout.agent.endpoint import AgentEndpoint
+from agentrl.rollout.agent.episode import AgentEpisode, AgentResult, load_agent, run_agent_episode
 
 __all__ = [
     "AgentEndpoint",

@@ -153,7 +153,7 @@ async def _play(
         rec.add_prompt(codec.render_prompt(messages, tools))
     except Exception:
         return rec.fail(StatusReason.PARSE, "codec.render_prompt")
-    base = _episode_sampling(sampling, env, codec)
+    base = episode_sampling(sampling, env, codec)
     for turn_index in range(limits.max_turns):
         room = limits.max_context_len - len(rec.token_ids)
         if room <= 0:
@@ -198,7 +198,7 @@ async def _play(
     return EpisodeStatus.TRUNCATED, StatusReason.MAX_TURNS  # max_turns < 1
 
 
-def _episode_sampling(sampling: SamplingParams, env: AgentEnv, codec: ChatCodec) -> SamplingParams:
+def episode_sampling(sampling: SamplingParams, env: AgentEnv, codec: ChatCodec) -> SamplingParams:
     """The env's stop strings and the template's end-of-turn tokens added to `sampling`."""
     stop = list(dict.fromkeys([*sampling.stop, *env.stop]))
     stop_ids = list(dict.fromkeys([*sampling.stop_token_ids, *codec.stop_token_ids]))

@@ -13,9 +13,12 @@ from typing import TYPE_CHECKING, Any
 from agentrl.config import RolloutConfig
 from agentrl.engine.base import Engine, SamplingParams
 from agentrl.envs.base import AgentEnv
+from agentrl.rollout.agent.chat import CallLimits
+from agentrl.rollout.agent.endpoint import AgentEndpoint
+from agentrl.rollout.agent.episode import AgentEpisode, load_agent, run_agent_episode
 from agentrl.rollout.codec import ChatCodec
 from agentrl.rollout.codec_check import check_codec
-from agentrl.rollout.episode import _episode_sampling, error_trajectory, run_episode
+from agentrl.rollout.episode import episode_sampling, error_trajectory, run_episode
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.types import Task
 
@@ -206,11 +209,6 @@ class RolloutRunner:
     async def _agent_episode(
         self, env: AgentEnv, task: Task, sampling: SamplingParams, group_id: str, episode_id: str
     ) -> list[Trajectory]:
-        # agents sit above rollout (their endpoint records through the codec): imported here.
-        from agentrl.agents.chat import CallLimits
-        from agentrl.agents.endpoint import AgentEndpoint
-        from agentrl.agents.episode import AgentEpisode, run_agent_episode
-
         assert self.codec is not None
         if self._agent_endpoint is None:
             self._agent_endpoint = AgentEndpoint(self.engine)
@@ -221,7 +219,7 @@ class RolloutRunner:
             CallLimits(self.cfg.max_turns, self.cfg.rollout_max_context_len),
             self.cfg.episode_timeout_s,
         )
-        sampling = _episode_sampling(sampling, env, self.codec)
+        sampling = episode_sampling(sampling, env, self.codec)
         try:
             return await run_agent_episode(
                 self.agent, setup, env, task, sampling, group_id=group_id, episode_id=episode_id
@@ -270,8 +268,6 @@ def build_runner(cfg: RunConfig, engine: Engine) -> RolloutRunner:
         )
     agent = None
     if cfg.rollout.agent:
-        from agentrl.agents.episode import load_agent
-
         agent = load_agent(cfg.rollout.agent)
     return RolloutRunner(engine, env_factory, cfg.rollout, codec=codec, agent=agent)
 

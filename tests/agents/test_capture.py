@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from agentrl.agents import AgentEndpoint, AgentEpisode, AgentResult, run_agent_episode
-from agentrl.agents.chat import CallLimits
 from agentrl.engine.base import SamplingParams
 from agentrl.envs.calculator import CalculatorEnv
+from agentrl.rollout.agent.chat import CallLimits
 from agentrl.rollout.codec import ChatCodec
 from agentrl.rollout.codec_check import check_codec
 from agentrl.types import EpisodeStatus, Message, StatusReason, Task

@@ -19,9 +19,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from agentrl.agents.capture import EpisodeCapture
-from agentrl.agents.chat import CallLimits, ChatError, ChatRequest, complete, stream_chunks
 from agentrl.engine.base import Engine, SamplingParams
+from agentrl.rollout.agent.capture import EpisodeCapture
+from agentrl.rollout.agent.chat import CallLimits, ChatError, ChatRequest, complete, stream_chunks
 
 
 @dataclass

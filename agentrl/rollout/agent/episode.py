@@ -15,11 +15,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.agents.capture import EpisodeCapture
-from agentrl.agents.chat import CallLimits
-from agentrl.agents.endpoint import AgentEndpoint
 from agentrl.engine.base import SamplingParams
 from agentrl.envs.base import AgentEnv
+from agentrl.rollout.agent.capture import EpisodeCapture
+from agentrl.rollout.agent.chat import CallLimits
+from agentrl.rollout.agent.endpoint import AgentEndpoint
 from agentrl.rollout.codec import ChatCodec
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.types import EpisodeStatus, Message, StatusReason, Task

@@ -14,8 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentrl.agents.capture import EpisodeCapture, PendingCall, normalize_messages
 from agentrl.engine.base import Completion, Engine, EngineUnavailable, FinishReason, SamplingParams
+from agentrl.rollout.agent.capture import EpisodeCapture, PendingCall, normalize_messages
 from agentrl.types import EpisodeStatus, Message, StatusReason, ToolCall
 
 
