@@ -125,11 +125,10 @@ def hf_runner(model: Any, device: str, cache: str | None, old_call: bool = False
                     ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
                     min_new_tokens=new_tokens, **mode,
                 )  # fmt: skip
-        else:
-            out = model.generate(
-                ids, attention_mask=torch.ones_like(ids), generation_config=config,
-                max_new_tokens=new_tokens, **mode,
-            )  # fmt: skip
+        else:  # transformers wants either a config or loose arguments: all of it on the config
+            call = copy.copy(config)
+            call.update(max_new_tokens=new_tokens, **mode)
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=call)
         sync(device)
         elapsed = time.perf_counter() - start
         assert out.shape[1] == ids.shape[1] + new_tokens
