@@ -14,8 +14,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import httpx
+
+if TYPE_CHECKING:
+    import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SGLANG_PATH_ENV = "AGENTRL_SGLANG_PATH"
@@ -178,3 +182,26 @@ def start_standin(
     raise RuntimeError(
         f"the SGLang stand-in did not answer /health in {timeout_s}s:\n{server.log()}"
     )
+
+
+# ---------------------------------------------------------------- weights the suite sends
+
+
+def weights(seed: int) -> list[tuple[str, torch.Tensor]]:
+    """Three tensors, float32 and bfloat16 (two flattened buckets), named after `seed`."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        (f"layers.{seed}.w", torch.randn(3, 4, generator=gen)),
+        (f"layers.{seed}.b", torch.randn(4, generator=gen)),
+        (f"layers.{seed}.norm", torch.randn(5, generator=gen).to(torch.bfloat16)),
+    ]
+
+
+def assert_loaded(state: dict, named: list[tuple[str, torch.Tensor]]) -> None:
+    """The stand-in's model holds every tensor of `named`, bit for bit."""
+    for name, tensor in named:
+        got = state["weights"][name]
+        assert got["dtype"] == str(tensor.dtype) and got["shape"] == list(tensor.shape)
+        assert got["values"] == tensor.flatten().tolist(), name  # bit-exact

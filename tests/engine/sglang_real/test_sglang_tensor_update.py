@@ -15,7 +15,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import torch
 
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.sglang import SGLangEngine
@@ -23,8 +22,10 @@ from tests.support.sglang_real import (
     REPO_ROOT,
     SGLANG_PATH_ENV,
     StandInServer,
+    assert_loaded,
     sglang_version,
     version_tuple,
+    weights,
 )
 
 
@@ -34,22 +35,6 @@ def sglang_is_importable() -> bool:
     except ImportError:
         return False
     return True
-
-
-def weights(seed: int) -> list[tuple[str, torch.Tensor]]:
-    gen = torch.Generator().manual_seed(seed)
-    return [
-        (f"layers.{seed}.w", torch.randn(3, 4, generator=gen)),
-        (f"layers.{seed}.b", torch.randn(4, generator=gen)),
-        (f"layers.{seed}.norm", torch.randn(5, generator=gen).to(torch.bfloat16)),
-    ]
-
-
-def assert_loaded(state: dict, named: list[tuple[str, torch.Tensor]]) -> None:
-    for name, tensor in named:
-        got = state["weights"][name]
-        assert got["dtype"] == str(tensor.dtype) and got["shape"] == list(tensor.shape)
-        assert got["values"] == tensor.flatten().tolist(), name  # bit-exact
 
 
 async def test_update_weights_loads_every_tensor_bit_exact(sglang_server: StandInServer) -> None:

@@ -11,8 +11,7 @@ from safetensors.torch import save_file
 
 from agentrl.engine.base import EngineError, SamplingParams
 from agentrl.engine.sglang import SGLangEngine
-from tests.engine.sglang_real.test_tensor_update import assert_loaded
-from tests.support.sglang_real import StandInServer
+from tests.support.sglang_real import StandInServer, assert_loaded
 
 
 async def test_update_from_disk_loads_the_checkpoint(

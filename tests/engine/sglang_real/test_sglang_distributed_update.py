@@ -8,8 +8,7 @@ import torch
 
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.sglang import SGLangEngine
-from tests.engine.sglang_real.test_tensor_update import assert_loaded, weights
-from tests.support.sglang_real import StandInServer
+from tests.support.sglang_real import StandInServer, assert_loaded, weights
 
 
 async def test_broadcast_buckets_arrive_bit_exact_and_the_cache_is_flushed(
