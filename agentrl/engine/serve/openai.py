@@ -1,17 +1,23 @@
 """OpenAI-compatible routes of `agentrl serve`: `/v1/models`, `/v1/completions`,
-`/v1/chat/completions` (non-streaming), with logprobs and, as an extension, token ids
-(`"return_token_ids": true` adds `choices[i].token_ids` and `prompt_token_ids`).
+`/v1/chat/completions`, with logprobs and token ids in SGLang 0.5.23's shape: chat choices get
+`prompt_token_ids`/`response_token_ids` with `"return_token_ids": true` (prompt ids alone with
+`return_prompt_token_ids`), completion choices `token_ids`/`prompt_token_ids`; responses carry
+`metadata.weight_version`. `stream: true` answers as server-sent events once sampling ends.
+agentrl's older fields stay: chat `choices[i].token_ids`, top-level `prompt_token_ids` and
+`weight_version`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.engine.base import Completion, FinishReason, SamplingParams
@@ -48,6 +54,7 @@ class ChatCompletionRequest(_OpenAIRequest):
     logprobs: bool = False
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
+    return_prompt_token_ids: bool = False
 
 
 def _finish(c: Completion) -> str:
@@ -101,8 +108,6 @@ def add_openai_routes(app: FastAPI, state: Any) -> None:
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Any:
         s: ServerState = state()
-        if req.stream:
-            return error_response("stream=true is not supported by agentrl serve")
         try:
             prompts = await _prompt_ids(s.tokenizer, req.prompt)
             jobs = [(p, i) for p in prompts for i in range(req.n)]
@@ -137,21 +142,21 @@ def add_openai_routes(app: FastAPI, state: Any) -> None:
             if req.return_token_ids:
                 choice["token_ids"], choice["prompt_token_ids"] = c.ids, prompt
             choices.append(choice)
-        return {
+        response = {
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",
             "created": int(time.time()),
             "model": s.served_model_name,
             "choices": choices,
             "usage": _usage([len(p) for p, _ in jobs], list(outs)),
+            "metadata": {"weight_version": s.weight_version},
             "weight_version": s.weight_version,
         }
+        return _streamed(response, completion_chunks) if req.stream else response
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Any:
         s: ServerState = state()
-        if req.stream:
-            return error_response("stream=true is not supported by agentrl serve")
         messages = [{**m, "content": _message_text(m.get("content"))} for m in req.messages]
         try:
             prompt = await asyncio.to_thread(_chat_prompt, s.tokenizer, messages, req.tools)
@@ -197,8 +202,10 @@ def add_openai_routes(app: FastAPI, state: Any) -> None:
                         for t, lp in zip(c.ids, c.logprobs, strict=False)
                     ]
                 }
+            if req.return_token_ids or req.return_prompt_token_ids:
+                choice["prompt_token_ids"] = list(prompt)
             if req.return_token_ids:
-                choice["token_ids"] = c.ids
+                choice["response_token_ids"] = choice["token_ids"] = c.ids
             choices.append(choice)
         response = {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -207,11 +214,48 @@ def add_openai_routes(app: FastAPI, state: Any) -> None:
             "model": s.served_model_name,
             "choices": choices,
             "usage": _usage([len(prompt)] * len(outs), list(outs)),
+            "metadata": {"weight_version": s.weight_version},
             "weight_version": s.weight_version,
         }
         if req.return_token_ids:
             response["prompt_token_ids"] = list(prompt)
-        return response
+        return _streamed(response, chat_chunks) if req.stream else response
+
+
+def _streamed(response: dict[str, Any], chunks: Any) -> StreamingResponse:
+    async def events() -> AsyncIterator[str]:
+        for chunk in chunks(response):
+            yield f"data: {json.dumps(chunk)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def chat_chunks(response: dict[str, Any]) -> list[dict[str, Any]]:
+    """A finished chat response as OpenAI's `chat.completion.chunk` events: per choice its
+    message (role, content, tool calls, token ids) then its finish reason."""
+    head = {k: response[k] for k in ("id", "created", "model")}
+    events = []
+    for choice in response["choices"]:
+        message, index = choice["message"], choice["index"]
+        delta: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
+        if message.get("tool_calls"):
+            delta["tool_calls"] = [{"index": i, **tc} for i, tc in enumerate(message["tool_calls"])]
+        extra = {k: choice[k] for k in ("prompt_token_ids", "response_token_ids") if k in choice}
+        events.append({"index": index, "delta": delta, "finish_reason": None, **extra})
+        events.append({"index": index, "delta": {}, "finish_reason": choice["finish_reason"]})
+    last = {"metadata": response.get("metadata"), "usage": response.get("usage")}
+    out = [{**head, "object": "chat.completion.chunk", "choices": [e]} for e in events]
+    out[-1].update(last)
+    return out
+
+
+def completion_chunks(response: dict[str, Any]) -> list[dict[str, Any]]:
+    """A finished completion response as `text_completion` stream events."""
+    head = {k: response[k] for k in ("id", "created", "model")}
+    out = [{**head, "object": "text_completion", "choices": [dict(c)]} for c in response["choices"]]
+    out[-1].update(metadata=response.get("metadata"), usage=response.get("usage"))
+    return out
 
 
 async def _prompt_ids(tokenizer: Any, prompt: Any) -> list[list[int]]:

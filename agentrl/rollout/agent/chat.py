@@ -1,6 +1,6 @@
 """One OpenAI chat completion inside an agent episode: rendered by the codec, sampled by the
 run's engine, parsed into OpenAI's `tool_calls`, recorded by the episode's `EpisodeCapture`,
-and answered in OpenAI's shape (SGLang's `prompt_token_ids`/`token_ids`, `metadata`)."""
+and answered in OpenAI's shape (SGLang's `prompt_token_ids`/`response_token_ids`, `metadata.weight_version`)."""
 
 from __future__ import annotations
 
@@ -152,7 +152,8 @@ def _response(
             "message": message,
             "finish_reason": _finish_reason(c, reply),
             "logprobs": None,
-            "token_ids": list(c.ids),
+            "prompt_token_ids": list(call.prompt_ids),  # SGLang's names (return_token_ids)
+            "response_token_ids": list(c.ids),
         }
         if body.logprobs:
             choice["logprobs"] = {
@@ -172,21 +173,5 @@ def _response(
             "completion_tokens": num_completion,
             "total_tokens": len(call.prompt_ids) + num_completion,
         },
-        "prompt_token_ids": list(call.prompt_ids),
         "metadata": {"weight_version": completions[0].weight_version},
     }
-
-
-def stream_chunks(response: dict[str, Any]) -> list[dict[str, Any]]:
-    """A finished response as OpenAI's `chat.completion.chunk` events: the role, the content,
-    the tool calls, then the finish reason (sampling ran whole; the agent reads a stream)."""
-    head = {k: response[k] for k in ("id", "created", "model")}
-    chunks = []
-    for choice in response["choices"]:
-        message, index = choice["message"], choice["index"]
-        delta: dict[str, Any] = {"role": "assistant", "content": message["content"] or ""}
-        if message.get("tool_calls"):
-            delta["tool_calls"] = [{"index": i, **tc} for i, tc in enumerate(message["tool_calls"])]
-        chunks.append({"index": index, "delta": delta, "finish_reason": None})
-        chunks.append({"index": index, "delta": {}, "finish_reason": choice["finish_reason"]})
-    return [{**head, "object": "chat.completion.chunk", "choices": [c]} for c in chunks]

@@ -20,8 +20,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from agentrl.engine.base import Engine, SamplingParams
+from agentrl.engine.serve.openai import chat_chunks
 from agentrl.rollout.agent.capture import EpisodeCapture
-from agentrl.rollout.agent.chat import CallLimits, ChatError, ChatRequest, complete, stream_chunks
+from agentrl.rollout.agent.chat import CallLimits, ChatError, ChatRequest, complete
 
 
 @dataclass
@@ -134,6 +135,6 @@ class AgentEndpoint:
 
 
 async def _sse(response: dict[str, Any]) -> AsyncIterator[str]:
-    for chunk in stream_chunks(response):
+    for chunk in chat_chunks(response):
         yield f"data: {json.dumps(chunk)}\n\n"
     yield "data: [DONE]\n\n"

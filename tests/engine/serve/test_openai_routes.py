@@ -1,0 +1,62 @@
+"""`agentrl serve`'s OpenAI routes in SGLang 0.5.23's shape, through the official client:
+`prompt_token_ids`/`response_token_ids` per chat choice, `metadata.weight_version`, and
+streaming that spells what the plain response does."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+openai = pytest.importorskip("openai")
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_path):
+    from agentrl.engine.local import LocalEngine
+    from tests.support.servers import start_server_thread
+
+    engine = LocalEngine.load(tiny_model_path, device="cpu", seed=0)
+    thread = start_server_thread(engine)
+    yield openai.OpenAI(base_url=f"{thread.url}/v1", api_key="unused"), engine
+    thread.stop()
+    asyncio.run(engine.close())
+
+
+MESSAGES = [{"role": "user", "content": "What is 2+2?"}]
+
+
+def test_chat_token_ids_and_weight_version_as_sglang_names_them(served):
+    client, engine = served
+    chat = client.chat.completions.create(
+        model="m", messages=MESSAGES, max_tokens=5, temperature=0.0,
+        extra_body={"return_token_ids": True},
+    )  # fmt: skip
+    choice = chat.choices[0].model_extra
+    assert choice["response_token_ids"] == choice["token_ids"]
+    assert len(choice["response_token_ids"]) == chat.usage.completion_tokens
+    assert len(choice["prompt_token_ids"]) == chat.usage.prompt_tokens
+    assert chat.to_dict()["metadata"] == {"weight_version": engine.weight_version}
+    only_prompt = (
+        client.chat.completions.create(
+            model="m", messages=MESSAGES, max_tokens=2, extra_body={"return_prompt_token_ids": True}
+        )
+        .choices[0]
+        .model_extra
+    )
+    assert only_prompt["prompt_token_ids"] == choice["prompt_token_ids"]
+    assert "response_token_ids" not in only_prompt
+
+
+def test_streamed_chat_and_completion_spell_the_plain_response(served):
+    client, _ = served
+    kwargs = dict(model="m", max_tokens=6, temperature=0.0)
+    plain = client.chat.completions.create(messages=MESSAGES, **kwargs)
+    stream = client.chat.completions.create(messages=MESSAGES, stream=True, **kwargs)
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == plain.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == plain.choices[0].finish_reason
+    plain_text = client.completions.create(prompt="The sky is", **kwargs).choices[0].text
+    streamed = client.completions.create(prompt="The sky is", stream=True, **kwargs)
+    assert "".join(c.choices[0].text for c in streamed) == plain_text
