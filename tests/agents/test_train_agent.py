@@ -4,6 +4,7 @@ tiny model) token for token, and runs unchanged against `agentrl serve` (only th
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -14,16 +15,13 @@ from agentrl.types import EpisodeStatus, Task
 from tests.agents.conftest import tool_agent
 
 
-@pytest.mark.slow
-def test_agent_trains_two_steps_token_exact(tiny_model_path, tmp_path):
-    from agentrl.rollout.codec import ChatCodec
-
+def _config(model_path: str, save: Path, agent: str):
     cfg = recipe_for_env("calculator")
-    cfg.model.path = tiny_model_path
-    cfg.checkpoint.save = str(tmp_path / "run")
+    cfg.model.path = model_path
+    cfg.checkpoint.save = str(save)
     cfg.train.num_rollout = 2
     cfg.train.lr = 1e-3
-    cfg.rollout.agent = "tests.agents.conftest:tool_agent"
+    cfg.rollout.agent = agent
     cfg.rollout.rollout_batch_size = 2
     cfg.rollout.n_samples_per_prompt = 2
     cfg.rollout.rollout_max_response_len = 8
@@ -32,8 +30,17 @@ def test_agent_trains_two_steps_token_exact(tiny_model_path, tmp_path):
     cfg.eval.eval_at_start = False
     cfg.log.progress = False
     cfg.log.use_tensorboard = False
-    result = train(cfg)
-    assert result is not None
+    return cfg
+
+
+@pytest.mark.slow
+def test_agent_trains_two_steps_token_exact(tiny_model_path, tmp_path):
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+    from agentrl.rollout.codec import ChatCodec
+
+    train(_config(tiny_model_path, tmp_path / "run", "tests.agents.conftest:tool_agent"))
     codec = ChatCodec.from_pretrained(tiny_model_path)
     for step in (1, 2):
         trajs = read_jsonl(str(tmp_path / "run" / "rollouts" / f"step_{step:06d}.jsonl"))
@@ -48,6 +55,46 @@ def test_agent_trains_two_steps_token_exact(tiny_model_path, tmp_path):
                 assert "Use the add tool." in codec.decode(between)
                 assert set(traj.loss_mask[turn.start + turn.num_sampled : nxt.start]) == {0}
             assert "Use the add tool" in codec.decode(traj.token_ids[: traj.prompt_len])
+    shown = CliRunner().invoke(
+        app,
+        ["show", str(tmp_path / "run" / "rollouts" / "step_000001.jsonl"), "-i", "0",
+         "--model", tiny_model_path],
+        env={"COLUMNS": "300"},
+    )  # fmt: skip
+    assert shown.exit_code == 0, shown.output
+    assert "Use the add tool." in shown.output and "completed" in shown.output
+
+
+async def compacting_agent(task, client) -> float:
+    """Two calls, the second on a rewritten (compacted) history: two segments per episode."""
+    first = await client.chat.completions.create(
+        model="p", messages=[{"role": "user", "content": task.data["question"]}], max_tokens=8
+    )
+    summary = (first.choices[0].message.content or "")[:40]
+    await client.chat.completions.create(
+        model="p", messages=[{"role": "user", "content": f"Notes: {summary}. Answer."}]
+    )
+    return 1.0 if task.id.endswith(("0", "2", "4", "6", "8")) else 0.0
+
+
+@pytest.mark.slow
+def test_segments_of_a_rewritten_history_train_with_the_episode_reward(tiny_model_path, tmp_path):
+    cfg = _config(
+        tiny_model_path, tmp_path / "run", "tests.agents.test_train_agent:compacting_agent"
+    )
+    cfg.train.num_rollout = 1
+    train(cfg)
+    trajs = read_jsonl(str(tmp_path / "run" / "rollouts" / "step_000001.jsonl"))
+    assert len(trajs) == 8  # 2 tasks x 2 episodes x 2 segments
+    by_episode: dict[str, list] = {}
+    for traj in trajs:
+        traj.check()
+        by_episode.setdefault(traj.episode_id, []).append(traj)
+    assert len(by_episode) == 4
+    for segments in by_episode.values():
+        assert [t.info["segment"] for t in segments] == [0, 1]
+        assert len({t.reward for t in segments}) == 1
+        assert all(t.status is EpisodeStatus.COMPLETED and t.num_turns == 1 for t in segments)
 
 
 @pytest.mark.slow
