@@ -5,6 +5,7 @@ Standard library only: it runs as `python -I reaper.py` without importing agentr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -19,14 +20,9 @@ _GRACE_S = 2.0
 
 
 def process_table() -> dict[Proc, int]:
-    """Every live (non-zombie) process and its parent pid, from /proc."""
-    table: dict[Proc, int] = {}
-    if not os.path.isdir("/proc"):
-        return table
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
-            table[(int(entry.name), stat[1])] = stat[0]
-    return table
+    """Every live (non-zombie) process and its parent pid, from /proc (empty without one)."""
+    pids = [int(n) for n in os.listdir("/proc") if n.isdigit()] if os.path.isdir("/proc") else []
+    return {(pid, stat[1]): stat[0] for pid in pids if (stat := _stat(pid)) is not None}
 
 
 def identity(pid: int) -> Proc | None:
@@ -72,23 +68,34 @@ def watch(driver: Proc, roots: set[Proc]) -> set[Proc]:
         time.sleep(_INTERVAL_S)
 
 
-def kill(procs: set[Proc], grace_s: float = _GRACE_S) -> None:
-    """SIGTERM, then SIGKILL after `grace_s`; whatever they spawn meanwhile goes too."""
-    deadline = time.monotonic() + grace_s
+def kill(procs: set[Proc], grace_s: float = _GRACE_S, max_wait_s: float = 30.0) -> None:
+    """SIGTERM, then SIGKILL after `grace_s`; whatever they spawn meanwhile goes too. Gives up
+    after `max_wait_s` (a process stuck in the kernel ignores even SIGKILL)."""
+    t0 = time.monotonic()
     termed: set[Proc] = set()
-    while procs := with_descendants(procs, process_table()):
-        is_late = time.monotonic() >= deadline
-        for pid, _ in procs if is_late else procs - termed:
-            _signal(pid, signal.SIGKILL if is_late else signal.SIGTERM)
+    while (procs := with_descendants(procs, process_table())) and (
+        time.monotonic() - t0 < max_wait_s
+    ):
+        is_late = time.monotonic() - t0 >= grace_s
+        for proc in procs if is_late else procs - termed:
+            _signal(proc, signal.SIGKILL if is_late else signal.SIGTERM)
         termed |= procs
         time.sleep(0.1)
 
 
-def _signal(pid: int, sig: signal.Signals) -> None:
+def _signal(proc: Proc, sig: int) -> None:
     try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+        fd = os.pidfd_open(proc[0])  # pins the process: once its start time matches, it is ours
+    except ProcessLookupError:
+        return
+    except OSError:  # no pidfd before Linux 5.3: a plain kill, just after the table was read
+        with contextlib.suppress(OSError):
+            os.kill(proc[0], sig)
+        return
+    with contextlib.suppress(OSError):
+        if identity(proc[0]) == proc:
+            signal.pidfd_send_signal(fd, sig)
+    os.close(fd)
 
 
 def start(roots: set[Proc]) -> None:

@@ -56,6 +56,7 @@ def init_ray(cfg: RunConfig, num_bundles: int) -> bool:
     with _loopback_node_ip():
         # Logical CPUs: a CPU-only layout runs one worker per "GPU" even on a 2-core machine.
         ray.init(
+            address="local",  # not None: that joins the cluster of the last `ray start`
             num_cpus=max(os.cpu_count() or 1, num_bundles + 1),
             include_dashboard=False,
             runtime_env=runtime_env,
@@ -77,7 +78,7 @@ def _loopback_node_ip() -> Iterator[None]:
     macOS and Windows (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, read once at import)."""
     from ray._private import ray_constants
 
-    saved = ray_constants.ENABLE_RAY_CLUSTER
+    saved = getattr(ray_constants, "ENABLE_RAY_CLUSTER", True)
     ray_constants.ENABLE_RAY_CLUSTER = False
     try:
         yield

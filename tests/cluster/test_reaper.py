@@ -5,11 +5,15 @@ the reaper with it."""
 from __future__ import annotations
 
 import ipaddress
+import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -36,7 +40,10 @@ import os, subprocess, sys, time
 from agentrl.cluster import reaper
 
 stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
-parent = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {stubborn!r}]); time.sleep(600)"
+parent = (
+    f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {stubborn!r}]); "
+    "time.sleep(600)"
+)
 before = reaper.children(os.getpid())
 subprocess.Popen([sys.executable, "-c", parent])
 time.sleep(1)  # the grandchild exists before the reaper's first look
@@ -46,19 +53,22 @@ time.sleep(600)
 """
 
 
-def _start(script: str) -> subprocess.Popen[str]:
+def _start(script: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(script)], stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, **(env or {})},
     )  # fmt: skip
 
 
 def _wait_ready(driver: subprocess.Popen[str]) -> None:
     assert driver.stdout is not None
-    for line in driver.stdout:  # a dead driver ends the loop: its output is the message
+    lines = []
+    for line in driver.stdout:  # a dead driver ends the loop
         if line.strip() == "ready":
             return
-    pytest.fail(f"the driver exited {driver.wait()} before it was ready")
+        lines.append(line)
+    pytest.fail(f"the driver exited {driver.wait()} before it was ready: {''.join(lines[-30:])}")
 
 
 def _session(driver: subprocess.Popen[str]) -> list[psutil.Process]:
@@ -146,8 +156,13 @@ def test_a_sigkilled_driver_leaves_no_ray_process_and_ray_listens_on_loopback_on
 
 
 @pytest.mark.slow
-def test_ray_shutdown_still_ends_the_session_and_the_reaper_leaves_by_itself():
-    driver = _start(_DRIVER)
+def test_a_ray_of_its_own_beside_a_ray_start_cluster_and_ray_shutdown_ends_it_and_the_reaper():
+    """No address: a new local Ray, even where `ray start` left its address for `ray.init()`
+    to join (it did: another test's cluster, and `num_cpus` was then refused)."""
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: Ray's sockets live there
+    (ray_tmp / "ray").mkdir()
+    (ray_tmp / "ray" / "ray_current_cluster").write_text("127.0.0.1:1")
+    driver = _start(_DRIVER, env={"RAY_TMPDIR": str(ray_tmp), "RAY_ADDRESS": ""})
     try:
         _wait_ready(driver)
         session = _session(driver)
@@ -160,4 +175,5 @@ def test_ray_shutdown_still_ends_the_session_and_the_reaper_leaves_by_itself():
         assert driver.poll() is None  # the driver lives on: the reaper left on its own
     finally:
         driver.kill()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     assert not left, _describe(left)
