@@ -117,3 +117,20 @@ def test_same_agent_runs_against_agentrl_serve(tiny_model_path):
     finally:
         thread.stop()
         asyncio.run(engine.close())
+
+
+@pytest.mark.slow
+def test_agentrl_eval_runs_the_agent_through_set(tiny_model_path, tmp_path):
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    args = ["eval", "--env", "calculator", "--model", tiny_model_path, "--num-tasks", "2",
+            "-k", "2", "--out", str(tmp_path / "eval"),
+            "--set", "rollout.agent=tests.agents.conftest:tool_agent",
+            "--set", "rollout.rollout_max_response_len=8", "--set", "rollout.max_turns=3"]  # fmt: skip
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    trajs = read_jsonl(str(tmp_path / "eval" / "eval_trajectories.jsonl"))
+    assert len(trajs) == 4 and "completed 100.0%" in result.output
+    assert all(t.num_turns == 3 and t.status is EpisodeStatus.COMPLETED for t in trajs)
