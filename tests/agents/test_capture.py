@@ -160,3 +160,39 @@ def test_load_agent_names_the_field(path):
 
     with pytest.raises(ValueError, match=r"rollout\.agent="):
         load_agent(path)
+
+
+async def anthropic_agent(task: Any, client: Any) -> float:
+    """The same tool loop in Anthropic's Messages shape (raw HTTP: the SDK is not installed)."""
+    import httpx
+
+    url = str(client.base_url).rstrip("/") + "/messages"
+    tools = [{"name": "add", "description": "Add two integers.",
+              "input_schema": ADD_TOOL["function"]["parameters"]}]  # fmt: skip
+    messages: list[dict[str, Any]] = [{"role": "user", "content": task.data["question"]}]
+    async with httpx.AsyncClient() as http:
+        for _ in range(2):
+            body = {"model": "p", "max_tokens": 128, "system": "Use the add tool, then answer.",
+                    "messages": messages, "tools": tools}  # fmt: skip
+            reply = (await http.post(url, json=body)).json()
+            messages.append({"role": "assistant", "content": reply["content"]})
+            uses = [b for b in reply["content"] if b["type"] == "tool_use"]
+            if reply["stop_reason"] != "tool_use":
+                return 1.0 if "5" in reply["content"][0]["text"] else 0.0
+            results = [{"type": "tool_result", "tool_use_id": b["id"],
+                        "content": str(b["input"]["a"] + b["input"]["b"])} for b in uses]  # fmt: skip
+            messages.append({"role": "user", "content": results})
+    return 0.0
+
+
+async def test_anthropic_messages_shape_records_the_same_trajectory(qwen_tokenizer):
+    codec = ChatCodec(qwen_tokenizer)
+    openai_run = await _run(
+        ScriptedEngine(qwen_tokenizer, [CALL, "The answer is 5."]), codec, tool_agent
+    )
+    anthropic_run = await _run(
+        ScriptedEngine(qwen_tokenizer, [CALL, "The answer is 5."]), codec, anthropic_agent
+    )
+    [a], [b] = openai_run, anthropic_run
+    assert (b.status, b.reward, b.num_turns) == (EpisodeStatus.COMPLETED, 1.0, 2)
+    assert (b.token_ids, b.loss_mask, b.logprobs) == (a.token_ids, a.loss_mask, a.logprobs)

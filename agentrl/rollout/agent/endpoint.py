@@ -1,7 +1,8 @@
 """`AgentEndpoint`: the loopback OpenAI-compatible server agents talk to during rollouts.
 
 Each episode gets its own base URL (`http://127.0.0.1:PORT/episodes/TOKEN/v1`, TOKEN a random
-secret), so an unmodified `openai.AsyncOpenAI` client is bound to one episode's capture. The
+secret), so an unmodified `openai.AsyncOpenAI` client is bound to one episode's capture
+(`/chat/completions`; Anthropic's `/messages` shape too). The
 HTTP server runs in its own thread and event loop (uvicorn's signal handling and the run's
 loop stay apart); each call is handed to the run's loop, where the engine and captures live."""
 
@@ -21,6 +22,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from agentrl.engine.base import Engine, SamplingParams
 from agentrl.engine.serve.openai import chat_chunks
+from agentrl.rollout.agent.anthropic import MessagesRequest, to_chat_request, to_messages_response
 from agentrl.rollout.agent.capture import EpisodeCapture
 from agentrl.rollout.agent.chat import CallLimits, ChatError, ChatRequest, complete
 
@@ -124,6 +126,19 @@ class AgentEndpoint:
             if body.stream:
                 return StreamingResponse(_sse(response), media_type="text/event-stream")
             return response
+
+        @app.post("/episodes/{token}/v1/messages")
+        async def messages(token: str, body: MessagesRequest) -> Any:
+            episode = self._episodes.get(token)
+            if episode is None:
+                return _error(404, "no episode has this URL (it ended)")
+            if body.stream:
+                return _error(400, "stream: the Messages route answers whole; pass stream=false")
+            try:
+                response = await self._on_run_loop(episode, to_chat_request(body))
+            except ChatError as e:
+                return _error(e.status, str(e))
+            return to_messages_response(response, body.model)
 
         return app
 
