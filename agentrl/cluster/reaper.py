@@ -98,16 +98,16 @@ def _signal(proc: Proc, sig: int) -> None:
     os.close(fd)
 
 
-def start(roots: set[Proc]) -> None:
-    """Start the reaper of `roots` (the processes `ray.init` started) for this driver; nothing
-    where there is no /proc to watch."""
+def start(roots: set[Proc]) -> bool:
+    """Start the reaper of `roots` (the processes `ray.init` started) for this driver. False
+    where it could not: no /proc to watch, or the launcher failed."""
     me = identity(os.getpid())
     if me is None or not roots:
-        return
+        return False
     args = [f"{pid}:{start}" for pid, start in (me, *sorted(roots))]
     # Through a launcher that exits at once: the reaper is no child of the driver (no zombie,
     # no Popen to keep) and has its own session (a signal to the driver's group spares it).
-    subprocess.run([sys.executable, "-I", __file__, "--detach", *args], check=True)
+    return subprocess.run([sys.executable, "-I", __file__, "--detach", *args]).returncode == 0
 
 
 def main(argv: list[str]) -> int:

@@ -40,9 +40,10 @@ _WORKER_ENV = {
 
 
 def init_ray(cfg: RunConfig, num_bundles: int) -> bool:
-    """Join `cluster.ray_address` / RAY_ADDRESS, else start a local Ray for this run. Returns
-    whether this call connected (so `ray.shutdown()` at the end: it stops a Ray started here and
-    only disconnects from a cluster that was joined)."""
+    """Join `cluster.ray_address` / RAY_ADDRESS, else start a local Ray for this run (on
+    127.0.0.1 only, and reaped if this process dies without `ray.shutdown()`). Returns whether
+    this call connected (so `ray.shutdown()` at the end: it stops a Ray started here and only
+    disconnects from a cluster that was joined)."""
     import ray
 
     if ray.is_initialized():
@@ -66,7 +67,8 @@ def init_ray(cfg: RunConfig, num_bundles: int) -> bool:
         )
     # A SIGKILLed driver takes gcs_server and raylet along (Ray's fate-sharing) but not
     # raylet's agents and workers: the reaper ends them.
-    reaper.start(reaper.children(os.getpid()) - before)
+    if not reaper.start(reaper.children(os.getpid()) - before):
+        log.warning("no reaper for this Ray (no /proc?): a SIGKILLed driver leaves its agents")
     return True
 
 
