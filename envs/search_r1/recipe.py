@@ -25,7 +25,9 @@ def recipe() -> RunConfig:
     56% of the time and from three 24%). The prompt asks for a search, then a brief answer,
     and the demonstration shows exactly that episode: search with the question, answer with
     Doc 1's title (no <think>: with it the model ended its turn after thinking, unsearched).
-    A turn with neither action gets a hint that says to search first. No KL term: no
+    A turn that opens `<search>` but closes it with `</answer>` (or not at all) still searches
+    (`lenient_search`: 113 of the 139 greedy first turns that opened a search on one H100), and
+    a turn with neither action gets a hint that says to search first. No KL term: no
     reference model to hold or run. Up to 2 searches then the answer turn, 64 tokens a turn.
     """
     cfg = RunConfig()
@@ -38,6 +40,7 @@ def recipe() -> RunConfig:
         "max_observation_tokens": 192,
         "prompt_template": BRIEF_PROMPT_TEMPLATE,
         "invalid_action_hint": SEARCH_FIRST_HINT,
+        "lenient_search": True,
     }
     cfg.rollout.rollout_batch_size = 4
     cfg.rollout.n_samples_per_prompt = 5

@@ -227,3 +227,26 @@ def test_check_env_passes_on_embedded_data() -> None:
     from agentrl.envs import check_env
 
     check_env("search_r1")
+
+
+@pytest.mark.parametrize(
+    ("text", "query"),
+    [
+        ("<search> capital of France </answer>", "capital of France"),  # closed with the wrong tag
+        ("<search> capital of France", "capital of France"),  # never closed
+    ],
+)
+async def test_lenient_search_reads_a_search_closed_with_another_tag(
+    corpus_path: Path, text: str, query: str
+) -> None:
+    env = await started(corpus_path, lenient_search=True)
+    result = await env.step(say(text))
+    assert result.info["num_tool_calls"] == 1 and result.info["query"] == query
+    assert "Paris" in result.observation[0].content
+    strict = await started(corpus_path)  # Search-R1's rule: no action, the hint
+    result = await strict.step(say(text))
+    assert result.info["num_tool_calls"] == 0
+    assert result.observation[0].content == INVALID_ACTION_HINT
+    env = await started(corpus_path, lenient_search=True)
+    result = await env.step(say("<search> </answer>"))  # an empty query is no search
+    assert result.info["num_tool_calls"] == 0
