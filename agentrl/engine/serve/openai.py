@@ -13,7 +13,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -91,7 +91,15 @@ def _usage(prompt_lens: list[int], completions: list[Completion]) -> dict[str, i
     }
 
 
-def add_openai_routes(app: FastAPI, state: Any) -> None:
+ToolParser = Callable[[list[int], list[dict[str, Any]]], Any]
+"""Sampled ids and the request's tools -> an assistant `Message` (content + tool calls): the
+run's ChatCodec.parse, passed in by whoever built the codec (the engine layer has none)."""
+
+
+def add_openai_routes(app: FastAPI, state: Any, *, tool_parser: ToolParser | None = None) -> None:
+    """The OpenAI routes; with `tool_parser`, chat replies to requests with `tools` carry
+    OpenAI's `tool_calls` (finish_reason "tool_calls") instead of the raw call text."""
+
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
         s = state()
@@ -190,6 +198,8 @@ def add_openai_routes(app: FastAPI, state: Any) -> None:
                 "finish_reason": _finish(c),
                 "logprobs": None,
             }
+            if tool_parser is not None and req.tools:
+                _with_tool_calls(choice, tool_parser(c.ids, req.tools))
             if req.logprobs:
                 choice["logprobs"] = {
                     "content": [
@@ -220,6 +230,19 @@ def add_openai_routes(app: FastAPI, state: Any) -> None:
         if req.return_token_ids:
             response["prompt_token_ids"] = list(prompt)
         return _streamed(response, chat_chunks) if req.stream else response
+
+
+def _with_tool_calls(choice: dict[str, Any], parsed: Any) -> None:
+    calls = [
+        {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+         "function": {"name": tc.name, "arguments": tc.arguments}}
+        for tc in parsed.tool_calls
+    ]  # fmt: skip
+    choice["message"]["content"] = parsed.content or (None if calls else "")
+    if calls:
+        choice["message"]["tool_calls"] = calls
+        if choice["finish_reason"] == "stop":
+            choice["finish_reason"] = "tool_calls"
 
 
 def _streamed(response: dict[str, Any], chunks: Any) -> StreamingResponse:

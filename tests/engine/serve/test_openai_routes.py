@@ -60,3 +60,38 @@ def test_streamed_chat_and_completion_spell_the_plain_response(served):
     plain_text = client.completions.create(prompt="The sky is", **kwargs).choices[0].text
     streamed = client.completions.create(prompt="The sky is", stream=True, **kwargs)
     assert "".join(c.choices[0].text for c in streamed) == plain_text
+
+
+def test_a_tool_parser_turns_call_text_into_openai_tool_calls(smollm2_path):
+    """With the run's codec as tool parser (what `agentrl serve` should pass), a tool loop
+    written for OpenAI sees `tool_calls` exactly as from the training endpoint."""
+    from fastapi import FastAPI
+
+    from agentrl.engine.serve.openai import add_openai_routes
+    from agentrl.engine.serve.state import ServerState
+    from agentrl.rollout.codec import ChatCodec
+    from agentrl.types import Task
+    from tests.agents.conftest import tool_agent
+    from tests.rollout.conftest import ScriptedEngine, load_tokenizer
+    from tests.support.servers import run_app_in_thread
+
+    tokenizer = load_tokenizer(smollm2_path, "qwen_tools")
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    engine = ScriptedEngine(tokenizer, [call, "It is 5."])
+    app, states = FastAPI(), []
+
+    def state() -> ServerState:
+        if not states:
+            states.append(ServerState(engine, tokenizer, "scripted", "scripted"))
+        return states[0]
+
+    add_openai_routes(app, state, tool_parser=ChatCodec(tokenizer).parse)
+    thread = run_app_in_thread(app)
+    try:
+        client = openai.AsyncOpenAI(base_url=f"{thread.url}/v1", api_key="unused")
+        task = Task("t", {"question": "What is 2 + 3?", "answer": 5})
+        assert asyncio.run(tool_agent(task, client)) == 1.0
+    finally:
+        thread.stop()
+    assert len(engine.calls) == 2  # the tool result went back; the model answered
+    assert "<tool_response>\n5\n</tool_response>" in tokenizer.decode(engine.calls[1][0])
