@@ -2,6 +2,7 @@
 # sources, the model converted as model_store does, the corpus, then the given train command.
 # Usage: bash .whl2/device_run.sh agentrl train --env search_r1 ...
 set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl2/*.whl || exit 1
 tar xzf .whl2/src.tgz -C /tmp/site || exit 1
 export PYTHONPATH=/tmp/site AGENTRL_CACHE=/tmp/arcache PYTHONUNBUFFERED=1
 if [ ! -f /tmp/arcache/smollm2-135m-instruct/model.safetensors ]; then

