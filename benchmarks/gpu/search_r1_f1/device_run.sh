@@ -18,4 +18,4 @@ tokenizer.save_pretrained(target)
 PY
 fi
 shift  # "agentrl"
-python3 -m agentrl.cli "$@"
+cd /tmp && python3 -m agentrl.cli "$@"  # not the repo root: its agentrl/ (the working tree) would shadow /tmp/site
