@@ -84,7 +84,12 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(f"--kwargs {kwargs!r} is not JSON: {e}") from e
         if not isinstance(env_kwargs, dict):
             raise typer.BadParameter(f"--kwargs {kwargs!r}: give a JSON object")
-        typer.echo(f"serving env {env_id} on http://{host}:{port}", err=True)
+        url = f"http://{host}:{port}"
+        typer.echo(
+            f"serving env {env_id} on {url}; train or evaluate against it with "
+            f"--env agentrl.envs.remote:RemoteEnv --set env.kwargs.url={url}",
+            err=True,
+        )
         serve_env(
             env_id,
             host=host,

@@ -117,7 +117,7 @@ class Judge:
         self._queue.append(_Pending(key, prompt, answer, reference, future))
         if len(self._queue) >= self.max_batch_size:
             self._start_flush(delay_s=0.0)
-        elif self._flusher is None or self._flusher.done():
+        elif self._flusher is None or self._flusher.done() or self._is_other_loop(self._flusher):
             self._start_flush(delay_s=self.batch_window_s)
         return await future
 
@@ -127,6 +127,11 @@ class Judge:
 
     async def reward(self, prompt: str, answer: str, *, reference: str | None = None) -> float:
         return (await self.score(prompt, answer, reference=reference)).reward
+
+    @staticmethod
+    def _is_other_loop(task: asyncio.Task[None]) -> bool:
+        # A Judge outlives event loops (eval runs its own): a flush of a closed loop never runs.
+        return task.get_loop() is not asyncio.get_running_loop()
 
     def _start_flush(self, *, delay_s: float) -> None:
         self._flusher = asyncio.ensure_future(self._flush_after(delay_s))

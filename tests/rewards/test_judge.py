@@ -157,3 +157,11 @@ def test_bad_arguments_are_named():
         Rubric.of({"x": (0, "never")})
     with pytest.raises(ValueError, match="judge max_concurrency=0"):
         judge(RUBRIC, url="http://127.0.0.1:1/v1", max_concurrency=0)
+
+
+def test_a_judge_serves_one_event_loop_after_another(stub):
+    """eval and train run their own loops: a Judge made once keeps answering in each."""
+    stub.gather = 1
+    j = judge(RUBRIC, url=stub.url)
+    assert asyncio.run(j.score("q", "42")).scores["correct"] == 1.0
+    assert asyncio.run(j.score("q", "41")).scores["correct"] == 0.0
