@@ -15,7 +15,7 @@ from agentrl.engine.base import Engine, SamplingParams
 from agentrl.envs.base import AgentEnv
 from agentrl.rollout.agent.chat import CallLimits
 from agentrl.rollout.agent.endpoint import AgentEndpoint
-from agentrl.rollout.agent.episode import AgentEpisode, load_agent, run_agent_episode
+from agentrl.rollout.agent.episode import AgentEpisode, AgentFn, load_agent, run_agent_episode
 from agentrl.rollout.codec import ChatCodec
 from agentrl.rollout.codec_check import check_codec
 from agentrl.rollout.episode import episode_sampling, error_trajectory, run_episode
@@ -49,7 +49,7 @@ class RolloutRunner:
         cfg: RolloutConfig,
         *,
         codec: ChatCodec | None = None,
-        agent: Any = None,
+        agent: AgentFn | None = None,
     ) -> None:
         if cfg.max_concurrent_episodes < 1:
             raise ValueError(
@@ -62,7 +62,7 @@ class RolloutRunner:
         self.agent = agent
         """An `async def run(task, client)` agent playing each episode instead of the engine
         loop; its episodes may give several trajectories (segments), all in the group."""
-        self._agent_endpoint: Any = None
+        self._agent_endpoint: AgentEndpoint | None = None
         self._semaphores: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
         self._is_checked = False
         self._num_groups = 0
