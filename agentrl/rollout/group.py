@@ -188,7 +188,7 @@ class RolloutRunner:
     ) -> list[Trajectory]:
         assert self.codec is not None
         if self.agent is not None:
-            return await self._agent_episode(env, task, sampling, group_id, episode_id)
+            return await self._agent_episode(self.agent, env, task, sampling, group_id, episode_id)
         try:
             return [await run_episode(
                 env,
@@ -207,7 +207,13 @@ class RolloutRunner:
             return [error_trajectory(task, group_id, episode_id, "run_episode")]
 
     async def _agent_episode(
-        self, env: AgentEnv, task: Task, sampling: SamplingParams, group_id: str, episode_id: str
+        self,
+        agent: AgentFn,
+        env: AgentEnv,
+        task: Task,
+        sampling: SamplingParams,
+        group_id: str,
+        episode_id: str,
     ) -> list[Trajectory]:
         assert self.codec is not None
         if self._agent_endpoint is None:
@@ -222,7 +228,7 @@ class RolloutRunner:
         sampling = episode_sampling(sampling, env, self.codec)
         try:
             return await run_agent_episode(
-                self.agent, setup, env, task, sampling, group_id=group_id, episode_id=episode_id
+                agent, setup, env, task, sampling, group_id=group_id, episode_id=episode_id
             )
         except Exception:
             return [error_trajectory(task, group_id, episode_id, "run_agent_episode")]
