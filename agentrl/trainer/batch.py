@@ -105,25 +105,39 @@ def is_trainable(traj: Any) -> bool:
 
 
 def compute_advantages(groups: Sequence[Group], algo_cfg: AlgoConfig) -> list[list[float | None]]:
-    """One advantage per trajectory (None for ERROR/ABORTED ones, which never enter the statistics)."""
+    """One advantage per trajectory (None for ERROR/ABORTED ones, which never enter the statistics).
+
+    An episode recorded as several segments (an agent that rewrote its history: same
+    `episode_id`, same reward) counts once in its group's statistics, with the tokens of all its
+    segments, and each segment gets the episode's advantage."""
     if algo_cfg.advantage_estimator not in ADVANTAGE_ESTIMATORS:
         raise ValueError(
             f"algo.advantage_estimator={algo_cfg.advantage_estimator!r} is not supported; "
             f"choose one of: {', '.join(ADVANTAGE_ESTIMATORS)}"
         )
     estimator = ADVANTAGE_ESTIMATORS[algo_cfg.advantage_estimator]
-    where = [
-        (g, i) for g, group in enumerate(groups) for i, t in enumerate(group) if is_trainable(t)
-    ]
+    episodes: dict[tuple[int, str], list[int]] = {}  # (group, episode) -> its segments' indices
+    for g, group in enumerate(groups):
+        for i, t in enumerate(group):
+            if is_trainable(t):
+                episode = getattr(t, "episode_id", "") or f"#{i}"  # no id: its own episode
+                episodes.setdefault((g, episode), []).append(i)
     out: list[list[float | None]] = [[None] * len(group) for group in groups]
-    if not where:
+    if not episodes:
         return out
-    rewards = torch.tensor([float(groups[g][i].reward) for g, i in where], dtype=torch.float64)
-    group_ids = torch.tensor([g for g, _ in where], dtype=torch.long)
-    num_tokens = torch.tensor([sum(groups[g][i].loss_mask) for g, i in where], dtype=torch.float64)
+    keys = list(episodes)
+    rewards = torch.tensor(
+        [float(groups[g][episodes[g, e][0]].reward) for g, e in keys], dtype=torch.float64
+    )
+    group_ids = torch.tensor([g for g, _ in keys], dtype=torch.long)
+    num_tokens = torch.tensor(
+        [sum(sum(groups[g][i].loss_mask) for i in episodes[g, e]) for g, e in keys],
+        dtype=torch.float64,
+    )
     advantages = estimator(rewards, group_ids, num_tokens, algo_cfg)
-    for (g, i), a in zip(where, advantages.tolist(), strict=True):
-        out[g][i] = a
+    for (g, e), a in zip(keys, advantages.tolist(), strict=True):
+        for i in episodes[g, e]:
+            out[g][i] = a
     return out
 
 

@@ -36,6 +36,26 @@ def test_error_and_aborted_trajectories_leave_group_statistics_unchanged(traj, e
     assert a_broken[0][2] is None and a_broken[1][0] is None
 
 
+@pytest.mark.parametrize(
+    "estimator", ["grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"]
+)
+def test_an_episode_in_several_segments_counts_once(traj, estimator):
+    """An agent that rewrote its history leaves two segments of one episode (same episode_id and
+    reward): the group's statistics see one episode, and both segments get its advantage."""
+    cfg = AlgoConfig(advantage_estimator=estimator)
+    whole = [
+        traj([(4, 0)], reward=1.0, seed=1),
+        traj([(3, 0)], reward=0.0, seed=2),
+        traj([(2, 0)], reward=0.0, seed=3),
+    ]
+    first, second = traj([(2, 0)], reward=1.0, seed=1), traj([(2, 0)], reward=1.0, seed=9)
+    second.episode_id = first.episode_id  # one episode, two segments (4 sampled tokens in all)
+    split = [first, second, *whole[1:]]
+    a_whole, a_split = compute_advantages([whole], cfg)[0], compute_advantages([split], cfg)[0]
+    assert a_split[0] == a_split[1] == pytest.approx(a_whole[0])
+    assert a_split[2:] == pytest.approx(a_whole[1:])
+
+
 def test_excluded_trajectories_are_counted_and_never_trained(traj):
     groups = [
         [
