@@ -70,6 +70,14 @@ def eval_command(
     seed: Annotated[
         int | None, typer.Option("--seed", help="Sampling seed (default rollout.seed).")
     ] = None,
+    agent: Annotated[
+        str | None,
+        typer.Option(
+            "--agent",
+            help="An agent to evaluate instead of the env's own loop: module:function, an "
+            "`async def run(task, client)` that talks to the policy through an OpenAI client.",
+        ),
+    ] = None,
 ) -> None:
     """Evaluate a model on held-out tasks: mean reward, pass@k, maj@k, status mix, tools."""
     from rich.console import Console
@@ -89,7 +97,7 @@ def eval_command(
             k=k,
             num_tasks=num_tasks,
             temperature=temperature,
-            overrides=overrides or [],
+            overrides=([f"rollout.agent={agent}"] if agent else []) + (overrides or []),
         )
     except (ValueError, FileNotFoundError) as e:
         console.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)

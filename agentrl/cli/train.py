@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 # slime flag -> config key. Each is a typed option below, so an unknown flag is an error
 # that names it (typer: "No such option: --x").
 SLIME_FLAGS: dict[str, str] = {
+    "agent": "rollout.agent",
     "model": "model.path",
     "save": "checkpoint.save",
     "num_rollout": "train.num_rollout",
@@ -101,6 +102,12 @@ def train_command(
         "--env",
         help="Registered env id (agentrl env list), or module:Class importable from the working "
         "directory (default: calculator; with --resume, the run's own).",
+    ),
+    agent: str | None = typer.Option(
+        None,
+        "--agent",
+        help="An agent to train instead of the env's own loop: module:function, an `async def "
+        "run(task, client)` that talks to the policy through an OpenAI client.",
     ),
     model: str | None = typer.Option(
         None, help="Transformers checkpoint dir (default: bundled SmolLM2-135M)."

@@ -161,6 +161,10 @@ def spec(env_id: str) -> EnvSpec:
     found = _specs.get(env_id)
     if found is not None:
         return found
+    if env_id.startswith(("http://", "https://")):  # an env served by `agentrl env serve`
+        from agentrl.envs.remote import RemoteEnv
+
+        return register(EnvSpec(env_id, RemoteEnv.bound_to(env_id), description="served env"))
     if env_id not in _pending and ":" in env_id:
         return register(_spec_from_path(env_id))
     if env_id not in _pending:

@@ -94,10 +94,24 @@ class RemoteEnv(AgentEnv):
                 await self._client.aclose()
                 self._client = None
 
+    default_url = ""  # set by `bound_to`: `--env http://host:port` needs no env.kwargs.url
+
+    @classmethod
+    def bound_to(cls, url: str) -> type[RemoteEnv]:
+        """A RemoteEnv class whose `url` defaults to `url` (what `--env http://...` builds)."""
+        name = f"RemoteEnv({url})"
+        bound = type(name, (cls,), {"default_url": url, "__doc__": f"The env served at {url}."})
+
+        def init(self: RemoteEnv, url: str = url, timeout_s: float = 600.0) -> None:
+            cls.__init__(self, url, timeout_s)
+
+        bound.__init__ = init  # type: ignore[method-assign]
+        return bound
+
     @classmethod
     def load_tasks(cls, split: str, url: str = "", **kwargs: Any) -> list[Task]:
         """The served env's own split, fetched from its server."""
-        out = _get(url, "/tasks", params={"split": split})
+        out = _get(url or cls.default_url, "/tasks", params={"split": split})
         return [Task(**t) for t in out]
 
 

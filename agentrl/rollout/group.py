@@ -283,5 +283,5 @@ def _tool_call_format(env_cls: type[AgentEnv], kwargs: dict[str, Any]) -> Any:
     from agentrl.envs.remote import RemoteEnv, server_info
 
     if issubclass(env_cls, RemoteEnv):
-        return server_info(str(kwargs.get("url", "")))["tool_call_format"]
+        return server_info(str(kwargs.get("url") or env_cls.default_url))["tool_call_format"]
     return env_cls.tool_call_format

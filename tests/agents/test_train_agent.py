@@ -120,14 +120,14 @@ def test_same_agent_runs_against_agentrl_serve(tiny_model_path):
 
 
 @pytest.mark.slow
-def test_agentrl_eval_runs_the_agent_through_set(tiny_model_path, tmp_path):
+def test_agentrl_eval_runs_the_agent_given_by_agent_flag(tiny_model_path, tmp_path):
     from typer.testing import CliRunner
 
     from agentrl.cli import app
 
     args = ["eval", "--env", "calculator", "--model", tiny_model_path, "--num-tasks", "2",
             "-k", "2", "--out", str(tmp_path / "eval"),
-            "--set", "rollout.agent=tests.agents.conftest:tool_agent",
+            "--agent", "tests.agents.conftest:tool_agent",
             "--set", "rollout.rollout_max_response_len=8", "--set", "rollout.max_turns=3"]  # fmt: skip
     result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output

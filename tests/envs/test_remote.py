@@ -64,6 +64,22 @@ async def test_served_env_plays_the_same_episode_as_in_process(served, smol_toke
     assert server_info(url)["tool_call_format"] == "hermes"
 
 
+async def test_an_env_id_that_is_a_url_names_the_served_env(served, smol_tokenizer):
+    """`--env http://host:port`: the registry builds a RemoteEnv bound to that URL, so neither
+    the env nor its tasks need env.kwargs.url."""
+    from agentrl.envs import make
+    from agentrl.envs.registry import spec
+    from agentrl.rollout.group import _tool_call_format
+
+    url, _, _ = served
+    env_cls = spec(url).load_class()
+    assert env_cls.load_tasks("test") == CalculatorEnv.load_tasks("test")
+    assert _tool_call_format(env_cls, {}) == CalculatorEnv.tool_call_format  # from GET /info
+    local = await _episode(CalculatorEnv(), smol_tokenizer)
+    remote = await _episode(make(url), smol_tokenizer)
+    assert (remote.token_ids, remote.reward) == (local.token_ids, local.reward)
+
+
 async def test_sessions_are_bounded_and_expire(served):
     url, clock, app = served
     task = CalculatorEnv.load_tasks("train")[0]
