@@ -124,8 +124,12 @@ def serve_command(
         f"agentrl serve: {engine.model_path} on http://{host}:{port} (device {engine.device})",
         err=True,
     )
+    from agentrl.rollout.codec import ChatCodec
+
+    # OpenAI clients get tool calls as `tool_calls`, parsed as training parses them
+    tool_parser = ChatCodec(engine.tokenizer).parse
     serve(engine, host=host, port=port, log_level=log_level, limits=limits,
-          api_key=api_key, admin_api_key=admin_api_key)  # fmt: skip
+          api_key=api_key, admin_api_key=admin_api_key, tool_parser=tool_parser)  # fmt: skip
 
 
 def _check_before_loading(device: str, mem_fraction_static: float, reserve_gb: float) -> None:

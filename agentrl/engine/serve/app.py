@@ -18,7 +18,7 @@ from agentrl.engine.base import Engine
 from agentrl.engine.serve.auth import GuardMiddleware
 from agentrl.engine.serve.control import add_control_routes
 from agentrl.engine.serve.generate import add_generate_routes
-from agentrl.engine.serve.openai import add_openai_routes
+from agentrl.engine.serve.openai import ToolParser, add_openai_routes
 from agentrl.engine.serve.protocol import error_response
 from agentrl.engine.serve.requests import ServerLimits, validation_message
 from agentrl.engine.serve.state import ServerState
@@ -39,11 +39,14 @@ def create_app(
     api_key: str | None = None,
     admin_api_key: str | None = None,
     limits: ServerLimits | None = None,
+    tool_parser: ToolParser | None = None,
 ) -> FastAPI:
     """The FastAPI app around `engine` (a LocalEngine: its `.tokenizer` and `.model_path` are used
     when not given). With `api_key`, every route but the health probes wants
     `Authorization: Bearer <api_key>`; with `admin_api_key`, the weight, memory and cache routes
-    want that one instead (SGLang's `--api-key` / `--admin-api-key`)."""
+    want that one instead (SGLang's `--api-key` / `--admin-api-key`). With `tool_parser` (the
+    caller's ChatCodec.parse: this layer has no codec), chat replies to requests with `tools`
+    carry OpenAI's `tool_calls`."""
     limits = limits or ServerLimits()
     tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
     model_path = model_path or str(getattr(engine, "model_path", ""))
@@ -64,7 +67,7 @@ def create_app(
     add_generate_routes(app, state)
     add_control_routes(app, state)
     add_weight_routes(app, state)
-    add_openai_routes(app, state)
+    add_openai_routes(app, state, tool_parser=tool_parser)
     app.add_middleware(
         GuardMiddleware,
         fastapi_app=app,
