@@ -12,7 +12,7 @@ SPEC = EnvSpec(
     entry_point="agentrl_envs.search_r1.env:SearchR1Env",
     description=(
         "Search-R1 QA: <search> a Wikipedia-summary corpus (BM25, embedded) or a Search-R1 "
-        "retrieval server, then <answer>; exact-match reward"
+        "retrieval server, then <answer>; reward EM, F1, format, or F1 with a format term (the recipe)"
     ),
 )
 
