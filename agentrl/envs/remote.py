@@ -99,14 +99,16 @@ class RemoteEnv(AgentEnv):
     @classmethod
     def bound_to(cls, url: str) -> type[RemoteEnv]:
         """A RemoteEnv class whose `url` defaults to `url` (what `--env http://...` builds)."""
-        name = f"RemoteEnv({url})"
-        bound = type(name, (cls,), {"default_url": url, "__doc__": f"The env served at {url}."})
 
-        def init(self: RemoteEnv, url: str = url, timeout_s: float = 600.0) -> None:
-            cls.__init__(self, url, timeout_s)
+        class Bound(RemoteEnv):
+            default_url = url
 
-        bound.__init__ = init  # type: ignore[method-assign]
-        return bound
+            def __init__(self, url: str = url, timeout_s: float = 600.0) -> None:
+                super().__init__(url, timeout_s)
+
+        Bound.__name__ = Bound.__qualname__ = f"RemoteEnv({url})"
+        Bound.__doc__ = f"The env served at {url}."
+        return Bound
 
     @classmethod
     def load_tasks(cls, split: str, url: str = "", **kwargs: Any) -> list[Task]:
