@@ -4,8 +4,9 @@ agentrl/ and envs/ that has an __init__.py (a built wheel without agentrl.engine
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 
