@@ -356,7 +356,8 @@ async def test_gpu_weight_update_paths_into_a_cuda_server(tiny_model_path, tmp_p
             else:
                 sender = DistributedWeightSender([http], backend=path)
                 await sender.connect()
-                await sender.send(named, weight_version=path)
+                async with http.weight_update():  # SGLang 0.5.23: broadcasts only in a session
+                    await sender.send(named, weight_version=path)
                 await sender.close()
             await local.update_weights(named, weight_version=path)
             greedy = SamplingParams(temperature=0.0, max_new_tokens=16)

@@ -14,7 +14,16 @@ import torch
 
 pytestmark = pytest.mark.gpu
 HERE = Path(__file__).resolve().parent
-TOKENIZER = HERE.parents[2] / ".gpu" / "smollm2_tok"
+TOKENIZER_DIR = HERE.parents[2] / ".gpu" / "smollm2_tok"  # carried to a GPU machine, if it was
+
+
+def _tokenizer() -> str:
+    """SmolLM2's tokenizer: a carried copy, else the bundled model's (converted once)."""
+    if TOKENIZER_DIR.is_dir():
+        return str(TOKENIZER_DIR)
+    from agentrl.model_store import resolve_model_path
+
+    return resolve_model_path("smollm2-135m-instruct")
 
 
 def _port() -> int:
@@ -165,7 +174,7 @@ def model_135m(tmp_path_factory) -> str:
     from agentrl.model_store import make_shaped_model
 
     out = tmp_path_factory.mktemp("smollm2_135m")
-    return make_shaped_model(str(out), str(TOKENIZER), "smollm2-135m", dtype="float32")
+    return make_shaped_model(str(out), _tokenizer(), "smollm2-135m", dtype="float32")
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +183,7 @@ def model_tp(tmp_path_factory) -> str:
     from agentrl.model_store import SHAPES, save_random_llama
 
     out = tmp_path_factory.mktemp("smollm2_1p7b_4l")
-    return save_random_llama(str(out), str(TOKENIZER), {**SHAPES["smollm2-1.7b"], "num_hidden_layers": 4},
+    return save_random_llama(str(out), _tokenizer(), {**SHAPES["smollm2-1.7b"], "num_hidden_layers": 4},
                              dtype="float32")  # fmt: skip
 
 
