@@ -8,14 +8,22 @@ transformers compiles with torch.compile on CUDA; on CPU it runs it uncompiled, 
 Every runner is warmed up at the exact shape, then timed over `--repeats` rounds in which the
 engine and the baselines alternate (a load change hits them alike); min and median are reported
 and ratios come from medians; the JSON names the strongest baseline and the engine's ratio to it.
-(3) a multi-turn workload (each turn appends the reply and an observation) with and without
-prefix reuse. On CUDA also the fraction of the HBM roofline (weights + KV bytes read per decode
-step over the measured copy bandwidth).
+(3) a multi-turn workload (each turn appends the reply and an observation) with and without prefix
+reuse. On CUDA also the fraction of the HBM roofline (weights + KV bytes read per decode step over
+the measured copy bandwidth). Run it under `nice` on a shared machine; the CPU run takes ~20 min.
+
+Why the old eager baseline ran 2.6-3.6x below a warmed `generate()` (issue 28): it was warmed
+only at batch 1 for 4 tokens, so each timed call met its batch size and every longer KV length
+for the first time inside the timing. Issue 28's table fits a fixed 11-13 s added to every
+256-token call whatever the shape and batch (N/old - N/warm), i.e. per-shape first-use costs, not
+per-step work; on CPU the old call (EOS kept, `min_new_tokens`, `inference_mode`) costs the same
+per step as the plain call. `--baselines hf_eager,hf_static,hf_eager_old_call` times the old call
+warmed too, to confirm this on a GPU.
 
     python scripts/bench_engine.py --tokenizer .gpu/smollm2_tok            # GPU, bf16, full run
     nice -n 5 python scripts/bench_engine.py --shapes smollm2-135m --batch-sizes 1,8,32 \
         --new-tokens 32 --dtype float32 --episodes 8 --turn-new-tokens 16 \
-        --out benchmarks/bench_engine_cpu.json                              # CPU, ~15 minutes
+        --out benchmarks/bench_engine_cpu.json                              # CPU
 """
 
 from __future__ import annotations
