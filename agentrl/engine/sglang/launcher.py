@@ -13,6 +13,7 @@ import contextlib
 import importlib.util
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -371,10 +372,24 @@ def _ports(base_port: int, count: int, host: str) -> list[int]:
     return [base_port + i for i in range(count)] if base_port else free_ports(count, host)
 
 
+# SGLang derives a gRPC port of --port + 10000 and refuses to start when that passes 65535
+# (0.5.15); Linux's ephemeral range reaches 60999, so ports are drawn below this bound.
+MAX_SERVER_PORT = 55535
+
+
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """`count` distinct free ports (every socket is held until all are chosen)."""
+    """`count` distinct free ports in [10000, MAX_SERVER_PORT] (every socket is held until all
+    are chosen, so none is handed out twice)."""
+    candidates = random.Random().sample(range(10000, MAX_SERVER_PORT + 1), k=4 * count + 64)
     with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in socks:
-            sock.bind((host, 0))
-        return [sock.getsockname()[1] for sock in socks]
+        ports: list[int] = []
+        for port in candidates:
+            sock = stack.enter_context(socket.socket())
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            ports.append(port)
+            if len(ports) == count:
+                return ports
+    raise RuntimeError(f"no {count} free ports at or below {MAX_SERVER_PORT} on {host}")
