@@ -299,3 +299,39 @@ def test_constructor_errors_name_the_field() -> None:
         SGLangEngine("localhost:30000")
     with pytest.raises(ValueError, match="weight_update_path='disk'"):
         SGLangEngine("http://x", weight_update_path="disk")  # type: ignore[arg-type]
+
+
+def test_collective_routes_are_never_retried_and_others_are() -> None:
+    """A retried broadcast receive has no matching broadcast: both sides would block until the
+    group's timeout. So a 500 on a collective route is raised at once; a 500 elsewhere is
+    retried."""
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    app, calls = FastAPI(), []
+
+    @app.post("/{path}")
+    async def failing(path: str) -> JSONResponse:
+        calls.append(path)
+        return JSONResponse({"error": "boom"}, status_code=500)
+
+    thread = run_app_in_thread(app)
+    engine = _engine(thread.url, max_retries=2)
+
+    async def post(path: str) -> None:
+        with pytest.raises(EngineError, match="failed after"):
+            await engine._post(path, {})
+
+    async def main() -> None:
+        await post("/update_weights_from_distributed")
+        await post("/init_weights_update_group")
+        await post("/flush_cache")
+        await engine.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        thread.stop()
+    assert calls.count("update_weights_from_distributed") == 1
+    assert calls.count("init_weights_update_group") == 1
+    assert calls.count("flush_cache") == 3

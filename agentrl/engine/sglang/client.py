@@ -46,6 +46,9 @@ __all__ = ["SGLangEngine"]
 logger = logging.getLogger(__name__)
 
 _RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
+# Routes whose server side joins a collective (a rendezvous, a broadcast receive): a second
+# attempt would wait for a trainer that already moved on, until the group's timeout.
+_COLLECTIVE_ROUTES = ("/init_weights_update_group", "/update_weights_from_distributed")
 
 
 def _error_message(response: httpx.Response) -> str:
@@ -186,8 +189,9 @@ class SGLangEngine(SGLangControl, SGLangWeights):
     ) -> httpx.Response:
         """`is_fresh_rid`: every attempt sends `json` under a new `rid` (SGLang refuses a second
         request with the `rid` of one still live, as a timed-out first attempt may be)."""
+        attempts = 1 if url.endswith(_COLLECTIVE_ROUTES) else self.max_retries + 1
         retrying = tenacity.AsyncRetrying(
-            stop=tenacity.stop_after_attempt(self.max_retries + 1),
+            stop=tenacity.stop_after_attempt(attempts),
             wait=tenacity.wait_exponential(multiplier=self.retry_backoff_s)
             + tenacity.wait_random(0, 0.1 * self.retry_backoff_s),
             retry=tenacity.retry_if_exception_type(_Retryable),
@@ -206,7 +210,7 @@ class SGLangEngine(SGLangControl, SGLangWeights):
         except _Retryable as e:
             error_cls = EngineUnavailable if e.is_unreachable else EngineError
             raise error_cls(
-                f"{method} {url} failed after {self.max_retries + 1} attempts; last error: {e}"
+                f"{method} {url} failed after {attempts} attempt(s); last error: {e}"
                 + self._cluster_note()
             ) from None
 
