@@ -32,11 +32,20 @@ install_version() {
   touch "$target/.complete"
 }
 
+# smg (sglang-router's successor, with consistent_hashing): its own directory, for the router test.
+SMG=smg==1.13.0
+if [ ! -f .cache/smg/.complete ]; then
+  rm -rf .cache/smg
+  pip install -q --no-deps --target .cache/smg "$SMG"
+  touch .cache/smg/.complete
+fi
+
 status=0
 for version in "${VERSIONS[@]}"; do
   install_version "$version"
-  echo "== tests/engine/sglang_real against sglang $version"
-  AGENTRL_SGLANG_PATH=$PWD/.cache/sglang-$version python -m pytest -q tests/engine/sglang_real \
-    || status=1
+  # Each version in a process of its own: its directory goes first on sys.path.
+  echo "== tests/engine/sglang_real and tests/engine/sglang_client against sglang $version"
+  AGENTRL_SGLANG_PATH=$PWD/.cache/sglang-$version AGENTRL_SMG_PATH=$PWD/.cache/smg \
+    python -m pytest -q tests/engine/sglang_real tests/engine/sglang_client || status=1
 done
 exit $status

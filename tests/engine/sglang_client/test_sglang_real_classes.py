@@ -58,7 +58,7 @@ def sglang() -> ModuleType:
 
 @pytest.fixture
 def server() -> Iterator[Any]:
-    from tests.engine.sglang.standin import StandIn
+    from tests.engine.sglang_client.standin import StandIn
 
     standin = StandIn(tp_size=2).start()
     yield standin

@@ -15,7 +15,7 @@ from agentrl.engine.base import EngineError, SamplingParams
 from agentrl.engine.sglang import SGLangEngine
 from agentrl.engine.sglang.launcher import choose_router
 from agentrl.engine.sglang.protocol import memory_bytes_from_server_info
-from tests.engine.sglang.standin import StandIn
+from tests.engine.sglang_client.standin import StandIn
 
 
 @pytest.fixture

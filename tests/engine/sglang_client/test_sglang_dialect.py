@@ -1,6 +1,6 @@
 """Version negotiation: `SGLangEngine` reads each server's version once and speaks its dialect
 (routes, weight-update sessions), and refuses a release outside the supported window in one
-line. Against the stand-in of tests/engine/sglang/standin.py over real HTTP."""
+line. Against the stand-in of tests/engine/sglang_client/standin.py over real HTTP."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from agentrl.engine.base import EngineError
 from agentrl.engine.sglang import SGLangEngine
 from agentrl.engine.sglang.dialect import SUPPORTED_RANGE
-from tests.engine.sglang.standin import StandIn
+from tests.engine.sglang_client.standin import StandIn
 
 BUCKET = [("w", torch.ones(4)), ("b", torch.zeros(2))]
 

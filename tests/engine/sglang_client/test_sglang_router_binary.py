@@ -21,7 +21,7 @@ from agentrl.engine.base import SamplingParams
 from agentrl.engine.sglang import SGLangEngine
 from agentrl.engine.sglang.launcher import ManagedProcess, free_ports, router_command, wait_healthy
 from agentrl.engine.sglang.router_admin import add_worker, list_workers, remove_worker
-from tests.engine.sglang.standin import StandIn
+from tests.engine.sglang_client.standin import StandIn
 
 pytestmark = pytest.mark.slow
 PATHS = [
