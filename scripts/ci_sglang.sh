@@ -36,7 +36,7 @@ install_version() {
 SMG=smg==1.13.0
 if [ ! -f .cache/smg/.complete ]; then
   rm -rf .cache/smg
-  pip install -q --no-deps --target .cache/smg "$SMG"
+  pip install -q --target .cache/smg "$SMG"  # with setproctitle, grpcio, pyyaml: it imports them
   touch .cache/smg/.complete
 fi
 

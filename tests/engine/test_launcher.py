@@ -95,6 +95,7 @@ def test_commands_use_sglang_and_router_flag_names() -> None:
         port=30000,
         policy="consistent_hashing",
         python="py",
+        metrics_port=31000,
     )
     assert router == [
         "py",
@@ -109,7 +110,14 @@ def test_commands_use_sglang_and_router_flag_names() -> None:
         "127.0.0.1",
         "--port",
         "30000",
+        "--prometheus-host",  # the routers' default is 0.0.0.0:29000: every interface
+        "127.0.0.1",
+        "--prometheus-port",
+        "31000",
     ]
+    unpinned = router_command(["http://a:1"], host="127.0.0.1", port=30000, policy="manual")
+    assert unpinned[unpinned.index("--prometheus-host") + 1] == "127.0.0.1"
+    assert int(unpinned[unpinned.index("--prometheus-port") + 1]) != 29000
 
 
 def test_server_that_dies_at_startup_fails_the_launch_with_its_log(

@@ -121,10 +121,15 @@ def router_command(
     python: str = sys.executable,
     module: str = "smg",
     api_key: str | None = None,
+    metrics_port: int | None = None,
 ) -> list[str]:
-    """`api_key`: the key the router sends to the workers (their --api-key)."""
+    """`api_key`: the key the router sends to the workers (their --api-key). Its Prometheus
+    server binds where the router binds, on a free port: by default both routers put it on
+    0.0.0.0:29000 (every interface, and a second router on the machine fails to start)."""
+    metrics_port = metrics_port or free_ports(1, host)[0]
     cmd = [python, "-m", f"{module}.launch_router", "--worker-urls", *worker_urls,
-           "--policy", policy, "--host", host, "--port", str(port)]  # fmt: skip
+           "--policy", policy, "--host", host, "--port", str(port),
+           "--prometheus-host", host, "--prometheus-port", str(metrics_port)]  # fmt: skip
     return cmd + (["--api-key", api_key] if api_key else [])
 
 
