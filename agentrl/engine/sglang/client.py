@@ -210,8 +210,8 @@ class SGLangEngine(SGLangControl, SGLangWeights):
         except _Retryable as e:
             error_cls = EngineUnavailable if e.is_unreachable else EngineError
             raise error_cls(
-                f"{method} {url} failed after {attempts} attempt(s); last error: {e}"
-                + self._cluster_note()
+                f"{method} {url} failed after {attempts} attempt{'s' * (attempts > 1)}; "
+                f"last error: {e}" + self._cluster_note()
             ) from None
 
     async def _attempt(
