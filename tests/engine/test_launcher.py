@@ -212,8 +212,9 @@ async def test_make_engine_launches_generates_reports_a_crash_restarts_and_shuts
 def test_free_ports_are_distinct_and_ones_sglang_accepts() -> None:
     """SGLang 0.5.15 refuses a --port whose gRPC twin (port + 10000) passes 65535; the ephemeral
     range reaches 60999, so free ports are drawn at or below MAX_SERVER_PORT."""
-    from agentrl.engine.sglang.launcher import MAX_SERVER_PORT, free_ports
+    from agentrl.engine.sglang.launcher import MAX_SERVER_PORT, MIN_SERVER_PORT, free_ports
 
     ports = free_ports(64)
     assert len(set(ports)) == 64
     assert max(ports) <= MAX_SERVER_PORT and MAX_SERVER_PORT + 10000 <= 65535
+    assert min(ports) >= MIN_SERVER_PORT >= 20000  # Ray's worker ports are 10002-19999

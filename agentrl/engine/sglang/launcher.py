@@ -378,14 +378,16 @@ def _ports(base_port: int, count: int, host: str) -> list[int]:
 
 
 # SGLang derives a gRPC port of --port + 10000 and refuses to start when that passes 65535
-# (0.5.15); Linux's ephemeral range reaches 60999, so ports are drawn below this bound.
-MAX_SERVER_PORT = 55535
+# (0.5.15); Linux's ephemeral range reaches 60999, so ports are drawn below this bound, and
+# above Ray's default worker ports (10002-19999), which a Ray head or worker may want.
+MIN_SERVER_PORT, MAX_SERVER_PORT = 20000, 55535
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """`count` distinct free ports in [10000, MAX_SERVER_PORT] (every socket is held until all
-    are chosen, so none is handed out twice)."""
-    candidates = random.Random().sample(range(10000, MAX_SERVER_PORT + 1), k=4 * count + 64)
+    """`count` distinct free ports in [MIN_SERVER_PORT, MAX_SERVER_PORT] (every socket is held
+    until all are chosen, so none is handed out twice)."""
+    span = range(MIN_SERVER_PORT, MAX_SERVER_PORT + 1)
+    candidates = random.Random().sample(span, k=4 * count + 64)
     with contextlib.ExitStack() as stack:
         ports: list[int] = []
         for port in candidates:
