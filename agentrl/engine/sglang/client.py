@@ -9,23 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
-import uuid
-from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-import httpx
-import tenacity
-
-from agentrl.engine.base import (
-    Completion,
-    EngineError,
-    EngineMemoryError,
-    EngineUnavailable,
-    SamplingParams,
-)
-from agentrl.engine.sglang.control import SGLangControl
+from agentrl.engine.base import Completion, SamplingParams
 from agentrl.engine.sglang.protocol import (
     API_KEY_ENV,
     DEFAULT_WEIGHT_VERSION,
@@ -36,54 +23,10 @@ from agentrl.engine.sglang.protocol import (
 )
 from agentrl.engine.sglang.weight_control import SGLangWeights
 
-if TYPE_CHECKING:
-    from agentrl.engine.sglang.dialect import ServerDialect
-    from agentrl.engine.sglang.launcher import SGLangCluster
-    from agentrl.engine.sglang.weight_sender import DistributedWeightSender
-
 __all__ = ["SGLangEngine"]
 
-logger = logging.getLogger(__name__)
 
-_RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
-# Routes whose server side joins a collective (a rendezvous, a broadcast receive): a second
-# attempt would wait for a trainer that already moved on, until the group's timeout.
-_COLLECTIVE_ROUTES = ("/init_weights_update_group", "/update_weights_from_distributed")
-
-
-def _error_message(response: httpx.Response) -> str:
-    """The message of an error body (SGLang's `{"error": {"message"}}`, `{"error": text}` or
-    `{"message"}`), else the body itself."""
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text[:500]
-    error = body.get("error", body) if isinstance(body, dict) else body
-    if isinstance(error, dict) and "message" in error:
-        return str(error["message"])
-    return str(error)[:500]
-
-
-_UNREACHABLE = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.RemoteProtocolError,
-    httpx.ReadError,
-)
-
-
-class _Retryable(Exception):
-    """A connection error or a 5xx: worth another attempt after a backoff."""
-
-    def __init__(self, error: str, *, is_unreachable: bool = False) -> None:
-        super().__init__(error)
-        self.is_unreachable = is_unreachable
-
-
-# ---------------------------------------------------------------- the client
-
-
-class SGLangEngine(SGLangControl, SGLangWeights):
+class SGLangEngine(SGLangWeights):
     """An `Engine` backed by one SGLang server, a router over several, or `agentrl serve`.
 
     Generation goes to `base_url` (a router spreads it; the `routing_key` header keeps an episode
@@ -138,152 +81,23 @@ class SGLangEngine(SGLangControl, SGLangWeights):
         self.retry_backoff_s = retry_backoff_s
         self.weight_update_path = weight_update_path
         self._worker_urls = list(worker_urls) if worker_urls else None
-        self.cluster: SGLangCluster | None = None  # set by make_engine for launched servers
-        self._client: httpx.AsyncClient | None = None
-        self._client_loop: asyncio.AbstractEventLoop | None = None
-        self._pending: set[asyncio.Future[Any]] = set()
+        self.cluster = None  # set by make_engine for launched servers
+        self._client = None
+        self._client_loop = None
+        self._pending = set()
         self._background: set[asyncio.Future[Any]] = set()
         self._is_aborting = False
         self._weight_version = DEFAULT_WEIGHT_VERSION
-        self._tp_size: int | None = None
-        self._sender: DistributedWeightSender | None = None
+        self._tp_size = None
+        self._sender = None
         self.api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
-        self._dialects: dict[str, ServerDialect] = {}
-        self._released_tags: dict[str, set[str]] = {}  # per worker: what a resume may map again
+        self._dialects = {}
+        self._released_tags = {}  # per worker: what a resume may map again
         self._is_updating = False  # inside a weight-update session opened by the caller
 
     @property
     def weight_version(self) -> str:
         return self._weight_version
-
-    @property
-    def worker_urls(self) -> list[str]:
-        if self._worker_urls is not None:  # servers behind a router this client did not launch
-            return list(self._worker_urls)
-        return list(self.cluster.worker_urls) if self.cluster is not None else [self.base_url]
-
-    # -- HTTP plumbing
-
-    def _http(self) -> httpx.AsyncClient:
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._client_loop is not loop:  # a client is bound to one loop
-            limits = httpx.Limits(
-                max_connections=self.max_connections, max_keepalive_connections=self.max_connections
-            )
-            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
-            self._client = httpx.AsyncClient(
-                timeout=httpx.Timeout(self.request_timeout_s), limits=limits, headers=headers
-            )
-            self._client_loop = loop
-        return self._client
-
-    async def _request(
-        self,
-        method: str,
-        url: str,
-        *,
-        json: Any = None,
-        headers: dict[str, str] | None = None,
-        timeout_s: float | None = None,
-        is_fresh_rid: bool = False,
-    ) -> httpx.Response:
-        """`is_fresh_rid`: every attempt sends `json` under a new `rid` (SGLang refuses a second
-        request with the `rid` of one still live, as a timed-out first attempt may be)."""
-        attempts = 1 if url.endswith(_COLLECTIVE_ROUTES) else self.max_retries + 1
-        retrying = tenacity.AsyncRetrying(
-            stop=tenacity.stop_after_attempt(attempts),
-            wait=tenacity.wait_exponential(multiplier=self.retry_backoff_s)
-            + tenacity.wait_random(0, 0.1 * self.retry_backoff_s),
-            retry=tenacity.retry_if_exception_type(_Retryable),
-            reraise=True,
-        )
-        try:
-            return await retrying(
-                self._attempt,
-                method,
-                url,
-                json,
-                headers,
-                timeout_s or self.request_timeout_s,
-                is_fresh_rid,
-            )
-        except _Retryable as e:
-            error_cls = EngineUnavailable if e.is_unreachable else EngineError
-            raise error_cls(
-                f"{method} {url} failed after {attempts} attempt{'s' * (attempts > 1)}; "
-                f"last error: {e}" + self._cluster_note()
-            ) from None
-
-    async def _attempt(
-        self,
-        method: str,
-        url: str,
-        json: Any,
-        headers: dict[str, str] | None,
-        timeout_s: float,
-        is_fresh_rid: bool,
-    ) -> httpx.Response:
-        if is_fresh_rid:
-            json["rid"] = uuid.uuid4().hex  # the caller's dict: a cancel aborts the live rid
-        try:
-            response = await self._http().request(
-                method, url, json=json, headers=headers, timeout=httpx.Timeout(timeout_s)
-            )
-        except _UNREACHABLE as e:
-            raise _Retryable(f"{type(e).__name__}: {e}", is_unreachable=True) from e
-        except httpx.TimeoutException as e:
-            raise EngineError(
-                f"{method} {url} timed out after {timeout_s}s ({type(e).__name__}); "
-                "raise engine.request_timeout_s if generations are legitimately this long"
-            ) from e
-        if response.status_code == HTTPStatus.INSUFFICIENT_STORAGE:  # agentrl serve: no room
-            raise EngineMemoryError(_error_message(response))
-        if response.status_code in _RETRYABLE_STATUS:
-            raise _Retryable(f"HTTP {response.status_code}: {response.text[:300]}")
-        if response.status_code >= 400:
-            raise EngineError(
-                f"{method} {url} -> HTTP {response.status_code} (not retried): "
-                f"{_error_message(response)}"
-            )
-        return response
-
-    def _cluster_note(self) -> str:
-        """A launched server that died explains the connection errors: say so, with its logs."""
-        report = self.cluster.failure_report() if self.cluster is not None else None
-        return f"\n{report}" if report else ""
-
-    async def _post(
-        self,
-        path: str,
-        payload: dict[str, Any] | None = None,
-        *,
-        url: str | None = None,
-        timeout_s: float | None = None,
-    ) -> Any:
-        response = await self._request(
-            "POST", f"{url or self.base_url}{path}", json=payload or {}, timeout_s=timeout_s
-        )
-        if not response.content:
-            return None
-        try:
-            return response.json()
-        except ValueError:
-            return response.text
-
-    async def _get(
-        self, path: str, *, url: str | None = None, timeout_s: float | None = None
-    ) -> Any:
-        response = await self._request("GET", f"{url or self.base_url}{path}", timeout_s=timeout_s)
-        return response.json() if response.content else None
-
-    async def _post_workers(self, path: str, payload: dict[str, Any] | None = None) -> list[Any]:
-        results = await asyncio.gather(
-            *(self._post(path, payload, url=u) for u in self.worker_urls)
-        )
-        for url, result in zip(self.worker_urls, results, strict=False):
-            if isinstance(result, dict) and result.get("success") is False:
-                raise EngineError(f"POST {url}{path} failed: {result.get('message')}")
-        return list(results)
 
     # -- generation
 

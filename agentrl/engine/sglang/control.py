@@ -7,20 +7,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
 from agentrl.engine.base import EngineError
 from agentrl.engine.sglang.dialect import ServerDialect, dialect_from_info
+from agentrl.engine.sglang.plumbing import SGLangHTTP
 from agentrl.engine.sglang.protocol import num_requests_from_load
 
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 """SGLang's memory tags; a release or resume without tags means all of them."""
 
 
-class SGLangControl:
-    """Mixed into `SGLangEngine`, which owns the state and the HTTP plumbing declared here."""
+class SGLangControl(SGLangHTTP):
+    """A base of `SGLangEngine` (its constructor sets this state), on the HTTP plumbing."""
 
     base_url: str
     _pending: set[asyncio.Future[Any]]
@@ -29,30 +30,6 @@ class SGLangControl:
     _tp_size: int | None
     _dialects: dict[str, ServerDialect]
     _released_tags: dict[str, set[str]]
-
-    if TYPE_CHECKING:
-
-        @property
-        def worker_urls(self) -> list[str]: ...
-
-        def _http(self) -> httpx.AsyncClient: ...
-
-        async def _post(
-            self,
-            path: str,
-            payload: dict[str, Any] | None = None,
-            *,
-            url: str | None = None,
-            timeout_s: float | None = None,
-        ) -> Any: ...
-
-        async def _get(
-            self, path: str, *, url: str | None = None, timeout_s: float | None = None
-        ) -> Any: ...
-
-        async def _post_workers(
-            self, path: str, payload: dict[str, Any] | None = None
-        ) -> list[Any]: ...
 
     # -- abort and drain
 

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any
 
 from agentrl.engine.base import EngineError
+from agentrl.engine.sglang.control import SGLangControl
 from agentrl.engine.sglang.weight_sender import DistributedWeightSender
 from agentrl.engine.weight_transport import flatten_bucket, serialize_for_ipc
 from agentrl.weight_buckets import bucket_by_dtype
@@ -18,43 +19,13 @@ from agentrl.weight_buckets import bucket_by_dtype
 if TYPE_CHECKING:
     import torch
 
-    from agentrl.engine.sglang.dialect import ServerDialect
 
-
-class SGLangWeights:
-    """Mixed into `SGLangEngine` next to `SGLangControl` (whose calls it uses)."""
+class SGLangWeights(SGLangControl):
+    """A base of `SGLangEngine`, on `SGLangControl` (dialects, TP size, flush)."""
 
     weight_update_path: str
-    _weight_version: str
     _sender: DistributedWeightSender | None
-    _dialects: dict[str, ServerDialect]
     _is_updating: bool
-
-    if TYPE_CHECKING:
-
-        @property
-        def worker_urls(self) -> list[str]: ...
-
-        async def _post(
-            self,
-            path: str,
-            payload: dict[str, Any] | None = None,
-            *,
-            url: str | None = None,
-            timeout_s: float | None = None,
-        ) -> Any: ...
-
-        async def _post_workers(
-            self, path: str, payload: dict[str, Any] | None = None
-        ) -> list[Any]: ...
-
-        async def dialect(self, url: str | None = None) -> ServerDialect: ...
-
-        async def tp_size(self) -> int: ...
-
-        async def get_server_info(self, *, url: str | None = None) -> dict[str, Any]: ...
-
-        async def flush_cache(self) -> None: ...
 
     # -- the session
 
