@@ -90,24 +90,30 @@ class ArenaStep:
         self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
     ) -> torch.Tensor:
         """`query` [1, H, N, D], `key`/`value` [1, KVH, N, D] (rotated). Returns [1, N, H, D]."""
+        q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))
+        return self.attend_packed(layer, q, k, v, scale)[None]
+
+    def attend_packed(
+        self, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        """`q` [N, H, D], `key`/`value` [N, KVH, D] (rotated; any strides with a unit last one).
+        Writes the keys and values into the arena, then attends. Returns [N, H, D]."""
         keys, values = self.keys[layer], self.values[layer]
-        keys.index_copy_(0, self.write_index, key[0].transpose(0, 1).to(keys.dtype))
-        values.index_copy_(0, self.write_index, value[0].transpose(0, 1).to(values.dtype))
-        q = query[0].transpose(0, 1)  # [N, H, D]
+        keys.index_copy_(0, self.write_index, key.to(keys.dtype))
+        values.index_copy_(0, self.write_index, value.to(values.dtype))
         if self.use_flash:
-            out = torch.ops.aten._flash_attention_forward(
+            # Each row reads only its own seqused_k keys: the slot's unwritten tail is never read.
+            return torch.ops.aten._flash_attention_forward(
                 q, keys, values, self.cu_q, self.cu_k, self.max_q, self.max_k, 0.0, True, False,
                 scale=scale, seqused_k=self.seqused_k,
             )[0]  # fmt: skip
-            return out[None]
         assert self.pad_index is not None and self.unpad_index is not None
         b, (_, num_heads, head_dim) = self.pad_index.numel() // self.max_q, q.shape
         # index_select, not advanced indexing: several times faster on CPU
         padded_q = q.index_select(0, self.pad_index).view(b, self.max_q, num_heads, head_dim)
         if self.is_fresh:  # padded keys sit after each row's real ones: causal hides them
-            new_k, new_v = key[0].transpose(0, 1), value[0].transpose(0, 1)  # [N, KVH, D]
-            k = new_k.index_select(0, self.pad_index).view(b, self.max_q, -1, head_dim)
-            v = new_v.index_select(0, self.pad_index).view(b, self.max_q, -1, head_dim)
+            k = key.index_select(0, self.pad_index).view(b, self.max_q, -1, head_dim)
+            v = value.index_select(0, self.pad_index).view(b, self.max_q, -1, head_dim)
         elif self.slot_rows is not None:  # [b, max_k, KVH, D] views into the slots
             first, every, slot_len = self.slot_rows
             rows = slice(first, first + every * (b - 1) + 1, every)
@@ -122,7 +128,7 @@ class ArenaStep:
             attn_mask=self.mask, is_causal=self.is_fresh, scale=scale, enable_gqa=True,
         )  # [B, H, max_q, D]  # fmt: skip
         out = out.transpose(1, 2).reshape(-1, num_heads, head_dim)
-        return out.index_select(0, self.unpad_index)[None]
+        return out.index_select(0, self.unpad_index)
 
 
 def _evenly_spaced(kv_starts: list[int], slot_len: int) -> tuple[int, int, int] | None:

@@ -6,16 +6,21 @@ and replays; rows past the real batch point at the arena's scratch slot. Weight 
 the same parameter storage and keep the graphs valid; after the weights or the arena move
 (`release_memory` / `resume_memory`) the engine captures them again. `replay_next` launches the
 following step from the device-side results, so the host checks step N's tokens while N + 1 runs.
+
+The forward handed in may be compiled (`torch.compile`, default mode: it makes no graphs of its
+own); with `compile_sampler` the sampler is compiled too (its Gumbel noise, scaling and logsumexp
+become a few fused kernels instead of dozens over [B, V]). Compilation happens in the warm-up runs
+before capture, so the capture records only the generated kernels.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from agentrl.engine.local.attention import ArenaStep, forward_over_arena
+from agentrl.engine.local.attention import ArenaStep
 from agentrl.engine.local.batching import Sequence
 from agentrl.engine.local.kv_arena import KVArena
 from agentrl.engine.local.sampling import SamplingRows, sample
@@ -60,12 +65,22 @@ class DecodeGraphs:
         self._host_logprobs = torch.zeros(2, n, pin_memory=True)
         self._turn = 0
         self._last = (self.buckets[0], False)  # the bucket and filter of the last replay
+        self._sample: Callable[..., tuple[torch.Tensor, torch.Tensor]] = sample
 
     @classmethod
     def capture(
-        cls, model: Any, arena: KVArena, device: str, max_batch_size: int, num_vocab: int
+        cls,
+        forward: Callable[..., torch.Tensor],
+        arena: KVArena,
+        device: str,
+        max_batch_size: int,
+        num_vocab: int,
+        *,
+        compile_sampler: bool = False,
     ) -> DecodeGraphs:
+        """`forward(input_ids, position_ids, arena_step, last_index)` -> logits [B, V]."""
         self = cls(arena, device, max_batch_size)
+        self._sample = torch.compile(sample, fullgraph=True) if compile_sampler else sample
         self._fill_padding(0, max_batch_size, num_vocab)
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream(device)
@@ -74,31 +89,29 @@ class DecodeGraphs:
                 side.wait_stream(torch.cuda.current_stream(device))
                 with torch.cuda.stream(side):
                     for _ in range(2):  # warm-up: cuBLAS handles, lazy inits, autotuning
-                        self._forward(model, b, use_filter)
+                        self._forward(forward, b, use_filter)
                 torch.cuda.current_stream(device).wait_stream(side)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    self._forward(model, b, use_filter)
+                    self._forward(forward, b, use_filter)
                 self.graphs[b, use_filter] = graph
         torch.cuda.synchronize(device)
         return self
 
     @torch.inference_mode()
-    def _forward(self, model: Any, b: int, use_filter: bool) -> None:
+    def _forward(self, forward: Callable[..., torch.Tensor], b: int, use_filter: bool) -> None:
         row = dict(zip(_INT_ROWS, self.ints, strict=True))
         step = ArenaStep(
             self.arena.keys, self.arena.values, row["write_index"][:b], use_flash=True,
             max_q=1, max_k=self.arena.max_len,
             cu_q=self.cu_q[: b + 1], cu_k=self.kv[0, : b + 1], seqused_k=self.kv[1, :b],
         )  # fmt: skip
-        logits = forward_over_arena(
-            model, row["input_ids"][None, :b], row["positions"][None, :b], step
-        )  # [b, V]
+        logits = forward(row["input_ids"][None, :b], row["positions"][None, :b], step, None)
         rows = SamplingRows(
             self.floats[0, :b], self.floats[1, :b], row["top_k"][:b], row["seed"][:b],
             row["sample_position"][:b],
         )  # fmt: skip
-        ids, logprobs = sample(logits, rows, use_filter=use_filter)
+        ids, logprobs = self._sample(logits, rows, use_filter=use_filter)
         self.ids[:b].copy_(ids)
         self.logprobs[:b].copy_(logprobs)
 
@@ -152,7 +165,10 @@ class DecodeGraphs:
         if start >= end:
             return
         scratch = self.arena.offset(self.arena.scratch_slot)
-        self.ints[:, start:end] = torch.tensor([0, 0, scratch, num_vocab, 0, 0])[:, None]
-        self.kv[0, start:end] = scratch
-        self.kv[1, start:end] = 1
-        self.floats[:, start:end] = torch.tensor([0.0, 1.0])[:, None]
+        # Scalar fills only: a copy from a host tensor here would wait for the GPU (a sync).
+        for row, value in enumerate((0, 0, scratch, num_vocab, 0, 0)):
+            self.ints[row, start:end].fill_(value)
+        self.kv[0, start:end].fill_(scratch)
+        self.kv[1, start:end].fill_(1)
+        self.floats[0, start:end].fill_(0.0)
+        self.floats[1, start:end].fill_(1.0)

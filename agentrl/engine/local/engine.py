@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import functools
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -26,13 +24,13 @@ from agentrl.engine.local.attention import (
     forward_over_arena,
     use_arena_attention,
 )
-from agentrl.engine.local.batching import Sequence, StopChecker, pack_step
+from agentrl.engine.local.batching import Sequence, StopChecker
 from agentrl.engine.local.cpu_linear import PackedLinears
-from agentrl.engine.local.cuda_graphs import DecodeGraphs, DecodeLaunch
 from agentrl.engine.local.engine_memory import EngineMemory
+from agentrl.engine.local.fused_model import FusedDecoder, unsupported_reason
 from agentrl.engine.local.kv_arena import KVArena
-from agentrl.engine.local.sampling import SamplingRows, sample
 from agentrl.engine.local.scheduler import Scheduler
+from agentrl.engine.local.stepper import EngineStats, StepOptions, Stepper
 from agentrl.engine.local.worker import Command, check_request, resolve
 from agentrl.model_store import (
     eos_token_ids,
@@ -46,22 +44,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass
-class EngineStats:
-    """Counters kept by the worker; `max_running_batch_size` shows that requests were batched."""
-
-    num_prefill_calls: int = 0
-    num_decode_steps: int = 0
-    num_generated_tokens: int = 0
-    max_running_batch_size: int = 0
-    num_prefill_tokens: int = 0
-    """Tokens run through the model other than decode tokens (prompts, new multi-turn tails)."""
-    num_cached_tokens: int = 0
-    """Prompt tokens reused from a routing key's slot instead of prefilled."""
-    num_graph_replays: int = 0
-    num_run_ahead_steps: int = 0
-    """Graph decode steps launched before the previous step's tokens were checked."""
+__all__ = ["EngineStats", "LocalEngine"]
 
 
 class LocalEngine:
@@ -82,6 +65,12 @@ class LocalEngine:
       fresh ones at the same addresses (fast; the arena keeps its size; graphs stay valid).
     - `pack_cpu_linears`: on an x86 CPU in fp32, run the linear layers through oneDNN on a
       prepacked copy of their weights (2-3x faster matmuls; one more copy of them in memory).
+    - `fuse_projections`: run Llama-family models (Llama, Qwen2, Mistral) through the engine's own
+      forward with one q/k/v and one gate/up product per layer (`fused_model.py`; the weights stay
+      the model's parameters, viewed together). None: on CUDA only.
+    - `compile_decode`: on CUDA, compile the fused forward's pieces and the sampler with
+      `torch.compile` and capture the compiled kernels in the decode graphs (falls back to eager
+      where compilation fails).
     """
 
     def __init__(
@@ -103,6 +92,8 @@ class LocalEngine:
         weights_cpu_backup: bool = True,
         pausable_memory: bool = True,
         pack_cpu_linears: bool = True,
+        fuse_projections: bool | None = None,
+        compile_decode: bool = True,
     ) -> None:
         """An engine around a loaded transformers `model` (on its device) and its `tokenizer`;
         `LocalEngine.load` reads them from a checkpoint. `weights_cpu_backup=False`:
@@ -120,25 +111,23 @@ class LocalEngine:
         self.device = str(next(model.parameters()).device)
         use_arena_attention(self.model)
         self._packed = PackedLinears.install(self.model) if pack_cpu_linears else None
+        self.fused = self._fused_decoder(fuse_projections)
         self.max_batch_size = max_batch_size
         self.weights_cpu_backup = weights_cpu_backup
-        self.stats = EngineStats()
         self._weight_version = weight_version
         self._generator = torch.Generator().manual_seed(seed)
         self._size_arena = functools.partial(
-            KVArena.for_model,
-            self.model.config,
-            self.model.dtype,
-            self.device,
+            KVArena.for_model, self.model.config, self.model.dtype, self.device,
             max_batch_size=max_batch_size,
             max_context_len=min(max_context_len or 8192, self._max_positions()),
-            num_slots=num_slots,
-            mem_fraction=mem_fraction_static,
-            reserve_bytes=reserve_bytes,
-        )
+            num_slots=num_slots, mem_fraction=mem_fraction_static, reserve_bytes=reserve_bytes,
+        )  # fmt: skip
         self.memory = EngineMemory(self.model, self.device, pausable=pausable_memory,
                                    weights_cpu_backup=weights_cpu_backup,
-                                   mem_fraction_static=mem_fraction_static)  # fmt: skip
+                                   mem_fraction_static=mem_fraction_static,
+                                   groups=self.fused.groups if self.fused else ())  # fmt: skip
+        if self.fused is not None:
+            self.fused.rebind()  # packing moved the parameters
         self.arena = self._size_arena()
         self.memory.allocate(self.arena)
         logger.info(
@@ -146,22 +135,17 @@ class LocalEngine:
             self.device, self.arena.num_slots, self.arena.max_len, self.arena.nbytes / 1e9,
             reserve_bytes / 2**30,
         )  # fmt: skip
-        self._scheduler = Scheduler(
-            self.arena,
-            max_batch_size=max_batch_size,
-            max_prefill_tokens=max_prefill_tokens,
-            use_prefix_cache=use_prefix_cache,
-        )
-        self._use_flash = flash_attention_supported(self.device, self.model.dtype)
-        self._use_graphs = use_cuda_graphs and self._use_flash
-        self._graphs: DecodeGraphs | None = None
-        self._in_flight: DecodeLaunch | None = None  # a graph decode step not yet checked
+        self._scheduler = Scheduler(self.arena, max_batch_size=max_batch_size,
+                                    max_prefill_tokens=max_prefill_tokens,
+                                    use_prefix_cache=use_prefix_cache)  # fmt: skip
         self._stop_checker = StopChecker(
             self.tokenizer,
             set(eos_token_ids(self.tokenizer, self.model.generation_config)),
             min(self._max_positions(), self.arena.max_len),
         )
         self._vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
+        self._stepper = self._make_stepper(use_cuda_graphs, compile_decode)
+        self.stats: EngineStats = self._stepper.stats
         # HF name -> the Parameter (or buffer) itself; release and resume swap `.data`, never the
         # objects, so the map stays valid (a state_dict() per weight update costs milliseconds).
         self._tensors: dict[str, torch.Tensor] = self.model.state_dict(keep_vars=True)
@@ -170,6 +154,30 @@ class LocalEngine:
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="agentrl-local-engine", daemon=True)
         self._thread.start()
+
+    def _fused_decoder(self, fuse: bool | None) -> FusedDecoder | None:
+        if fuse is None:
+            fuse = self.device.startswith("cuda") and unsupported_reason(self.model) is None
+        if not fuse:
+            return None
+        if (reason := unsupported_reason(self.model)) is not None:
+            raise ValueError(f"fuse_projections=True: {reason}; pass fuse_projections=False")
+        return FusedDecoder(self.model)
+
+    def _make_stepper(self, use_cuda_graphs: bool, compile_decode: bool) -> Stepper:
+        use_flash = flash_attention_supported(self.device, self.model.dtype)
+        options = StepOptions(
+            device=self.device, vocab_size=self._vocab_size, max_batch_size=self.max_batch_size,
+            use_flash=use_flash, use_graphs=use_cuda_graphs and use_flash,
+            compile_graphs=compile_decode and use_flash,
+        )  # fmt: skip
+        forward = (self.fused.forward if self.fused is not None
+                   else functools.partial(forward_over_arena, self.model))  # fmt: skip
+        return Stepper(
+            self._scheduler, forward, options, self._stop_checker,
+            deliver=self._deliver, has_commands=lambda: bool(self._commands), packed=self._packed,
+            set_compiled=self.fused.set_compiled if self.fused is not None else None,
+        )  # fmt: skip
 
     @classmethod
     def load(
@@ -302,7 +310,9 @@ class LocalEngine:
         await asyncio.to_thread(self._thread.join)
         self._fail_all(EngineError("LocalEngine was closed while the request was running"))
         if self.memory.is_pausable:  # the pausable regions' pages go back to the device
-            self._graphs = None
+            self._stepper.graphs = None
+            if self.fused is not None:
+                self.fused.unbind()
             self.memory.close(self.arena)
 
     # ------------------------------------------------------------------ request checks
@@ -351,11 +361,15 @@ class LocalEngine:
         # Running requests are prefilled again on resume.
         self._scheduler.preempt_all(free_buffers=not self.memory.is_pausable)
         if not self.memory.is_pausable:
-            self._graphs = None  # the weights and the arena move: captured again
+            self._stepper.graphs = None  # the weights and the arena move: captured again
+            if self.fused is not None:  # the fused views would keep the old storage alive
+                self.fused.unbind()
         self.memory.release(keep_weights)
 
     def _resume(self, tags: set[str]) -> None:
         self.arena = self._scheduler.arena = self.memory.resume(tags, self.arena, self._size_arena)
+        if self.fused is not None and "weights" not in self.memory.released:
+            self.fused.rebind()
 
     def _abort_all(self) -> None:
         for seq in self._scheduler.take_all(keep_prefixes=True):
@@ -376,8 +390,8 @@ class LocalEngine:
             torch.cuda.set_device(torch.device(self.device))
         while not self._is_closed:
             self._wake.clear()
-            while self._commands and self._in_flight is not None:
-                self._check_decode()  # launches nothing more while commands wait
+            while self._commands and self._stepper.in_flight is not None:
+                self._stepper.check_decode()  # launches nothing more while commands wait
             self._run_commands()
             # Dropped weights not yet sent again: nothing may run on them.
             if not self.memory.is_ready or not self._scheduler.has_work():
@@ -398,125 +412,10 @@ class LocalEngine:
                 resolve(command.loop, command.future, e)
 
     def _step(self) -> None:
-        """Schedule (admit waiting requests into free slots) → run one forward over every running
-        sequence's uncached tokens → sample, check stops, deliver the finished. A decode step under
-        CUDA graphs is checked while the next one already runs on the GPU (`_check_decode`)."""
-        if self._in_flight is not None:
-            self._check_decode()
-            return
-        batch = self._scheduler.schedule()
-        if not batch:
-            return
-        self.stats.max_running_batch_size = max(self.stats.max_running_batch_size, len(batch))
-        num_new = [s.num_tokens - s.num_cached for s in batch]
-        is_decode_only = all(n == 1 for n in num_new) and all(s.output_ids for s in batch)
-        if is_decode_only and self._graphs_ready(len(batch)):
-            assert self._graphs is not None
-            self._in_flight = self._graphs.replay(batch, self._vocab_size)
-            self.stats.num_graph_replays += 1
-            self._check_decode()
-            return
-        ids, logprobs = self._forward_eager(batch)
-        self._finish_step(batch, ids.tolist(), logprobs.tolist())
-
-    def _check_decode(self) -> None:
-        """Step N is on the GPU: launch step N + 1 for the same rows when nothing can change the
-        batch in between, then append and check N's tokens while N + 1 computes. A row that N
-        finishes (a stop id or string) computed one token too many in N + 1: it is dropped."""
-        assert self._graphs is not None and self._in_flight is not None
-        current, self._in_flight = self._in_flight, None
-        if self._can_run_ahead(current.batch):
-            self._in_flight = self._graphs.replay_next(current.batch)
-            self.stats.num_graph_replays += 1
-            self.stats.num_run_ahead_steps += 1
-        current.done.synchronize()
-        alive = [i for i, s in enumerate(current.batch) if not (s.is_finished or s.is_cancelled)]
-        ids, logprobs = current.ids.tolist(), current.logprobs.tolist()
-        self._finish_step(
-            [current.batch[i] for i in alive], [ids[i] for i in alive], [logprobs[i] for i in alive]
-        )
-
-    def _can_run_ahead(self, batch: list[Sequence]) -> bool:
-        """Step N + 1 may start before N's tokens are checked when its rows are N's: no command
-        or admissible request waits, no row is done, and none can reach its length limit at N
-        (its next K/V row would fall outside its slot)."""
-        scheduler, limit = self._scheduler, self._stop_checker.max_positions
-        return (
-            not self._commands
-            and not (scheduler.pending and len(scheduler.running) < self.max_batch_size)
-            and len(batch) == len(scheduler.running)
-            and all(
-                not (s.is_finished or s.is_cancelled)
-                and len(s.output_ids) + 1 < s.sampling.max_new_tokens
-                and s.num_tokens + 1 < limit
-                for s in batch
-            )
-        )
-
-    def _finish_step(self, batch: list[Sequence], ids: list[int], logprobs: list[float]) -> None:
-        self._count_step(batch, [s.num_tokens - s.num_cached for s in batch])
-        for seq in batch:
-            seq.num_cached = seq.num_tokens
-        self._append(batch, ids, logprobs)
-        for seq in self._scheduler.retire():
-            self._deliver(seq)
-
-    def _graphs_ready(self, batch_size: int) -> bool:
-        if not self._use_graphs:
-            return False
-        if self._graphs is None:
-            try:
-                self._graphs = DecodeGraphs.capture(
-                    self.model, self.arena, self.device, self.max_batch_size, self._vocab_size
-                )
-            except Exception:  # eager decode stays correct, only slower
-                logger.exception("LocalEngine: CUDA graph capture failed; decoding eagerly")
-                self._use_graphs = False
-                return False
-        return batch_size <= self._graphs.max_batch_size
-
-    @torch.inference_mode()
-    def _forward_eager(self, batch: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
-        step = pack_step(batch, self.arena, self.device, use_flash=self._use_flash)
-        if not self._use_flash:
-            for seq in batch:
-                assert seq.slot is not None
-                self.arena.ensure_clean(seq.slot, step.arena_step.max_k)
-        with self._packed.active() if self._packed else contextlib.nullcontext():
-            logits = forward_over_arena(
-                self.model, step.input_ids, step.position_ids, step.arena_step, step.last_index
-            )
-        rows = SamplingRows.empty(len(batch), self.device)
-        rows.fill([s.sampling_row() for s in batch], self._vocab_size)
-        return sample(
-            logits,
-            rows,
-            use_filter=any(s.sampling.top_k > 0 or s.sampling.top_p < 1 for s in batch),
-            use_noise=any(s.sampling.temperature > 0 for s in batch),
-        )
-
-    def _count_step(self, batch: list[Sequence], num_new: list[int]) -> None:
-        prefilled = [n for s, n in zip(batch, num_new, strict=True) if not s.output_ids]
-        if prefilled:
-            self.stats.num_prefill_calls += 1
-            self.stats.num_prefill_tokens += sum(prefilled)
-            self.stats.num_cached_tokens += sum(s.num_cached for s in batch if not s.output_ids)
-        if len(prefilled) < len(batch):
-            self.stats.num_decode_steps += 1
-
-    def _append(self, batch: list[Sequence], ids: list[int], logprobs: list[float]) -> None:
-        for seq, token_id, logprob in zip(batch, ids, logprobs, strict=True):
-            seq.output_ids.append(token_id)
-            seq.output_logprobs.append(logprob)
-            self._stop_checker.check(seq)
-        self.stats.num_generated_tokens += len(ids)
+        self._stepper.step()
 
     def _deliver(self, seq: Sequence) -> None:
         resolve(seq.loop, seq.future, seq.to_completion(self._weight_version))
 
     def _fail_running(self, error: Exception) -> None:
-        self._in_flight = None
-        for seq in self._scheduler.running:
-            self._scheduler.release_slot(seq, keep=False)
-            resolve(seq.loop, seq.future, error)
-        self._scheduler.running = []
+        self._stepper.fail_running(error, lambda seq, e: resolve(seq.loop, seq.future, e))

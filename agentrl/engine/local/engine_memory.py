@@ -21,6 +21,7 @@ from agentrl.engine.local.device_memory import PAGE_BYTES, PausableMemory, requi
 from agentrl.engine.local.kv_arena import KVArena
 from agentrl.engine.local.param_storage import (
     DroppedParameters,
+    Groups,
     all_unsent,
     drop_parameters,
     mark_written,
@@ -34,7 +35,8 @@ logger = logging.getLogger(__name__)
 class EngineMemory:
     """The weights of `model` (packed into a pausable region when `pausable` and the saver is
     installed) and the tags given back. `weights_cpu_backup=False`: a release drops the weights
-    instead of keeping a host copy."""
+    instead of keeping a host copy. `groups`: parameters placed back to back whenever storage is
+    laid out here (packing, re-allocation)."""
 
     def __init__(
         self,
@@ -44,14 +46,16 @@ class EngineMemory:
         pausable: bool,
         weights_cpu_backup: bool,
         mem_fraction_static: float,
+        groups: Groups = (),
     ) -> None:
         self.model, self.device = model, device
+        self.groups = groups  # parameters kept back to back (the fused projections' members)
         self.weights_cpu_backup = weights_cpu_backup
         self.mem_fraction_static = mem_fraction_static  # named in the error of a failed resume
         self.pausable = PausableMemory.create(device) if pausable else None
         if self.pausable is not None:
             with self.pausable.region("weights", cpu_backup=weights_cpu_backup):
-                pack_parameters(model, device)
+                pack_parameters(model, device, groups)
             torch.cuda.empty_cache()  # the storage the weights were loaded into
         self.released: set[str] = set()  # tags given back
         self.dropped: DroppedParameters | None = None  # weights dropped by a release, not resent
@@ -157,7 +161,7 @@ class EngineMemory:
     def _resume_weights(self) -> None:
         if self.pausable is None:
             if self.dropped is not None:
-                reallocate_parameters(self.dropped, self.device)
+                reallocate_parameters(self.dropped, self.device, self.groups)
             self.model.to(self.device)
             return
         self.require_room("weights")
