@@ -7,6 +7,7 @@ Concurrent `/generate` calls are batched by the engine itself. Binds 127.0.0.1 u
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -15,14 +16,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from agentrl.engine.base import Engine
-from agentrl.engine.serve.auth import GuardMiddleware
-from agentrl.engine.serve.control import add_control_routes
-from agentrl.engine.serve.generate import add_generate_routes
-from agentrl.engine.serve.openai import ToolParser, add_openai_routes
+from agentrl.engine.serve import control, generate, openai, weights
+from agentrl.engine.serve.auth import GuardMiddleware, admin_paths
 from agentrl.engine.serve.protocol import error_response
 from agentrl.engine.serve.requests import ServerLimits, validation_message
-from agentrl.engine.serve.state import ServerState
-from agentrl.engine.serve.weights import add_weight_routes
+from agentrl.engine.serve.state import ServerState, ToolParser
 
 __all__ = ["create_app", "serve"]
 
@@ -51,31 +49,27 @@ def create_app(
     tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
     model_path = model_path or str(getattr(engine, "model_path", ""))
     name = served_model_name or os.path.basename(model_path.rstrip("/")) or "agentrl"
-    app = FastAPI(title="agentrl serve")
-    app.state.sglang = None
-
-    def state() -> ServerState:
-        if app.state.sglang is None:  # asyncio primitives must be made inside the serving loop
-            app.state.sglang = ServerState(engine, tokenizer, model_path, name, limits=limits)
-        return app.state.sglang
-
-    @app.exception_handler(RequestValidationError)
-    async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        # SGLang answers a malformed body with 400, not FastAPI's 422.
-        return error_response(validation_message(list(exc.errors())))
-
-    add_generate_routes(app, state)
-    add_control_routes(app, state)
-    add_weight_routes(app, state)
-    add_openai_routes(app, state, tool_parser=tool_parser)
+    app = FastAPI(title="agentrl serve", exception_handlers={RequestValidationError: _bad_request})
+    app.state.sglang = None  # made on the first request (`state.server_state`), in the loop
+    app.state.make_server_state = functools.partial(
+        ServerState, engine, tokenizer, model_path, name, limits=limits, tool_parser=tool_parser
+    )
+    routers = [module.router for module in (generate, control, weights, openai)]
+    for router in routers:
+        app.include_router(router)
     app.add_middleware(
         GuardMiddleware,
-        fastapi_app=app,
+        admin_paths=admin_paths(routers),
         api_key=api_key or None,
         admin_api_key=admin_api_key or None,
         max_body_bytes=limits.max_body_bytes,
     )
     return app
+
+
+async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+    # SGLang answers a malformed body with 400, not FastAPI's 422.
+    return error_response(validation_message(list(exc.errors())))
 
 
 # ---------------------------------------------------------------- running it

@@ -6,11 +6,12 @@ health, readiness and metrics probes; admin routes take the admin key when one i
 from __future__ import annotations
 
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
+from fastapi import APIRouter
+from fastapi.routing import APIRoute
 from starlette.responses import JSONResponse
-from starlette.routing import Match
 
 from agentrl.engine.serve.protocol import error_response
 
@@ -25,6 +26,17 @@ def admin(endpoint: F) -> F:
     (`AuthLevel.ADMIN_OPTIONAL`): with an admin key set, only that key opens it."""
     endpoint._agentrl_admin = True  # type: ignore[attr-defined]
     return endpoint
+
+
+def admin_paths(routers: Iterable[APIRouter]) -> frozenset[str]:
+    """The paths of the routes marked `@admin` (every route of `agentrl serve` has a fixed path,
+    so the path alone tells the middleware which key opens it)."""
+    return frozenset(
+        route.path
+        for router in routers
+        for route in router.routes
+        if isinstance(route, APIRoute) and getattr(route.endpoint, "_agentrl_admin", False)
+    )
 
 
 def _bearer_matches(header: str | None, key: str) -> bool:
@@ -60,12 +72,12 @@ class GuardMiddleware:
         self,
         app: ASGIApp,
         *,
-        fastapi_app: Any,
+        admin_paths: frozenset[str],
         api_key: str | None,
         admin_api_key: str | None,
         max_body_bytes: int,
     ) -> None:
-        self.app, self.fastapi_app = app, fastapi_app
+        self.app, self.admin_paths = app, admin_paths
         self.api_key, self.admin_api_key = api_key, admin_api_key
         self.max_body_bytes = max_body_bytes
 
@@ -80,7 +92,7 @@ class GuardMiddleware:
             headers.get("authorization"),
             api_key=self.api_key,
             admin_api_key=self.admin_api_key,
-            is_admin_route=self._is_admin_route(scope),
+            is_admin_route=scope["path"] in self.admin_paths,
         )
         if not allowed:
             await JSONResponse({"error": "Unauthorized"}, status_code=401)(scope, receive, send)
@@ -96,14 +108,6 @@ class GuardMiddleware:
                 return
             receive = _replay(body, receive)
         await self.app(scope, receive, send)
-
-    def _is_admin_route(self, scope: dict[str, Any]) -> bool:
-        for route in self.fastapi_app.router.routes:
-            match, child = route.matches(scope)
-            if match is Match.FULL:
-                endpoint = child.get("endpoint") or getattr(route, "endpoint", None)
-                return bool(getattr(endpoint, "_agentrl_admin", False))
-        return False
 
     async def _read_chunked(self, receive: Any) -> bytes | None:
         chunks, size = [], 0

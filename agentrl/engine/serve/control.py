@@ -6,14 +6,14 @@ from __future__ import annotations
 from http import HTTPStatus
 from typing import Any, Literal
 
-from fastapi import FastAPI
+from fastapi import APIRouter
 from fastapi.responses import Response
 from pydantic import BaseModel
 
 from agentrl.engine.base import EngineMemoryError
 from agentrl.engine.serve.auth import admin
 from agentrl.engine.serve.protocol import AbortReq, MemoryOccupationReqInput, error_response
-from agentrl.engine.serve.state import ServerState
+from agentrl.engine.serve.state import ServerState, State
 
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 
@@ -30,124 +30,119 @@ class PauseGenerationReqInput(BaseModel):
 SERVER_VERSION = "agentrl-serve/0.1"
 
 
-def add_control_routes(app: FastAPI, state: Any) -> None:
-    @app.get("/model_info")
-    async def model_info() -> dict[str, Any]:
-        s: ServerState = state()
-        return {
-            "model_path": s.model_path,
-            "served_model_name": s.served_model_name,
-            "tokenizer_path": s.model_path,
-            "is_generation": True,
-            "preferred_sampling_params": None,
-            "weight_version": s.weight_version,
-        }
+router = APIRouter()
 
-    @app.get("/server_info")
-    async def server_info() -> dict[str, Any]:
-        s: ServerState = state()
-        return {
-            "model_path": s.model_path,
-            "served_model_name": s.served_model_name,
-            "tp_size": 1,
-            "dp_size": 1,
-            "context_length": s.context_len,
-            "version": SERVER_VERSION,
-            "internal_states": [_internal_state(s)],
-        }
 
-    @app.get("/get_model_info", deprecated=True)
-    async def get_model_info() -> dict[str, Any]:
-        """Deprecated alias of /model_info (as in SGLang 0.5.23)."""
-        return await model_info()
+def _names(s: ServerState) -> dict[str, Any]:
+    return {"model_path": s.model_path, "served_model_name": s.served_model_name}
 
-    @app.get("/get_server_info", deprecated=True)
-    async def get_server_info() -> dict[str, Any]:
-        """Deprecated alias of /server_info (as in SGLang 0.5.23)."""
-        return await server_info()
 
-    @app.get("/get_load")
-    async def get_load() -> list[dict[str, Any]]:
-        s: ServerState = state()
-        return [
-            {
-                "dp_rank": 0,
-                "num_reqs": len(s.requests),
-                "num_waiting_reqs": s.num_waiting,
-            }
-        ]
+@router.get("/model_info")
+async def model_info(s: State) -> dict[str, Any]:
+    return {
+        **_names(s),
+        "tokenizer_path": s.model_path,
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": s.weight_version,
+    }
 
-    @app.get("/v1/loads")
-    async def v1_loads() -> dict[str, Any]:
-        s: ServerState = state()
-        return {
-            "loads": [
-                {
-                    "dp_rank": 0,
-                    "num_running_reqs": s.num_running,
-                    "num_waiting_reqs": s.num_waiting,
-                }
-            ]
-        }
 
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
-    @admin
-    async def flush_cache() -> Response:
-        s: ServerState = state()  # the transformers engine keeps no prefix cache: nothing to flush
-        return Response(
-            "Cache flushed.\nPlease check backend logs for more details. (When there are running or "
-            "waiting requests, the operation will not be performed.)\n",
-            status_code=400 if s.requests else 200,
-        )
+@router.get("/server_info")
+async def server_info(s: State) -> dict[str, Any]:
+    return {
+        **_names(s),
+        "tp_size": 1,
+        "dp_size": 1,
+        "context_length": s.context_len,
+        "version": SERVER_VERSION,
+        "internal_states": [_internal_state(s)],
+    }
 
-    @app.post("/abort_request")
-    @admin
-    async def abort_request(obj: AbortReq) -> Response:
-        s: ServerState = state()
-        if obj.abort_all:
-            await s.abort_all()
-        elif obj.rid in s.requests:
-            s.requests[obj.rid].cancel()
-        return Response(status_code=200)
 
-    @app.post("/pause_generation")
-    @admin
-    async def pause_generation(obj: PauseGenerationReqInput) -> dict[str, str]:
-        await state().pause(obj.mode)
-        return {"message": "Generation paused successfully.", "status": "ok"}
+@router.get("/get_model_info", deprecated=True)
+async def get_model_info(s: State) -> dict[str, Any]:
+    """Deprecated alias of /model_info (as in SGLang 0.5.23)."""
+    return await model_info(s)
 
-    @app.post("/continue_generation")
-    @admin
-    async def continue_generation() -> dict[str, str]:
-        state().is_running.set()
-        return {"message": "Generation continued successfully.", "status": "ok"}
 
-    @app.api_route("/release_memory_occupation", methods=["GET", "POST"])
-    @admin
-    async def release_memory_occupation(obj: MemoryOccupationReqInput | None = None) -> Any:
-        s: ServerState = state()
-        tags = set(obj.tags if obj and obj.tags is not None else MEMORY_TAGS)
-        if unknown := tags - set(MEMORY_TAGS):
-            return error_response(f"unknown memory tags {sorted(unknown)}; use {list(MEMORY_TAGS)}")
-        if "weights" in tags and "weights" not in s.released_tags:
-            await s.engine.release_memory()  # the transformers engine has no standing KV pool
-        s.released_tags |= tags
-        return None
+@router.get("/get_server_info", deprecated=True)
+async def get_server_info(s: State) -> dict[str, Any]:
+    """Deprecated alias of /server_info (as in SGLang 0.5.23)."""
+    return await server_info(s)
 
-    @app.api_route("/resume_memory_occupation", methods=["GET", "POST"])
-    @admin
-    async def resume_memory_occupation(obj: MemoryOccupationReqInput | None = None) -> Any:
-        s: ServerState = state()
-        tags = set(obj.tags if obj and obj.tags is not None else MEMORY_TAGS)
-        # The engine gave back weights and KV together (on a "weights" release); each comes back
-        # with its own tag, so a colocated sync resumes weights -> sync -> KV cache.
-        if tags & s.released_tags & {"weights", "kv_cache"}:
-            try:
-                await s.engine.resume_memory(sorted(tags & {"weights", "kv_cache"}))
-            except EngineMemoryError as e:  # the client raises it again, message intact
-                return error_response(str(e), HTTPStatus.INSUFFICIENT_STORAGE)
-        s.released_tags -= tags
-        return None
+
+@router.get("/get_load")
+async def get_load(s: State) -> list[dict[str, Any]]:
+    return [{"dp_rank": 0, "num_reqs": len(s.requests), "num_waiting_reqs": s.num_waiting}]
+
+
+@router.get("/v1/loads")
+async def v1_loads(s: State) -> dict[str, Any]:
+    load = {"dp_rank": 0, "num_running_reqs": s.num_running, "num_waiting_reqs": s.num_waiting}
+    return {"loads": [load]}
+
+
+@router.api_route("/flush_cache", methods=["GET", "POST"])
+@admin
+async def flush_cache(s: State) -> Response:
+    # the transformers engine keeps no prefix cache: nothing to flush
+    return Response(
+        "Cache flushed.\nPlease check backend logs for more details. (When there are running or "
+        "waiting requests, the operation will not be performed.)\n",
+        status_code=400 if s.requests else 200,
+    )
+
+
+@router.post("/abort_request")
+@admin
+async def abort_request(obj: AbortReq, s: State) -> Response:
+    if obj.abort_all:
+        await s.abort_all()
+    elif obj.rid in s.requests:
+        s.requests[obj.rid].cancel()
+    return Response(status_code=200)
+
+
+@router.post("/pause_generation")
+@admin
+async def pause_generation(obj: PauseGenerationReqInput, s: State) -> dict[str, str]:
+    await s.pause(obj.mode)
+    return {"message": "Generation paused successfully.", "status": "ok"}
+
+
+@router.post("/continue_generation")
+@admin
+async def continue_generation(s: State) -> dict[str, str]:
+    s.is_running.set()
+    return {"message": "Generation continued successfully.", "status": "ok"}
+
+
+@router.api_route("/release_memory_occupation", methods=["GET", "POST"])
+@admin
+async def release_memory_occupation(s: State, obj: MemoryOccupationReqInput | None = None) -> Any:
+    tags = set(obj.tags if obj and obj.tags is not None else MEMORY_TAGS)
+    if unknown := tags - set(MEMORY_TAGS):
+        return error_response(f"unknown memory tags {sorted(unknown)}; use {list(MEMORY_TAGS)}")
+    if "weights" in tags and "weights" not in s.released_tags:
+        await s.engine.release_memory()  # the transformers engine has no standing KV pool
+    s.released_tags |= tags
+    return None
+
+
+@router.api_route("/resume_memory_occupation", methods=["GET", "POST"])
+@admin
+async def resume_memory_occupation(s: State, obj: MemoryOccupationReqInput | None = None) -> Any:
+    tags = set(obj.tags if obj and obj.tags is not None else MEMORY_TAGS)
+    # The engine gave back weights and KV together (on a "weights" release); each comes back
+    # with its own tag, so a colocated sync resumes weights -> sync -> KV cache.
+    if tags & s.released_tags & {"weights", "kv_cache"}:
+        try:
+            await s.engine.resume_memory(sorted(tags & {"weights", "kv_cache"}))
+        except EngineMemoryError as e:  # the client raises it again, message intact
+            return error_response(str(e), HTTPStatus.INSUFFICIENT_STORAGE)
+    s.released_tags -= tags
+    return None
 
 
 def _memory_allocated(engine: Any) -> int:

@@ -8,7 +8,7 @@ import time
 import uuid
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from agentrl.engine.base import SamplingParams
@@ -18,6 +18,7 @@ from agentrl.engine.serve.state import (
     ClientDisconnectedError,
     Generation,
     ServerState,
+    State,
     cancel_on_disconnect,
 )
 from agentrl.engine.sglang.protocol import ROUTING_KEY_HEADER
@@ -52,72 +53,71 @@ def generate_response(
     return {"text": text, "output_ids": completion.ids, "meta_info": meta}
 
 
-def add_generate_routes(app: FastAPI, state: Any) -> None:
-    @app.api_route("/generate", methods=["POST", "PUT"])
-    async def generate(obj: GenerateReqInput, request: Request) -> Any:
-        s: ServerState = state()
-        # The episode's key (sglang-router's header): its turns reuse their prefix's K/V here.
-        routing_key = request.headers.get(ROUTING_KEY_HEADER)
-        if obj.stream:
-            return generate_error(
-                "stream=true is not supported by agentrl serve; send stream=false"
-            )
-        if obj.num_prompts > s.limits.max_prompts:
-            return generate_error(
-                f"input_ids: {obj.num_prompts} prompts in one request, over this server's limit "
-                f"of {s.limits.max_prompts}; split the batch (or raise --max-prompts)"
-            )
-        started = time.perf_counter()
-        try:
-            batch = await _prompt_ids(s, obj)
-            params = obj.sampling_list()
-            field = "text" if obj.text is not None else "input_ids"
-            sampling = [
-                p.to_sampling(fit_to_context(field, len(ids), p.max_new_tokens, s.context_len))
-                for ids, p in zip(batch, params, strict=True)
-            ]
-            rids = obj.rid_list(uuid.uuid4().hex)
-            runs = [
-                s.generate(ids, sp, r, routing_key=routing_key)
-                for ids, sp, r in zip(batch, sampling, rids, strict=True)
-            ]
-            generations = await cancel_on_disconnect(request, asyncio.gather(*runs))
-        except ValueError as e:
-            return generate_error(str(e))
-        except ClientDisconnectedError:  # nobody reads this; the generation was aborted
-            return Response(status_code=499)
-        except Exception as e:  # the engine failed: a 5xx the client may retry
-            return generate_error(f"{type(e).__name__}: {e}", status_code=500)
-        outs = [
-            generate_response(
-                s,
-                g,
-                r,
-                prompt_len=len(ids),
-                return_logprob=obj.return_logprob,
-                skip_special_tokens=p.skip_special_tokens,
-                started=started,
-            )
-            for g, ids, p, r in zip(generations, batch, params, rids, strict=True)
-        ]
-        # JSONResponse directly: FastAPI's encoder walk over every logprob pair costs more than the
-        # model step for short generations.
-        return JSONResponse(outs if obj.is_batch else outs[0])
+router = APIRouter()
 
-    @app.get("/health")
-    @app.get("/health_generate")
-    async def health_generate() -> Response:
-        s: ServerState = state()
-        if "weights" in s.released_tags:
-            return Response(status_code=503)
-        if s.requests:  # already generating: that proves health (as SGLang does)
-            return Response(status_code=200)
-        try:
-            probe = SamplingParams(temperature=0.0, max_new_tokens=1)
-            await asyncio.wait_for(s.engine.generate([0], probe), timeout=20.0)
-        except Exception:
-            return Response(status_code=503)
+
+@router.api_route("/generate", methods=["POST", "PUT"])
+async def generate(obj: GenerateReqInput, request: Request, s: State) -> Any:
+    # The episode's key (sglang-router's header): its turns reuse their prefix's K/V here.
+    routing_key = request.headers.get(ROUTING_KEY_HEADER)
+    if obj.stream:
+        return generate_error("stream=true is not supported by agentrl serve; send stream=false")
+    if obj.num_prompts > s.limits.max_prompts:
+        return generate_error(
+            f"input_ids: {obj.num_prompts} prompts in one request, over this server's limit "
+            f"of {s.limits.max_prompts}; split the batch (or raise --max-prompts)"
+        )
+    started = time.perf_counter()
+    try:
+        batch = await _prompt_ids(s, obj)
+        params = obj.sampling_list()
+        field = "text" if obj.text is not None else "input_ids"
+        sampling = [
+            p.to_sampling(fit_to_context(field, len(ids), p.max_new_tokens, s.context_len))
+            for ids, p in zip(batch, params, strict=True)
+        ]
+        rids = obj.rid_list(uuid.uuid4().hex)
+        runs = [
+            s.generate(ids, sp, r, routing_key=routing_key)
+            for ids, sp, r in zip(batch, sampling, rids, strict=True)
+        ]
+        generations = await cancel_on_disconnect(request, asyncio.gather(*runs))
+    except ValueError as e:
+        return generate_error(str(e))
+    except ClientDisconnectedError:  # nobody reads this; the generation was aborted
+        return Response(status_code=499)
+    except Exception as e:  # the engine failed: a 5xx the client may retry
+        return generate_error(f"{type(e).__name__}: {e}", status_code=500)
+    outs = [
+        generate_response(
+            s,
+            g,
+            r,
+            prompt_len=len(ids),
+            return_logprob=obj.return_logprob,
+            skip_special_tokens=p.skip_special_tokens,
+            started=started,
+        )
+        for g, ids, p, r in zip(generations, batch, params, rids, strict=True)
+    ]
+    # JSONResponse directly: FastAPI's encoder walk over every logprob pair costs more than the
+    # model step for short generations.
+    return JSONResponse(outs if obj.is_batch else outs[0])
+
+
+@router.get("/health")
+@router.get("/health_generate")
+async def health_generate(s: State) -> Response:
+    if "weights" in s.released_tags:
+        return Response(status_code=503)
+    if s.requests:  # already generating: that proves health (as SGLang does)
         return Response(status_code=200)
+    try:
+        probe = SamplingParams(temperature=0.0, max_new_tokens=1)
+        await asyncio.wait_for(s.engine.generate([0], probe), timeout=20.0)
+    except Exception:
+        return Response(status_code=503)
+    return Response(status_code=200)
 
 
 async def _prompt_ids(s: ServerState, obj: GenerateReqInput) -> list[list[int]]:

@@ -13,17 +13,22 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.engine.base import Completion, FinishReason, SamplingParams
 from agentrl.engine.serve.protocol import error_response
 from agentrl.engine.serve.requests import fit_to_context, tokenize
-from agentrl.engine.serve.state import ClientDisconnectedError, ServerState, cancel_on_disconnect
+from agentrl.engine.serve.state import (
+    ClientDisconnectedError,
+    ServerState,
+    State,
+    cancel_on_disconnect,
+)
 from agentrl.model_store import eos_token_ids
 
 
@@ -91,145 +96,140 @@ def _usage(prompt_lens: list[int], completions: list[Completion]) -> dict[str, i
     }
 
 
-ToolParser = Callable[[list[int], list[dict[str, Any]]], Any]
-"""Sampled ids and the request's tools -> an assistant `Message` (content + tool calls): the
-run's ChatCodec.parse, passed in by whoever built the codec (the engine layer has none)."""
+router = APIRouter()
 
 
-def add_openai_routes(app: FastAPI, state: Any, *, tool_parser: ToolParser | None = None) -> None:
-    """The OpenAI routes; with `tool_parser`, chat replies to requests with `tools` carry
-    OpenAI's `tool_calls` (finish_reason "tool_calls") instead of the raw call text."""
+@router.get("/v1/models")
+async def list_models(s: State) -> dict[str, Any]:
+    card = {
+        "id": s.served_model_name,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "agentrl",
+        "root": s.served_model_name,
+        "max_model_len": getattr(s.tokenizer, "model_max_length", None),
+    }
+    return {"object": "list", "data": [card]}
 
-    @app.get("/v1/models")
-    async def list_models() -> dict[str, Any]:
-        s = state()
-        card = {
-            "id": s.served_model_name,
-            "object": "model",
-            "created": int(time.time()),
-            "owned_by": "agentrl",
-            "root": s.served_model_name,
-            "max_model_len": getattr(s.tokenizer, "model_max_length", None),
+
+@router.post("/v1/completions")
+async def completions(req: CompletionRequest, request: Request, s: State) -> Any:
+    try:
+        prompts = await _prompt_ids(s.tokenizer, req.prompt)
+        jobs = [(p, i) for p in prompts for i in range(req.n)]
+        _check_count(s, req.n, len(jobs))
+        runs = [
+            s.run(p, _sampling(req, _room(s, "prompt", p, req.max_tokens or 16), [], i),
+                  uuid.uuid4().hex)
+            for p, i in jobs
+        ]  # fmt: skip
+        outs = await cancel_on_disconnect(request, asyncio.gather(*runs))
+    except ValueError as e:
+        return error_response(str(e))
+    except ClientDisconnectedError:
+        return Response(status_code=499)
+    choices = []
+    for index, ((prompt, _), c) in enumerate(zip(jobs, outs, strict=False)):
+        choice: dict[str, Any] = {
+            "index": index,
+            "text": s.decode(c.ids),
+            "finish_reason": _finish(c),
+            "logprobs": None,
         }
-        return {"object": "list", "data": [card]}
-
-    @app.post("/v1/completions")
-    async def completions(req: CompletionRequest, request: Request) -> Any:
-        s: ServerState = state()
-        try:
-            prompts = await _prompt_ids(s.tokenizer, req.prompt)
-            jobs = [(p, i) for p in prompts for i in range(req.n)]
-            _check_count(s, req.n, len(jobs))
-            runs = [
-                s.run(p, _sampling(req, _room(s, "prompt", p, req.max_tokens or 16), [], i),
-                      uuid.uuid4().hex)
-                for p, i in jobs
-            ]  # fmt: skip
-            outs = await cancel_on_disconnect(request, asyncio.gather(*runs))
-        except ValueError as e:
-            return error_response(str(e))
-        except ClientDisconnectedError:
-            return Response(status_code=499)
-        choices = []
-        for index, ((prompt, _), c) in enumerate(zip(jobs, outs, strict=False)):
-            choice: dict[str, Any] = {
-                "index": index,
-                "text": s.decode(c.ids),
-                "finish_reason": _finish(c),
-                "logprobs": None,
+        if req.logprobs is not None:
+            tokens = [s.decode([t]) for t in c.ids]
+            offsets = [sum(len(x) for x in tokens[:k]) for k in range(len(tokens))]
+            choice["logprobs"] = {
+                "tokens": tokens,
+                "token_logprobs": c.logprobs,
+                "top_logprobs": None,
+                "text_offset": offsets,
             }
-            if req.logprobs is not None:
-                tokens = [s.decode([t]) for t in c.ids]
-                offsets = [sum(len(x) for x in tokens[:k]) for k in range(len(tokens))]
-                choice["logprobs"] = {
-                    "tokens": tokens,
-                    "token_logprobs": c.logprobs,
-                    "top_logprobs": None,
-                    "text_offset": offsets,
-                }
-            if req.return_token_ids:
-                choice["token_ids"], choice["prompt_token_ids"] = c.ids, prompt
-            choices.append(choice)
-        response = {
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": s.served_model_name,
-            "choices": choices,
-            "usage": _usage([len(p) for p, _ in jobs], list(outs)),
-            "metadata": {"weight_version": s.weight_version},
-            "weight_version": s.weight_version,
-        }
-        return _streamed(response, completion_chunks) if req.stream else response
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(req: ChatCompletionRequest, request: Request) -> Any:
-        s: ServerState = state()
-        messages = [{**m, "content": _message_text(m.get("content"))} for m in req.messages]
-        try:
-            prompt = await asyncio.to_thread(_chat_prompt, s.tokenizer, messages, req.tools)
-        except Exception as e:
-            return error_response(
-                f"messages: the chat template failed on them: {type(e).__name__}: {e}"
-            )
-        try:
-            _check_count(s, req.n, req.n)
-            max_new_tokens = _room(
-                s, "messages", prompt, req.max_completion_tokens or req.max_tokens or 256
-            )
-            stop_ids = eos_token_ids(s.tokenizer)
-            runs = [
-                s.run(list(prompt), _sampling(req, max_new_tokens, stop_ids, i), uuid.uuid4().hex)
-                for i in range(req.n)
-            ]
-            outs = await cancel_on_disconnect(request, asyncio.gather(*runs))
-        except ValueError as e:
-            return error_response(str(e))
-        except ClientDisconnectedError:
-            return Response(status_code=499)
-        choices = []
-        for index, c in enumerate(outs):
-            choice: dict[str, Any] = {
-                "index": index,
-                "message": {
-                    "role": "assistant",
-                    "content": s.decode(c.ids, skip_special_tokens=True),
-                },
-                "finish_reason": _finish(c),
-                "logprobs": None,
-            }
-            if tool_parser is not None and req.tools:
-                _with_tool_calls(choice, tool_parser(c.ids, req.tools))
-            if req.logprobs:
-                choice["logprobs"] = {
-                    "content": [
-                        {
-                            "token": s.decode([t]),
-                            "logprob": lp,
-                            "bytes": list(s.decode([t]).encode()),
-                            "top_logprobs": [],
-                        }
-                        for t, lp in zip(c.ids, c.logprobs, strict=False)
-                    ]
-                }
-            if req.return_token_ids or req.return_prompt_token_ids:
-                choice["prompt_token_ids"] = list(prompt)
-            if req.return_token_ids:
-                choice["response_token_ids"] = choice["token_ids"] = c.ids
-            choices.append(choice)
-        response = {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": s.served_model_name,
-            "choices": choices,
-            "usage": _usage([len(prompt)] * len(outs), list(outs)),
-            "metadata": {"weight_version": s.weight_version},
-            "weight_version": s.weight_version,
-        }
         if req.return_token_ids:
-            response["prompt_token_ids"] = list(prompt)
-        return _streamed(response, chat_chunks) if req.stream else response
+            choice["token_ids"], choice["prompt_token_ids"] = c.ids, prompt
+        choices.append(choice)
+    response = {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": s.served_model_name,
+        "choices": choices,
+        "usage": _usage([len(p) for p, _ in jobs], list(outs)),
+        "metadata": {"weight_version": s.weight_version},
+        "weight_version": s.weight_version,
+    }
+    return _streamed(response, completion_chunks) if req.stream else response
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(req: ChatCompletionRequest, request: Request, s: State) -> Any:
+    """With the server's `tool_parser`, replies to requests with `tools` carry OpenAI's
+    `tool_calls` (finish_reason "tool_calls") instead of the raw call text."""
+    messages = [{**m, "content": _message_text(m.get("content"))} for m in req.messages]
+    try:
+        prompt = await asyncio.to_thread(_chat_prompt, s.tokenizer, messages, req.tools)
+    except Exception as e:
+        return error_response(
+            f"messages: the chat template failed on them: {type(e).__name__}: {e}"
+        )
+    try:
+        _check_count(s, req.n, req.n)
+        max_new_tokens = _room(
+            s, "messages", prompt, req.max_completion_tokens or req.max_tokens or 256
+        )
+        stop_ids = eos_token_ids(s.tokenizer)
+        runs = [
+            s.run(list(prompt), _sampling(req, max_new_tokens, stop_ids, i), uuid.uuid4().hex)
+            for i in range(req.n)
+        ]
+        outs = await cancel_on_disconnect(request, asyncio.gather(*runs))
+    except ValueError as e:
+        return error_response(str(e))
+    except ClientDisconnectedError:
+        return Response(status_code=499)
+    choices = []
+    for index, c in enumerate(outs):
+        choice: dict[str, Any] = {
+            "index": index,
+            "message": {
+                "role": "assistant",
+                "content": s.decode(c.ids, skip_special_tokens=True),
+            },
+            "finish_reason": _finish(c),
+            "logprobs": None,
+        }
+        if s.tool_parser is not None and req.tools:
+            _with_tool_calls(choice, s.tool_parser(c.ids, req.tools))
+        if req.logprobs:
+            choice["logprobs"] = {
+                "content": [
+                    {
+                        "token": s.decode([t]),
+                        "logprob": lp,
+                        "bytes": list(s.decode([t]).encode()),
+                        "top_logprobs": [],
+                    }
+                    for t, lp in zip(c.ids, c.logprobs, strict=False)
+                ]
+            }
+        if req.return_token_ids or req.return_prompt_token_ids:
+            choice["prompt_token_ids"] = list(prompt)
+        if req.return_token_ids:
+            choice["response_token_ids"] = choice["token_ids"] = c.ids
+        choices.append(choice)
+    response = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": s.served_model_name,
+        "choices": choices,
+        "usage": _usage([len(prompt)] * len(outs), list(outs)),
+        "metadata": {"weight_version": s.weight_version},
+        "weight_version": s.weight_version,
+    }
+    if req.return_token_ids:
+        response["prompt_token_ids"] = list(prompt)
+    return _streamed(response, chat_chunks) if req.stream else response
 
 
 def _with_tool_calls(choice: dict[str, Any], parsed: Any) -> None:

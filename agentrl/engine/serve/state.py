@@ -5,14 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
+
+from fastapi import Depends, Request
 
 from agentrl.engine.base import Completion, Engine, FinishReason, SamplingParams
 from agentrl.engine.serve.requests import ServerLimits, engine_context_len
 
 T = TypeVar("T")
+
+ToolParser = Callable[[list[int], list[dict[str, Any]]], Any]
+"""Sampled ids and the request's tools -> an assistant `Message` (content + tool calls): the
+run's ChatCodec.parse, passed in by whoever built the codec (the engine layer has none)."""
 
 
 @dataclass
@@ -57,6 +64,7 @@ class ServerState:
     groups: dict[str, Any] = field(default_factory=dict)
     weight_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     limits: ServerLimits = field(default_factory=ServerLimits)
+    tool_parser: ToolParser | None = None  # chat replies to requests with tools: `tool_calls`
     # Rendezvous of /init_weights_update_group block for up to `limits.group_timeout_s` each:
     # their own threads, so parked ones never hold the pool that tokenizes and loads weights.
     group_pool: ThreadPoolExecutor = field(
@@ -222,3 +230,16 @@ async def cancel_on_disconnect(request: Any, work: asyncio.Future[T] | Any) -> T
         )  # the engine has ended it when this returns
         raise ClientDisconnectedError
     return task.result()
+
+
+def server_state(request: Request) -> ServerState:
+    """The routes' dependency: the app's `ServerState`, made on the first request because its
+    asyncio primitives must be made inside the serving loop (`create_app` leaves the maker)."""
+    app_state = request.app.state
+    if app_state.sglang is None:
+        app_state.sglang = app_state.make_server_state()
+    return app_state.sglang
+
+
+State = Annotated[ServerState, Depends(server_state)]
+"""A route's parameter `s: State` receives the server's state."""

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Callable
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from agentrl.engine.base import Engine
@@ -21,7 +22,7 @@ from agentrl.engine.serve.protocol import (
     UpdateWeightVersionReqInput,
     WeightUpdateSessionReqInput,
 )
-from agentrl.engine.serve.state import ServerState
+from agentrl.engine.serve.state import ServerState, State
 from agentrl.engine.weight_receive import (
     deserialize_named_tensors,
     load_checkpoint_tensors,
@@ -36,159 +37,152 @@ def _weight_result(success: bool, message: str, **extra: Any) -> JSONResponse:
     )
 
 
-def add_weight_routes(app: FastAPI, state: Any) -> None:
-    @app.post("/update_weights_from_disk")
-    @admin
-    async def update_weights_from_disk(obj: UpdateWeightFromDiskReqInput) -> JSONResponse:
-        s: ServerState = state()
-        if obj.abort_all_requests:  # as SGLang: requests in flight end ABORT first
-            await s.abort_all()
-        try:
-            named = await asyncio.to_thread(load_checkpoint_tensors, obj.model_path)
-            await s.update_weights(named, obj.weight_version)
-        except Exception as e:
-            return _weight_result(
-                False, f"Failed to update weights from {obj.model_path}: {e}", num_paused_requests=0
-            )
+router = APIRouter()
+
+
+async def _load(
+    s: ServerState,
+    obj: Any,
+    read: Callable[[], list[tuple[str, Any]]],
+    *,
+    failure: str,
+    success: str,
+    **extra: Any,
+) -> JSONResponse:
+    """Read the named tensors off the loop (`read`), then load them under the request's
+    version; requests in flight end ABORT first when the body says so (as SGLang)."""
+    if obj.abort_all_requests:
+        await s.abort_all()
+    try:
+        await s.update_weights(await asyncio.to_thread(read), obj.weight_version)
+    except Exception as e:
+        return _weight_result(False, f"{failure}: {type(e).__name__}: {e}", **extra)
+    return _weight_result(True, _succeeded(success, obj.weight_version), **extra)
+
+
+@router.post("/update_weights_from_disk")
+@admin
+async def update_weights_from_disk(obj: UpdateWeightFromDiskReqInput, s: State) -> JSONResponse:
+    read = functools.partial(load_checkpoint_tensors, obj.model_path)
+    failure = f"Failed to update weights from {obj.model_path}"
+    return await _load(s, obj, read, failure=failure,
+                       success="Succeeded to update model weights.", num_paused_requests=0)  # fmt: skip
+
+
+@router.post("/update_weights_from_tensor")
+@admin
+async def update_weights_from_tensor(
+    obj: UpdateWeightsFromTensorReqInput, s: State
+) -> JSONResponse:
+    if not s.weight_session:
+        return _outside_session("update_weights_from_tensor")
+    if not obj.serialized_named_tensors:
+        return _weight_result(False, "serialized_named_tensors is empty")
+    # one entry per TP rank; this server is one rank
+    read = functools.partial(
+        deserialize_named_tensors, obj.serialized_named_tensors[0], obj.load_format
+    )
+    return await _load(s, obj, read, failure="Failed to update weights from tensor",
+                       success="Succeeded to update model weights.")  # fmt: skip
+
+
+@router.post("/begin_weight_update")
+@admin
+async def begin_weight_update(obj: WeightUpdateSessionReqInput, s: State) -> JSONResponse:
+    if s.weight_session:
         return _weight_result(
-            True,
-            _succeeded("Succeeded to update model weights.", obj.weight_version),
-            num_paused_requests=0,
+            False, "a weight-update session is already open; call end_weight_update() first"
         )
+    s.weight_session = True
+    return _weight_result(True, "Success")
 
-    @app.post("/update_weights_from_tensor")
-    @admin
-    async def update_weights_from_tensor(obj: UpdateWeightsFromTensorReqInput) -> JSONResponse:
-        s: ServerState = state()
-        if not s.weight_session:
-            return _outside_session("update_weights_from_tensor")
-        if not obj.serialized_named_tensors:
-            return _weight_result(False, "serialized_named_tensors is empty")
-        if obj.abort_all_requests:
-            await s.abort_all()
-        try:  # one entry per TP rank; this server is one rank
-            named = await asyncio.to_thread(
-                deserialize_named_tensors, obj.serialized_named_tensors[0], obj.load_format
-            )
-            await s.update_weights(named, obj.weight_version)
-        except Exception as e:
-            return _weight_result(
-                False, f"Failed to update weights from tensor: {type(e).__name__}: {e}"
-            )
+
+@router.post("/end_weight_update")
+@admin
+async def end_weight_update(obj: WeightUpdateSessionReqInput, s: State) -> JSONResponse:
+    if not s.weight_session:
         return _weight_result(
-            True, _succeeded("Succeeded to update model weights.", obj.weight_version)
+            False, "no weight-update session is open; call begin_weight_update() first"
         )
+    s.weight_session = False
+    return _weight_result(True, "Success")
 
-    @app.post("/begin_weight_update")
-    @admin
-    async def begin_weight_update(obj: WeightUpdateSessionReqInput) -> JSONResponse:
-        s: ServerState = state()
-        if s.weight_session:
-            return _weight_result(
-                False, "a weight-update session is already open; call end_weight_update() first"
-            )
-        s.weight_session = True
-        return _weight_result(True, "Success")
 
-    @app.post("/end_weight_update")
-    @admin
-    async def end_weight_update(obj: WeightUpdateSessionReqInput) -> JSONResponse:
-        s: ServerState = state()
-        if not s.weight_session:
-            return _weight_result(
-                False, "no weight-update session is open; call begin_weight_update() first"
-            )
-        s.weight_session = False
-        return _weight_result(True, "Success")
-
-    @app.post("/init_weights_update_group")
-    @admin
-    async def init_weights_update_group(obj: InitWeightsUpdateGroupReqInput) -> JSONResponse:
-        s: ServerState = state()
-        if obj.rank_offset < 1 or obj.world_size <= obj.rank_offset:
-            return _weight_result(
-                False,
-                f"rank_offset={obj.rank_offset} with world_size={obj.world_size}: rank 0 of a "
-                "weight update group is the trainer's, which hosts its store; an engine joins "
-                "as 1 <= rank_offset < world_size",
-            )
-        join = functools.partial(
-            init_weights_update_process_group,
-            backend=obj.backend,
-            master_address=obj.master_address,
-            master_port=obj.master_port,
-            world_size=obj.world_size,
-            rank=obj.rank_offset,
-            group_name=obj.group_name,
-            timeout_s=s.limits.group_timeout_s,
-        )
-        try:
-            loop = asyncio.get_running_loop()
-            s.groups[obj.group_name] = await loop.run_in_executor(s.group_pool, join)
-        except Exception as e:
-            return _weight_result(
-                False, f"Failed to initialize custom process group: {type(e).__name__}: {e}"
-            )
-        return _weight_result(True, "Succeeded to initialize custom process group.")
-
-    @app.post("/destroy_weights_update_group")
-    @admin
-    async def destroy_weights_update_group(obj: DestroyWeightsUpdateGroupReqInput) -> JSONResponse:
-        pg = state().groups.pop(obj.group_name, None)
-        if pg is None:
-            return _weight_result(False, f"no weight update group named {obj.group_name!r}")
-        await asyncio.to_thread(destroy_process_group, pg)  # waits for the peers' side of it
-        return _weight_result(True, "Succeeded to destroy custom process group.")
-
-    @app.post("/update_weights_from_distributed")
-    @admin
-    async def update_weights_from_distributed(
-        obj: UpdateWeightsFromDistributedReqInput,
-    ) -> JSONResponse:
-        s: ServerState = state()
-        if not s.weight_session:
-            return _outside_session("update_weights_from_distributed")
-        pg = s.groups.get(obj.group_name)
-        if pg is None:
-            return _weight_result(
-                False,
-                f"no weight update group {obj.group_name!r}; call /init_weights_update_group first",
-            )
-        if obj.abort_all_requests:
-            await s.abort_all()
-        try:
-            named = await asyncio.to_thread(
-                receive_broadcast,
-                pg,
-                obj.names,
-                obj.dtypes,
-                obj.shapes,
-                _broadcast_device(pg, s.engine),
-                load_format=obj.load_format,
-            )
-            await s.update_weights(named, obj.weight_version)
-        except Exception as e:
-            return _weight_result(
-                False, f"Failed to update parameter online: {type(e).__name__}: {e}"
-            )
+@router.post("/init_weights_update_group")
+@admin
+async def init_weights_update_group(obj: InitWeightsUpdateGroupReqInput, s: State) -> JSONResponse:
+    if obj.rank_offset < 1 or obj.world_size <= obj.rank_offset:
         return _weight_result(
-            True, _succeeded("Succeeded to update parameter online.", obj.weight_version)
+            False,
+            f"rank_offset={obj.rank_offset} with world_size={obj.world_size}: rank 0 of a "
+            "weight update group is the trainer's, which hosts its store; an engine joins "
+            "as 1 <= rank_offset < world_size",
         )
+    join = functools.partial(
+        init_weights_update_process_group,
+        backend=obj.backend,
+        master_address=obj.master_address,
+        master_port=obj.master_port,
+        world_size=obj.world_size,
+        rank=obj.rank_offset,
+        group_name=obj.group_name,
+        timeout_s=s.limits.group_timeout_s,
+    )
+    try:
+        loop = asyncio.get_running_loop()
+        s.groups[obj.group_name] = await loop.run_in_executor(s.group_pool, join)
+    except Exception as e:
+        return _weight_result(
+            False, f"Failed to initialize custom process group: {type(e).__name__}: {e}"
+        )
+    return _weight_result(True, "Succeeded to initialize custom process group.")
 
-    @app.post("/update_weight_version")
-    @admin
-    async def update_weight_version(obj: UpdateWeightVersionReqInput) -> JSONResponse:
-        s: ServerState = state()
-        if obj.abort_all_requests:  # SGLang's default: requests in flight end ABORT
-            await s.abort_all()
-        await s.update_weights([], obj.new_version)
-        return JSONResponse(
-            {
-                "success": True,
-                "message": f"Weight version updated to {obj.new_version}",
-                "new_version": obj.new_version,
-            }
+
+@router.post("/destroy_weights_update_group")
+@admin
+async def destroy_weights_update_group(
+    obj: DestroyWeightsUpdateGroupReqInput, s: State
+) -> JSONResponse:
+    pg = s.groups.pop(obj.group_name, None)
+    if pg is None:
+        return _weight_result(False, f"no weight update group named {obj.group_name!r}")
+    await asyncio.to_thread(destroy_process_group, pg)  # waits for the peers' side of it
+    return _weight_result(True, "Succeeded to destroy custom process group.")
+
+
+@router.post("/update_weights_from_distributed")
+@admin
+async def update_weights_from_distributed(
+    obj: UpdateWeightsFromDistributedReqInput, s: State
+) -> JSONResponse:
+    if not s.weight_session:
+        return _outside_session("update_weights_from_distributed")
+    pg = s.groups.get(obj.group_name)
+    if pg is None:
+        return _weight_result(
+            False,
+            f"no weight update group {obj.group_name!r}; call /init_weights_update_group first",
         )
+    device = _broadcast_device(pg, s.engine)
+    read = functools.partial(receive_broadcast, pg, obj.names, obj.dtypes, obj.shapes, device,
+                             load_format=obj.load_format)  # fmt: skip
+    return await _load(s, obj, read, failure="Failed to update parameter online",
+                       success="Succeeded to update parameter online.")  # fmt: skip
+
+
+@router.post("/update_weight_version")
+@admin
+async def update_weight_version(obj: UpdateWeightVersionReqInput, s: State) -> JSONResponse:
+    if obj.abort_all_requests:  # SGLang's default: requests in flight end ABORT
+        await s.abort_all()
+    await s.update_weights([], obj.new_version)
+    return JSONResponse(
+        {
+            "success": True,
+            "message": f"Weight version updated to {obj.new_version}",
+            "new_version": obj.new_version,
+        }
+    )
 
 
 def _outside_session(route: str) -> JSONResponse:

@@ -65,10 +65,7 @@ def test_streamed_chat_and_completion_spell_the_plain_response(served):
 def test_a_tool_parser_turns_call_text_into_openai_tool_calls(smollm2_path):
     """With the run's codec as tool parser (what `agentrl serve` should pass), a tool loop
     written for OpenAI sees `tool_calls` exactly as from the training endpoint."""
-    from fastapi import FastAPI
-
-    from agentrl.engine.serve.openai import add_openai_routes
-    from agentrl.engine.serve.state import ServerState
+    from agentrl.engine.serve.app import create_app
     from agentrl.rollout.codec import ChatCodec
     from agentrl.types import Task
     from tests.agents.conftest import tool_agent
@@ -78,14 +75,8 @@ def test_a_tool_parser_turns_call_text_into_openai_tool_calls(smollm2_path):
     tokenizer = load_tokenizer(smollm2_path, "qwen_tools")
     call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
     engine = ScriptedEngine(tokenizer, [call, "It is 5."])
-    app, states = FastAPI(), []
-
-    def state() -> ServerState:
-        if not states:
-            states.append(ServerState(engine, tokenizer, "scripted", "scripted"))
-        return states[0]
-
-    add_openai_routes(app, state, tool_parser=ChatCodec(tokenizer).parse)
+    parser = ChatCodec(tokenizer).parse
+    app = create_app(engine, tokenizer=tokenizer, model_path="scripted", tool_parser=parser)
     thread = run_app_in_thread(app)
     try:
         client = openai.AsyncOpenAI(base_url=f"{thread.url}/v1", api_key="unused")

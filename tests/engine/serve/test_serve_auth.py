@@ -10,7 +10,6 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi.routing import APIRoute
 from typer.testing import CliRunner
 
 from agentrl.engine.local import LocalEngine
@@ -37,7 +36,8 @@ def engine(tiny_model_path: str) -> Iterator[LocalEngine]:
 
 def _serve(engine: LocalEngine, **keys: Any) -> Any:
     app = create_app(engine, **keys)
-    routes = [(m, r.path) for r in app.routes if isinstance(r, APIRoute) for m in r.methods]
+    # every route the app serves, as its schema lists them (included routers too)
+    routes = [(m.upper(), path) for path, ops in app.openapi()["paths"].items() for m in ops]
     return run_app_in_thread(app), sorted(routes)
 
 
