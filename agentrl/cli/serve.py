@@ -7,6 +7,15 @@ from typing import Literal, NoReturn
 
 import typer
 
+from agentrl.cli.serve_options import (
+    admin_api_key_option,
+    api_key_option,
+    host_option,
+    max_body_mb_option,
+    port_option,
+    warn_if_exposed,
+)
+
 # uvicorn's names (uvicorn.config.LOG_LEVELS); anything else is a KeyError inside uvicorn.
 LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
 
@@ -15,12 +24,8 @@ def serve_command(
     model: str = typer.Option(
         "smollm2-135m-instruct", "--model", help="Transformers checkpoint dir or bundled name."
     ),
-    port: int = typer.Option(
-        30000, "--port", min=1, max=65535, help="Port (SGLang's default is 30000)."
-    ),
-    host: str = typer.Option(
-        "127.0.0.1", "--host", help="Bind address; 0.0.0.0 exposes the server to the network."
-    ),
+    port: int = port_option(30000, help="Port (SGLang's default is 30000)."),
+    host: str = host_option(),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N"),
     dtype: str = typer.Option(
         "auto", "--dtype", help="auto | float32 (fp32) | bfloat16 (bf16) | float16 (fp16)"
@@ -44,21 +49,9 @@ def serve_command(
         "the GPU will still allocate (its optimizer state).",
     ),
     log_level: LogLevel = typer.Option("info", "--log-level", case_sensitive=False),
-    api_key: str | None = typer.Option(
-        None,
-        "--api-key",
-        envvar="AGENTRL_API_KEY",
-        help="Every route but /health* wants 'Authorization: Bearer KEY' (SGLang's --api-key).",
-    ),
-    admin_api_key: str | None = typer.Option(
-        None,
-        "--admin-api-key",
-        envvar="AGENTRL_ADMIN_API_KEY",
-        help="Weight, memory and cache routes want this key instead (SGLang's --admin-api-key).",
-    ),
-    max_body_mb: float = typer.Option(
-        32.0, "--max-body-mb", min=0.001, help="Largest request body in MiB (larger: 413)."
-    ),
+    api_key: str | None = api_key_option(note=" (SGLang's --api-key)"),
+    admin_api_key: str | None = admin_api_key_option(),
+    max_body_mb: float = max_body_mb_option(32.0),
     max_prompts: int = typer.Option(
         256, "--max-prompts", min=1, help="Most prompts (OpenAI: prompts x n) in one request."
     ),
@@ -93,13 +86,7 @@ def serve_command(
     _check_before_loading(device, mem_fraction_static, reserve_gb)
     if not math.isfinite(max_body_mb):
         _fail(f"--max-body-mb={max_body_mb:g} must be a finite number of MiB; e.g. 32")
-    if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
-        typer.secho(
-            f"warning: binding {host} without --api-key: anyone who can reach it can generate "
-            "and replace weights",
-            fg=typer.colors.YELLOW,
-            err=True,
-        )
+    warn_if_exposed(host, api_key, what="generate and replace weights")
     limits = ServerLimits(
         max_body_bytes=int(max_body_mb * 2**20),
         max_prompts=max_prompts,

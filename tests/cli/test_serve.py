@@ -102,3 +102,25 @@ def test_dtype_help_lists_every_accepted_name():
     for name, alias in (("float32", "fp32"), ("bfloat16", "bf16"), ("float16", "fp16")):
         assert resolve_dtype(name) == resolve_dtype(alias)  # accepted ...
         assert f"| {name} ({alias})" in result.output  # ... and documented
+
+
+@pytest.mark.parametrize(
+    ("flags", "warned"),
+    [
+        (["--host", "0.0.0.0"], True),
+        (["--host", "0.0.0.0", "--api-key", "k"], False),
+        (["--host", "::1"], False),
+    ],
+)
+def test_binding_beyond_loopback_without_a_key_warns(monkeypatch, flags, warned):
+    """The shared server flags' warning (agentrl/cli/serve_options.py), before the model loads."""
+    from agentrl.engine.local import LocalEngine
+
+    def load(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise ValueError("stopped before loading")
+
+    monkeypatch.setattr(LocalEngine, "load", load)
+    result = runner.invoke(app, ["serve", *flags], env={"AGENTRL_API_KEY": ""})
+    assert result.exit_code == 2 and "error: stopped before loading" in result.output
+    warning = "warning: binding 0.0.0.0 without --api-key: anyone who can reach it can generate"
+    assert (warning in result.output) is warned, result.output
