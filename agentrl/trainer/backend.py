@@ -82,12 +82,15 @@ def make_trainer_backend(
     temperature: float,
     num_optimizer_steps: int | None = None,
 ) -> TrainerBackend:
-    """`train.backend`'s backend for one rank; megatron.core is imported only when asked for."""
+    """`train.backend`'s backend for one rank, set up (the model loaded: collective, every rank
+    calls this together); megatron.core is imported only when asked for."""
     if train_cfg.backend == "megatron":
         from agentrl.trainer.megatron.backend import MegatronBackend as backend_cls
     else:
         from agentrl.trainer.torch_backend import TorchBackend as backend_cls
-    return backend_cls(  # type: ignore[return-value]
+    backend = backend_cls(
         model_path, train_cfg, algo_cfg, device=device, dtype=dtype, temperature=temperature,
         num_optimizer_steps=num_optimizer_steps,
     )  # fmt: skip
+    backend.setup()
+    return backend  # type: ignore[return-value]

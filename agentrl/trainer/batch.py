@@ -378,7 +378,7 @@ def build_train_batches(
     for i, s in enumerate(samples):
         s.index = i  # position among trained sequences, as MicroBatch.sample_indices reports it
     step_size = global_batch_size or max(len(samples), 1)
-    is_advantage_only = not _has_advantage_free_term(algo_cfg)
+    is_advantage_only = not has_advantage_free_term(algo_cfg)
     steps = [  # [step][rank]
         _step_batches(
             samples[i : i + step_size],
@@ -407,7 +407,7 @@ def build_train_batches(
     ]
 
 
-def _has_advantage_free_term(algo_cfg: AlgoConfig) -> bool:
+def has_advantage_free_term(algo_cfg: AlgoConfig) -> bool:
     """A KL or entropy term pulls on every trained token, whatever its advantage."""
     return (algo_cfg.use_kl_loss and algo_cfg.kl_loss_coef > 0) or bool(algo_cfg.entropy_coef)
 

@@ -1,5 +1,7 @@
-"""The learning-rate schedule, composed of torch's schedulers: linear warmup over
-`lr_warmup_steps`, then constant, linear or cosine decay to `min_lr` at the last optimizer step."""
+"""The learning-rate schedule: linear warmup over `lr_warmup_steps`, then constant, linear or
+cosine decay to `min_lr` at the last optimizer step. The torch backend composes it of torch's
+schedulers; the Megatron backend gives the same values with megatron-core's scheduler
+(`megatron/optimizers.py`)."""
 
 from __future__ import annotations
 
@@ -11,15 +13,21 @@ from agentrl.config import TrainConfig
 _FOREVER = 2**62  # steps a phase lasts when nothing follows it
 
 
+def decay_phases(cfg: TrainConfig, total_steps: int) -> tuple[int, int]:
+    """(warmup steps, decay steps): the shape both backends' schedules share; a min_lr above lr
+    is refused by name."""
+    if not 0.0 <= cfg.min_lr <= cfg.lr:
+        raise ValueError(f"train.min_lr={cfg.min_lr} must lie between 0 and train.lr={cfg.lr}")
+    return cfg.lr_warmup_steps, max(1, total_steps - cfg.lr_warmup_steps)
+
+
 def lr_scheduler(
     optimizer: torch.optim.Optimizer, cfg: TrainConfig, total_steps: int
 ) -> schedulers.LRScheduler:
     """Step it once per optimizer step; the lr at step s is the peak lr times (s + 1) / warmup
     during warmup, then decays over the remaining `total_steps` and holds `min_lr` after them."""
+    warmup, num_decay = decay_phases(cfg, total_steps)
     min_ratio = cfg.min_lr / cfg.lr if cfg.lr > 0 else 0.0
-    if not 0.0 <= min_ratio <= 1.0:
-        raise ValueError(f"train.min_lr={cfg.min_lr} must lie between 0 and train.lr={cfg.lr}")
-    warmup, num_decay = cfg.lr_warmup_steps, max(1, total_steps - cfg.lr_warmup_steps)
     # The factor reaches 1 on the last warmup step and stays there: all of "constant".
     phases: list[schedulers.LRScheduler] = [
         schedulers.LinearLR(optimizer, 1 / max(warmup, 1), 1.0, max(warmup - 1, 1))
@@ -31,14 +39,3 @@ def lr_scheduler(
         phases.append(schedulers.ConstantLR(optimizer, min_ratio, _FOREVER))
     milestones = [warmup, warmup + num_decay][: len(phases) - 1]  # where each next phase starts
     return schedulers.SequentialLR(optimizer, phases, milestones)
-
-
-def lr_at(cfg: TrainConfig, total_steps: int, step: int) -> float:
-    """The lr at optimizer step `step`, replayed on a stand-in optimizer: for optimizers torch's
-    schedulers cannot drive (Megatron's). Microseconds a step, against seconds a train step."""
-    stand_in = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=cfg.lr)
-    scheduler = lr_scheduler(stand_in, cfg, total_steps)
-    for _ in range(step):
-        stand_in.step()  # no gradients: changes nothing, and keeps torch from warning
-        scheduler.step()
-    return float(scheduler.get_last_lr()[0])

@@ -15,14 +15,14 @@ from torch import Tensor
 
 from agentrl.config import AlgoConfig, TrainConfig
 from agentrl.trainer import sharded_checkpoint
-from agentrl.trainer.backend_args import check_backend_args, local_model_path
+from agentrl.trainer.backend_args import local_model_path
 from agentrl.trainer.batch import MicroBatch, StepBatch, TrainBatch, pad_id_for
 from agentrl.trainer.fsdp import apply_fsdp, decoder_layers, dp_rank, dp_world_size, reduce_metrics
 from agentrl.trainer.logprobs import CausalLMLogprobs
-from agentrl.trainer.losses import build_objective, combine_metrics
+from agentrl.trainer.losses import combine_metrics
 from agentrl.trainer.lr_schedule import lr_scheduler
-from agentrl.trainer.offload import StateOffload
 from agentrl.trainer.packing import use_packed_attention
+from agentrl.trainer.step import BackendBase, check_start
 from agentrl.trainer.weights import DEFAULT_BUCKET_SIZE_BYTES, full_tensor, unique_named_tensors
 from agentrl.weight_buckets import bucket_by_dtype
 
@@ -36,10 +36,6 @@ def _resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
-
-
 def _enable_activation_checkpointing(model: PreTrainedModel) -> None:
     kwargs = {"use_reentrant": False}
     if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 renamed it
@@ -48,17 +44,17 @@ def _enable_activation_checkpointing(model: PreTrainedModel) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
-class TorchBackend:
-    """The torch `TrainerBackend`. Weights load on first use, so construction only checks config.
+class TorchBackend(BackendBase):
+    """The torch `TrainerBackend`. Construction only checks config; `setup()` loads the weights.
 
     Parameters stay in `dtype` (auto = float32) and the forward pass runs under bf16 autocast on
     CUDA, attention by FlashAttention over each packed sequence; logprobs are computed as
     float32 log_softmax(logits / temperature), the logits projected in the forward's dtype.
 
-    Data parallel: construct it in each rank of an initialised process group (world size > 1), on
-    that rank's `device`; the model is then sharded with FSDP2 over all ranks, and every method but
-    `pad_id` is collective (all ranks call it together; `train_step` each with its own batch of
-    `build_train_batches(..., dp_size=world_size)`).
+    Data parallel: construct and set it up in each rank of an initialised process group (world
+    size > 1), on that rank's `device`; the model is then sharded with FSDP2 over all ranks, and
+    every method but `pad_id` is collective (all ranks call it together; `train_step` each with
+    its own batch of `build_train_batches(..., dp_size=world_size)`).
     """
 
     def __init__(
@@ -72,37 +68,24 @@ class TorchBackend:
         temperature: float = 1.0,
         num_optimizer_steps: int | None = None,
     ) -> None:
-        check_backend_args(train_cfg, dtype=dtype, temperature=temperature, device=device)
-        self.model_path = model_path
-        self.train_cfg = train_cfg
-        self.algo_cfg = algo_cfg
-        self.objective = build_objective(algo_cfg)
+        super().__init__(model_path, train_cfg, algo_cfg, device=device, dtype=dtype,
+                         temperature=temperature, num_optimizer_steps=num_optimizer_steps)  # fmt: skip
         self.device = _resolve_device(device)
         self.param_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-        self.temperature = temperature
-        self.num_optimizer_steps = num_optimizer_steps or train_cfg.num_rollout
-        """Optimizer steps over the run, the horizon of lr decay (pass it when global_batch_size
-        splits each rollout batch into several steps)."""
-        self.optimizer_step = 0
-        self.num_train_steps = 0
         self._model: PreTrainedModel | None = None
         self._policy: CausalLMLogprobs | None = None  # the model, returning token logprobs
         self.ref_model: PreTrainedModel | None = None
         self._ref_policy: CausalLMLogprobs | None = None
         self.dp_size = 1
-        """Data-parallel ranks, read from the process group when the model loads."""
+        """Data-parallel ranks, read from the process group at setup."""
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
-        self._offload = StateOffload()  # the optimizer state in host memory between steps
 
     # ------------------------------------------------------------ setup
 
     @property
     def model(self) -> PreTrainedModel:
-        if self._model is None:
-            self._setup()
-        assert self._model is not None
-        return self._model
+        return self._ready(self._model)
 
     @property
     def pad_id(self) -> int:
@@ -119,7 +102,7 @@ class TorchBackend:
         return pad_id_for(config)
 
     @property
-    def uses_ref_model(self) -> bool:
+    def has_ref_model(self) -> bool:
         return self.objective.kl is not None
 
     def _load(self, path: str) -> PreTrainedModel:
@@ -146,7 +129,11 @@ class TorchBackend:
             apply_fsdp(policy, decoder_layers(model), self.device)
         return policy
 
-    def _setup(self) -> None:
+    def setup(self) -> None:
+        """Load (and under FSDP shard) the model and the reference model, and build the optimizer
+        and lr schedule. Collective."""
+        if self._model is not None:
+            return
         path = local_model_path(self.model_path)
         self.model_path = path
         self.dp_size = dp_world_size()
@@ -156,7 +143,7 @@ class TorchBackend:
         model.config.use_cache = False
         self._policy = self._wrap(model)  # sharded before the optimizer sees the parameters
         self._model = model
-        if self.uses_ref_model:
+        if self.has_ref_model:
             self.ref_model = self._load(path).eval().requires_grad_(False)
             self._ref_policy = self._wrap(self.ref_model)
         cfg = self.train_cfg
@@ -171,7 +158,7 @@ class TorchBackend:
 
     # ------------------------------------------------------------ logprobs
 
-    def _check_packing(self, batch: TrainBatch) -> None:
+    def _check_batch(self, batch: TrainBatch) -> None:
         if not batch.is_packed:
             return
         try:
@@ -202,121 +189,54 @@ class TorchBackend:
     ) -> TrainBatch:
         """Fill `old_logprobs` (current policy) and `ref_logprobs` (reference model, when loaded)
         of every micro-batch, before any update on this batch."""
-        self._check_packing(batch)
+        self._check_batch(batch)
         self.model.eval()
-        assert self._policy is not None
+        policy = self._ready(self._policy)
         for mb in batch.micro_batches():
             dev = mb.to(self.device)
             if old:
-                mb.old_logprobs = self._token_logprobs(self._policy, dev)[0].cpu()
+                mb.old_logprobs = self._token_logprobs(policy, dev)[0].cpu()
             if ref and self._ref_policy is not None:
                 mb.ref_logprobs = self._token_logprobs(self._ref_policy, dev)[0].cpu()
         self._reshard()
         return batch
 
-    logprobs = compute_logprobs  # the TrainerBackend protocol name (DESIGN.md section 3)
-
     @torch.no_grad()
     def sequence_logprobs(self, token_ids: list[int], start: int) -> list[float]:
         """Teacher-forced logprob of token_ids[t] for each t >= start under the current weights,
         float32 log_softmax(logits / temperature) as the engine computes it. Collective."""
-        if not 1 <= start <= len(token_ids):
-            raise ValueError(
-                f"start={start} must be in [1, {len(token_ids)}] (len(token_ids)): the first "
-                "token has no logprob"
-            )
+        check_start(token_ids, start)
         if start == len(token_ids):
             return []
         self.model.eval()
-        assert self._policy is not None
         ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, L]
         positions = torch.arange(len(token_ids) - 1, device=self.device)[None]  # [1, L-1]
         # Position t predicts token t+1, so the trained positions start at start - 1.
         loss_mask = (positions >= start - 1).float()
-        logprobs, _ = self._policy(ids[:, :-1], positions, ids[:, 1:], loss_mask)
+        logprobs, _ = self._ready(self._policy)(ids[:, :-1], positions, ids[:, 1:], loss_mask)
         self._reshard()
         return logprobs[0, start - 1 :].tolist()
 
     # ------------------------------------------------------------ training
 
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """One optimizer step per `batch.steps` entry, in order. Returns the steps' mean metrics
-        (loss, pg_loss, kl_loss, entropy, clip fractions, approx_kl, ratio stats, TIS and
-        train-vs-rollout logprob mismatch, grad_norm, lr) and the batch counts, unprefixed.
+    def _lr(self) -> float:
+        return float(self._ready(self.optimizer).param_groups[0]["lr"])
 
-        Old logprobs are taken before the first update when there are several steps; with one
-        step the current logprobs (detached) serve, which equal them.
-
-        Data parallel: every rank returns the same metrics. Loss terms, clip fractions, approx_kl,
-        entropy, ratio_mean and TIS stats are each rank's share of a global mean, summed over
-        ranks; ratio_max/min are max/min-reduced; grad_norm is the global norm. So they equal
-        the 1-rank values up to float summation order; none is a per-rank approximation.
-
-        A batch that cannot move the weights (no trained sequence, or every advantage 0 with no KL
-        or entropy term) runs no forward, backward nor update: `skipped_no_signal` is 1, loss and
-        pg_loss are their exact 0, and the lr schedule advances one step per optimizer step."""
-        self._check_packing(batch)
-        model = self.model
-        if not self._has_signal(batch):
-            return self._skip(batch)
-        self._offload.reload()
-        mbs = list(batch.micro_batches())
-        need_old = len(batch.steps) > 1 and any(mb.old_logprobs is None for mb in mbs)
-        need_ref = self.ref_model is not None and any(mb.ref_logprobs is None for mb in mbs)
-        if need_old or need_ref:
-            self.compute_logprobs(batch, old=need_old, ref=need_ref)
-        model.train()
-        per_step = []
-        for step in batch.steps:  # a step all of whose sequences had advantage 0 has none
-            if step.micro_batches:
-                per_step.append(self._optimizer_step(step))
-            else:
-                self._advance_schedule(1)
-        self.num_train_steps += 1
-        names = {k for m in per_step for k in m}
-        metrics = {k: _mean([m[k] for m in per_step if k in m]) for k in sorted(names)}
-        metrics.update({k.removeprefix("batch/"): v for k, v in batch.metrics.items()})
-        metrics["skipped_no_signal"] = 0.0
-        return metrics
-
-    def _has_signal(self, batch: TrainBatch) -> bool:
-        """Whether the batch gives a gradient: zero advantages zero the policy loss exactly, but
-        a KL or entropy term pulls on the weights whatever the advantages."""
-        if not any(step.micro_batches for step in batch.steps):
-            return False
-        is_advantage_free = self.objective.kl is not None or bool(self.objective.entropy_coef)
-        return is_advantage_free or batch.max_abs_advantage > 0
-
-    def _skip(self, batch: TrainBatch) -> dict[str, float]:
-        """No compute for a batch without signal. Adam's moments and weight decay stay put too:
-        an update from old momentum alone would not be learning from this batch."""
-        assert self.optimizer is not None
-        lr = float(self.optimizer.param_groups[0]["lr"])
-        self._advance_schedule(len(batch.steps))
-        self.num_train_steps += 1
-        metrics = {k.removeprefix("batch/"): v for k, v in batch.metrics.items()}
-        # Exact, not a stand-in: every per-token loss is 0 (advantage 0, no KL or entropy term).
-        metrics.update(skipped_no_signal=1.0, lr=lr, loss=0.0, pg_loss=0.0)
-        return metrics
-
-    def _advance_schedule(self, num_steps: int) -> None:
-        """Count optimizer steps that update nothing, as skipped_nonfinite_grad steps do, so the
-        lr schedule keeps its horizon."""
-        assert self.scheduler is not None
+    def _step_schedule(self, num_steps: int) -> None:
+        scheduler = self._ready(self.scheduler)
         with warnings.catch_warnings():  # "lr_scheduler.step() before optimizer.step()": meant
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
             for _ in range(num_steps):
-                self.scheduler.step()
-                self.optimizer_step += 1
+                scheduler.step()
 
-    def _optimizer_step(self, step: StepBatch) -> dict[str, float]:
-        assert self.optimizer is not None and self.scheduler is not None
-        assert self._policy is not None
-        self.optimizer.zero_grad(set_to_none=True)
+    def _update(self, step: StepBatch) -> dict[str, float]:
+        optimizer, policy = self._ready(self.optimizer), self._ready(self._policy)
+        self.model.train()
+        optimizer.zero_grad(set_to_none=True)
         parts = []
         for mb in step.micro_batches:
             dev = mb.to(self.device)
-            logprobs, entropy = self._token_logprobs(self._policy, dev)
+            logprobs, entropy = self._token_logprobs(policy, dev)
             old = dev.old_logprobs if dev.old_logprobs is not None else logprobs.detach()
             loss, metrics = self.objective(
                 logprobs, entropy, dev.loss_inputs(step.num_loss_tokens, step.num_seqs, old)
@@ -329,23 +249,19 @@ class TorchBackend:
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if params else torch.zeros(())
         grad_norm = float(full_tensor(norm))
         is_finite = math.isfinite(grad_norm)
-        lr = float(self.optimizer.param_groups[0]["lr"])
         if is_finite:
-            self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer_step += 1
+            optimizer.step()
         metrics = reduce_metrics(combine_metrics(parts), self.device)
-        metrics.update(grad_norm=grad_norm, lr=lr, skipped_nonfinite_grad=float(not is_finite))
+        metrics.update(grad_norm=grad_norm, skipped_nonfinite_grad=float(not is_finite))
         return metrics
 
     def pending_state_bytes(self) -> int:
         """AdamW keeps two moments per trainable parameter, in its dtype, on its device (this
         rank's shard under FSDP)."""
-        self.model  # noqa: B018 (loads and shards the model, builds the optimizer)
-        assert self.optimizer is not None
-        if self.optimizer.state:
+        optimizer = self._ready(self.optimizer)
+        if optimizer.state:
             return 0
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        params = [p for group in optimizer.param_groups for p in group["params"]]
         return sum(2 * _local(p).numel() * p.element_size() for p in params)
 
     def free_step_memory(self) -> None:
@@ -361,10 +277,6 @@ class TorchBackend:
         `load` replaces it. A no-op on CPU and before the first step."""
         if self.device.type == "cuda" and self.optimizer is not None:
             self._offload.offload([self.optimizer])
-
-    @property
-    def is_state_offloaded(self) -> bool:
-        return bool(self._offload)
 
     # ------------------------------------------------------------ weights out
 
@@ -392,9 +304,8 @@ class TorchBackend:
         copy (config, safetensors, tokenizer) that transformers loads as a model."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        model = self.model
-        assert self.optimizer is not None and self.scheduler is not None
-        sharded_checkpoint.save_sharded(out, model, self.optimizer)
+        model, optimizer = self.model, self._ready(self.optimizer)
+        sharded_checkpoint.save_sharded(out, model, optimizer)
         is_writer = dp_rank() == 0
         sharded_checkpoint.save_hf_copy(
             out,
@@ -410,18 +321,16 @@ class TorchBackend:
                 "base_model_path": self.model_path,
                 "dp_size": self.dp_size,
             }
-            sharded_checkpoint.write_counters(out, self.scheduler, counters)
+            sharded_checkpoint.write_counters(out, self._ready(self.scheduler), counters)
         _barrier()  # no rank returns (and no caller renames the directory) before rank 0 wrote
 
     def load(self, directory: str | Path) -> None:
         """Collective. Restore weights, optimizer, scheduler and counters written by `save`, on
         this run's number of ranks (DCP reshards)."""
         src = Path(directory)
-        model = self.model
-        assert self.optimizer is not None and self.scheduler is not None
-        sharded_checkpoint.load_sharded(src, model, self.optimizer)
+        sharded_checkpoint.load_sharded(src, self.model, self._ready(self.optimizer))
         self._offload.forget()  # the loaded state replaced it, on the parameters' device
-        state = sharded_checkpoint.read_counters(src, self.scheduler)
+        state = sharded_checkpoint.read_counters(src, self._ready(self.scheduler))
         self.optimizer_step = int(state["optimizer_step"])
         self.num_train_steps = int(state["num_train_steps"])
 

@@ -139,6 +139,7 @@ SLOW_WRITER = textwrap.dedent(
 def test_sigkill_while_writing_leaves_the_previous_checkpoint_loadable(tmp_path, tiny_llama_path):
     root = tmp_path / "run"
     first = TorchBackend(tiny_llama_path, TrainConfig(), AlgoConfig(), device="cpu")
+    first.setup()
     save_checkpoint(root, 1, first.save, keep_last=2)
 
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -157,6 +158,7 @@ def test_sigkill_while_writing_leaves_the_previous_checkpoint_loadable(tmp_path,
     latest = find_latest(root)
     assert latest == root / "step_000001"
     second = TorchBackend(tiny_llama_path, TrainConfig(), AlgoConfig(), device="cpu")
+    second.setup()
     second.load(latest)
     for pa, pb in zip(first.model.parameters(), second.model.parameters(), strict=True):
         assert torch.equal(pa, pb)
@@ -196,7 +198,9 @@ def test_a_save_before_the_first_update_changes_no_later_step(
     kw = dict(lr=1e-2, weight_decay=0.1, num_rollout=4)
 
     def backend() -> TorchBackend:
-        return TorchBackend(tiny_llama_path, TrainConfig(**kw), AlgoConfig(), device="cpu")
+        b = TorchBackend(tiny_llama_path, TrainConfig(**kw), AlgoConfig(), device="cpu")
+        b.setup()
+        return b
 
     def two_steps(b: TorchBackend) -> list[torch.Tensor]:
         for _ in range(2):

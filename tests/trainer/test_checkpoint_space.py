@@ -55,7 +55,7 @@ def small_fs(tmp_path: Path) -> Iterator[Callable[[int], Path]]:
 def _trained(tiny_llama_path: str) -> TorchBackend:
     """A backend whose AdamW has state (its checkpoint holds the moments too)."""
     backend = TorchBackend(tiny_llama_path, TrainConfig(), AlgoConfig(), device="cpu")
-    backend.model  # noqa: B018 (loads the model and builds the optimizer)
+    backend.setup()  # loads the model and builds the optimizer
     assert backend.optimizer is not None
     for p in backend.optimizer.param_groups[0]["params"]:
         p.grad = torch.full_like(p, 0.1)
@@ -118,6 +118,7 @@ def test_the_disk_filling_mid_save_is_one_line_and_the_last_checkpoint_stays(
     small_fs(4 * 1024 * 1024)  # space freed
     second = save_checkpoint(root, 2, backend.save, keep_last=2)
     fresh = TorchBackend(tiny_llama_path, TrainConfig(), AlgoConfig(), device="cpu")
+    fresh.setup()
     fresh.load(second)
     for pa, pb in zip(backend.model.parameters(), fresh.model.parameters(), strict=True):
         assert torch.equal(pa, pb)

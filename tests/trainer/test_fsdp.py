@@ -44,7 +44,7 @@ ADAM_EPS = 1e-4
 
 def _backend(model_path: str, algo: AlgoConfig) -> TorchBackend:
     backend = TorchBackend(model_path, TrainConfig(lr=1e-3), algo, device="cpu", temperature=0.7)
-    backend.model  # noqa: B018 - loads (and shards) the model, creating the optimizer
+    backend.setup()  # loads (and shards) the model, creating the optimizer
     assert backend.optimizer is not None
     backend.optimizer.param_groups[0]["eps"] = ADAM_EPS
     return backend

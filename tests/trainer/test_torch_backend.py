@@ -15,7 +15,9 @@ from agentrl.trainer.torch_backend import TorchBackend
 
 
 def _backend(path: str, algo: AlgoConfig | None = None, **train_kw) -> TorchBackend:
-    return TorchBackend(path, TrainConfig(**train_kw), algo or AlgoConfig(), device="cpu")
+    backend = TorchBackend(path, TrainConfig(**train_kw), algo or AlgoConfig(), device="cpu")
+    backend.setup()
+    return backend
 
 
 def _per_sample_logprobs(batch: TrainBatch) -> dict[int, torch.Tensor]:
@@ -209,15 +211,35 @@ def test_export_weights_buckets_hf_names_without_tied_duplicates(tiny_llama_path
 
 
 def test_torch_backend_is_a_trainer_backend(tiny_llama_path):
-    backend = _backend(tiny_llama_path)
+    backend = TorchBackend(tiny_llama_path, TrainConfig(), AlgoConfig(), device="cpu")
     assert isinstance(backend, TrainerBackend)
     assert backend.pad_id == 0 and backend._model is None  # pad_id never loads (or shards) it
+
+
+def test_setup_loads_once_and_nothing_runs_before_it(tiny_llama_path, groups_factory):
+    """An explicit `setup()` (collective under FSDP) instead of a load on first use: a method
+    called before it names the fix; the factory returns a backend already set up."""
+    backend = TorchBackend(tiny_llama_path, TrainConfig(), AlgoConfig(), device="cpu")
+    batch = build_train_batch(groups_factory(num_groups=1, group_size=2), AlgoConfig(),
+                              max_tokens_per_micro_batch=64, pad_id=0)  # fmt: skip
+    for call in (lambda: backend.train_step(batch), backend.pending_state_bytes,
+                 lambda: backend.compute_logprobs(batch)):  # fmt: skip
+        with pytest.raises(RuntimeError, match=r"TorchBackend.setup\(\) has not run: call it once"):
+            call()
+    backend.setup()
+    model = backend.model
+    backend.setup()  # a second call keeps the model (and the optimizer state) it has
+    assert backend.model is model and backend.pending_state_bytes() > 0
+    built = make_trainer_backend(tiny_llama_path, TrainConfig(), AlgoConfig(), device="cpu",
+                                 dtype="auto", temperature=1.0)  # fmt: skip
+    assert built._model is not None  # type: ignore[attr-defined]
 
 
 def test_sequence_logprobs_are_the_tempered_log_softmax_of_the_logits(tiny_llama_path):
     backend = TorchBackend(
         tiny_llama_path, TrainConfig(), AlgoConfig(), device="cpu", temperature=0.7
     )
+    backend.setup()
     ids = [5, 9, 17, 33, 8, 41, 12]
     got = backend.sequence_logprobs(ids, 2)
     with torch.no_grad():
@@ -274,6 +296,7 @@ def test_cuda_bf16_autocast_matches_cpu_and_learns(tiny_llama_path, groups_facto
 
     cpu = _per_sample_logprobs(_backend(tiny_llama_path).compute_logprobs(batch()))
     gpu = TorchBackend(tiny_llama_path, TrainConfig(lr=1e-2), AlgoConfig(), device="cuda")
+    gpu.setup()
     fixed = gpu.compute_logprobs(batch())
     on_gpu = _per_sample_logprobs(fixed)
     for i in cpu:
@@ -343,7 +366,9 @@ def test_cuda_offloaded_state_frees_its_memory_and_changes_no_step(
         return build_train_batch(groups, AlgoConfig(), max_tokens_per_micro_batch=64, pad_id=0)
 
     def backend() -> TorchBackend:
-        return TorchBackend(tiny_llama_path, TrainConfig(lr=1e-2), AlgoConfig(), device="cuda")
+        b = TorchBackend(tiny_llama_path, TrainConfig(lr=1e-2), AlgoConfig(), device="cuda")
+        b.setup()
+        return b
 
     kept, offloaded = backend(), backend()
     for step in range(3):

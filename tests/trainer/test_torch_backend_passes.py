@@ -13,7 +13,9 @@ from agentrl.types import EpisodeStatus
 
 
 def _backend(path: str, algo: AlgoConfig | None = None, **train_kw) -> TorchBackend:
-    return TorchBackend(path, TrainConfig(**train_kw), algo or AlgoConfig(), device="cpu")
+    backend = TorchBackend(path, TrainConfig(**train_kw), algo or AlgoConfig(), device="cpu")
+    backend.setup()
+    return backend
 
 
 def _count_forwards(backend: TorchBackend) -> list[int]:
@@ -82,10 +84,9 @@ def test_reference_model_is_not_loaded_without_kl(tiny_llama_path):
         backend = _backend(tiny_llama_path, algo)
         num_params = sum(p.numel() for p in backend.model.parameters())
         assert backend.ref_model is None and backend._ref_policy is None
-        assert not backend.uses_ref_model
+        assert not backend.has_ref_model
         assert num_params > 0
     on = _backend(tiny_llama_path, AlgoConfig(use_kl_loss=True, kl_loss_coef=0.1))
-    on.model  # noqa: B018 - loads lazily
     assert on.ref_model is not None and on.ref_model is not on.model
     assert not any(p.requires_grad for p in on.ref_model.parameters())
 

@@ -20,20 +20,18 @@ from megatron.core.distributed import (
     DistributedDataParallelConfig,
     finalize_model_grads,
 )
-from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from torch import Tensor
 
 from agentrl.config import AlgoConfig, TrainConfig
-from agentrl.trainer.backend_args import check_backend_args, local_model_path
+from agentrl.trainer.backend_args import local_model_path
 from agentrl.trainer.batch import MicroBatch, StepBatch, TrainBatch, pad_id_for, to_device
-from agentrl.trainer.losses import build_objective, combine_metrics
-from agentrl.trainer.lr_schedule import lr_at
-from agentrl.trainer.megatron import checkpoint, multi_tensor, rope, wgrad
+from agentrl.trainer.losses import combine_metrics
+from agentrl.trainer.megatron import checkpoint, patches, rope
 from agentrl.trainer.megatron import model as gpt
 from agentrl.trainer.megatron.model_config import check_parallel_fit, model_shape
-from agentrl.trainer.megatron.optimizers import torch_optimizers
+from agentrl.trainer.megatron.optimizers import build_optimizer, lr_schedule, torch_optimizers
 from agentrl.trainer.megatron.parallel import (
     broadcast_from_last_stage,
     init_parallel,
@@ -43,12 +41,10 @@ from agentrl.trainer.megatron.parallel import (
 )
 from agentrl.trainer.megatron.requirements import check_megatron_usable
 from agentrl.trainer.megatron.vocab_parallel import vocab_parallel_logprobs
-from agentrl.trainer.offload import StateOffload
 from agentrl.trainer.packing import pack_tokens
+from agentrl.trainer.step import BackendBase, check_start
 from agentrl.trainer.weights import DEFAULT_BUCKET_SIZE_BYTES
 from agentrl.weight_buckets import bucket_by_dtype
-
-multi_tensor.install()  # foreach kernels for megatron-core's Python-loop fallbacks (see there)
 
 
 @dataclass(frozen=True)
@@ -71,8 +67,8 @@ class _Staged:
     where: _LossPositions
 
 
-class MegatronBackend:
-    """Construction checks config and the machine; the model is built and loaded on first use
+class MegatronBackend(BackendBase):
+    """Construction checks config and the machine; `setup()` builds and loads the model
     (collectively: every trainer rank constructs one and calls each method together). Parameters
     are bf16 with fp32 master weights in the optimizer (dtype auto/bfloat16) or fp32 throughout."""
 
@@ -87,20 +83,15 @@ class MegatronBackend:
         temperature: float = 1.0,
         num_optimizer_steps: int | None = None,
     ) -> None:
-        check_backend_args(train_cfg, dtype=dtype, temperature=temperature, device=device)
+        super().__init__(model_path, train_cfg, algo_cfg, device=device, dtype=dtype,
+                         temperature=temperature, num_optimizer_steps=num_optimizer_steps)  # fmt: skip
         check_megatron_usable(train_cfg)
-        self.model_path, self.train_cfg, self.algo_cfg = model_path, train_cfg, algo_cfg
-        self.objective = build_objective(algo_cfg)
         self.device = torch.device("cuda" if device == "auto" else device)
         self.param_dtype = torch.float32 if dtype == "float32" else torch.bfloat16
-        self.temperature = temperature
-        self.num_optimizer_steps = num_optimizer_steps or train_cfg.num_rollout
-        self.optimizer_step = 0
-        self.num_train_steps = 0
         self._ddp: Any = None  # DistributedDataParallel around this rank's GPTModel stage
         self._ref: Any = None  # the reference model's stage, without gradients
         self._optimizer: Any = None
-        self._offload = StateOffload()  # the optimizer state in host memory between steps
+        self._scheduler: Any = None  # megatron-core's OptimizerParamScheduler, with the optimizer
 
     # ------------------------------------------------------------ setup
 
@@ -118,14 +109,15 @@ class MegatronBackend:
 
     @property
     def model(self) -> Any:
-        if self._ddp is None:
-            with torch.enable_grad():  # DDP hooks each parameter's grad accumulator
-                self._setup()
-        return self._ddp
+        return self._ready(self._ddp)
+
+    @property
+    def has_ref_model(self) -> bool:
+        return self._ref is not None
 
     @property
     def dp_size(self) -> int:
-        self.model  # noqa: B018 (the groups exist once the model is built)
+        self.model  # noqa: B018 (the groups exist once set up)
         return ps.get_data_parallel_world_size()
 
     @property
@@ -140,7 +132,12 @@ class MegatronBackend:
         gpt.load_hf_weights(stage, self.wmap, self.model_path)
         return stage if is_trained else stage.eval().requires_grad_(False)
 
-    def _setup(self) -> None:
+    def setup(self) -> None:
+        """Megatron's process groups, agentrl's patches of megatron-core (`patches.py`), and this
+        rank's stage of the model (and of the reference model) loaded from the HF checkpoint.
+        Collective. The optimizer is built at its first use: logprobs and export need none."""
+        if self._ddp is not None:
+            return
         if self.device.type == "cuda" and self.device.index is not None:
             torch.cuda.set_device(self.device)
         init_parallel(self.train_cfg, self.device)
@@ -148,10 +145,15 @@ class MegatronBackend:
         check_parallel_fit(self.shape, self.train_cfg)
         self.use_te = gpt.has_transformer_engine()
         is_cuda = self.device.type == "cuda"
+        installed = patches.install_all(self.device)
         self.tf_config = gpt.transformer_config(
             self.shape, self.train_cfg, self.param_dtype, use_swiglu_fusion=is_cuda,
-            use_wgrad_fusion=is_cuda and wgrad.install(self.device),
+            use_wgrad_fusion=is_cuda and installed.has_wgrad_fusion,
         )  # fmt: skip
+        with torch.enable_grad():  # DDP hooks each parameter's grad accumulator
+            self._build_models()
+
+    def _build_models(self) -> None:
         self.wmap = gpt.weight_map(self.shape, self.use_te)
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True,
@@ -169,25 +171,17 @@ class MegatronBackend:
     @property
     def optimizer(self) -> Any:
         """Megatron's optimizer (fp32 master weights; sharded over DP with the distributed
-        optimizer), built on first use: logprobs and weight export need none."""
+        optimizer) and its lr schedule, built on first use: logprobs and weight export need
+        none."""
         if self._optimizer is None:
-            self._optimizer = get_megatron_optimizer(self._optimizer_config(), [self.model])
-            _fuse_torch_adam(self._optimizer)
+            self._optimizer = build_optimizer(self.train_cfg, self.param_dtype, self.model)
+            self._sync_schedule()
         return self._optimizer
 
-    def _optimizer_config(self) -> OptimizerConfig:
-        cfg = self.train_cfg
-        return OptimizerConfig(
-            optimizer="adam",
-            lr=cfg.lr,
-            min_lr=cfg.min_lr,
-            weight_decay=cfg.weight_decay,
-            adam_beta1=cfg.adam_beta1,
-            adam_beta2=cfg.adam_beta2,
-            clip_grad=cfg.clip_grad if cfg.clip_grad > 0 else 0.0,
-            bf16=self.param_dtype == torch.bfloat16,
-            params_dtype=self.param_dtype,
-            use_distributed_optimizer=cfg.use_distributed_optimizer,
+    def _sync_schedule(self) -> None:
+        """The lr schedule at `optimizer_step` (after a build, or a load that set the counter)."""
+        self._scheduler = lr_schedule(
+            self._optimizer, self.train_cfg, self.num_optimizer_steps, self.optimizer_step
         )
 
     # ------------------------------------------------------------ forward
@@ -297,12 +291,9 @@ class MegatronBackend:
                 setattr(mb, field, lp)
         return batch
 
-    logprobs = compute_logprobs
-
     @torch.no_grad()
     def sequence_logprobs(self, token_ids: list[int], start: int) -> list[float]:
-        if not 1 <= start <= len(token_ids):
-            raise ValueError(f"start={start} must be in [1, {len(token_ids)}] (len(token_ids))")
+        check_start(token_ids, start)
         if start == len(token_ids):
             return []
         ids = torch.tensor([token_ids])
@@ -317,63 +308,24 @@ class MegatronBackend:
         assert mb.old_logprobs is not None  # compute_logprobs filled it
         return mb.old_logprobs[0, start - 1 :].tolist()
 
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """One optimizer step per `batch.steps` entry; the steps' mean metrics, equal on every
-        rank, as TorchBackend.train_step reports them. A batch without signal is skipped as
-        there: no forward, backward nor update (Adam would move the weights on old momentum)."""
-        if not self._has_signal(batch):
-            return self._skip(batch)
-        self._offload.reload()
-        mbs = list(batch.micro_batches())
-        need_old = len(batch.steps) > 1 and any(mb.old_logprobs is None for mb in mbs)
-        need_ref = self._ref is not None and any(mb.ref_logprobs is None for mb in mbs)
-        if need_old or need_ref:
-            self.compute_logprobs(batch, old=need_old, ref=need_ref)
-        per_step = [self._optimizer_step(step) for step in batch.steps if step.micro_batches]
-        self.num_train_steps += 1
-        names = sorted({k for m in per_step for k in m})
-        metrics = {
-            k: sum(m[k] for m in per_step if k in m) / sum(k in m for m in per_step) for k in names
-        }
-        metrics.update({k.removeprefix("batch/"): v for k, v in batch.metrics.items()})
-        metrics["skipped_no_signal"] = 0.0
-        return metrics
+    def _lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
 
-    def _has_signal(self, batch: TrainBatch) -> bool:
-        if not any(step.micro_batches for step in batch.steps):
-            return False
-        is_advantage_free = self.objective.kl is not None or bool(self.objective.entropy_coef)
-        return is_advantage_free or batch.max_abs_advantage > 0
+    def _step_schedule(self, num_steps: int) -> None:
+        self.optimizer  # noqa: B018 (builds the schedule with it)
+        self._scheduler.step(num_steps)
 
-    def _skip(self, batch: TrainBatch) -> dict[str, float]:
-        lr = self._set_lr()
-        self.optimizer_step += len(batch.steps)  # the lr schedule keeps its horizon
-        self.num_train_steps += 1
-        metrics = {k.removeprefix("batch/"): v for k, v in batch.metrics.items()}
-        metrics.update(skipped_no_signal=1.0, lr=lr, loss=0.0, pg_loss=0.0)
-        return metrics
-
-    def _set_lr(self) -> float:
-        lr = lr_at(self.train_cfg, self.num_optimizer_steps, self.optimizer_step)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        return lr
-
-    def _optimizer_step(self, step: StepBatch) -> dict[str, float]:
-        model = self.model
+    def _update(self, step: StepBatch) -> dict[str, float]:
+        model, optimizer = self.model, self.optimizer
         model.train()
         model.zero_grad_buffer()
-        self.optimizer.zero_grad()
+        optimizer.zero_grad()
         outputs = self._run(model, step.micro_batches, "train", step)
-        lr = self._set_lr()
-        is_ok, grad_norm, _ = self.optimizer.step()
-        self.optimizer_step += 1
+        is_ok, grad_norm, _ = optimizer.step()
         parts = [{k: v for k, v in o.items()} for o in outputs]
         metrics = reduce_dp_metrics(combine_metrics(parts), self.device) if is_last_stage() else {}
         metrics = dict(broadcast_from_last_stage(metrics))
-        metrics.update(
-            grad_norm=float(grad_norm or 0.0), lr=lr, skipped_nonfinite_grad=float(not is_ok)
-        )
+        metrics.update(grad_norm=float(grad_norm or 0.0), skipped_nonfinite_grad=float(not is_ok))
         return metrics
 
     def pending_state_bytes(self) -> int:
@@ -405,10 +357,6 @@ class MegatronBackend:
         if self.device.type == "cuda" and self._optimizer is not None:
             self._offload.offload(torch_optimizers(self._optimizer))
 
-    @property
-    def is_state_offloaded(self) -> bool:
-        return bool(self._offload)
-
     def export_weights(
         self,
         bucket_size_bytes: int = DEFAULT_BUCKET_SIZE_BYTES,
@@ -427,19 +375,5 @@ class MegatronBackend:
     def load(self, directory: str | Path) -> None:
         checkpoint.load(self, Path(directory))
         self._offload.forget()  # the loaded state replaced it, on the parameters' device
-
-
-def _fuse_torch_adam(optimizer: Any) -> None:
-    """Without Apex or TransformerEngine, megatron-core steps torch's Adam in its foreach form:
-    a dozen passes over the fp32 master weights and moments. The fused form (what their FusedAdam
-    is) updates each tensor in one kernel. Set before the first step, so the step counters are
-    created where the fused kernel keeps them. A checkpoint restores the form it was saved in
-    (torch's load_state_dict takes the saved param groups)."""
-    for inner in torch_optimizers(optimizer):
-        if not isinstance(inner, torch.optim.Adam | torch.optim.AdamW) or inner.state:
-            continue
-        params = [p for group in inner.param_groups for p in group["params"]]
-        if all(p.is_floating_point() and p.device.type in ("cuda", "cpu") for p in params):
-            inner.defaults.update(fused=True, foreach=False)
-            for group in inner.param_groups:
-                group.update(fused=True, foreach=False)
+        if self._optimizer is not None:
+            self._sync_schedule()

@@ -22,7 +22,7 @@ from megatron.core.transformer import TransformerConfig
 from torch import Tensor
 
 from agentrl.config import TrainConfig
-from agentrl.trainer.megatron import parallel, rope
+from agentrl.trainer.megatron import parallel
 from agentrl.trainer.megatron.attention import PackedCoreAttention
 from agentrl.trainer.megatron.model_config import (
     ModelShape,
@@ -30,8 +30,6 @@ from agentrl.trainer.megatron.model_config import (
     transformer_config_kwargs,
 )
 from agentrl.trainer.megatron.weight_map import WeightMap, layer_offset, to_global_name
-
-rope.install()  # packed sequences' RoPE in one pass, without host syncs (see there)
 
 
 def has_transformer_engine() -> bool:

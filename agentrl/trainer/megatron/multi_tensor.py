@@ -4,9 +4,9 @@ neither Apex nor TransformerEngine supplies them.
 megatron-core's local fallbacks loop over the parameters in Python. Its L2 norm (gradient
 clipping, every step) reads each parameter's norm back to the host: one device sync per
 parameter. Its scale, which copies the fp32 master weights into the bf16 model after every
-optimizer step, launches two kernels per parameter. `install()` swaps in versions with the same
-signatures that launch a handful of foreach kernels and never sync, and only where megatron-core
-chose its local fallback.
+optimizer step, launches two kernels per parameter. `install()` (at setup, through
+`patches.install_all`) swaps in versions with the same signatures that launch a handful of
+foreach kernels and never sync, and only where megatron-core chose its local fallback.
 """
 
 from __future__ import annotations
@@ -57,10 +57,15 @@ def multi_tensor_scale(
     torch._foreach_copy_(destinations, sources)  # type: ignore[attr-defined]
 
 
-def install() -> None:
-    """Use these where megatron-core fell back to its local loops (idempotent)."""
+def install() -> list[str]:
+    """Use these where megatron-core fell back to its local loops (idempotent); the attributes
+    that hold them."""
     if clip_grads.l2_norm_impl is megatron_utils.local_multi_tensor_l2_norm:
         clip_grads.l2_norm_impl = multi_tensor_l2norm
     for module in (clip_grads, megatron_optimizer):
         if module.multi_tensor_scale_impl is megatron_utils.local_multi_tensor_scale:
             module.multi_tensor_scale_impl = multi_tensor_scale  # type: ignore[attr-defined]
+    slots = [(clip_grads, "l2_norm_impl"), (clip_grads, "multi_tensor_scale_impl"),
+             (megatron_optimizer, "multi_tensor_scale_impl")]  # fmt: skip
+    ours = (multi_tensor_l2norm, multi_tensor_scale)
+    return [f"{m.__name__}.{name}" for m, name in slots if getattr(m, name) in ours]

@@ -75,3 +75,10 @@ def install(device: torch.device) -> bool:
     megatron_layers.fused_weight_gradient_mlp_cuda = TorchWgradAccumulation  # type: ignore[attr-defined]
     megatron_layers._grad_accum_fusion_available = True
     return True
+
+
+def is_installed() -> bool:
+    """Whether megatron-core accumulates weight gradients through this module (not Apex's)."""
+    return (
+        getattr(megatron_layers, "fused_weight_gradient_mlp_cuda", None) is TorchWgradAccumulation
+    )

@@ -45,7 +45,9 @@ def _megatron(path, dtype: str = "float32", **train):
     from agentrl.trainer.megatron.backend import MegatronBackend
 
     train_cfg = TrainConfig(backend="megatron", **train)
-    return MegatronBackend(str(path), train_cfg, AlgoConfig(), device="cpu", dtype=dtype)
+    backend = MegatronBackend(str(path), train_cfg, AlgoConfig(), device="cpu", dtype=dtype)
+    backend.setup()
+    return backend
 
 
 def _batch(groups, pad_id: int):
@@ -80,12 +82,11 @@ def test_train_step_equals_the_torch_backend(configs, tmp_path):
 
     save_random_model(configs["llama"](), tmp_path)
     train = dict(lr=1e-3, clip_grad=1.0)
-    megatron, reference = (
-        _megatron(tmp_path, **train),
-        TorchBackend(
-            str(tmp_path), TrainConfig(**train), AlgoConfig(), device="cpu", dtype="float32"
-        ),
+    megatron = _megatron(tmp_path, **train)
+    reference = TorchBackend(
+        str(tmp_path), TrainConfig(**train), AlgoConfig(), device="cpu", dtype="float32"
     )
+    reference.setup()
     groups = _groups(100)
     ours, theirs = (b.train_step(_batch(groups, megatron.pad_id)) for b in (megatron, reference))
     assert ours["loss"] == pytest.approx(theirs["loss"], abs=1e-6)
@@ -162,6 +163,26 @@ def test_a_batch_without_signal_changes_nothing(configs, tmp_path):
     assert backend.optimizer_step == 2
 
 
+def test_a_step_without_packed_sequences_moves_the_schedule(configs, tmp_path):
+    """Two optimizer steps of one group each, the second's rewards tied (advantage 0, nothing
+    packed): the first updates, the second only counts, as in the torch backend, so the lr
+    schedule keeps its horizon (before the shared step driver, Megatron did not count it)."""
+    from conftest import save_random_model
+
+    save_random_model(configs["llama"](), tmp_path)
+    backend = _megatron(tmp_path, lr=1e-3, lr_warmup_steps=4, lr_decay_style="linear")
+    groups = _groups(100)
+    for t in groups[1]:
+        t.reward = 1.0
+    batch = build_train_batch(groups, AlgoConfig(), max_tokens_per_micro_batch=64,
+                              pad_id=backend.pad_id, global_batch_size=4)  # fmt: skip
+    assert [bool(step.micro_batches) for step in batch.steps] == [True, False]
+    metrics = backend.train_step(batch)
+    assert metrics["skipped_no_signal"] == 0.0 and metrics["lr"] == pytest.approx(1e-3 / 4)
+    assert backend.optimizer_step == 2
+    assert backend.optimizer.param_groups[0]["lr"] == pytest.approx(3e-3 / 4)
+
+
 @pytest.mark.slow
 def test_agentrl_train_with_the_megatron_backend(tiny_model_path, tmp_path):
     """`train()` with train.backend=megatron (in one process): two steps whose first loss equals
@@ -169,7 +190,7 @@ def test_agentrl_train_with_the_megatron_backend(tiny_model_path, tmp_path):
     from step 1 that reproduces step 2."""
     import json
 
-    from agentrl.loop import train
+    from agentrl.run import train
     from tests.test_loop import _config
 
     def run(backend: str, save, resume=None):

@@ -88,6 +88,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out: str, cfg: dic
     backend = MegatronBackend(
         model_dir, train, AlgoConfig(), device=f"cuda:{rank}", dtype=cfg["dtype"]
     )
+    backend.setup()
     dp = backend.dp_size
     from megatron.core import parallel_state as ps
 
@@ -117,6 +118,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out: str, cfg: dic
         fresh = MegatronBackend(
             model_dir, train, AlgoConfig(), device=f"cuda:{rank}", dtype=cfg["dtype"]
         )
+        fresh.setup()
         fresh.load(Path(out) / "ckpt")
         fresh.compute_logprobs(batch)
         reloaded = [mb.old_logprobs for mb in batch.micro_batches()]

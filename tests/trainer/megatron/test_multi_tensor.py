@@ -1,5 +1,6 @@
 """megatron-core's multi-tensor operators on foreach kernels: the same results as its local
-Python-loop fallbacks, and installed in their place when neither Apex nor TransformerEngine is."""
+Python-loop fallbacks (test_patches.py: installed in their place when neither Apex nor
+TransformerEngine is)."""
 
 from __future__ import annotations
 
@@ -43,22 +44,3 @@ def test_scale_equals_megatrons_loop_bit_for_bit(scale):
     in_place = _tensors()
     multi_tensor.multi_tensor_scale(2048, noop, [in_place, in_place], scale)
     assert all(torch.equal(a, b * scale) for a, b in zip(in_place, _tensors(), strict=True))
-
-
-def test_installed_where_megatron_fell_back_to_its_loops():
-    from megatron.core.optimizer import clip_grads
-    from megatron.core.optimizer import optimizer as megatron_optimizer
-
-    import agentrl.trainer.megatron.backend  # noqa: F401  (installs them)
-
-    for module, name, ours in (
-        (clip_grads, "l2_norm_impl", multi_tensor.multi_tensor_l2norm),
-        (clip_grads, "multi_tensor_scale_impl", multi_tensor.multi_tensor_scale),
-        (megatron_optimizer, "multi_tensor_scale_impl", multi_tensor.multi_tensor_scale),
-    ):
-        current = getattr(module, name)
-        # Apex's or TransformerEngine's kernels stay; megatron's local loops are replaced.
-        assert current is ours or current.__module__.split(".")[0] in (
-            "amp_C",
-            "transformer_engine",
-        )

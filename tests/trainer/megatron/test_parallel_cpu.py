@@ -49,6 +49,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out: str, cfg: dic
                             tensor_model_parallel_size=cfg.get("tp", 1),
                             pipeline_model_parallel_size=cfg.get("pp", 1))  # fmt: skip
         backend = MegatronBackend(model_dir, train, AlgoConfig(), device="cpu", dtype="float32")
+        backend.setup()
         batches = build_train_batches(_groups(96), AlgoConfig(), max_tokens_per_micro_batch=64,
                                       pad_id=backend.pad_id, dp_size=backend.dp_size)  # fmt: skip
         batch = batches[ps.get_data_parallel_rank()]

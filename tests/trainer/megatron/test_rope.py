@@ -11,7 +11,6 @@ pytest.importorskip(
 )
 
 from agentrl.trainer.megatron import rope
-from agentrl.trainer.megatron.model import rope as installed  # importing the model installs it
 
 
 class Group:
@@ -103,12 +102,6 @@ def test_context_parallel_and_unknown_options_keep_megatrons_path(monkeypatch):
     # An option megatron's bshd rotation may not take (a newer THD signature's): its own path.
     rope.apply_rotary_pos_emb_thd(t, cu, freqs, cp_group=Group(), inverse=True)
     assert len(calls) == 2 and calls[1]["inverse"] is True
-
-
-def test_building_the_model_installs_it():
-    from megatron.core.models.common.embeddings import rope_utils
-
-    assert rope_utils._apply_rotary_pos_emb_thd is installed.apply_rotary_pos_emb_thd
 
 
 @pytest.mark.gpu
