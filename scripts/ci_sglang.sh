@@ -40,12 +40,24 @@ if [ ! -f .cache/smg/.complete ]; then
   touch .cache/smg/.complete
 fi
 
+# The tests that run SGLang's own code or the router binaries. The rest of tests/engine/sglang_client
+# (the client's and the launcher's unit tests, which put a stand-in `sglang` on sys.path) runs in
+# the ordinary suite, without SGLang.
+SUITE=(
+  tests/engine/sglang_real
+  tests/engine/sglang_client/test_sglang_client_fixes.py
+  tests/engine/sglang_client/test_sglang_dialect.py
+  tests/engine/sglang_client/test_sglang_real_classes.py
+  tests/engine/sglang_client/test_sglang_router_binary.py
+  tests/engine/sglang_client/test_train_through_router.py
+)
+
 status=0
 for version in "${VERSIONS[@]}"; do
   install_version "$version"
   # Each version in a process of its own: its directory goes first on sys.path.
-  echo "== tests/engine/sglang_real and tests/engine/sglang_client against sglang $version"
+  echo "== the SGLang suite (${SUITE[*]}) against sglang $version"
   AGENTRL_SGLANG_PATH=$PWD/.cache/sglang-$version AGENTRL_SMG_PATH=$PWD/.cache/smg \
-    python -m pytest -q tests/engine/sglang_real tests/engine/sglang_client || status=1
+    python -m pytest -q "${SUITE[@]}" || status=1
 done
 exit $status

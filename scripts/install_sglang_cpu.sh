@@ -5,7 +5,8 @@
 #
 #   bash scripts/install_sglang_cpu.sh 0.5.23 /work/sgl-0.5.23
 #   bash scripts/install_sglang_cpu.sh 0.5.15.post1 /work/sgl-0.5.15.post1   # slime's pin
-#   AGENTRL_SGLANG_PATH=/work/sgl-0.5.23 python -m pytest -q tests/engine/sglang_client
+#   AGENTRL_SGLANG_PATH=/work/sgl-0.5.23 python -m pytest -q tests/engine/sglang_real \
+#     tests/engine/sglang_client/test_sglang_real_classes.py   (scripts/ci_sglang.sh runs all of it)
 #
 # SGLang's wheel pins CUDA torch and GPU kernels; it goes in with --no-deps, and so does each
 # module its imports need (pinned below). The venv's torch (CPU), fastapi, pydantic, starlette

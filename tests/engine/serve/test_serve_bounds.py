@@ -27,12 +27,8 @@ PROMPT = [1, 9690, 198, 2683, 314]
 
 
 @pytest.fixture(scope="module")
-def served(tiny_model_path: str) -> Iterator[tuple[str, LocalEngine]]:
-    engine = LocalEngine.load(tiny_model_path, device="cpu", seed=0)
-    thread = start_server_thread(engine, limits=LIMITS)
-    yield thread.url, engine
-    thread.stop()
-    asyncio.run(engine.close())
+def server_limits() -> ServerLimits:
+    return LIMITS
 
 
 NAN = float("nan")

@@ -8,7 +8,6 @@ version sampled which output tokens."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -16,22 +15,12 @@ import torch
 
 from agentrl.engine.local import LocalEngine
 from agentrl.engine.weight_transport import flatten_bucket, serialize_for_ipc
-from tests.support.servers import start_server_thread
 
 PROMPT = [1, 9690, 198, 2683, 314]
 
 
-@pytest.fixture
-def served(tiny_model_path: str) -> Iterator[tuple[str, LocalEngine]]:
-    engine = LocalEngine.load(tiny_model_path, device="cpu", seed=0)
-    thread = start_server_thread(engine)
-    yield thread.url, engine
-    thread.stop()
-    asyncio.run(engine.close())
-
-
-def test_info_routes_as_in_sglang_0_5_23(served) -> None:
-    url, engine = served
+def test_info_routes_as_in_sglang_0_5_23(fresh_served) -> None:
+    url, engine = fresh_served
     with httpx.Client(base_url=url) as client:
         model = client.get("/model_info").json()
         server = client.get("/server_info").json()
@@ -43,8 +32,8 @@ def test_info_routes_as_in_sglang_0_5_23(served) -> None:
         assert client.get("/get_weight_version").status_code == 404
 
 
-def test_tensor_updates_only_inside_a_session(served) -> None:
-    url, engine = served
+def test_tensor_updates_only_inside_a_session(fresh_served) -> None:
+    url, engine = fresh_served
     name = "model.norm.weight"
     bucket = flatten_bucket([(name, torch.full_like(engine.model.state_dict()[name], 0.5))])
     body = {"serialized_named_tensors": [serialize_for_ipc(bucket)],
@@ -78,8 +67,8 @@ LONG = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 200, "samplin
 
 
 @pytest.mark.parametrize("abort", [None, True, False])
-async def test_update_weight_version_aborts_requests_by_default(served, abort) -> None:
-    url, engine = served
+async def test_update_weight_version_aborts_requests_by_default(fresh_served, abort) -> None:
+    url, engine = fresh_served
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
         running = await _started(client, engine, LONG)
         body = {"new_version": "v2"} | ({} if abort is None else {"abort_all_requests": abort})
@@ -89,8 +78,8 @@ async def test_update_weight_version_aborts_requests_by_default(served, abort) -
     assert (finish == "abort") == (abort is not False), out["meta_info"]
 
 
-async def test_retract_sends_running_requests_back_to_go_on_after_continue(served) -> None:
-    url, engine = served
+async def test_retract_sends_running_requests_back_to_go_on_after_continue(fresh_served) -> None:
+    url, engine = fresh_served
     async with httpx.AsyncClient(base_url=url, timeout=300) as client:
         running = await _started(client, engine, LONG)
         assert (await client.post("/pause_generation", json={"mode": "retract"})).is_success
@@ -110,8 +99,8 @@ async def test_retract_sends_running_requests_back_to_go_on_after_continue(serve
     assert spans[0]["start"] == 0 and spans[0]["end"] == spans[1]["start"] and spans[1]["end"] == n
 
 
-async def test_pause_abort_is_the_default_mode(served) -> None:
-    url, engine = served
+async def test_pause_abort_is_the_default_mode(fresh_served) -> None:
+    url, engine = fresh_served
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
         running = await _started(client, engine, LONG)
         assert (await client.post("/pause_generation", json={})).is_success
@@ -125,8 +114,8 @@ async def test_pause_abort_is_the_default_mode(served) -> None:
     ]
 
 
-async def test_a_weight_update_with_abort_all_requests_ends_requests_first(served) -> None:
-    url, engine = served
+async def test_a_weight_update_with_abort_all_requests_ends_requests_first(fresh_served) -> None:
+    url, engine = fresh_served
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
         running = await _started(client, engine, LONG)
         body = {"model_path": "/nope", "abort_all_requests": True}

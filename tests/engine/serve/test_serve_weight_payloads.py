@@ -13,7 +13,6 @@ import importlib.util
 import io
 import sys
 import types
-from collections.abc import Iterator
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,21 +25,17 @@ import torch
 from agentrl.engine.local import LocalEngine
 from agentrl.engine.weight_receive import ALLOWED_GLOBALS
 from agentrl.engine.weight_transport import flatten_bucket, serialize_for_ipc
-from tests.support.servers import start_server_thread
 
 SGLANG_SRC = Path("/work/sglang-src/sglang-0.5.23")  # the unpacked wheel, where there is one
 NAMES = ["model.layers.0.mlp.down_proj.weight", "model.norm.weight"]
 
 
 @pytest.fixture(scope="module")
-def served(tiny_model_path: str) -> Iterator[tuple[str, LocalEngine]]:
-    engine = LocalEngine.load(tiny_model_path, device="cpu", seed=0)
-    thread = start_server_thread(engine)
-    # SGLang 0.5.23 takes tensor updates only inside a session (checked before unpickling)
-    assert httpx.post(f"{thread.url}/begin_weight_update", json={}).status_code == 200
-    yield thread.url, engine
-    thread.stop()
-    asyncio.run(engine.close())
+def served(served: tuple[str, LocalEngine]) -> tuple[str, LocalEngine]:
+    """conftest's server, inside a weight-update session: SGLang 0.5.23 takes tensor updates
+    only there (checked before unpickling)."""
+    assert httpx.post(f"{served[0]}/begin_weight_update", json={}).status_code == 200
+    return served
 
 
 # ---------------------------------------------------------------- hand-assembled pickles

@@ -24,8 +24,8 @@ from agentrl.engine.sglang.launcher import (
     server_command,
 )
 
-FAKE_SGLANG = Path(__file__).parent / "fixtures" / "fake_sglang"
-REPO = Path(__file__).resolve().parents[2]
+FAKE_SGLANG = Path(__file__).parents[1] / "fixtures" / "fake_sglang"
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture

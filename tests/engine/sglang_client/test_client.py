@@ -26,7 +26,7 @@ from agentrl.engine.weight_receive import deserialize_named_tensors
 from agentrl.engine.weight_transport import flatten_bucket, serialize_for_ipc
 from tests.support.servers import run_app_in_thread
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 GENERATE = json.loads((FIXTURES / "sglang_generate.json").read_text())
 CONTROL = json.loads((FIXTURES / "sglang_control.json").read_text())
 

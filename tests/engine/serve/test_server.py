@@ -7,64 +7,24 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-import torch
 
 from agentrl.engine.base import EngineError, FinishReason, SamplingParams
-from agentrl.engine.local import LocalEngine
 from agentrl.engine.sglang import SGLangEngine
-from tests.support.servers import serve_subprocess, start_server_thread
+from tests.engine.serve.parity import PROMPTS, both, seeded
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 GENERATE = json.loads((FIXTURES / "sglang_generate.json").read_text())
-PROMPTS = [[1, 9690, 198, 2683, 314], [1, 4093, 198], [1, 30, 31, 32, 33, 34, 35], [1, 2683]]
-
-
-@pytest.fixture(scope="module")
-def local(tiny_model_path: str):
-    engine = LocalEngine.load(tiny_model_path, device="cpu", seed=0)
-    yield engine
-    asyncio.run(engine.close())
-
-
-@pytest.fixture(scope="module")
-def served(tiny_model_path: str):
-    engine = LocalEngine.load(tiny_model_path, device="cpu", seed=0)
-    thread = start_server_thread(engine)
-    yield thread.url, engine
-    thread.stop()
-    asyncio.run(engine.close())
-
-
-@pytest.fixture
-def fresh_served(tiny_model_path: str):
-    """A server of its own, for tests that change its weights."""
-    engine = LocalEngine.load(tiny_model_path, device="cpu", seed=0)
-    thread = start_server_thread(engine)
-    yield thread.url, engine
-    thread.stop()
-    asyncio.run(engine.close())
-
-
-def _sampling(i: int, **kw: Any) -> SamplingParams:
-    return SamplingParams(temperature=1.0, max_new_tokens=12, seed=1000 + i, **kw)
-
-
-async def _both(
-    local: LocalEngine, http: SGLangEngine, sampling: SamplingParams, prompt: list[int]
-):
-    return await local.generate(prompt, sampling), await http.generate(prompt, sampling)
 
 
 async def test_http_generate_matches_in_process_engine_under_fixed_seeds(served, local) -> None:
     url, _ = served
     http = SGLangEngine(url)
     for i, prompt in enumerate(PROMPTS):
-        for sampling in (_sampling(i), SamplingParams(temperature=0.0, max_new_tokens=8)):
-            want, got = await _both(local, http, sampling, prompt)
+        for sampling in (seeded(i), SamplingParams(temperature=0.0, max_new_tokens=8)):
+            want, got = await both(local, http, sampling, prompt)
             assert got.ids == want.ids
             assert got.logprobs == want.logprobs  # floats survive JSON exactly
             assert got.finish_reason is want.finish_reason
@@ -74,10 +34,8 @@ async def test_http_generate_matches_in_process_engine_under_fixed_seeds(served,
 async def test_concurrent_http_requests_are_batched_and_match(served, local) -> None:
     url, engine = served
     http = SGLangEngine(url)
-    got = await asyncio.gather(*(http.generate(p, _sampling(i)) for i, p in enumerate(PROMPTS * 2)))
-    want = await asyncio.gather(
-        *(local.generate(p, _sampling(i)) for i, p in enumerate(PROMPTS * 2))
-    )
+    got = await asyncio.gather(*(http.generate(p, seeded(i)) for i, p in enumerate(PROMPTS * 2)))
+    want = await asyncio.gather(*(local.generate(p, seeded(i)) for i, p in enumerate(PROMPTS * 2)))
     assert [c.ids for c in got] == [c.ids for c in want]
     for g, w in zip(got, want, strict=True):
         assert g.logprobs == pytest.approx(
@@ -130,49 +88,11 @@ async def test_bad_input_is_a_400_in_sglangs_error_shape(served) -> None:
     await http.close()
 
 
-def _perturbed(engine: LocalEngine, scale: float) -> list[tuple[str, torch.Tensor]]:
-    names = ["model.layers.0.mlp.down_proj.weight", "model.norm.weight"]
-    state = engine.model.state_dict()
-    gen = torch.Generator().manual_seed(7)
-    return [(n, state[n].cpu() + scale * torch.randn(state[n].shape, generator=gen)) for n in names]
-
-
-async def test_weight_update_from_tensor_matches_in_process_update(
-    fresh_served, tiny_model_path
-) -> None:
-    url, _ = fresh_served
-    local = LocalEngine.load(tiny_model_path, device="cpu", seed=0)
-    http = SGLangEngine(url)
-    named = _perturbed(local, 0.5)
-    await local.update_weights(named, weight_version="7")
-    await http.update_weights(named, weight_version="7")
-    want, got = await _both(local, http, _sampling(0), PROMPTS[0])
-    assert got.ids == want.ids and got.logprobs == want.logprobs
-    assert got.weight_version == "7" and await http.get_weight_version() == "7"
-    await asyncio.gather(local.close(), http.close())
-
-
-async def test_weight_update_from_disk_matches_in_process_update(
-    fresh_served, tiny_model_path, tmp_path
-) -> None:
-    url, _ = fresh_served
-    local = LocalEngine.load(tiny_model_path, device="cpu", seed=0)
-    await local.update_weights(_perturbed(local, 0.25), weight_version="ckpt")
-    local.model.save_pretrained(tmp_path, safe_serialization=True)
-    http = SGLangEngine(url)
-    await http.update_weights_from_disk(str(tmp_path), weight_version="ckpt")
-    want, got = await _both(local, http, _sampling(1), PROMPTS[1])
-    assert got.ids == want.ids and got.logprobs == want.logprobs and got.weight_version == "ckpt"
-    with pytest.raises(EngineError, match="no \\*.safetensors"):
-        await http.update_weights_from_disk(str(tmp_path / "missing"))
-    await asyncio.gather(local.close(), http.close())
-
-
 async def test_pause_holds_requests_and_abort_returns_them_as_abort(served) -> None:
     url, _ = served
     http = SGLangEngine(url)
     await http.pause_generation()
-    waiting = [asyncio.create_task(http.generate(p, _sampling(i))) for i, p in enumerate(PROMPTS)]
+    waiting = [asyncio.create_task(http.generate(p, seeded(i))) for i, p in enumerate(PROMPTS)]
     while await http.num_requests() < len(PROMPTS):
         await asyncio.sleep(0.02)
     await http.abort(poll_interval_s=0.02)
@@ -180,7 +100,7 @@ async def test_pause_holds_requests_and_abort_returns_them_as_abort(served) -> N
     assert all(c.finish_reason is FinishReason.ABORT for c in results)
     await http.continue_generation()
     assert await http.num_requests() == 0
-    assert (await http.generate(PROMPTS[0], _sampling(0))).finish_reason is not FinishReason.ABORT
+    assert (await http.generate(PROMPTS[0], seeded(0))).finish_reason is not FinishReason.ABORT
     await http.close()
 
 
@@ -202,11 +122,11 @@ async def test_release_memory_refuses_generation_until_resumed(served) -> None:
     http = SGLangEngine(url)
     await http.release_memory()
     with pytest.raises(EngineError, match="resume_memory_occupation"):
-        await http.generate(PROMPTS[0], _sampling(0))
+        await http.generate(PROMPTS[0], seeded(0))
     assert await http.health() is False
     await http.resume_memory()
     assert await http.health() is True
-    assert (await http.generate(PROMPTS[0], _sampling(0))).ids
+    assert (await http.generate(PROMPTS[0], seeded(0))).ids
     await http.close()
 
 
@@ -294,78 +214,6 @@ async def test_rollout_and_eval_through_http_give_the_in_process_trajectories(
     for g, w in zip(got, want, strict=True):
         assert g.logprobs == pytest.approx(w.logprobs, abs=1e-4)
     await http.close()
-
-
-@pytest.mark.slow
-async def test_distributed_weight_update_into_agentrl_serve_subprocess(
-    tiny_model_path, tmp_path
-) -> None:
-    """`agentrl serve` as a real process joins a gloo group with this process (rank 0) and
-    receives a broadcast update; it then generates like an in-process engine with the same weights."""
-    from agentrl.engine.sglang.weight_sender import DistributedWeightSender
-
-    with serve_subprocess(tiny_model_path, tmp_path / "serve.log") as url:
-        http = SGLangEngine(url)
-        local = LocalEngine.load(tiny_model_path, device="cpu", seed=0)
-        try:
-            await http.wait_healthy(timeout_s=120, interval_s=0.25)
-            named = _perturbed(local, 0.5)
-            half = len(named) // 2
-            # One bucket of one dtype goes as a flattened bucket; one of mixed dtypes (float64
-            # values cast back exactly) goes tensor by tensor.
-            mixed = [(n, t.double() if i % 2 else t) for i, (n, t) in enumerate(named[half:])]
-            sender = DistributedWeightSender([http], backend="gloo")
-            await sender.connect()
-            async with httpx.AsyncClient(base_url=url) as raw:  # SGLang 0.5.23's session
-                assert (await raw.post("/begin_weight_update", json={})).status_code == 200
-                await sender.send(named[:half], weight_version=None)
-                assert await http.get_weight_version() != "dist-1"
-                await sender.send(mixed, weight_version="dist-1")
-                assert (await raw.post("/end_weight_update", json={})).status_code == 200
-            await sender.close()
-            await local.update_weights(named, weight_version="dist-1")
-            want, got = await _both(local, http, _sampling(2), PROMPTS[2])
-            assert got.ids == want.ids and got.logprobs == want.logprobs
-            assert got.weight_version == "dist-1" == http.weight_version
-        finally:
-            await asyncio.gather(local.close(), http.close())
-
-
-@pytest.mark.gpu
-@pytest.mark.slow
-@pytest.mark.parametrize("path", ["tensor", "gloo", "nccl"])
-async def test_gpu_weight_update_paths_into_a_cuda_server(tiny_model_path, tmp_path, path) -> None:
-    """On CUDA: the tensor path sends CUDA IPC handles (what real SGLang receives); the distributed
-    path broadcasts over gloo (same GPU) or NCCL (server on a second GPU, as trainer and engine
-    would be). The served model then matches an in-process one with the same weights."""
-    from agentrl.engine.sglang.weight_sender import DistributedWeightSender
-
-    if path == "nccl" and torch.cuda.device_count() < 2:
-        pytest.skip("NCCL between two ranks needs two GPUs")
-    # The server takes GPU 1 by id, seeing both GPUs as the trainer does (NCCL peer-to-peer
-    # needs the same device set in both processes).
-    device = "cuda:1" if path == "nccl" else "cuda"
-    with serve_subprocess(tiny_model_path, tmp_path / "serve.log", device=device) as url:
-        http = SGLangEngine(url)
-        local = LocalEngine.load(tiny_model_path, device="cuda", seed=0)
-        try:
-            await http.wait_healthy(timeout_s=300, interval_s=0.25)
-            named = [(n, t.cuda()) for n, t in _perturbed(local, 0.5)]
-            if path == "tensor":
-                await http.update_weights(named, weight_version=path)
-            else:
-                sender = DistributedWeightSender([http], backend=path)
-                await sender.connect()
-                async with http.weight_update():  # SGLang 0.5.23: broadcasts only in a session
-                    await sender.send(named, weight_version=path)
-                await sender.close()
-            await local.update_weights(named, weight_version=path)
-            greedy = SamplingParams(temperature=0.0, max_new_tokens=16)
-            want, got = await _both(local, http, greedy, PROMPTS[0])
-            assert got.ids == want.ids and got.weight_version == path
-            assert got.logprobs == pytest.approx(want.logprobs, abs=1e-3)
-        finally:
-            await asyncio.gather(local.close(), http.close())
 
 
 @pytest.mark.slow
@@ -461,33 +309,6 @@ async def test_make_engine_kind_http_talks_to_agentrl_serve(served, local) -> No
     cfg.engine.kind, cfg.engine.url, cfg.engine.max_retries = "http", url, 1
     engine = make_engine(cfg)
     assert isinstance(engine, SGLangEngine) and engine.max_retries == 1
-    want, got = await _both(local, engine, _sampling(3), PROMPTS[3])
+    want, got = await both(local, engine, seeded(3), PROMPTS[3])
     assert got.ids == want.ids and got.logprobs == want.logprobs
     await engine.close()
-
-
-async def test_a_resume_without_room_is_refused_with_the_fix(fresh_served, monkeypatch) -> None:
-    """The engine refuses a KV-cache resume that cannot fit (the memory saver would end the
-    process); over HTTP the client raises the same error, message intact, not a bare 5xx."""
-    from agentrl.engine import EngineMemoryError
-
-    url, engine = fresh_served
-    # What the check looks at; nothing runs there.
-    monkeypatch.setattr(engine.memory, "device", "cuda:0")
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1 << 20, 80 << 30))
-    with pytest.raises(EngineMemoryError) as raised:
-        engine.memory.require_room("kv_cache", engine.arena)
-    message = str(raised.value)
-    assert "the engine's kv_cache" in message and "cuda:0" in message
-    assert f"engine.mem_fraction_static (now {engine.mem_fraction_static})" in message
-    monkeypatch.undo()  # back on the CPU
-
-    async def refuse(tags=None):
-        raise EngineMemoryError("resuming the engine's kv_cache needs 9.00 GiB; lower it")
-
-    monkeypatch.setattr(engine, "resume_memory", refuse)
-    http = SGLangEngine(url, max_retries=0)
-    await http.release_memory()
-    with pytest.raises(EngineMemoryError, match="needs 9.00 GiB; lower it"):
-        await http.resume_memory_occupation(["kv_cache"])
-    await http.close()
