@@ -322,7 +322,7 @@ def multi_turns(path: str, args: argparse.Namespace, vocab: int, loop: Any) -> d
 
 def replay_ms(engine: Any, batch: int) -> float | None:
     """GPU time of one decode-graph replay at this batch (the step without its host work)."""
-    graphs = getattr(engine, "_graphs", None)
+    graphs = engine._stepper.graphs
     if graphs is None:
         return None
     graph = graphs.graphs[min(b for b in graphs.buckets if b >= batch), False]

@@ -19,7 +19,10 @@ static-cache `generate()` (compiled on CUDA by transformers) the same way: the k
         --steps 4 --dtype float32 --out /tmp/prof                                   # CPU check
 
 `--variant NAME:key=value,...` (repeatable) profiles the engine once per variant with those
-constructor options (e.g. `--variant eager:use_cuda_graphs=false`); without it one "default".
+constructor options; without it one "default". Before and after the fused/compiled path:
+
+    python scripts/profile_engine.py --variant default: --variant nocompile:compile_decode=false \
+        --variant unfused:fuse_projections=false,compile_decode=false --baselines hf_static
 """
 
 from __future__ import annotations
@@ -91,7 +94,7 @@ def start_batch(engine: LocalEngine, prompts: list[list[int]], new_tokens: int) 
 
 
 def drain(engine: LocalEngine) -> None:
-    while engine._scheduler.has_work() or engine._in_flight is not None:
+    while engine._scheduler.has_work() or engine._stepper.in_flight is not None:
         engine._step()
     sync(engine.device)
 
@@ -112,9 +115,11 @@ def decode_steps(engine: LocalEngine, n: int) -> list[float]:
 
 def profile_engine(engine: LocalEngine, prompts: list[list[int]], args: argparse.Namespace):
     total = args.warmup + args.steps + 2
+    start = time.perf_counter()
     start_batch(engine, prompts, total)
-    decode_steps(engine, args.warmup)
+    decode_steps(engine, args.warmup)  # the first decode step captures the graphs (and compiles)
     sync(args.device)
+    warmup_s = time.perf_counter() - start
     wall = decode_steps(engine, args.steps)
     drain(engine)
     start_batch(engine, prompts, total)
@@ -125,7 +130,12 @@ def profile_engine(engine: LocalEngine, prompts: list[list[int]], args: argparse
         sync(args.device)  # the step launched last finishes inside it: `steps` steps' kernels
     drain(engine)
     stats = kernel_stats(prof.events(), args.device, args.steps)
-    stats["graph_replays"] = engine.stats.num_graph_replays
+    stepper, fused = engine._stepper, engine.fused
+    stats.update(
+        graph_replays=engine.stats.num_graph_replays, warmup_s=warmup_s,
+        fused=fused is not None, compiled=bool(fused and fused.is_compiled),
+        graphs=stepper.graphs is not None,
+    )  # fmt: skip
     return {**wall_stats(wall, len(prompts)), **stats}
 
 
@@ -312,7 +322,9 @@ def summary_line(r: dict[str, Any]) -> str:
         f"({r['tok_s']:10,.0f} tok/s)  kernels {r['kernels_per_step']:7.1f}  "
         f"kernel {r['kernel_ms_per_step']:7.3f} ms  busy {r['busy_ms_per_step']:7.3f} ms  "
         f"host gap {r['host_gap_ms_per_step']:7.3f} ms"
-    )
+        + (f"  [fused {r['fused']}, compiled {r['compiled']}, graphs {r['graphs']}, "
+           f"warm-up {r['warmup_s']:.1f} s]" if "fused" in r else "")
+    )  # fmt: skip
 
 
 def text_report(rows: list[dict[str, Any]], header: str) -> str:

@@ -23,7 +23,7 @@ import torch
 from agentrl.engine.local.attention import ArenaStep
 from agentrl.engine.local.batching import Sequence
 from agentrl.engine.local.kv_arena import KVArena
-from agentrl.engine.local.sampling import SamplingRows, sample
+from agentrl.engine.local.sampling import SamplingRows, sample, vocab_terms
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 _INT_ROWS = ("input_ids", "positions", "write_index", "top_k", "seed", "sample_position")
@@ -66,6 +66,7 @@ class DecodeGraphs:
         self._turn = 0
         self._last = (self.buckets[0], False)  # the bucket and filter of the last replay
         self._sample: Callable[..., tuple[torch.Tensor, torch.Tensor]] = sample
+        self._terms: torch.Tensor | None = None  # the noise's per-id terms, made at capture
 
     @classmethod
     def capture(
@@ -81,6 +82,7 @@ class DecodeGraphs:
         """`forward(input_ids, position_ids, arena_step, last_index)` -> logits [B, V]."""
         self = cls(arena, device, max_batch_size)
         self._sample = torch.compile(sample, fullgraph=True) if compile_sampler else sample
+        self._terms = vocab_terms(num_vocab, device)
         self._fill_padding(0, max_batch_size, num_vocab)
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream(device)
@@ -111,7 +113,7 @@ class DecodeGraphs:
             self.floats[0, :b], self.floats[1, :b], row["top_k"][:b], row["seed"][:b],
             row["sample_position"][:b],
         )  # fmt: skip
-        ids, logprobs = self._sample(logits, rows, use_filter=use_filter)
+        ids, logprobs = self._sample(logits, rows, use_filter=use_filter, terms=self._terms)
         self.ids[:b].copy_(ids)
         self.logprobs[:b].copy_(logprobs)
 

@@ -191,8 +191,11 @@ class FusedDecoder:
             qkv_bias=_Fused([q.bias, k.bias, v.bias]) if biased else None,
             o_proj=attn.o_proj,
             gate_up=_Fused([mlp.gate_proj.weight, mlp.up_proj.weight]),
-            gate_up_bias=(_Fused([mlp.gate_proj.bias, mlp.up_proj.bias])
-                          if mlp.gate_proj.bias is not None else None),  # fmt: skip
+            gate_up_bias=(
+                _Fused([mlp.gate_proj.bias, mlp.up_proj.bias])
+                if mlp.gate_proj.bias is not None
+                else None
+            ),  # fmt: skip
             down_proj=mlp.down_proj,
         )
 
@@ -226,7 +229,11 @@ class FusedDecoder:
             self._mlp_block = torch.compile(mlp_block, fullgraph=True)
             self._norm = torch.compile(rms_norm, fullgraph=True)
         elif not on:
-            self._attention_inputs, self._mlp_block, self._norm = attention_inputs, mlp_block, rms_norm
+            self._attention_inputs, self._mlp_block, self._norm = (
+                attention_inputs,
+                mlp_block,
+                rms_norm,
+            )
         self.is_compiled = on
 
     def forward(
@@ -245,6 +252,14 @@ class FusedDecoder:
                 self.set_compiled(False)
         return self._forward(input_ids, position_ids, step, last_index)
 
+    def _tokens(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Compiled: the token dimension of these inputs is symbolic (one graph for every N > 1,
+        not one per CUDA-graph bucket or prefill length)."""
+        if self.is_compiled:
+            for t in tensors:
+                torch._dynamo.maybe_mark_dynamic(t, 0)
+        return tensors
+
     @torch.inference_mode()
     def _forward(
         self,
@@ -259,10 +274,7 @@ class FusedDecoder:
         inner = self.model.model
         hidden = inner.embed_tokens(input_ids)  # [1, N, hidden]
         cos, sin = inner.rotary_emb(hidden, position_ids=position_ids)  # [1, N, D]
-        hidden, cos, sin = hidden[0], cos[0][:, None], sin[0][:, None]
-        if self.is_compiled:  # one compiled graph for every token count (N > 1)
-            for t in (hidden, cos, sin):
-                torch._dynamo.maybe_mark_dynamic(t, 0)
+        hidden, cos, sin = self._tokens(hidden[0], cos[0][:, None], sin[0][:, None])
         scale = self.head_dim**-0.5
         for i, layer in enumerate(self.layers):
             assert layer.qkv.weight is not None and layer.gate_up.weight is not None
@@ -271,7 +283,7 @@ class FusedDecoder:
                 layer.qkv_bias.weight if layer.qkv_bias else None, cos, sin,
                 self.num_heads, self.num_kv_heads,
             )  # fmt: skip
-            attn = step.attend_packed(i, q, k, v, scale)
+            hidden, attn = self._tokens(hidden, step.attend_packed(i, q, k, v, scale))
             hidden = self._mlp_block(
                 hidden, attn, layer.o_proj.weight, layer.o_proj.bias, layer.post_norm,
                 layer.eps, layer.gate_up.weight,
@@ -279,6 +291,6 @@ class FusedDecoder:
                 layer.down_proj.weight, layer.down_proj.bias,
             )  # fmt: skip
         if last_index is not None:  # the norm is per row: only the rows that sample
-            hidden = hidden[last_index]
+            (hidden,) = self._tokens(hidden[last_index])
         hidden = self._norm(hidden, inner.norm.weight, float(inner.norm.variance_epsilon))
         return self.model.lm_head(hidden)

@@ -62,11 +62,18 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ ((x >> 33) & _LOW_31)
 
 
-def gumbel_noise(seed: torch.Tensor, position: torch.Tensor, num_vocab: int) -> torch.Tensor:
-    """Standard Gumbel noise [B, V], a pure function of (seed, position, vocabulary id)."""
+def vocab_terms(num_vocab: int, device: torch.device | str) -> torch.Tensor:
+    """id * odd constant (wrapping) per vocabulary id, the noise's per-id term. Compiled code gets
+    it as an input: inductor folds `arange * constant` into index arithmetic, where the wrap-around
+    came out wrong (inductor's CPU backend read out of bounds)."""
+    return torch.arange(num_vocab, device=device, dtype=torch.long) * 0x5851F42D4C957F2D
+
+
+def gumbel_noise(seed: torch.Tensor, position: torch.Tensor, terms: torch.Tensor) -> torch.Tensor:
+    """Standard Gumbel noise [B, V], a pure function of (seed, position, vocabulary id);
+    `terms` = `vocab_terms(V, device)`."""
     base = _mix(seed * 0x2545F4914F6CDD1D + position)  # [B]
-    vocab = torch.arange(num_vocab, device=seed.device, dtype=torch.long)
-    bits = (_mix(base[:, None] + vocab[None, :] * 0x5851F42D4C957F2D) >> 40) & 0xFFFFFF  # [B, V]
+    bits = (_mix(base[:, None] + terms[None, :]) >> 40) & 0xFFFFFF  # [B, V]
     uniform = (bits.float() + 0.5) / float(1 << 24)  # in (0, 1)
     return -torch.log(-torch.log(uniform))
 
@@ -86,12 +93,18 @@ def filter_top_k_top_p(
 
 
 def sample(
-    logits: torch.Tensor, rows: SamplingRows, *, use_filter: bool = True, use_noise: bool = True
+    logits: torch.Tensor,
+    rows: SamplingRows,
+    *,
+    use_filter: bool = True,
+    use_noise: bool = True,
+    terms: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row. `logits`: [B, V]. Returns (ids [B] int64, logprobs [B] float32).
 
     `use_filter` / `use_noise` False skip work that no row needs (every top-k/top-p off, every
-    row greedy); a captured graph keeps both on, since its rows change between replays.
+    row greedy); a captured graph keeps both on, since its rows change between replays. `terms`:
+    `vocab_terms(V, device)`, made here when not given (compiled callers pass it).
     """
     logits = logits.float()
     is_greedy = rows.temperature <= 0.0
@@ -101,7 +114,9 @@ def sample(
     if use_filter:
         scaled = filter_top_k_top_p(scaled, rows.top_k, rows.top_p)
     if use_noise:
-        noise = gumbel_noise(rows.seed, rows.position, logits.shape[-1])
+        if terms is None:
+            terms = vocab_terms(logits.shape[-1], logits.device)
+        noise = gumbel_noise(rows.seed, rows.position, terms)
         scaled = scaled + noise.masked_fill(is_greedy[:, None], 0.0)
     ids = torch.argmax(scaled, dim=-1)  # [B]
     return ids, logprobs.gather(1, ids[:, None])[:, 0]

@@ -157,7 +157,7 @@ class Stepper:
     def _capture(self) -> DecodeGraphs | None:
         """Capture the decode graphs; compiled first when asked, then eager if that fails."""
         o, arena = self.options, self.scheduler.arena
-        for compiled in ([True, False] if o.compile_graphs else [False]):
+        for compiled in [True, False] if o.compile_graphs else [False]:
             if self.set_compiled is not None:
                 self.set_compiled(compiled)
             try:
@@ -202,7 +202,9 @@ class Stepper:
         if len(prefilled) < len(batch):
             self.stats.num_decode_steps += 1
 
-    def fail_running(self, error: Exception, resolve: Callable[[Sequence, Exception], None]) -> None:
+    def fail_running(
+        self, error: Exception, resolve: Callable[[Sequence, Exception], None]
+    ) -> None:
         self.in_flight = None
         for seq in self.scheduler.running:
             self.scheduler.release_slot(seq, keep=False)
