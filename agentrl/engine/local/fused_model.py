@@ -177,7 +177,7 @@ class FusedDecoder:
         self.is_compiled = False
         if compile:
             self.set_compiled(True)
-        self.rebind()
+        self._bound_to = -1  # bound at the first forward, or by `rebind` once storage is final
 
     def _layer(self, layer: Any) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
