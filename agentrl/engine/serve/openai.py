@@ -128,36 +128,11 @@ async def completions(req: CompletionRequest, request: Request, s: State) -> Any
         return error_response(str(e))
     except ClientDisconnectedError:
         return Response(status_code=499)
-    choices = []
-    for index, ((prompt, _), c) in enumerate(zip(jobs, outs, strict=False)):
-        choice: dict[str, Any] = {
-            "index": index,
-            "text": s.decode(c.ids),
-            "finish_reason": _finish(c),
-            "logprobs": None,
-        }
-        if req.logprobs is not None:
-            tokens = [s.decode([t]) for t in c.ids]
-            offsets = [sum(len(x) for x in tokens[:k]) for k in range(len(tokens))]
-            choice["logprobs"] = {
-                "tokens": tokens,
-                "token_logprobs": c.logprobs,
-                "top_logprobs": None,
-                "text_offset": offsets,
-            }
-        if req.return_token_ids:
-            choice["token_ids"], choice["prompt_token_ids"] = c.ids, prompt
-        choices.append(choice)
-    response = {
-        "id": f"cmpl-{uuid.uuid4().hex}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": s.served_model_name,
-        "choices": choices,
-        "usage": _usage([len(p) for p, _ in jobs], list(outs)),
-        "metadata": {"weight_version": s.weight_version},
-        "weight_version": s.weight_version,
-    }
+    choices = [
+        _completion_choice(s, req, index, c, prompt)
+        for index, ((prompt, _), c) in enumerate(zip(jobs, outs, strict=False))
+    ]
+    response = _response(s, "cmpl", "text_completion", choices, [len(p) for p, _ in jobs], outs)
     return _streamed(response, completion_chunks) if req.stream else response
 
 
@@ -187,49 +162,81 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, s: Stat
         return error_response(str(e))
     except ClientDisconnectedError:
         return Response(status_code=499)
-    choices = []
-    for index, c in enumerate(outs):
-        choice: dict[str, Any] = {
-            "index": index,
-            "message": {
-                "role": "assistant",
-                "content": s.decode(c.ids, skip_special_tokens=True),
-            },
-            "finish_reason": _finish(c),
-            "logprobs": None,
-        }
-        if s.tool_parser is not None and req.tools:
-            _with_tool_calls(choice, s.tool_parser(c.ids, req.tools))
-        if req.logprobs:
-            choice["logprobs"] = {
-                "content": [
-                    {
-                        "token": s.decode([t]),
-                        "logprob": lp,
-                        "bytes": list(s.decode([t]).encode()),
-                        "top_logprobs": [],
-                    }
-                    for t, lp in zip(c.ids, c.logprobs, strict=False)
-                ]
-            }
-        if req.return_token_ids or req.return_prompt_token_ids:
-            choice["prompt_token_ids"] = list(prompt)
-        if req.return_token_ids:
-            choice["response_token_ids"] = choice["token_ids"] = c.ids
-        choices.append(choice)
-    response = {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": s.served_model_name,
-        "choices": choices,
-        "usage": _usage([len(prompt)] * len(outs), list(outs)),
-        "metadata": {"weight_version": s.weight_version},
-        "weight_version": s.weight_version,
-    }
+    choices = [_chat_choice(s, req, index, c, prompt) for index, c in enumerate(outs)]
+    response = _response(s, "chatcmpl", "chat.completion", choices, [len(prompt)] * len(outs), outs)
     if req.return_token_ids:
         response["prompt_token_ids"] = list(prompt)
     return _streamed(response, chat_chunks) if req.stream else response
+
+
+def _response(
+    s: ServerState,
+    id_prefix: str,
+    kind: str,
+    choices: list[dict[str, Any]],
+    prompt_lens: list[int],
+    outs: list[Completion],
+) -> dict[str, Any]:
+    return {
+        "id": f"{id_prefix}-{uuid.uuid4().hex}",
+        "object": kind,
+        "created": int(time.time()),
+        "model": s.served_model_name,
+        "choices": choices,
+        "usage": _usage(prompt_lens, list(outs)),
+        "metadata": {"weight_version": s.weight_version},
+        "weight_version": s.weight_version,
+    }
+
+
+def _completion_choice(
+    s: ServerState, req: CompletionRequest, index: int, c: Completion, prompt: list[int]
+) -> dict[str, Any]:
+    choice: dict[str, Any] = {
+        "index": index,
+        "text": s.decode(c.ids),
+        "finish_reason": _finish(c),
+        "logprobs": None,
+    }
+    if req.logprobs is not None:
+        tokens = [s.decode([t]) for t in c.ids]
+        offsets = [sum(len(x) for x in tokens[:k]) for k in range(len(tokens))]
+        choice["logprobs"] = {
+            "tokens": tokens,
+            "token_logprobs": c.logprobs,
+            "top_logprobs": None,
+            "text_offset": offsets,
+        }
+    if req.return_token_ids:
+        choice["token_ids"], choice["prompt_token_ids"] = c.ids, prompt
+    return choice
+
+
+def _chat_choice(
+    s: ServerState, req: ChatCompletionRequest, index: int, c: Completion, prompt: list[int]
+) -> dict[str, Any]:
+    content = s.decode(c.ids, skip_special_tokens=True)
+    choice: dict[str, Any] = {
+        "index": index,
+        "message": {"role": "assistant", "content": content},
+        "finish_reason": _finish(c),
+        "logprobs": None,
+    }
+    if s.tool_parser is not None and req.tools:
+        _with_tool_calls(choice, s.tool_parser(c.ids, req.tools))
+    if req.logprobs:
+        choice["logprobs"] = {
+            "content": [
+                {"token": s.decode([t]), "logprob": lp,
+                 "bytes": list(s.decode([t]).encode()), "top_logprobs": []}
+                for t, lp in zip(c.ids, c.logprobs, strict=False)
+            ]
+        }  # fmt: skip
+    if req.return_token_ids or req.return_prompt_token_ids:
+        choice["prompt_token_ids"] = list(prompt)
+    if req.return_token_ids:
+        choice["response_token_ids"] = choice["token_ids"] = c.ids
+    return choice
 
 
 def _with_tool_calls(choice: dict[str, Any], parsed: Any) -> None:

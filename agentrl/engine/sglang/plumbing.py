@@ -187,11 +187,20 @@ class SGLangHTTP:
         response = await self._request("GET", f"{url or self.base_url}{path}", timeout_s=timeout_s)
         return response.json() if response.content else None
 
+    async def _post_checked(
+        self, path: str, payload: dict[str, Any] | None = None, *, url: str | None = None
+    ) -> Any:
+        """`_post` to one server, its `{"success": false, "message"}` answer raised."""
+        return _checked(url or self.base_url, path, await self._post(path, payload, url=url))
+
     async def _post_workers(self, path: str, payload: dict[str, Any] | None = None) -> list[Any]:
-        results = await asyncio.gather(
-            *(self._post(path, payload, url=u) for u in self.worker_urls)
-        )
-        for url, result in zip(self.worker_urls, results, strict=False):
-            if isinstance(result, dict) and result.get("success") is False:
-                raise EngineError(f"POST {url}{path} failed: {result.get('message')}")
-        return list(results)
+        """`_post` to every worker; any `success: false` among the answers is raised."""
+        urls = self.worker_urls
+        results = await asyncio.gather(*(self._post(path, payload, url=u) for u in urls))
+        return [_checked(url, path, result) for url, result in zip(urls, results, strict=True)]
+
+
+def _checked(url: str, path: str, result: Any) -> Any:
+    if isinstance(result, dict) and result.get("success") is False:
+        raise EngineError(f"POST {url}{path} failed: {result.get('message')}")
+    return result

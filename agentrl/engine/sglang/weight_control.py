@@ -81,15 +81,12 @@ class SGLangWeights(SGLangControl):
     async def update_weights_from_disk(
         self, model_path: str, *, weight_version: str | None = None, load_format: str | None = None
     ) -> None:
-        payload: dict[str, Any] = {"model_path": model_path, "flush_cache": False}
-        if weight_version is not None:
-            payload["weight_version"] = weight_version
+        payload = _versioned({"model_path": model_path, "flush_cache": False}, weight_version)
         if load_format is not None:
             payload["load_format"] = load_format
         await self._post_workers("/update_weights_from_disk", payload)
         await self.flush_cache()
-        if weight_version is not None:
-            self._weight_version = weight_version
+        self._stamp(weight_version)
 
     async def update_weights_from_tensor(
         self,
@@ -101,17 +98,14 @@ class SGLangWeights(SGLangControl):
     ) -> None:
         """Raw endpoint: one serialized entry per tensor-parallel rank (each rank opens only its
         own). Never aborts running requests (SGLang's `abort_all_requests`)."""
-        payload: dict[str, Any] = {
+        payload = {
             "serialized_named_tensors": serialized_named_tensors,
             "load_format": load_format,
             "flush_cache": flush_cache,
             "abort_all_requests": False,
         }
-        if weight_version is not None:
-            payload["weight_version"] = weight_version
-        await self._post_workers("/update_weights_from_tensor", payload)
-        if weight_version is not None:
-            self._weight_version = weight_version
+        await self._post_workers("/update_weights_from_tensor", _versioned(payload, weight_version))
+        self._stamp(weight_version)
 
     async def update_weight_version(self, weight_version: str) -> None:
         """Stamp a version without new weights; running requests go on (SGLang's default for
@@ -139,9 +133,7 @@ class SGLangWeights(SGLangControl):
             "group_name": group_name,
             "backend": backend,
         }
-        result = await self._post("/init_weights_update_group", body, url=url)
-        if isinstance(result, dict) and not result.get("success", True):
-            raise EngineError(f"init_weights_update_group failed: {result.get('message')}")
+        await self._post_checked("/init_weights_update_group", body, url=url)
 
     async def destroy_weights_update_group(
         self, group_name: str = "weight_update_group", *, url: str | None = None
@@ -162,7 +154,7 @@ class SGLangWeights(SGLangControl):
     ) -> None:
         """`load_format="flattened_bucket"`: the bucket (one dtype) is broadcast as one flat run
         of bytes. The flush comes once, after the session (`end_weight_update`)."""
-        payload: dict[str, Any] = {
+        payload = {
             "names": names,
             "dtypes": dtypes,
             "shapes": shapes,
@@ -171,11 +163,12 @@ class SGLangWeights(SGLangControl):
             "abort_all_requests": False,
             "load_format": load_format,
         }
-        if weight_version is not None:
-            payload["weight_version"] = weight_version
-        result = await self._post("/update_weights_from_distributed", payload, url=url)
-        if isinstance(result, dict) and not result.get("success", True):
-            raise EngineError(f"update_weights_from_distributed failed: {result.get('message')}")
+        path = "/update_weights_from_distributed"
+        await self._post_checked(path, _versioned(payload, weight_version), url=url)
+        self._stamp(weight_version)
+
+    def _stamp(self, weight_version: str | None) -> None:
+        """The version this client reports, once a server took weights under it."""
         if weight_version is not None:
             self._weight_version = weight_version
 
@@ -215,3 +208,8 @@ class SGLangWeights(SGLangControl):
         if not buckets:
             await self.update_weight_version(weight_version)
         self._weight_version = weight_version
+
+
+def _versioned(payload: dict[str, Any], weight_version: str | None) -> dict[str, Any]:
+    """SGLang's `weight_version` goes in a weight route's body only when there is one."""
+    return payload if weight_version is None else {**payload, "weight_version": weight_version}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from agentrl.engine.base import EngineError
 from agentrl.engine.weight_transport import destroy_process_group, init_weights_update_process_group
@@ -19,42 +19,7 @@ from agentrl.engine.weight_transport import destroy_process_group, init_weights_
 if TYPE_CHECKING:
     import torch
 
-
-class WeightGroupMember(Protocol):
-    """What the sender needs of a server's client (an `SGLangEngine`)."""
-
-    @property
-    def worker_urls(self) -> list[str]: ...
-
-    async def get_server_info(self, *, url: str | None = None) -> dict[str, Any]: ...
-
-    async def init_weights_update_group(
-        self,
-        *,
-        master_address: str,
-        master_port: int,
-        rank_offset: int,
-        world_size: int,
-        group_name: str,
-        backend: str,
-        url: str | None = None,
-    ) -> None: ...
-
-    async def update_weights_from_distributed(
-        self,
-        *,
-        names: list[str],
-        dtypes: list[str],
-        shapes: list[list[int]],
-        group_name: str,
-        weight_version: str | None,
-        load_format: str | None,
-        url: str | None = None,
-    ) -> None: ...
-
-    async def destroy_weights_update_group(
-        self, group_name: str, *, url: str | None = None
-    ) -> None: ...
+    from agentrl.engine.sglang.client import SGLangEngine
 
 
 def flatten_into(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -79,7 +44,7 @@ class DistributedWeightSender:
 
     def __init__(
         self,
-        engines: list[WeightGroupMember],
+        engines: list[SGLangEngine],
         *,
         master_address: str = "127.0.0.1",
         master_port: int | None = None,
