@@ -238,10 +238,15 @@ class SGLangCluster:
 
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_interval_s):
-            for process in [*self.servers, *([self.router] if self.router else [])]:
-                # proc None: already reported and not restarted; report a death once.
-                if process.proc is not None and not process.is_alive() and not self._stop.is_set():
-                    self._handle_death(process)
+            self.poll()
+
+    def poll(self) -> None:
+        """One look at every process (the monitor's, each `poll_interval_s`): a dead one is
+        reported, and restarted when configured."""
+        for process in [*self.servers, *([self.router] if self.router else [])]:
+            # proc None: already reported and not restarted; report a death once.
+            if process.proc is not None and not process.is_alive() and not self._stop.is_set():
+                self._handle_death(process)
 
     def _handle_death(self, process: ManagedProcess) -> None:
         process.is_ready = False
