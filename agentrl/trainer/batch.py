@@ -96,11 +96,6 @@ def pad_id_for(config: Any) -> int:
     return 0
 
 
-def is_trainable(traj: Any) -> bool:
-    status = traj.status if isinstance(traj.status, EpisodeStatus) else EpisodeStatus(traj.status)
-    return status.is_trainable
-
-
 # ---------------------------------------------------------------- advantages and filtering
 
 
@@ -119,7 +114,7 @@ def compute_advantages(groups: Sequence[Group], algo_cfg: AlgoConfig) -> list[li
     episodes: dict[tuple[int, str], list[int]] = {}  # (group, episode) -> its segments' indices
     for g, group in enumerate(groups):
         for i, t in enumerate(group):
-            if is_trainable(t):
+            if EpisodeStatus(t.status).is_trainable:
                 episode = getattr(t, "episode_id", "") or f"#{i}"  # no id: its own episode
                 episodes.setdefault((g, episode), []).append(i)
     out: list[list[float | None]] = [[None] * len(group) for group in groups]
@@ -174,11 +169,8 @@ def _make_sample(index: int, traj: Any, advantage: float, pad_id: int) -> _Sampl
         raise ValueError(
             f"trajectory {getattr(traj, 'episode_id', index)!r}: the first token cannot be trained"
         )
-    dense = [0.0] * len(ids)
-    it = iter(traj.logprobs)
-    for t, m in enumerate(mask):
-        if m:
-            dense[t] = float(next(it))
+    it = iter(traj.logprobs)  # one per sampled token: spread over the positions
+    dense = [float(next(it)) if m else 0.0 for m in mask]
     # Tokens after the last sampled one cannot change any trained logprob: cut them.
     end = max(t for t, m in enumerate(mask) if m) + 1
     return _Sample(
@@ -260,18 +252,10 @@ def _rows_for(samples: list[_Sample], is_packed: bool, pad_id: int) -> MicroBatc
 
 def _empty_micro_batch(pad_id: int) -> MicroBatch:
     """One pad token, nothing trained: it keeps a rank with less data in step with the others'
-    forward/backward collectives, and adds exactly zero to the loss and the gradients."""
-    return MicroBatch(
-        input_ids=torch.full((1, 1), pad_id, dtype=torch.long),
-        position_ids=torch.zeros((1, 1), dtype=torch.long),
-        target_ids=torch.full((1, 1), pad_id, dtype=torch.long),
-        loss_mask=torch.zeros((1, 1)),
-        advantages=torch.zeros((1, 1)),
-        rollout_logprobs=torch.zeros((1, 1)),
-        seq_index=torch.zeros((1, 1), dtype=torch.long),
-        seq_num_tokens=torch.zeros(1),  # one empty sequence, so seq_index 0 stays in range
-        sample_indices=[],
-    )
+    forward/backward collectives, and adds exactly zero to the loss and the gradients. It is
+    one empty sequence (seq_num_tokens [0]), so seq_index 0 stays in range."""
+    pad = _Sample(-1, [pad_id], [pad_id], loss_mask=[0.0], rollout_logprobs=[0.0], advantage=0.0)
+    return replace(_rows_for([pad], True, pad_id), sample_indices=[])
 
 
 def split_balanced(lengths: list[int], num_parts: int) -> list[list[int]]:
@@ -347,14 +331,6 @@ def build_train_batches(
     micro-batches but kept in the denominators. Every rank gets the same number of steps and
     of micro-batches per step, and each step's global denominators, so summing the ranks'
     gradients gives the 1-rank update. ERROR/ABORTED trajectories are counted and left out."""
-    if max_tokens_per_micro_batch < 1:
-        raise ValueError(
-            f"train.max_tokens_per_micro_batch={max_tokens_per_micro_batch} must be >= 1"
-        )
-    if global_batch_size is not None and global_batch_size < 1:
-        raise ValueError(
-            f"train.global_batch_size={global_batch_size} must be >= 1, or None for one step"
-        )
     if dp_size < 1:
         raise ValueError(f"dp_size={dp_size} must be >= 1 (the number of trainer ranks)")
     if micro_batch_size is not None and micro_batch_size < 1:
@@ -422,14 +398,9 @@ def build_train_batch(
     is_packed: bool = True,
 ) -> TrainBatch:
     """The batch of a single trainer rank: `build_train_batches(..., dp_size=1)[0]`."""
-    (batch,) = build_train_batches(
-        groups,
-        algo_cfg,
-        max_tokens_per_micro_batch=max_tokens_per_micro_batch,
-        pad_id=pad_id,
-        global_batch_size=global_batch_size,
-        is_packed=is_packed,
-    )
+    (batch,) = build_train_batches(groups, algo_cfg, pad_id=pad_id, is_packed=is_packed,
+                                   max_tokens_per_micro_batch=max_tokens_per_micro_batch,
+                                   global_batch_size=global_batch_size)  # fmt: skip
     return batch
 
 
@@ -441,9 +412,7 @@ def _batch_metrics(
     num_no_loss: int,
 ) -> dict[str, float]:
     """Over the whole batch, all ranks together; empty (rank-padding) micro-batches apart."""
-    statuses = [
-        t.status if isinstance(t.status, EpisodeStatus) else EpisodeStatus(t.status) for t in trajs
-    ]
+    statuses = [EpisodeStatus(t.status) for t in trajs]
     all_micro = [mb for step in steps for rank in step for mb in rank.micro_batches]
     micro = [mb for mb in all_micro if mb.sample_indices]
     num_slots = sum(mb.num_tokens for mb in micro)

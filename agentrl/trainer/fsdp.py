@@ -1,14 +1,10 @@
 """Data parallelism for the torch backend: FSDP2 (`fully_shard`) over every rank of the default
-torch.distributed group, and train metrics reduced so that every rank reports the same numbers."""
+torch.distributed group (`step.reduce_metrics` makes every rank report the same numbers)."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
-
-from agentrl.trainer.losses import MAX_METRICS, MIN_METRICS
 
 
 def dp_world_size() -> int:
@@ -49,34 +45,3 @@ def apply_fsdp(root: torch.nn.Module, layers: list[torch.nn.Module], device: tor
             module.set_gradient_divide_factor(1.0)
             # A plain SUM (no NCCL PreMulSum), which gloo runs too.
             module.set_force_sum_reduction_for_comms(True)
-
-
-def reduce_metrics(metrics: dict[str, float], device: torch.device) -> dict[str, float]:
-    """Combine one optimizer step's per-rank metrics (shares of global means) over the ranks:
-    sums, and max/min for extremes. Every rank passes the same keys (they follow the config)."""
-    if dp_world_size() == 1:
-        return metrics
-    # A rank whose micro-batches are all empty has no extremes: it sends the neutral values.
-    metrics = {
-        **{n: -math.inf for n in MAX_METRICS},
-        **{n: math.inf for n in MIN_METRICS},
-        **metrics,
-    }
-    names = sorted(metrics)
-    is_max = [n in MAX_METRICS for n in names]
-    is_min = [n in MIN_METRICS for n in names]
-    values = torch.tensor([metrics[n] for n in names], dtype=torch.float64, device=device)
-    summed = values.clone()
-    dist.all_reduce(summed)
-    # max and min in one collective: min(x) = -max(-x).
-    signed = torch.where(torch.tensor(is_min, device=device), -values, values)
-    maxed = signed.clone()
-    dist.all_reduce(maxed, op=dist.ReduceOp.MAX)
-    out = {}
-    for k, name in enumerate(names):
-        value = (
-            maxed[k].item() if is_max[k] else -maxed[k].item() if is_min[k] else summed[k].item()
-        )
-        if math.isfinite(value) or not (is_max[k] or is_min[k]):
-            out[name] = value
-    return out

@@ -13,27 +13,18 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from agentrl.config import AlgoConfig, TrainConfig
 from agentrl.trainer import sharded_checkpoint
-from agentrl.trainer.backend_args import local_model_path
-from agentrl.trainer.batch import MicroBatch, StepBatch, TrainBatch, pad_id_for
-from agentrl.trainer.fsdp import apply_fsdp, decoder_layers, dp_rank, dp_world_size, reduce_metrics
+from agentrl.trainer.base import TrainerBackend, local_model_path, reduce_metrics
+from agentrl.trainer.batch import MicroBatch, StepBatch, TrainBatch
+from agentrl.trainer.fsdp import apply_fsdp, decoder_layers, dp_rank, dp_world_size
 from agentrl.trainer.logprobs import CausalLMLogprobs
 from agentrl.trainer.losses import combine_metrics
 from agentrl.trainer.lr_schedule import lr_scheduler
 from agentrl.trainer.packing import use_packed_attention
-from agentrl.trainer.step import BackendBase, check_start
-from agentrl.trainer.weights import DEFAULT_BUCKET_SIZE_BYTES, full_tensor, unique_named_tensors
-from agentrl.weight_buckets import bucket_by_dtype
+from agentrl.trainer.weights import full_tensor, unique_named_tensors
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-
-
-def _resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def _enable_activation_checkpointing(model: PreTrainedModel) -> None:
@@ -44,7 +35,7 @@ def _enable_activation_checkpointing(model: PreTrainedModel) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
-class TorchBackend(BackendBase):
+class TorchBackend(TrainerBackend):
     """The torch `TrainerBackend`. Construction only checks config; `setup()` loads the weights.
 
     Parameters stay in `dtype` (auto = float32) and the forward pass runs under bf16 autocast on
@@ -57,29 +48,15 @@ class TorchBackend(BackendBase):
     its own batch of `build_train_batches(..., dp_size=world_size)`).
     """
 
-    def __init__(
-        self,
-        model_path: str,
-        train_cfg: TrainConfig,
-        algo_cfg: AlgoConfig,
-        *,
-        device: str = "auto",
-        dtype: str = "auto",
-        temperature: float = 1.0,
-        num_optimizer_steps: int | None = None,
-    ) -> None:
-        super().__init__(model_path, train_cfg, algo_cfg, device=device, dtype=dtype,
-                         temperature=temperature, num_optimizer_steps=num_optimizer_steps)  # fmt: skip
-        self.device = _resolve_device(device)
-        self.param_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-        self._model: PreTrainedModel | None = None
-        self._policy: CausalLMLogprobs | None = None  # the model, returning token logprobs
-        self.ref_model: PreTrainedModel | None = None
-        self._ref_policy: CausalLMLogprobs | None = None
-        self.dp_size = 1
-        """Data-parallel ranks, read from the process group at setup."""
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+    auto_dtype = torch.float32
+    _model: PreTrainedModel | None = None
+    _policy: CausalLMLogprobs | None = None  # the model, returning token logprobs
+    ref_model: PreTrainedModel | None = None
+    _ref_policy: CausalLMLogprobs | None = None
+    dp_size = 1
+    """Data-parallel ranks, read from the process group at setup."""
+    optimizer: torch.optim.Optimizer | None = None
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
 
     # ------------------------------------------------------------ setup
 
@@ -88,30 +65,13 @@ class TorchBackend(BackendBase):
         return self._ready(self._model)
 
     @property
-    def pad_id(self) -> int:
-        """An id for padding rows. Pads are never attended to by real tokens nor trained, so any
-        valid id works: the config's pad, else eos, else 0."""
-        # Read from the config, so that asking for it never loads (collectively shards) the model.
-        if self._model is not None:
-            config = self._model.config
-        else:
-            from transformers import AutoConfig
-
-            self.model_path = local_model_path(self.model_path)
-            config = AutoConfig.from_pretrained(self.model_path)
-        return pad_id_for(config)
-
-    @property
     def has_ref_model(self) -> bool:
         return self.objective.kl is not None
 
     def _load(self, path: str) -> PreTrainedModel:
-        import transformers
         from transformers import AutoModelForCausalLM
 
-        major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
-        dtype_kw = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
-        model = AutoModelForCausalLM.from_pretrained(path, **{dtype_kw: self.param_dtype})
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=self.param_dtype)
         if self.device.type == "cuda":  # FlashAttention over packed sequences: no block mask
             use_packed_attention(model)
         # transformers declares `to` through functools.wraps, which type checkers see unbound
@@ -201,22 +161,6 @@ class TorchBackend(BackendBase):
         self._reshard()
         return batch
 
-    @torch.no_grad()
-    def sequence_logprobs(self, token_ids: list[int], start: int) -> list[float]:
-        """Teacher-forced logprob of token_ids[t] for each t >= start under the current weights,
-        float32 log_softmax(logits / temperature) as the engine computes it. Collective."""
-        check_start(token_ids, start)
-        if start == len(token_ids):
-            return []
-        self.model.eval()
-        ids = torch.tensor([token_ids], dtype=torch.long, device=self.device)  # [1, L]
-        positions = torch.arange(len(token_ids) - 1, device=self.device)[None]  # [1, L-1]
-        # Position t predicts token t+1, so the trained positions start at start - 1.
-        loss_mask = (positions >= start - 1).float()
-        logprobs, _ = self._ready(self._policy)(ids[:, :-1], positions, ids[:, 1:], loss_mask)
-        self._reshard()
-        return logprobs[0, start - 1 :].tolist()
-
     # ------------------------------------------------------------ training
 
     def _lr(self) -> float:
@@ -285,16 +229,8 @@ class TorchBackend(BackendBase):
         parameters: copy them."""
         return dict(unique_named_tensors(self.model))
 
-    def export_weights(
-        self,
-        bucket_size_bytes: int = DEFAULT_BUCKET_SIZE_BYTES,
-        *,
-        dtype: torch.dtype | None = None,
-    ) -> Iterator[list[tuple[str, Tensor]]]:
-        """Per-dtype buckets of (HF name, whole tensor) of at most `bucket_size_bytes` (a larger
-        tensor alone), a tied lm_head left out. Collective and lazy: every rank iterates to the
-        end together, each tensor is gathered once, and every rank receives all of them."""
-        return bucket_by_dtype(unique_named_tensors(self.model, dtype=dtype), bucket_size_bytes)
+    def _hf_tensors(self, dtype: torch.dtype | None) -> Iterator[tuple[str, Tensor]]:
+        return unique_named_tensors(self.model, dtype=dtype)
 
     # ------------------------------------------------------------ save / load
 

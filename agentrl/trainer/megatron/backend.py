@@ -24,9 +24,9 @@ from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from torch import Tensor
 
-from agentrl.config import AlgoConfig, TrainConfig
-from agentrl.trainer.backend_args import local_model_path
-from agentrl.trainer.batch import MicroBatch, StepBatch, TrainBatch, pad_id_for, to_device
+from agentrl.config import TrainConfig
+from agentrl.trainer.base import TrainerBackend, reduce_metrics
+from agentrl.trainer.batch import MicroBatch, StepBatch, TrainBatch, to_device
 from agentrl.trainer.losses import combine_metrics
 from agentrl.trainer.megatron import checkpoint, patches, rope
 from agentrl.trainer.megatron import model as gpt
@@ -34,17 +34,14 @@ from agentrl.trainer.megatron.model_config import check_parallel_fit, model_shap
 from agentrl.trainer.megatron.optimizers import build_optimizer, lr_schedule, torch_optimizers
 from agentrl.trainer.megatron.parallel import (
     broadcast_from_last_stage,
+    dp_group,
     init_parallel,
     is_last_stage,
-    reduce_dp_metrics,
     tp_group,
 )
 from agentrl.trainer.megatron.requirements import check_megatron_usable
 from agentrl.trainer.megatron.vocab_parallel import vocab_parallel_logprobs
 from agentrl.trainer.packing import pack_tokens
-from agentrl.trainer.step import BackendBase, check_start
-from agentrl.trainer.weights import DEFAULT_BUCKET_SIZE_BYTES
-from agentrl.weight_buckets import bucket_by_dtype
 
 
 @dataclass(frozen=True)
@@ -67,45 +64,21 @@ class _Staged:
     where: _LossPositions
 
 
-class MegatronBackend(BackendBase):
+class MegatronBackend(TrainerBackend):
     """Construction checks config and the machine; `setup()` builds and loads the model
     (collectively: every trainer rank constructs one and calls each method together). Parameters
     are bf16 with fp32 master weights in the optimizer (dtype auto/bfloat16) or fp32 throughout."""
 
-    def __init__(
-        self,
-        model_path: str,
-        train_cfg: TrainConfig,
-        algo_cfg: AlgoConfig,
-        *,
-        device: str = "auto",
-        dtype: str = "auto",
-        temperature: float = 1.0,
-        num_optimizer_steps: int | None = None,
-    ) -> None:
-        super().__init__(model_path, train_cfg, algo_cfg, device=device, dtype=dtype,
-                         temperature=temperature, num_optimizer_steps=num_optimizer_steps)  # fmt: skip
+    auto_dtype = torch.bfloat16
+    _ddp: Any = None  # DistributedDataParallel around this rank's GPTModel stage
+    _ref: Any = None  # the reference model's stage, without gradients
+    _optimizer: Any = None
+    _scheduler: Any = None  # megatron-core's OptimizerParamScheduler, with the optimizer
+
+    def _check_machine(self, train_cfg: TrainConfig) -> None:
         check_megatron_usable(train_cfg)
-        self.device = torch.device("cuda" if device == "auto" else device)
-        self.param_dtype = torch.float32 if dtype == "float32" else torch.bfloat16
-        self._ddp: Any = None  # DistributedDataParallel around this rank's GPTModel stage
-        self._ref: Any = None  # the reference model's stage, without gradients
-        self._optimizer: Any = None
-        self._scheduler: Any = None  # megatron-core's OptimizerParamScheduler, with the optimizer
 
     # ------------------------------------------------------------ setup
-
-    @property
-    def hf_config(self) -> Any:
-        from transformers import AutoConfig
-
-        self.model_path = local_model_path(self.model_path)
-        return AutoConfig.from_pretrained(self.model_path)
-
-    @property
-    def pad_id(self) -> int:
-        config = self.hf_config
-        return pad_id_for(config)
 
     @property
     def model(self) -> Any:
@@ -291,23 +264,6 @@ class MegatronBackend(BackendBase):
                 setattr(mb, field, lp)
         return batch
 
-    @torch.no_grad()
-    def sequence_logprobs(self, token_ids: list[int], start: int) -> list[float]:
-        check_start(token_ids, start)
-        if start == len(token_ids):
-            return []
-        ids = torch.tensor([token_ids])
-        n = len(token_ids) - 1
-        mask = (torch.arange(n) >= start - 1).float()[None]
-        zeros = torch.zeros(1, n)
-        mb = MicroBatch(ids[:, :-1], torch.arange(n)[None], ids[:, 1:], mask, zeros, zeros,
-                        torch.zeros(1, n, dtype=torch.long), mask.sum(-1), [0])  # fmt: skip
-        self.compute_logprobs(
-            TrainBatch([StepBatch([mb], int(mask.sum()), 1)], is_packed=True), ref=False
-        )
-        assert mb.old_logprobs is not None  # compute_logprobs filled it
-        return mb.old_logprobs[0, start - 1 :].tolist()
-
     def _lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
@@ -323,7 +279,8 @@ class MegatronBackend(BackendBase):
         outputs = self._run(model, step.micro_batches, "train", step)
         is_ok, grad_norm, _ = optimizer.step()
         parts = [{k: v for k, v in o.items()} for o in outputs]
-        metrics = reduce_dp_metrics(combine_metrics(parts), self.device) if is_last_stage() else {}
+        metrics = combine_metrics(parts)
+        metrics = reduce_metrics(metrics, self.device, dp_group()) if is_last_stage() else {}
         metrics = dict(broadcast_from_last_stage(metrics))
         metrics.update(grad_norm=float(grad_norm or 0.0), skipped_nonfinite_grad=float(not is_ok))
         return metrics
@@ -357,17 +314,9 @@ class MegatronBackend(BackendBase):
         if self.device.type == "cuda" and self._optimizer is not None:
             self._offload.offload(torch_optimizers(self._optimizer))
 
-    def export_weights(
-        self,
-        bucket_size_bytes: int = DEFAULT_BUCKET_SIZE_BYTES,
-        *,
-        dtype: torch.dtype | None = None,
-    ) -> Iterator[list[tuple[str, Tensor]]]:
-        """Per-dtype buckets of (HF name, whole tensor); collective over the model-parallel ranks
-        of each DP replica (every rank receives every tensor)."""
-        return bucket_by_dtype(
-            gpt.export_hf_tensors(self.model.module, self.wmap, dtype), bucket_size_bytes
-        )
+    def _hf_tensors(self, dtype: torch.dtype | None) -> Iterator[tuple[str, Tensor]]:
+        """Collective over the model-parallel ranks of each DP replica."""
+        return gpt.export_hf_tensors(self.model.module, self.wmap, dtype)
 
     def save(self, directory: str | Path) -> None:
         checkpoint.save(self, Path(directory))

@@ -1,9 +1,8 @@
-"""Megatron's process groups (TP, PP, DP) over the trainer's torch.distributed ranks, and metric
-reduction over the data-parallel group of the last pipeline stage."""
+"""Megatron's process groups (TP, PP, DP) over the trainer's torch.distributed ranks, and what the
+last pipeline stage broadcasts to the others."""
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 from typing import TypeVar, cast
@@ -18,7 +17,6 @@ from megatron.core import tensor_parallel
 from torch.distributed import ProcessGroup
 
 from agentrl.config import TrainConfig
-from agentrl.trainer.losses import MAX_METRICS, MIN_METRICS
 
 
 def _free_port() -> int:
@@ -72,31 +70,3 @@ def broadcast_from_last_stage(obj: T) -> T:
     last = dist.get_global_rank(group, dist.get_world_size(group) - 1)
     dist.broadcast_object_list(holder, src=last, group=group)
     return holder[0]
-
-
-def reduce_dp_metrics(metrics: dict[str, float], device: torch.device) -> dict[str, float]:
-    """Per-DP-rank shares of global means summed over the DP group; extremes max/min-reduced
-    (the same rule as the torch backend's, over Megatron's DP group instead of every rank)."""
-    group = dp_group()
-    if dist.get_world_size(group) == 1:
-        return metrics
-    metrics = {
-        **{n: -math.inf for n in MAX_METRICS},
-        **{n: math.inf for n in MIN_METRICS},
-        **metrics,
-    }
-    names = sorted(metrics)
-    sign = torch.tensor(
-        [-1.0 if n in MIN_METRICS else 1.0 for n in names], dtype=torch.float64, device=device
-    )
-    values = torch.tensor([metrics[n] for n in names], dtype=torch.float64, device=device)
-    summed, maxed = values.clone(), values * sign
-    dist.all_reduce(summed, group=group)
-    dist.all_reduce(maxed, op=dist.ReduceOp.MAX, group=group)
-    out = {}
-    for k, name in enumerate(names):
-        is_extreme = name in MAX_METRICS or name in MIN_METRICS
-        value = float(maxed[k] * sign[k]) if is_extreme else float(summed[k])
-        if math.isfinite(value) or not is_extreme:
-            out[name] = value
-    return out

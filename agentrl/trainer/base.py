@@ -1,0 +1,321 @@
+"""`TrainerBackend`: what the loop and the cluster layer ask of a trainer rank, and the part of
+it both backends share: the checks of construction, the `setup()` contract, the train-step driver
+(which steps update the weights, which only move the lr schedule, the metrics and their reduction
+over data-parallel ranks), teacher-forced logprobs and bucketed weight export. A backend
+(`TorchBackend`, `MegatronBackend`) supplies how it loads, computes logprobs, updates and keeps
+its lr schedule (`backend.make_trainer_backend` builds and sets up the one `train.backend`
+names; a module of its own so the backends import this one without a cycle)."""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from functools import cached_property
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from agentrl.config import AlgoConfig, ConfigError, TrainConfig
+from agentrl.trainer.batch import (
+    MicroBatch,
+    StepBatch,
+    TrainBatch,
+    has_advantage_free_term,
+    pad_id_for,
+)
+from agentrl.trainer.losses import MAX_METRICS, MIN_METRICS, build_objective
+from agentrl.trainer.offload import StateOffload
+from agentrl.trainer.weights import DEFAULT_BUCKET_SIZE_BYTES
+from agentrl.weight_buckets import bucket_by_dtype
+
+
+def check_backend_args(
+    train_cfg: TrainConfig, *, dtype: str, temperature: float, device: str = "auto"
+) -> None:
+    """What every backend refuses before it looks at the machine or loads anything (a
+    `ConfigError`: the command line prints it as one line)."""
+    if dtype not in ("auto", "float32", "bfloat16"):
+        raise ConfigError(f"dtype={dtype!r} is not supported; use auto, float32 or bfloat16")
+    if temperature <= 0:
+        raise ConfigError(f"temperature={temperature} must be > 0 (use 1.0 for greedy rollouts)")
+    if train_cfg.lr < 0 or train_cfg.min_lr < 0:
+        raise ConfigError(
+            f"train.lr={train_cfg.lr} and train.min_lr={train_cfg.min_lr} must be >= 0"
+        )
+    if device != "auto":
+        try:
+            torch.device(device)
+        except RuntimeError:
+            raise ConfigError(
+                f"model.device={device!r} is not a torch device; use auto, cpu, cuda or cuda:N"
+            ) from None
+
+
+def local_model_path(model_path: str) -> str:
+    """A checkpoint directory as is; a bundled name (smollm2-135m-instruct) through the model store."""
+    if Path(model_path).is_dir():
+        return model_path
+    try:
+        from agentrl.model_store import resolve_model_path
+    except ImportError:
+        return model_path
+    return resolve_model_path(model_path)
+
+
+T = TypeVar("T")
+
+
+class TrainerBackend(ABC):
+    """One trainer rank. Construction only checks config (and the machine); `setup()` loads the
+    model, collectively (every rank calls it together; `make_trainer_backend` does). With several
+    ranks in a torch.distributed group every method but `pad_id` is collective: all ranks call it
+    together, with the same arguments (for `logprobs` and `train_step`, each rank its own batch
+    of `build_train_batches(..., dp_size)`).
+
+    A backend supplies the abstract methods: `_lr` is the lr the next optimizer step uses,
+    `_step_schedule(n)` moves the schedule n steps on, `_update` runs one step's forward, backward
+    and (finite gradients) update and returns its metrics, equal on every rank; `_hf_tensors`
+    yields (HF name, whole tensor) on every rank."""
+
+    auto_dtype: torch.dtype  # the parameters' dtype for dtype="auto"
+
+    def __init__(
+        self,
+        model_path: str,
+        train_cfg: TrainConfig,
+        algo_cfg: AlgoConfig,
+        *,
+        device: str = "auto",
+        dtype: str = "auto",
+        temperature: float = 1.0,
+        num_optimizer_steps: int | None = None,
+    ) -> None:
+        check_backend_args(train_cfg, dtype=dtype, temperature=temperature, device=device)
+        self._check_machine(train_cfg)
+        self.model_path, self.train_cfg, self.algo_cfg = model_path, train_cfg, algo_cfg
+        self.objective = build_objective(algo_cfg)
+        is_cuda = torch.cuda.is_available()
+        self.device = torch.device(device if device != "auto" else "cuda" if is_cuda else "cpu")
+        self.param_dtype: torch.dtype = (
+            getattr(torch, dtype) if dtype != "auto" else self.auto_dtype
+        )
+        self.temperature = temperature
+        self.num_optimizer_steps = num_optimizer_steps or train_cfg.num_rollout
+        """Optimizer steps over the run, the horizon of lr decay (pass it when global_batch_size
+        splits each rollout batch into several steps)."""
+        self.optimizer_step = 0
+        self.num_train_steps = 0
+        self._offload = StateOffload()  # the optimizer state in host memory between steps
+
+    def _check_machine(self, train_cfg: TrainConfig) -> None:  # noqa: B027 (torch runs anywhere)
+        """Refuse a machine this backend cannot run on, before anything loads."""
+
+    @abstractmethod
+    def setup(self) -> None:
+        """Load the model (a second call does nothing). Collective."""
+
+    @abstractmethod
+    def compute_logprobs(
+        self, batch: TrainBatch, *, old: bool = True, ref: bool = True
+    ) -> TrainBatch: ...
+
+    @property
+    @abstractmethod
+    def has_ref_model(self) -> bool: ...
+
+    @abstractmethod
+    def _lr(self) -> float: ...
+
+    @abstractmethod
+    def _step_schedule(self, num_steps: int) -> None: ...
+
+    @abstractmethod
+    def _update(self, step: StepBatch) -> dict[str, float]: ...
+
+    @abstractmethod
+    def _hf_tensors(self, dtype: torch.dtype | None) -> Iterator[tuple[str, Tensor]]: ...
+
+    @abstractmethod
+    def pending_state_bytes(self) -> int:
+        """Device bytes this rank will still allocate and keep between steps: its optimizer
+        state, created at the first step (0 once it exists). A colocated engine sizes its KV
+        cache without them."""
+
+    @abstractmethod
+    def free_step_memory(self) -> None:
+        """After a step on a GPU an engine shares: hand back the gradients (when they are not
+        kept in a persistent buffer) and the allocator's cached blocks, so the engine's KV cache
+        can resume into them."""
+
+    @abstractmethod
+    def offload_state(self) -> None:
+        """Move the optimizer state to host memory until the next `train_step` (a no-op on CPU
+        and before the first step); `save` writes it from there."""
+
+    @abstractmethod
+    def save(self, directory: str | Path) -> None:
+        """Sharded model + optimizer state, loadable on any number of ranks, plus an HF copy."""
+
+    @abstractmethod
+    def load(self, directory: str | Path) -> None:
+        """Restore what `save` wrote (possibly with another number of ranks)."""
+
+    def _check_batch(self, batch: TrainBatch) -> None:  # noqa: B027 (most backends take any)
+        """Refuse a batch this backend cannot train on, before any work."""
+
+    @cached_property
+    def hf_config(self) -> Any:
+        """The checkpoint's transformers config, read without loading the model."""
+        from transformers import AutoConfig
+
+        self.model_path = local_model_path(self.model_path)
+        return AutoConfig.from_pretrained(self.model_path)
+
+    @property
+    def pad_id(self) -> int:
+        """An id for padding rows. Pads are never attended to by real tokens nor trained, so any
+        valid id works: the config's pad, else eos, else 0. Asking never loads the model."""
+        return pad_id_for(self.hf_config)
+
+    def _ready(self, value: T | None) -> T:
+        """`value`, which `setup()` builds; a clear error where nobody called it."""
+        if value is None:
+            raise RuntimeError(
+                f"{type(self).__name__}.setup() has not run: call it once on every rank before "
+                "use (make_trainer_backend does)"
+            )
+        return value
+
+    def logprobs(self, batch: TrainBatch) -> TrainBatch:
+        """Fill every micro-batch's `old_logprobs` (and `ref_logprobs` with a reference model)."""
+        return self.compute_logprobs(batch)
+
+    @property
+    def is_state_offloaded(self) -> bool:
+        return bool(self._offload)
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimizer step per `batch.steps` entry, in order. Returns the steps' mean metrics
+        (loss, pg_loss, kl_loss, entropy, clip fractions, approx_kl, ratio stats, TIS and
+        train-vs-rollout logprob mismatch, grad_norm, lr) and the batch counts, unprefixed.
+
+        Old logprobs are taken before the first update when there are several steps; with one
+        step the current logprobs (detached) serve, which equal them. A step none of whose
+        sequences was packed (advantage 0 for all) updates nothing and moves the schedule.
+
+        Data parallel: every rank returns the same metrics (`reduce_metrics`), equal to the
+        1-rank values up to float summation order; none is a per-rank approximation.
+
+        A batch that cannot move the weights (no trained sequence, or every advantage 0 with no KL
+        or entropy term) runs no forward, backward nor update: `skipped_no_signal` is 1, loss and
+        pg_loss are their exact 0, and the lr schedule advances one step per optimizer step."""
+        self._check_batch(batch)
+        if not self._has_signal(batch):
+            return self._skip(batch)
+        self._offload.reload()
+        mbs = list(batch.micro_batches())
+        need_old = len(batch.steps) > 1 and any(mb.old_logprobs is None for mb in mbs)
+        need_ref = self.has_ref_model and any(mb.ref_logprobs is None for mb in mbs)
+        if need_old or need_ref:
+            self.compute_logprobs(batch, old=need_old, ref=need_ref)
+        per_step = []
+        for step in batch.steps:
+            lr = self._lr()
+            if step.micro_batches:
+                per_step.append({**self._update(step), "lr": lr})
+            self._advance(1)
+        self.num_train_steps += 1
+        names = sorted({k for m in per_step for k in m})
+        metrics = {k: _mean([m[k] for m in per_step if k in m]) for k in names}
+        return {**metrics, **_batch_counts(batch), "skipped_no_signal": 0.0}
+
+    def _has_signal(self, batch: TrainBatch) -> bool:
+        """Whether the batch gives a gradient: zero advantages zero the policy loss exactly, but
+        a KL or entropy term pulls on the weights whatever the advantages."""
+        if not any(step.micro_batches for step in batch.steps):
+            return False
+        return has_advantage_free_term(self.algo_cfg) or batch.max_abs_advantage > 0
+
+    def _skip(self, batch: TrainBatch) -> dict[str, float]:
+        """No compute for a batch without signal. Adam's moments and weight decay stay put too:
+        an update from old momentum alone would not be learning from this batch."""
+        lr = self._lr()
+        self._advance(len(batch.steps))  # the lr schedule keeps its horizon
+        self.num_train_steps += 1
+        # Exact, not a stand-in: every per-token loss is 0 (advantage 0, no KL or entropy term).
+        return {**_batch_counts(batch), "skipped_no_signal": 1.0, "lr": lr, "loss": 0.0,
+                "pg_loss": 0.0}  # fmt: skip
+
+    def _advance(self, num_steps: int) -> None:
+        """Count optimizer steps, those that updated nothing too (a non-finite gradient, a batch
+        or step without signal), so the lr schedule keeps its horizon."""
+        self._step_schedule(num_steps)
+        self.optimizer_step += num_steps
+
+    @torch.no_grad()
+    def sequence_logprobs(self, token_ids: list[int], start: int) -> list[float]:
+        """Teacher-forced logprob of token_ids[t] for each t >= start under the current weights,
+        float32 log_softmax(logits / temperature) as the engine computes it. Collective."""
+        if not 1 <= start <= len(token_ids):
+            raise ValueError(
+                f"start={start} must be in [1, {len(token_ids)}] (len(token_ids)): the first "
+                "token has no logprob"
+            )
+        if start == len(token_ids):
+            return []
+        ids, n = torch.tensor([token_ids]), len(token_ids) - 1
+        # Position t predicts token t+1, so the trained positions start at start - 1.
+        mask = (torch.arange(n) >= start - 1).float()[None]
+        zeros = torch.zeros(1, n)
+        mb = MicroBatch(ids[:, :-1], torch.arange(n)[None], ids[:, 1:], mask, zeros, zeros,
+                        torch.zeros(1, n, dtype=torch.long), mask.sum(-1), [0])  # fmt: skip
+        self.compute_logprobs(TrainBatch([StepBatch([mb], n, 1)], is_packed=False), ref=False)
+        assert mb.old_logprobs is not None  # compute_logprobs filled it
+        return mb.old_logprobs[0, start - 1 :].tolist()
+
+    def export_weights(
+        self,
+        bucket_size_bytes: int = DEFAULT_BUCKET_SIZE_BYTES,
+        *,
+        dtype: torch.dtype | None = None,
+    ) -> Iterator[list[tuple[str, Tensor]]]:
+        """Per-dtype buckets of (HF name, whole tensor) of at most `bucket_size_bytes` (a larger
+        tensor alone), a tied lm_head left out. Collective and lazy: every rank iterates to the
+        end together, and every rank receives every tensor."""
+        return bucket_by_dtype(self._hf_tensors(dtype), bucket_size_bytes)
+
+
+def reduce_metrics(metrics: dict[str, float], device: torch.device, group: Any = None) -> dict:
+    """One optimizer step's per-rank metrics (shares of global means) combined over the ranks of
+    `group` (None: all): sums, and max/min for extremes. Every rank passes the same keys."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        return metrics
+    # A rank whose micro-batches are all empty has no extremes: it sends the neutral values.
+    metrics = {**{n: -math.inf for n in MAX_METRICS}, **{n: math.inf for n in MIN_METRICS},
+               **metrics}  # fmt: skip
+    names = sorted(metrics)
+    sign = torch.tensor([-1.0 if n in MIN_METRICS else 1.0 for n in names], dtype=torch.float64,
+                        device=device)  # fmt: skip
+    values = torch.tensor([metrics[n] for n in names], dtype=torch.float64, device=device)
+    summed, maxed = values.clone(), values * sign  # max and min in one collective: -max(-x)
+    dist.all_reduce(summed, group=group)
+    dist.all_reduce(maxed, op=dist.ReduceOp.MAX, group=group)
+    out = {}
+    for k, name in enumerate(names):
+        is_extreme = name in MAX_METRICS or name in MIN_METRICS
+        value = float(maxed[k] * sign[k]) if is_extreme else float(summed[k])
+        if math.isfinite(value) or not is_extreme:
+            out[name] = value
+    return out
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _batch_counts(batch: TrainBatch) -> dict[str, float]:
+    return {k.removeprefix("batch/"): v for k, v in batch.metrics.items()}
