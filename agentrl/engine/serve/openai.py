@@ -118,12 +118,9 @@ async def completions(req: CompletionRequest, request: Request, s: State) -> Any
         prompts = await _prompt_ids(s.tokenizer, req.prompt)
         jobs = [(p, i) for p in prompts for i in range(req.n)]
         _check_count(s, req.n, len(jobs))
-        runs = [
-            s.run(p, _sampling(req, _room(s, "prompt", p, req.max_tokens or 16), [], i),
-                  uuid.uuid4().hex)
-            for p, i in jobs
-        ]  # fmt: skip
-        outs = await cancel_on_disconnect(request, asyncio.gather(*runs))
+        sampling = [_sampling(req, _room(s, "prompt", p, req.max_tokens or 16), [], i)
+                    for p, i in jobs]  # fmt: skip
+        outs = await _sample(s, request, [p for p, _ in jobs], sampling)
     except ValueError as e:
         return error_response(str(e))
     except ClientDisconnectedError:
@@ -153,11 +150,8 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, s: Stat
             s, "messages", prompt, req.max_completion_tokens or req.max_tokens or 256
         )
         stop_ids = eos_token_ids(s.tokenizer)
-        runs = [
-            s.run(list(prompt), _sampling(req, max_new_tokens, stop_ids, i), uuid.uuid4().hex)
-            for i in range(req.n)
-        ]
-        outs = await cancel_on_disconnect(request, asyncio.gather(*runs))
+        sampling = [_sampling(req, max_new_tokens, stop_ids, i) for i in range(req.n)]
+        outs = await _sample(s, request, [prompt] * req.n, sampling)
     except ValueError as e:
         return error_response(str(e))
     except ClientDisconnectedError:
@@ -167,6 +161,17 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, s: Stat
     if req.return_token_ids:
         response["prompt_token_ids"] = list(prompt)
     return _streamed(response, chat_chunks) if req.stream else response
+
+
+async def _sample(
+    s: ServerState, request: Request, prompts: list[list[int]], sampling: list[SamplingParams]
+) -> list[Completion]:
+    """Every prompt at once, under its own sampling; a client that goes away aborts them all
+    (`ClientDisconnectedError`)."""
+    runs = [
+        s.generate(list(p), sp, uuid.uuid4().hex) for p, sp in zip(prompts, sampling, strict=True)
+    ]
+    return [g.completion for g in await cancel_on_disconnect(request, asyncio.gather(*runs))]
 
 
 def _response(

@@ -90,16 +90,6 @@ class ServerState:
             else ""
         )
 
-    async def run(
-        self,
-        input_ids: list[int],
-        sampling: SamplingParams,
-        rid: str,
-        *,
-        routing_key: str | None = None,
-    ) -> Completion:
-        return (await self.generate(input_ids, sampling, rid, routing_key=routing_key)).completion
-
     async def generate(
         self,
         input_ids: list[int],
