@@ -94,13 +94,22 @@ class ArenaStep:
         return self.attend_packed(layer, q, k, v, scale)[None]
 
     def attend_packed(
-        self, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float
+        self,
+        layer: int,
+        q: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        scale: float,
+        *,
+        written: bool = False,
     ) -> torch.Tensor:
         """`q` [N, H, D], `key`/`value` [N, KVH, D] (rotated; any strides with a unit last one).
-        Writes the keys and values into the arena, then attends. Returns [N, H, D]."""
+        Writes the keys and values into the arena (unless the caller did: `written`), then
+        attends. Returns [N, H, D]."""
         keys, values = self.keys[layer], self.values[layer]
-        keys.index_copy_(0, self.write_index, key.to(keys.dtype))
-        values.index_copy_(0, self.write_index, value.to(values.dtype))
+        if not written:
+            keys.index_copy_(0, self.write_index, key.to(keys.dtype))
+            values.index_copy_(0, self.write_index, value.to(values.dtype))
         if self.use_flash:
             # Each row reads only its own seqused_k keys: the slot's unwritten tail is never read.
             return torch.ops.aten._flash_attention_forward(

@@ -8,8 +8,9 @@ the fused weights change with them (and CUDA graphs that read them stay valid); 
 get new storage (a release that moves or drops them), `rebind` makes the views again.
 
 A layer runs as two functions around the attention: `attention_inputs` (RMSNorm, the q/k/v product,
-rotary) and `mlp_block` (output projection, residual, RMSNorm, gate/up, SiLU, down, residual). The
-attention in between writes the arena and calls FlashAttention (or SDPA), outside the compiled code.
+rotary, the K/V write into the arena) and `mlp_block` (output projection, residual, RMSNorm,
+gate/up, SiLU, down, residual); one layer's `mlp_block` and the next one's `attention_inputs` run as
+one function. The attention in between (FlashAttention, or SDPA) stays outside the compiled code.
 The arithmetic is transformers' own (RMSNorm in fp32, then cast; rotate-half rotary), so logprobs
 match a teacher-forced transformers forward as before.
 """
@@ -54,12 +55,20 @@ def attention_inputs(
     sin: torch.Tensor,
     num_heads: int,
     num_kv_heads: int,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    write_index: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`hidden` [N, hidden], `cos`/`sin` [N, 1, D] -> rotated q [N, H, D], k [N, KVH, D], v."""
+    """`hidden` [N, hidden], `cos`/`sin` [N, 1, D] -> rotated q [N, H, D], k [N, KVH, D], v; k and
+    v are also written into the layer's arena rows `write_index` (compiled, in the same kernel
+    as the rotary: inductor updates the arena in place)."""
     qkv = F.linear(rms_norm(hidden, norm_weight, eps), qkv_weight, qkv_bias)
     qkv = qkv.view(qkv.shape[0], num_heads + 2 * num_kv_heads, -1)
     q, k, v = qkv.split([num_heads, num_kv_heads, num_kv_heads], dim=1)
-    return _rotate(q, cos, sin), _rotate(k, cos, sin), v
+    q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+    keys.index_copy_(0, write_index, k.to(keys.dtype))
+    values.index_copy_(0, write_index, v.to(values.dtype))
+    return q, k, v
 
 
 def mlp_block(
@@ -76,10 +85,18 @@ def mlp_block(
 ) -> torch.Tensor:
     """The rest of a layer after attention (`attn` [N, H, D]); returns the new residual stream."""
     hidden = hidden + F.linear(attn.flatten(1), o_weight, o_bias)
-    gate, up = F.linear(rms_norm(hidden, norm_weight, eps), gate_up_weight, gate_up_bias).chunk(
-        2, dim=-1
-    )
+    normed = rms_norm(hidden, norm_weight, eps)
+    gate, up = F.linear(normed, gate_up_weight, gate_up_bias).chunk(2, dim=-1)
     return hidden + F.linear(F.silu(gate) * up, down_weight, down_bias)
+
+
+def mlp_then_attention_inputs(
+    hidden: torch.Tensor, attn: torch.Tensor, mlp: tuple[Any, ...], nxt: tuple[Any, ...]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Layer i's `mlp_block`, then layer i + 1's `attention_inputs`: one compiled function, so
+    the residual add and the next RMSNorm are one kernel."""
+    hidden = mlp_block(hidden, attn, *mlp)
+    return (hidden, *attention_inputs(hidden, *nxt))
 
 
 @dataclass
@@ -139,6 +156,19 @@ class _Layer:
     gate_up_bias: _Fused | None
     down_proj: torch.nn.Linear
 
+    def attention_args(self) -> tuple[Any, ...]:
+        """`attention_inputs`' weight arguments."""
+        bias = self.qkv_bias.weight if self.qkv_bias else None
+        return (self.input_norm, self.eps, self.qkv.weight, bias)
+
+    def mlp_args(self) -> tuple[Any, ...]:
+        """`mlp_block`'s arguments after `hidden` and `attn`."""
+        bias = self.gate_up_bias.weight if self.gate_up_bias else None
+        return (
+            self.o_proj.weight, self.o_proj.bias, self.post_norm, self.eps, self.gate_up.weight,
+            bias, self.down_proj.weight, self.down_proj.bias,
+        )  # fmt: skip
+
 
 def unsupported_reason(model: Any) -> str | None:
     """Why the fused forward cannot run `model` (None: it can)."""
@@ -173,6 +203,7 @@ class FusedDecoder:
         self.layers = [self._layer(layer) for layer in model.model.layers]
         self._attention_inputs: Callable[..., Any] = attention_inputs
         self._mlp_block: Callable[..., Any] = mlp_block
+        self._mlp_next: Callable[..., Any] = mlp_then_attention_inputs
         self._norm: Callable[..., Any] = rms_norm
         self.is_compiled = False
         if compile:
@@ -227,13 +258,11 @@ class FusedDecoder:
         if on and not self.is_compiled:
             self._attention_inputs = torch.compile(attention_inputs, fullgraph=True)
             self._mlp_block = torch.compile(mlp_block, fullgraph=True)
+            self._mlp_next = torch.compile(mlp_then_attention_inputs, fullgraph=True)
             self._norm = torch.compile(rms_norm, fullgraph=True)
         elif not on:
-            self._attention_inputs, self._mlp_block, self._norm = (
-                attention_inputs,
-                mlp_block,
-                rms_norm,
-            )
+            self._attention_inputs, self._mlp_block = attention_inputs, mlp_block
+            self._mlp_next, self._norm = mlp_then_attention_inputs, rms_norm
         self.is_compiled = on
 
     def forward(
@@ -274,22 +303,23 @@ class FusedDecoder:
         inner = self.model.model
         hidden = inner.embed_tokens(input_ids)  # [1, N, hidden]
         cos, sin = inner.rotary_emb(hidden, position_ids=position_ids)  # [1, N, D]
-        hidden, cos, sin = self._tokens(hidden[0], cos[0][:, None], sin[0][:, None])
-        scale = self.head_dim**-0.5
-        for i, layer in enumerate(self.layers):
-            assert layer.qkv.weight is not None and layer.gate_up.weight is not None
-            q, k, v = self._attention_inputs(
-                hidden, layer.input_norm, layer.eps, layer.qkv.weight,
-                layer.qkv_bias.weight if layer.qkv_bias else None, cos, sin,
-                self.num_heads, self.num_kv_heads,
-            )  # fmt: skip
-            hidden, attn = self._tokens(hidden, step.attend_packed(i, q, k, v, scale))
-            hidden = self._mlp_block(
-                hidden, attn, layer.o_proj.weight, layer.o_proj.bias, layer.post_norm,
-                layer.eps, layer.gate_up.weight,
-                layer.gate_up_bias.weight if layer.gate_up_bias else None,
-                layer.down_proj.weight, layer.down_proj.bias,
-            )  # fmt: skip
+        hidden, cos, sin, index = self._tokens(
+            hidden[0], cos[0][:, None], sin[0][:, None], step.write_index
+        )
+        layers, scale = self.layers, self.head_dim**-0.5
+
+        def inputs_of(i: int) -> tuple[Any, ...]:  # layer i's attention_inputs after `hidden`
+            return (*layers[i].attention_args(), cos, sin, self.num_heads, self.num_kv_heads,
+                    step.keys[i], step.values[i], index)  # fmt: skip
+
+        q, k, v = self._attention_inputs(hidden, *inputs_of(0))
+        for i, layer in enumerate(layers):
+            (attn,) = self._tokens(step.attend_packed(i, q, k, v, scale, written=True))
+            if i + 1 < len(layers):
+                hidden, q, k, v = self._mlp_next(hidden, attn, layer.mlp_args(), inputs_of(i + 1))
+                (hidden,) = self._tokens(hidden)
+            else:
+                hidden = self._mlp_block(hidden, attn, *layer.mlp_args())
         if last_index is not None:  # the norm is per row: only the rows that sample
             (hidden,) = self._tokens(hidden[last_index])
         hidden = self._norm(hidden, inner.norm.weight, float(inner.norm.variance_epsilon))
