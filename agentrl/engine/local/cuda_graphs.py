@@ -113,6 +113,9 @@ class DecodeGraphs:
             self.floats[0, :b], self.floats[1, :b], row["top_k"][:b], row["seed"][:b],
             row["sample_position"][:b],
         )  # fmt: skip
+        if self._sample is not sample:  # compiled: one graph for every bucket above 1
+            for t in (logits, *vars(rows).values()):
+                torch._dynamo.maybe_mark_dynamic(t, 0)
         ids, logprobs = self._sample(logits, rows, use_filter=use_filter, terms=self._terms)
         self.ids[:b].copy_(ids)
         self.logprobs[:b].copy_(logprobs)
