@@ -6,6 +6,7 @@ Field names follow slime where a slime user would look for the knob.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -45,8 +46,7 @@ class ModelConfig:
 @dataclass
 class EngineConfig:
     kind: Literal["local", "http", "sglang"] = "local"
-    """local = transformers in-process; http = any SGLang-API endpoint or router URL;
-    sglang = servers launched and supervised by agentrl."""
+    """local = transformers in-process; http = any SGLang-API URL; sglang = servers agentrl runs."""
     url: str | None = None
     """Base URL for kind=http, e.g. http://127.0.0.1:30000."""
     max_batch_size: PositiveInt = 32
@@ -62,14 +62,9 @@ class EngineConfig:
     """Passed verbatim to `sglang.launch_server`, e.g. ["--context-length", "8192"]."""
     restart_on_failure: bool = False
     router_policy: str = "consistent_hashing"
-    """Router policy when num_servers > 1: consistent_hashing with `smg` installed; with only
-    sglang-router installed, manual (sticky on the same routing header)."""
+    """Router policy when num_servers > 1 (sglang-router alone: manual, sticky on the same key)."""
     api_key: str | None = None
-    """Bearer key of the servers' --api-key (SGLang and `agentrl serve`); None reads the
-    AGENTRL_API_KEY environment variable, and no key when that is unset."""
-    weight_update_path: Literal["tensor", "distributed"] = "tensor"
-    """How SGLangEngine pushes weights: tensor = same host (CUDA IPC / shared memory);
-    distributed = a torch.distributed broadcast from the trainer (NCCL on GPU, gloo on CPU)."""
+    """The servers' --api-key, sent as a Bearer key; None = $AGENTRL_API_KEY (none if unset)."""
 
 
 @dataclass
@@ -109,9 +104,8 @@ class RolloutConfig:
     max_observation_tokens: PositiveInt = 512
     """Tool/env observations longer than this are cut (head and tail kept)."""
     observation_format: Literal["chat", "raw"] = "chat"
-    """How env replies enter the token stream: chat = a turn of their own with the chat
-    template's headers (instruct models); raw = their text right after the sampled ids
-    (Search-R1's rendering for base models)."""
+    """chat = env replies as turns with the chat template's headers (instruct models); raw = their
+    text right after the sampled ids (Search-R1's rendering for base models)."""
     max_concurrent_episodes: PositiveInt = 64
     episode_timeout_s: PositiveFloat = 600.0
     """Wall clock per episode before it is TRUNCATED (wall_clock)."""
@@ -121,10 +115,9 @@ class RolloutConfig:
     """With dynamic_sampling: most extra rounds of sampling per train step."""
     seed: int = 0
     agent: str | None = None
-    """An agent to train instead of the env's own loop: `module:function`, an
-    `async def run(task, client) -> float | AgentResult` whose OpenAI client is bound to each
-    episode (`--set rollout.agent=my_agent:run`); the env supplies the tasks and scores an
-    `AgentResult`. Each chat completion is one turn (at most max_turns per episode)."""
+    """An agent to train instead of the env's own loop: `module:function`, an `async def run(task,
+    client) -> float | AgentResult` (an OpenAI client bound to the episode; one turn per chat
+    completion); the env supplies the tasks and scores an `AgentResult`."""
 
 
 @dataclass
@@ -145,12 +138,10 @@ class AlgoConfig:
     kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
     entropy_coef: float = 0.0
     use_tis: bool | None = None
-    """Truncated importance sampling between rollout and trainer logprobs; None = on with
-    train.use_async (turns sampled by older policy versions), off when synchronous."""
+    """Truncated importance sampling of rollout vs trainer logprobs; None = on with use_async."""
     tis_cap: PositiveFloat = 2.0
     loss_agg_mode: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] | None = None
-    """None = the policy loss's own: seq_mean_token_mean for gspo (its paper, verl, slime),
-    token_mean for ppo and cispo."""
+    """None = the policy loss's own: seq_mean_token_mean for gspo, token_mean for ppo and cispo."""
 
 
 @dataclass
@@ -174,8 +165,7 @@ class TrainConfig:
     max_tokens_per_micro_batch: PositiveInt = 4096
     """Token budget of one packed micro-batch row set (slime's --max-tokens-per-gpu)."""
     micro_batch_size: PositiveInt | None = None
-    """Sequences per micro-batch at most (slime's --micro-batch-size); None = as many as fit the
-    token budget."""
+    """Sequences per micro-batch at most (slime's --micro-batch-size); None = what fits."""
     lr: NonNegativeFloat = 1e-6
     min_lr: NonNegativeFloat = 0.0
     lr_warmup_steps: NonNegativeInt = 0
@@ -186,14 +176,12 @@ class TrainConfig:
     clip_grad: float = 1.0
     gradient_checkpointing: bool = False
     use_async: bool = False
-    """slime's train_async.py: the next step's rollout runs while this step trains (one step
-    off-policy; disaggregated placement only)."""
+    """slime's train_async.py: next step's rollout runs while this one trains (disaggregated)."""
     update_weights_interval: PositiveInt = 1
     """With use_async: push weights every N steps (after the in-flight rollout ends)."""
     async_mode: Literal["one_step", "full"] = "one_step"
-    """With use_async: one_step = slime's train_async.py (step k+1's rollout runs while step k
-    trains); full = a rollout worker keeps episodes in flight across steps and weight updates,
-    and the trainer takes groups as they finish."""
+    """one_step = slime's train_async.py (step k+1's rollout runs while step k trains); full = a
+    rollout worker keeps episodes in flight across steps and weight updates."""
     max_staleness: NonNegativeInt | None = 2
     """A trajectory whose oldest turn is more than this many policy versions behind the trainer
     is dropped (counted in rollout/num_stale_dropped), never trained on; None = no bound."""
@@ -212,8 +200,7 @@ class CheckpointConfig:
     save_interval: PositiveInt = 10
     """Save every N train steps."""
     save_interval_minutes: PositiveFloat | None = None
-    """Also save when this many minutes of wall clock have passed since the last save
-    (a preemptible job loses at most that much); None = by step only."""
+    """Also save once this many minutes passed since the last save (what preemption loses)."""
     keep_last: PositiveInt = 2
     resume: str | None = None
     """A checkpoint or run directory to continue from."""
@@ -247,11 +234,10 @@ class ClusterConfig:
     """Placement on Ray, with slime's flag names. Default: everything in this one process."""
 
     use_ray: bool | None = None
-    """None = auto: Ray when `ray_address`/RAY_ADDRESS is set or any placement flag below asks for
-    more than one process (`--colocate`, `--rollout-num-gpus`, more than one trainer GPU)."""
+    """None = auto: Ray when `ray_address`/RAY_ADDRESS is set or a placement flag below asks for
+    more than one process."""
     ray_address: str | None = None
-    """An existing Ray cluster to join (`ray start --head` on the head node); None = RAY_ADDRESS,
-    else a local Ray started for this run."""
+    """A Ray cluster to join; None = RAY_ADDRESS, else a local Ray started for this run."""
     actor_num_nodes: PositiveInt = 1
     """Nodes for the trainer group."""
     actor_num_gpus_per_node: PositiveInt = 1
@@ -263,31 +249,28 @@ class ClusterConfig:
     colocate: bool = False
     """Engines share the trainer's GPUs and release their memory while the trainer steps."""
     offload_train: bool = False
-    """slime's --offload-train, for a trainer sharing its GPU with an engine (colocated, or in
-    one process on CUDA): between steps its optimizer state waits in pinned host memory, and the
-    engine's KV cache is sized without leaving room for it. Costs a host round trip of the state
-    per step. Off by default (slime turns it on with --colocate)."""
+    """slime's --offload-train, for a trainer sharing its GPU with an engine: between steps its
+    optimizer state waits in pinned host memory (the KV cache leaves no room for it)."""
     update_weight_transport: Literal["auto", "tensor", "distributed", "disk"] = "auto"
-    """auto = tensor (CUDA IPC / shared memory) when colocated, distributed (NCCL / gloo broadcast)
-    when disaggregated; disk = `update_weights_from_disk` through a checkpoint directory."""
+    """How weights reach the engines: tensor (CUDA IPC / shared memory, same host; auto when
+    colocated or in one process), distributed (NCCL / gloo broadcast; auto when disaggregated),
+    disk (`update_weights_from_disk` through a checkpoint directory)."""
     update_weight_buffer_size: PositiveInt = 2 * 2**30
-    """Bytes per weight bucket sent to the engines (slime: --update-weight-buffer-size, default
-    512 MiB there). Each bucket costs an HTTP round trip and one transient flat buffer on each
-    side; 2 GiB synced a 1.7B model at 0.0065 s/GB against 0.0111 with 512 MiB (2x H200)."""
+    """Bytes per weight bucket sent to the engines (slime: --update-weight-buffer-size, 512 MiB):
+    each costs an HTTP round trip and a transient flat buffer on each side."""
     engine_server: Literal["auto", "sglang", "agentrl"] = "auto"
     """Engine servers: auto = SGLang when installed and CUDA is present, else `agentrl serve`."""
     use_sglang_router: bool = False
-    """Put a router in front of the engines instead of agentrl's own client-side consistent
-    hashing: `smg` (consistent_hashing) when installed, else sglang-router (manual, sticky on
-    the routing header)."""
+    """A router in front of the engines instead of agentrl's client-side consistent hashing:
+    `smg` when installed, else sglang-router."""
     max_engine_restarts: NonNegativeInt = 3
     """Restarts per engine server before the run stops with its last log lines."""
     max_rerun_rounds: NonNegativeInt = 2
     """Times a step re-runs the tasks whose episodes a dead engine aborted."""
     engine_start_timeout_s: PositiveFloat = 900.0
     check_weight_sync: bool = True
-    """After each sync, every engine samples a few tokens of a fixed prompt and their logprobs
-    are compared with the trainer's (metric weight_sync/max_logprob_abs_diff)."""
+    """After each sync, compare each server's logprobs of a few sampled tokens with the trainer's
+    (weight_sync/max_logprob_abs_diff)."""
 
 
 @dataclass
@@ -348,9 +331,8 @@ def _adapter(hint: Any) -> TypeAdapter[Any]:
 
 
 def _coerce(key: str, value: Any, hint: Any) -> Any:
-    """Turn `value` (a string from the command line, or a JSON value) into type `hint`:
-    pydantic's lax mode ("8" -> 8, "off" -> False), "none" for optional fields, JSON (or a
-    comma-separated list) for list and dict fields."""
+    """`value` (a command-line string or a JSON value) as type `hint`: pydantic's lax mode, "none"
+    for optional fields, JSON (or a comma-separated list) for list and dict fields."""
     if isinstance(value, str):
         origin = typing.get_origin(hint)
         if value.lower() in ("none", "null") and type(None) in typing.get_args(hint):
@@ -376,8 +358,17 @@ def _choices(hint: Any) -> str:
     return ", ".join(str(v) for v in typing.get_args(literals[0])) if literals else ""
 
 
+_REPLACED = {"engine.weight_update_path": ("cluster.update_weight_transport", "tensor")}
+"""Fields that are gone -> (the field that replaced them, the old default a saved run holds)."""
+
+
 def set_field(cfg: RunConfig, key: str, value: Any) -> None:
     """Set `section.field` (or `section.dict_field.key`) on `cfg`, checking name and type."""
+    if key in _REPLACED:
+        replacement, old_default = _REPLACED[key]
+        if value == old_default:  # a run saved before the change: nothing asked for
+            return
+        raise ConfigError(f"{key} is gone; set {replacement}={value} instead")
     parts = key.split(".")
     if len(parts) < 2:
         raise ConfigError(
@@ -393,21 +384,16 @@ def set_field(cfg: RunConfig, key: str, value: Any) -> None:
     if len(parts) > 2:
         target = getattr(section, name)
         if not isinstance(target, dict):
-            raise ConfigError(
-                f"{parts[0]}.{name} is not a mapping, so {key!r} cannot set a key in it"
-            )
+            raise ConfigError(f"{parts[0]}.{name} is not a mapping: {key!r} cannot set a key in it")
         target[".".join(parts[2:])] = _parse_scalar(value)
         return
     setattr(section, name, _coerce(key, value, hints[name]))
 
 
 def _parse_scalar(value: Any) -> Any:
-    if not isinstance(value, str):
-        return value
-    try:
-        return json.loads(value)
-    except json.JSONDecodeError:
-        return value
+    with contextlib.suppress(json.JSONDecodeError, TypeError):
+        return json.loads(value) if isinstance(value, str) else value
+    return value
 
 
 def config_from_flags(
@@ -438,24 +424,18 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
 def recipe_calculator() -> RunConfig:
     """A CPU-sized run on the built-in calculator env with the bundled SmolLM2-135M.
     Temperature 0.8: at 1.0 a 135M model's samples are mostly noise, so groups carry little signal."""
-    cfg = RunConfig()
-    cfg.env.id = "calculator"
-    cfg.rollout.rollout_batch_size = 8
-    cfg.rollout.n_samples_per_prompt = 4
-    cfg.rollout.rollout_max_response_len = 64
-    cfg.rollout.rollout_temperature = 0.8
-    cfg.rollout.max_turns = 2
-    cfg.train.num_rollout = 12
-    cfg.train.lr = 5e-6
-    cfg.checkpoint.save = "runs/calculator"
-    cfg.checkpoint.save_interval = 4
-    cfg.eval.num_eval_tasks = 64
-    return cfg
+    return RunConfig(
+        env=EnvConfig(id="calculator"),
+        rollout=RolloutConfig(rollout_batch_size=8, n_samples_per_prompt=4, max_turns=2,
+                              rollout_max_response_len=64, rollout_temperature=0.8),
+        train=TrainConfig(num_rollout=12, lr=5e-6),
+        checkpoint=CheckpointConfig(save="runs/calculator", save_interval=4),
+        eval=EvalConfig(num_eval_tasks=64),
+    )  # fmt: skip
 
 
 RECIPE_ENTRY_POINT_GROUP = "agentrl.recipes"
-"""Installed packages (the bundled envs among them) add a recipe for their env here: an entry
-named after the env id, pointing at a function that returns a RunConfig."""
+"""Where installed packages add a recipe: an entry named after the env id -> RunConfig."""
 
 
 def recipe_for_env(env_id: str) -> RunConfig:

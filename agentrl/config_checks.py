@@ -3,15 +3,29 @@ config is whole (after flags, `--set` and a resumed run's saved config), before 
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import importlib.util
+import os
 
 from agentrl.config import ConfigError, RunConfig
+
+
+def resolved(cfg: RunConfig) -> RunConfig:
+    """A copy of `cfg` with the defaults that follow from other fields filled in (`cfg` stays
+    as given): TIS on with `--async`, whose turns come from older policies."""
+    algo = cfg.algo
+    if algo.use_tis is None:
+        algo = dataclasses.replace(algo, use_tis=cfg.train.use_async)
+    return dataclasses.replace(copy.deepcopy(cfg), algo=algo)
 
 
 def check_run(cfg: RunConfig) -> None:
     """What no single field's type or bound catches: fields that contradict each other, and
     what this machine lacks for them. A `ConfigError` naming the flags, before anything loads."""
     engine, train, algo, rollout = cfg.engine, cfg.train, cfg.algo, cfg.rollout
+    _check_async(cfg)
+    _check_transport(cfg)
     if engine.kind == "http" and not engine.url:
         raise ConfigError(
             "engine.kind=http needs engine.url, e.g. --set engine.url=http://127.0.0.1:30000 "
@@ -66,6 +80,62 @@ def check_run(cfg: RunConfig) -> None:
                 f"model.device={cfg.model.device!r} but torch sees no CUDA GPU here; use "
                 "model.device=auto or cpu"
             )
+
+
+def _check_async(cfg: RunConfig) -> None:
+    """Refuse async settings that cannot work, naming the flag and the fix."""
+    train = cfg.train
+    if not train.use_async:
+        if train.async_mode == "full":
+            raise ConfigError("train.async_mode='full' needs train.use_async=true (--async)")
+        return
+    if cfg.cluster.colocate or (trainer_uses_cuda(cfg.model.device) and not uses_ray(cfg)):
+        raise ConfigError(
+            "--async generates while the trainer steps, but colocated engines give their memory "
+            "to the trainer then: run disaggregated (e.g. --actor-num-gpus-per-node 1 "
+            "--rollout-num-gpus 1, without --colocate), or in one process on CPU"
+        )
+    lag = train.update_weights_interval
+    if (
+        train.async_mode == "one_step"
+        and train.max_staleness is not None
+        and lag > train.max_staleness
+    ):
+        raise ConfigError(
+            f"--update-weights-interval={lag} makes --async rollouts up to {lag} policy versions "
+            f"old, past --max-staleness={train.max_staleness}: raise --max-staleness to {lag}"
+        )
+
+
+def _check_transport(cfg: RunConfig) -> None:
+    """In one process an engine object takes the trainer's tensors: no broadcast, no disk."""
+    transport = cfg.cluster.update_weight_transport
+    if cfg.engine.kind == "local" and not uses_ray(cfg) and transport not in ("auto", "tensor"):
+        raise ConfigError(
+            f"--update-weight-transport={transport} needs engine servers (Ray placement flags, or "
+            "engine.kind=http/sglang); the in-process engine takes tensors: use auto or tensor"
+        )
+
+
+def uses_ray(cfg: RunConfig) -> bool:
+    """Whether the run places trainer and engines on Ray (`cluster.use_ray`, else the flags)."""
+    c = cfg.cluster
+    if c.use_ray is not None:
+        return c.use_ray
+    return bool(
+        c.ray_address
+        or os.environ.get("RAY_ADDRESS")
+        or c.colocate
+        or c.rollout_num_gpus is not None
+        or c.actor_num_nodes * c.actor_num_gpus_per_node > 1
+    )
+
+
+def trainer_uses_cuda(device: str) -> bool:
+    """Whether a trainer on `model.device` runs on CUDA here (auto: when a GPU is visible)."""
+    import torch
+
+    return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
 
 
 def _is_ray_address(address: str) -> bool:

@@ -11,7 +11,7 @@ from agentrl.config import (
     recipe_for_env,
     set_field,
 )
-from agentrl.config_checks import check_run
+from agentrl.config_checks import check_run, resolved
 
 
 def test_override_sets_typed_values():
@@ -146,3 +146,27 @@ def test_consistent_configs_pass():
 def test_non_finite_numbers_are_refused():
     with pytest.raises(ConfigError, match="train.lr='inf' is not a finite number"):
         apply_overrides(RunConfig(), ["train.lr=inf"])
+
+
+def test_a_replaced_field_names_its_replacement():
+    with pytest.raises(ConfigError, match=r"engine.weight_update_path is gone; set "
+                       r"cluster.update_weight_transport=distributed instead"):  # fmt: skip
+        apply_overrides(RunConfig(), ["engine.weight_update_path=distributed"])
+    saved = RunConfig().to_dict()
+    saved["engine"]["weight_update_path"] = "tensor"  # a run saved before the change resumes
+    assert RunConfig.from_dict(saved).cluster.update_weight_transport == "auto"
+
+
+def test_an_in_process_engine_takes_tensors_only():
+    cfg = apply_overrides(RunConfig(), ["cluster.update_weight_transport=disk"])
+    with pytest.raises(ConfigError, match="--update-weight-transport=disk needs engine servers"):
+        check_run(cfg)
+    check_run(apply_overrides(cfg, ["engine.kind=http", "engine.url=http://127.0.0.1:1"]))
+
+
+def test_resolved_fills_tis_from_async_and_leaves_the_config_as_given():
+    cfg = apply_overrides(RunConfig(), ["train.use_async=true"])
+    assert resolved(cfg).algo.use_tis is True and cfg.algo.use_tis is None
+    assert resolved(RunConfig()).algo.use_tis is False
+    kept = apply_overrides(RunConfig(), ["train.use_async=true", "algo.use_tis=false"])
+    assert resolved(kept).algo.use_tis is False

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from agentrl.config import recipe_for_env
-from agentrl.loop import train
 from agentrl.rollout.trajectory import read_jsonl
+from agentrl.run import train
 
 
 def _config(model_path: str, save: Path):
@@ -212,14 +212,14 @@ def test_save_interval_minutes_saves_by_clock_and_resumes_exactly(tiny_model_pat
     assert [t.logprobs for t in traj_a] == [t.logprobs for t in traj_b]  # the restored weights
 
     # The finished run released its lock, and its directory is now refused as a fresh --save.
-    from agentrl.run_dir import RunDirError
+    from agentrl.run.run_dir import RunDirError
 
     with pytest.raises(RunDirError, match="--overwrite"):
         train(_config(tiny_model_path, run_a))
 
 
 class _RecordingState:
-    """Stands in for the run's `_State`: trains instantly and records what `_run` asks for."""
+    """Stands in for the run's `RunState`: trains instantly and records what `_run` asks for."""
 
     def __init__(self, cfg, *, interrupt_at: int | None = None) -> None:
         from types import SimpleNamespace
@@ -265,7 +265,7 @@ class _RecordingState:
     ],
 )
 async def test_eval_and_save_cadence(start_step, eval_interval, eval_steps, save_steps):
-    from agentrl.loop import _run
+    from agentrl.run.loop import _run
 
     cfg = _config("unused", Path("unused"))
     cfg.train.num_rollout, cfg.checkpoint.save_interval = 7, 3
@@ -279,7 +279,7 @@ async def test_eval_and_save_cadence(start_step, eval_interval, eval_steps, save
 
 
 async def test_interrupt_saves_the_last_completed_step_and_stops():
-    from agentrl.loop import _run
+    from agentrl.run.loop import _run
 
     cfg = _config("unused", Path("unused"))
     cfg.train.num_rollout, cfg.checkpoint.save_interval, cfg.eval.eval_at_start = 7, 3, False

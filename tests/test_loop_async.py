@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from agentrl.config import ConfigError, recipe_for_env
-from agentrl.loop import train
 from agentrl.rollout.staleness import trajectory_lag
 from agentrl.rollout.trajectory import read_jsonl
+from agentrl.run import train
 from agentrl.types import EpisodeStatus
 
 

@@ -9,10 +9,10 @@ import threading
 
 from agentrl.config import recipe_for_env
 from agentrl.data import TaskSource
-from agentrl.loop import _State
-from agentrl.loop_async import Rollout
-from agentrl.metrics import MetricsLogger
 from agentrl.rollout.collect import Collected
+from agentrl.run.metrics import MetricsLogger
+from agentrl.run.schedules import Rollout
+from agentrl.run.state import RunState
 from agentrl.types import Task
 from tests.eval.conftest import build_traj
 
@@ -40,7 +40,7 @@ async def test_interrupt_mid_update_finishes_the_step_and_counts_it(tmp_path):
     trainer = _SlowTrainer()
     logger = MetricsLogger(tmp_path, use_tensorboard=False)
     source = TaskSource([Task(id="t0", data={})], seed=0)
-    state = _State(cfg, tmp_path, trainer, None, source, [], logger, [])  # type: ignore[arg-type]
+    state = RunState(cfg, tmp_path, trainer, None, source, [], logger, [])  # type: ignore[arg-type]
     groups = [[build_traj(float(i % 2), task_id="t0") for i in range(4)]]
     rollout = Rollout(Collected(groups=groups), {"cursor": 1}, 0.1)
     assert state.data_state != {"cursor": 1}

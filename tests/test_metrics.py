@@ -1,4 +1,4 @@
-"""rollout_metrics on constructed trajectories; MetricsLogger files; Timer."""
+"""rollout_metrics on constructed trajectories; MetricsLogger files."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from agentrl.metrics import MetricsLogger, Timer, rollout_metrics
 from agentrl.rollout.trajectory import Trajectory, Turn
+from agentrl.run.metrics import MetricsLogger, rollout_metrics
 from agentrl.types import EpisodeStatus, StatusReason
 
 REASONS = {
@@ -157,20 +157,6 @@ def _lines(run_dir) -> list[str]:
 def test_metrics_logger_wandb_asked_but_missing_is_a_clear_error(tmp_path) -> None:
     with pytest.raises(RuntimeError, match="pip install wandb"):
         MetricsLogger(tmp_path, use_wandb=True)
-
-
-def test_timer_accumulates_and_pops() -> None:
-    timer = Timer()
-    with timer("rollout"):
-        pass
-    with timer("rollout"):
-        pass
-    with pytest.raises(KeyError), timer("train"):
-        raise KeyError("still timed")
-    split = timer.pop()
-    assert set(split) == {"time/rollout_s", "time/train_s"}
-    assert all(v >= 0.0 for v in split.values())
-    assert timer.pop() == {}
 
 
 def test_rollout_metrics_count_serving_engines_and_split_episodes() -> None:

@@ -81,9 +81,8 @@ def eval_command(
 ) -> None:
     """Evaluate a model on held-out tasks: mean reward, pass@k, maj@k, status mix, tools."""
     from rich.console import Console
-    from rich.markup import escape
 
-    from agentrl.cli import quiet_libraries
+    from agentrl.cli import fail, quiet_libraries, user_errors
 
     quiet_libraries()
 
@@ -100,8 +99,7 @@ def eval_command(
             overrides=([f"rollout.agent={agent}"] if agent else []) + (overrides or []),
         )
     except (ValueError, FileNotFoundError) as e:
-        console.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
-        raise typer.Exit(2)
+        fail(str(e))
     if cfg.eval.temperature == 0 and cfg.eval.n_samples > 1:
         console.print(
             f"[yellow]note:[/] temperature 0 is greedy, so the k={cfg.eval.n_samples} episodes of a "
@@ -115,22 +113,14 @@ def eval_command(
         "model": cfg.model.path,
         "seed": seed,
     }
-    from agentrl.data import DataError
-    from agentrl.envs.registry import EnvLoadError, UnknownEnvError
     from agentrl.eval.runner import ResumeMismatchError
-    from agentrl.model_store import ModelPathError
 
     if out_dir.exists() and not out_dir.is_dir():
-        message = f"[red]error:[/] --out {escape(str(out_dir))} is a file; pass a directory"
-        console.print(message, soft_wrap=True)
-        raise typer.Exit(2)
-    try:
+        fail(f"--out {out_dir} is a file; pass a directory")
+    with user_errors(ResumeMismatchError):
         report = asyncio.run(
             _run(cfg, split, out_dir, meta, resume=resume, seed=seed, progress=cfg.log.progress)
         )
-    except (ResumeMismatchError, DataError, UnknownEnvError, EnvLoadError, ModelPathError) as e:
-        console.print(f"[red]error:[/] {escape(str(e))}", soft_wrap=True)
-        raise typer.Exit(2)
     print_report(console, report, out_dir)
 
 

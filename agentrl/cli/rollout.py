@@ -37,43 +37,26 @@ def rollout_command(
     import logging
 
     from rich.console import Console
-    from rich.markup import escape
 
-    from agentrl.cli import quiet_libraries
-    from agentrl.config import ConfigError, config_from_flags
+    from agentrl.cli import fail, quiet_libraries, user_errors
+    from agentrl.config import config_from_flags
     from agentrl.config_checks import check_run
 
     quiet_libraries()
 
     console = Console(stderr=True)
     if num_tasks < 1 or n_samples < 1:
-        console.print(
-            f"[red]--num-tasks={num_tasks} and --n-samples={n_samples} must both be at least 1"
-        )
-        raise typer.Exit(2)
+        fail(f"--num-tasks={num_tasks} and --n-samples={n_samples} must both be at least 1")
     if temperature is not None and not 0 <= temperature < math.inf:
-        console.print(f"[red]error:[/red] --temperature={temperature} must be >= 0 (0 = greedy)")
-        raise typer.Exit(2)
-    try:
+        fail(f"--temperature={temperature} must be >= 0 (0 = greedy)")
+    with user_errors():
         cfg = config_from_flags(env, {"model.path": model or None}, set_)
         check_run(cfg)
-    except ConfigError as e:
-        console.print(f"[red]config error:[/red] {escape(str(e))}", soft_wrap=True)
-        raise typer.Exit(2)
     if problem := _unwritable(Path(out)):
-        console.print(f"[red]error:[/red] --out {escape(out)}: {problem}", soft_wrap=True)
-        raise typer.Exit(2)
+        fail(f"--out {out}: {problem}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from agentrl.data import DataError
-    from agentrl.engine.sglang.launcher import SGLangNotInstalled
-    from agentrl.envs.registry import EnvLoadError, UnknownEnvError
-    from agentrl.model_store import ModelPathError
-
-    try:
+    with user_errors():
         summary = asyncio.run(_rollout(cfg, split, num_tasks, n_samples, temperature, out, console))
-    except (DataError, SGLangNotInstalled, UnknownEnvError, EnvLoadError, ModelPathError) as e:
-        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
-        raise typer.Exit(2)
     console.print(summary)
 
 

@@ -10,9 +10,10 @@ import math
 import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
 
 import typer
+
+from agentrl.cli import fail
 
 
 def register(app: typer.Typer) -> None:
@@ -39,9 +40,9 @@ def register(app: typer.Typer) -> None:
 
         # Checked here, before a sandbox exists, so each error names the flag as typed.
         if not (math.isfinite(timeout_s) and timeout_s > 0):
-            _fail(f"--timeout-s={timeout_s:g} must be a finite number > 0; e.g. --timeout-s 10")
+            fail(f"--timeout-s={timeout_s:g} must be a finite number > 0; e.g. --timeout-s 10")
         if memory_mb <= 0:
-            _fail(f"--memory-mb={memory_mb} must be > 0; e.g. --memory-mb 512")
+            fail(f"--memory-mb={memory_mb} must be > 0; e.g. --memory-mb 512")
         program = Program(code=_read_program(file), stdin=stdin.read_bytes() if stdin else b"")
         limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb)
         try:
@@ -109,15 +110,9 @@ def _read_program(file: Path) -> str:
     try:
         return file.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        _fail(
+        fail(
             f"FILE {file} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start}); "
             "save it as UTF-8"
         )
     except OSError as e:
-        _fail(f"FILE {file} cannot be read ({e.strerror}); check its permissions")
-
-
-def _fail(message: str) -> NoReturn:
-    """One line on stderr and exit status 2 (bad input), as the other commands do."""
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(2)
+        fail(f"FILE {file} cannot be read ({e.strerror}); check its permissions")

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from agentrl.cli import fail
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -60,11 +62,9 @@ def show_command(
                 )
             render_trajectory(console, i, traj, decode, show_prompt=show_prompt)
     except IndexOutOfRange as e:
-        console.print(f"[red]--index {index} is out of range: {escape(str(e))}", soft_wrap=True)
-        raise typer.Exit(2)
+        fail(f"--index {index} is out of range: {e}")
     except (OSError, ValueError) as e:
-        console.print(f"[red]cannot read {escape(path)}:[/red] {escape(str(e))}", soft_wrap=True)
-        raise typer.Exit(2)
+        fail(f"cannot read {path}: {e}")
     if decode is None:
         console.print(f"[red]no trajectories in {escape(str(file))}[/red]", soft_wrap=True)
         raise typer.Exit(1)
@@ -80,8 +80,7 @@ def _file_or_exit(console: Console, path: str) -> Path:
     try:
         file = trajectories_file(Path(path))
     except (OSError, ValueError) as e:
-        console.print(f"[red]cannot read {escape(path)}:[/red] {escape(str(e))}", soft_wrap=True)
-        raise typer.Exit(2)
+        fail(f"cannot read {path}: {e}")
     if file != Path(path):
         parent = escape(str(file.parent))
         console.print(f"showing {escape(str(file))}, the latest step file in {parent}")

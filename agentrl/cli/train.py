@@ -73,7 +73,7 @@ def build_config(
     flags, then `--set` overrides (last wins). On resume, a flag that changes the saved config
     is refused unless `is_override` (`--override`)."""
     from agentrl.config import RunConfig, config_from_flags
-    from agentrl.run_dir import RunDirError, config_diff, saved_config
+    from agentrl.run.run_dir import RunDirError, config_diff, saved_config
 
     saved = saved_config(resume) if resume else None
     values = {"env.id": env, **{SLIME_FLAGS[name]: value for name, value in flags.items()}}
@@ -252,19 +252,14 @@ def train_command(
     import logging
 
     from rich.console import Console
-    from rich.markup import escape
 
-    from agentrl.cli import quiet_libraries
-    from agentrl.config import ConfigError
+    from agentrl.cli import fail, quiet_libraries, user_errors
 
     flags = {k: v for k, v in locals().items() if k in SLIME_FLAGS}
     console = Console()
-    try:
+    with user_errors():
         cfg, changed = build_config(env, flags, set_, resume, is_override=override)
         cfg.checkpoint.overwrite = overwrite
-    except ConfigError as e:
-        console.print(f"[red]config error:[/red] {escape(str(e))}", soft_wrap=True)
-        raise typer.Exit(2)
     for line in changed:
         console.print(f"[yellow]override[/yellow] {line}", soft_wrap=True)
     if show_config:
@@ -275,47 +270,29 @@ def train_command(
     logging.getLogger("agentrl").setLevel(logging.INFO)  # ours only: no library INFO chatter
     for handler in logging.getLogger().handlers:  # libraries that set their own level (bm25s
         handler.addFilter(_ours_or_warning)  # logs an INFO line per empty query) too
-    from agentrl.data import DataError
     from agentrl.engine.base import EngineMemoryError
-    from agentrl.engine.sglang.launcher import SGLangNotInstalled
-    from agentrl.envs.registry import EnvLoadError, UnknownEnvError
-    from agentrl.loop import train
-    from agentrl.model_store import ModelPathError
     from agentrl.progress import RunProgress
+    from agentrl.run import train
     from agentrl.trainer.checkpoint_space import CheckpointSaveError
 
     try:
-        result = train(cfg, RunProgress(enabled=cfg.log.progress, console=console))
-    except (
-        DataError,
-        ConfigError,
-        SGLangNotInstalled,
-        UnknownEnvError,
-        EnvLoadError,
-        ModelPathError,
-    ) as e:
-        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
-        raise typer.Exit(2)
+        with user_errors():
+            result = train(cfg, RunProgress(enabled=cfg.log.progress, console=console))
+    except CheckpointSaveError as e:  # the disk is full: the line says what and how to go on
+        fail(str(e), code=1)
     except KeyboardInterrupt:
         console.print(f"[yellow]stopped[/yellow]: {_saved_line(cfg)}", soft_wrap=True)
         raise typer.Exit(130)
-    except CheckpointSaveError as e:  # the disk is full: the line says what and how to go on
-        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
-        raise typer.Exit(1)
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         # Full while writing rollouts, metrics or evals (a checkpoint says more, above).
         where = f" writing {e.filename}" if e.filename else ""
-        line = f"{e.strerror}{where}; free space: {_saved_line(cfg)}"
-        console.print(f"[red]error:[/red] {escape(line)}", soft_wrap=True)
-        raise typer.Exit(1)
+        fail(f"{e.strerror}{where}; free space: {_saved_line(cfg)}", code=1)
     except EngineMemoryError as e:
-        console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
         lower = round(cfg.engine.mem_fraction_static * 0.75, 2)
         fix = f" --override --set engine.mem_fraction_static={lower}"
-        console.print(_saved_line(cfg, fix), soft_wrap=True)
-        raise typer.Exit(1)
+        fail(f"{e}\n{_saved_line(cfg, fix)}", code=1)
     console.print(done_line(result), soft_wrap=True)
 
 

@@ -1,7 +1,3 @@
-"""Placement on Ray: the placement group from slime's flags, the trainer group (one actor per
-rank), the engine group (one server per engine, supervised) and the weight sync between them.
+"""Placement on Ray: the placement group from slime's flags, the trainer ranks (one actor each)
+and the engine servers (one per engine, supervised, routed) on it, for the run's `Runtime`.
 The only package that imports `ray` (the `ray` extra)."""
-
-from agentrl.cluster.runtime import RayRuntime
-
-__all__ = ["RayRuntime"]

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrl.cluster.placement import BundleInfo, Placement, bundle_strategy
+from agentrl.cluster.placement import BundleInfo, BundlePlan, bundle_strategy
 from agentrl.config import RunConfig
+from agentrl.engine.gate import GatedEngine
 from agentrl.engine.router import RoutedEngine
 from agentrl.engine.sglang import SGLangEngine
 from agentrl.engine.sglang.launcher import (
@@ -153,11 +154,14 @@ def start_router(urls: list[str], log_dir: Path, api_key: str | None = None) -> 
     return router
 
 
-class EngineGroup:
-    """Driver side: the actors, their URLs, and the `RoutedEngine` that rollouts talk to."""
+class ServedEngineGroup:
+    """The run's `EngineGroup` on Ray: the server actors, their URLs, the `RoutedEngine` that
+    rollouts talk to (behind the weight-update gate), and the weight version they serve."""
 
-    def __init__(self, actors: list[Any], urls: list[str], cfg: RunConfig) -> None:
-        self.actors, self.urls, self.cfg = actors, urls, cfg
+    def __init__(
+        self, actors: list[Any], urls: list[str], cfg: RunConfig, plan: BundlePlan
+    ) -> None:
+        self.actors, self.urls, self.cfg, self.plan = actors, urls, cfg, plan
         self.api_key = resolve_api_key(cfg.engine)
         self.num_restarts = [0] * len(actors)
         self.router: ManagedProcess | None = None
@@ -165,7 +169,8 @@ class EngineGroup:
             logs = Path(cfg.checkpoint.save) / "engine_logs"
             self.router = start_router(urls, logs, self.api_key)
         router_client = self._client(self.router.url) if self.router else None
-        self.engine = RoutedEngine([self._client(u) for u in urls], router=router_client)
+        self.routed = RoutedEngine([self._client(u) for u in urls], router=router_client)
+        self.engine = GatedEngine(self.routed)
 
     def _client(self, url: str) -> SGLangEngine:
         return SGLangEngine(
@@ -177,27 +182,71 @@ class EngineGroup:
         )
 
     @classmethod
-    async def start(cls, actors: list[Any], cfg: RunConfig) -> EngineGroup:
+    async def start(cls, actors: list[Any], cfg: RunConfig, plan: BundlePlan) -> ServedEngineGroup:
         urls = await asyncio.gather(*(a.start.remote() for a in actors))
-        group = cls(actors, list(urls), cfg)
-        versions = {await c.get_weight_version() for c in group.engine.clients}
+        group = cls(actors, list(urls), cfg, plan)
+        versions = {await c.get_weight_version() for c in group.routed.clients}
         if len(versions) != 1:
             raise RuntimeError(f"engine servers started with different weight versions {versions}")
-        group.engine.set_weight_version(versions.pop())
+        group.set_weight_version(versions.pop())
         log.info("engine group ready: %s", group.urls)
         return group
+
+    @property
+    def weight_version(self) -> str:
+        return self.routed.weight_version
+
+    def set_weight_version(self, version: str) -> None:
+        self.routed.set_weight_version(version)
+
+    async def pause_generation(self, mode: str) -> None:
+        await self.routed.pause_generation(mode)
+
+    async def continue_generation(self) -> None:
+        await self.routed.continue_generation()
+
+    async def release_memory(self) -> None:
+        await self.routed.release_memory()
+
+    async def resume_memory(self, tags: list[str]) -> None:
+        await self.routed.resume_memory(tags)
+
+    async def memory_bytes(self) -> float | None:
+        """Accelerator memory engine 0 holds, as its server reports it (SGLang: the sizes of the
+        parts it has not released)."""
+        from agentrl.engine.sglang.protocol import memory_bytes_from_server_info
+
+        client = self.routed.clients[0]
+        info = await client.get_server_info()
+        return memory_bytes_from_server_info(info, client.released_tags())
+
+    def servers(self) -> list[SGLangEngine]:
+        return list(self.routed.clients)
+
+    def weight_targets(self, num_ranks: int, transport: str) -> list[list[Any]]:
+        """Tensors stay on their host: each colocated rank sends to the engines on its GPUs.
+        Otherwise rank 0 reaches every engine (a broadcast group, or a directory on disk)."""
+        per_rank: list[list[Any]] = [[] for _ in range(num_ranks)]
+        if transport == "tensor" and self.plan.is_colocated:
+            for e, url in enumerate(self.urls):
+                rank = self.plan.colocated_rank(e)
+                per_rank[rank if rank is not None else 0].append(url)
+        else:
+            per_rank[0] = list(self.urls)
+        return per_rank
 
     async def heal(self) -> list[int]:
         """Restart every server that died (up to `cluster.max_engine_restarts` each); returns the
         indices restarted, which serve the launch weights until the caller syncs them."""
         alive = await asyncio.gather(*(a.is_alive.remote() for a in self.actors))
         dead = [i for i, ok in enumerate(alive) if not ok]
+        limit = self.cfg.cluster.max_engine_restarts
         for i in dead:
-            if self.num_restarts[i] >= self.cfg.cluster.max_engine_restarts:
+            if self.num_restarts[i] >= limit:
                 report = await self.actors[i].report.remote()
                 raise RuntimeError(
                     f"engine {i} died {self.num_restarts[i] + 1} times (cluster.max_engine_restarts="
-                    f"{self.cfg.cluster.max_engine_restarts}); {report}"
+                    f"{limit}); {report}"
                 )
             self.num_restarts[i] += 1
             log.warning(
@@ -205,25 +254,25 @@ class EngineGroup:
             )
         urls = await asyncio.gather(*(self.actors[i].start.remote() for i in dead))
         for i, url in zip(dead, urls, strict=True):
-            await self.engine.clients[i].close()
+            await self.routed.clients[i].close()
             if self.router is not None:
                 await replace_worker(self.router.url, self.urls[i], url, api_key=self.api_key)
             self.urls[i] = url
-            self.engine.clients[i] = self._client(url)
+            self.routed.clients[i] = self._client(url)
         return dead
 
     def servers_down(self) -> list[int]:
-        return [i for i, up in enumerate(self.engine.is_up) if not up]
+        return [i for i, up in enumerate(self.routed.is_up) if not up]
 
     def mark_all_up(self) -> None:
         for i in range(len(self.urls)):
-            self.engine.mark_up(i)
+            self.routed.mark_up(i)
 
     async def pids(self) -> list[int | None]:
         return list(await asyncio.gather(*(a.pid.remote() for a in self.actors)))
 
     async def close(self) -> None:
-        await self.engine.close()
+        await self.routed.close()
         if self.router is not None:
             self.router.stop()
         await asyncio.gather(*(a.stop.remote() for a in self.actors), return_exceptions=True)
@@ -231,7 +280,7 @@ class EngineGroup:
 
 def start_engine_actors(
     cfg: RunConfig,
-    placement: Placement,
+    placement: BundlePlan,
     pg: Any,
     bundles: list[BundleInfo],
     model_path: str,
@@ -294,6 +343,6 @@ def start_engine_actors(
     return actors
 
 
-def reserve_for(placement: Placement, engine: int, reserves: list[int]) -> int:
+def reserve_for(placement: BundlePlan, engine: int, reserves: list[int]) -> int:
     rank = placement.colocated_rank(engine)
     return reserves[rank] if rank is not None else 0

@@ -23,7 +23,7 @@ ENGINE_SHARE_COLOCATED = 0.2
 
 
 @dataclass(frozen=True)
-class Placement:
+class BundlePlan:
     """Bundle indices (after sorting) of every trainer rank and every engine server."""
 
     num_bundles: int
@@ -56,7 +56,7 @@ class Placement:
         return self.trainer_bundles.index(first) if first in self.trainer_bundles else None
 
 
-def plan_placement(cfg: ClusterConfig, *, use_gpu: bool) -> Placement:
+def plan_placement(cfg: ClusterConfig, *, use_gpu: bool) -> BundlePlan:
     """The layout the flags describe, or a ConfigError that names the flags and the numbers."""
     for name in ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus_per_engine"):
         if getattr(cfg, name) < 1:
@@ -83,7 +83,7 @@ def plan_placement(cfg: ClusterConfig, *, use_gpu: bool) -> Placement:
         list(range(offset + e * per_engine, offset + (e + 1) * per_engine))
         for e in range(num_rollout // per_engine)
     ]
-    return Placement(num_bundles, list(range(num_trainer)), engines, cfg.colocate, use_gpu)
+    return BundlePlan(num_bundles, list(range(num_trainer)), engines, cfg.colocate, use_gpu)
 
 
 def rollout_gpus(cfg: ClusterConfig) -> int:
@@ -92,7 +92,7 @@ def rollout_gpus(cfg: ClusterConfig) -> int:
     return cfg.actor_num_nodes * cfg.actor_num_gpus_per_node if cfg.colocate else 1
 
 
-def check_capacity(placement: Placement, cfg: ClusterConfig, available: float) -> None:
+def check_capacity(placement: BundlePlan, cfg: ClusterConfig, available: float) -> None:
     """Refuse a layout the Ray cluster cannot hold, before any actor starts."""
     if placement.num_bundles <= available:
         return
@@ -129,7 +129,7 @@ def bundle_resources(use_gpu: bool) -> dict[str, float]:
 
 
 def create_placement_group(
-    placement: Placement, *, timeout_s: float = 120.0
+    placement: BundlePlan, *, timeout_s: float = 120.0
 ) -> tuple[PlacementGroup, list[BundleInfo]]:
     """One PACK placement group; returns it with its bundles sorted by (node IP, device id), so
     bundle k of the plan is `sorted_bundles[k]`."""

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from agentrl.config import RunConfig
+from agentrl.config_checks import trainer_uses_cuda
 from agentrl.engine.base import Engine
 
 
-def make_engine(cfg: RunConfig, *, reserve_bytes: int = 0) -> Engine:
+def make_engine(cfg: RunConfig, *, model_path: str | None = None, reserve_bytes: int = 0) -> Engine:
     """local = transformers in-process; http = an SGLang-API endpoint (or router) at
-    `engine.url`; sglang = servers launched and supervised by agentrl. `reserve_bytes`: device
-    memory the local engine leaves for a trainer in the same process (its state to come)."""
+    `engine.url`; sglang = servers launched and supervised by agentrl. `model_path`: the run's
+    model, resolved already (None: resolved here). `reserve_bytes`: device memory the local
+    engine leaves for a trainer in the same process (its state to come)."""
     kind = cfg.engine.kind
+    model = cfg.model if model_path is None else dataclasses.replace(cfg.model, path=model_path)
     if kind == "local":
         from agentrl.engine.local import LocalEngine
 
-        return LocalEngine.from_config(cfg.model, cfg.engine, reserve_bytes=reserve_bytes)
+        return LocalEngine.from_config(model, cfg.engine, reserve_bytes=reserve_bytes)
     if kind == "http":
         if not cfg.engine.url:
             raise ValueError(
@@ -27,25 +32,18 @@ def make_engine(cfg: RunConfig, *, reserve_bytes: int = 0) -> Engine:
         from agentrl.engine.sglang.protocol import resolve_api_key
         from agentrl.model_store import resolve_model_path
 
-        model_path = resolve_model_path(cfg.model.path, cfg.model.cache_dir)
         cluster = launch_servers(
-            model_path,
+            resolve_model_path(model.path, model.cache_dir),
             cfg.engine,
             router_policy=cfg.engine.router_policy,
             api_key=resolve_api_key(cfg.engine),
             # the in-process trainer steps on the servers' GPU while they release their memory
-            enable_memory_saver=_trainer_uses_cuda(cfg),
+            enable_memory_saver=trainer_uses_cuda(cfg.model.device),
         )
         engine = _client(cfg, cluster.url)
         engine.cluster = cluster  # shut down with the engine
         return engine
     raise ValueError(f"engine.kind={kind!r} is not one of: local, http, sglang")
-
-
-def _trainer_uses_cuda(cfg: RunConfig) -> bool:
-    import torch
-
-    return cfg.model.device != "cpu" and torch.cuda.is_available()
 
 
 def _client(cfg: RunConfig, url: str):
@@ -57,6 +55,5 @@ def _client(cfg: RunConfig, url: str):
         request_timeout_s=cfg.engine.request_timeout_s,
         max_retries=cfg.engine.max_retries,
         max_connections=max(1, cfg.rollout.max_concurrent_episodes),  # one connection per episode
-        weight_update_path=cfg.engine.weight_update_path,
         api_key=resolve_api_key(cfg.engine),
     )

@@ -145,11 +145,11 @@ class RoutedEngine:
     async def resume_memory(self, tags: Iterable[str] | None = None) -> None:
         await self._all("resume_memory", tags)
 
-    async def release_memory_occupation(self, tags: list[str] | None = None) -> None:
-        await self._all("release_memory_occupation", tags)
+    async def pause_generation(self, mode: str | None = None) -> None:
+        await self._all("pause_generation", mode)
 
-    async def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
-        await self._all("resume_memory_occupation", tags)
+    async def continue_generation(self) -> None:
+        await self._all("continue_generation")
 
     async def abort(self) -> None:
         await self._all("abort")

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from agentrl.cli import app
 from agentrl.config import recipe_for_env
-from agentrl.run_dir import LOCK_NAME
+from agentrl.run.run_dir import LOCK_NAME
 from tests.support.cli import one_line
 
 runner = CliRunner()
@@ -124,12 +124,12 @@ def test_engine_out_of_room_saves_the_step_and_names_the_fix(tmp_path, tiny_mode
     """The engines cannot take their memory back after a step: the step is saved, the error is
     one line with the fix, the next line is the resume command; no traceback."""
     from agentrl.engine import EngineMemoryError
-    from agentrl.runtime import InProcessRuntime
+    from agentrl.run.runtime import Runtime
 
     async def no_room(self, version):
         raise EngineMemoryError("resuming the engine's kv_cache needs 9.00 GiB; lower it")
 
-    monkeypatch.setattr(InProcessRuntime, "sync_weights", no_room)
+    monkeypatch.setattr(Runtime, "sync_weights", no_room)
     run = tmp_path / "run"
     result = runner.invoke(app, ["train", "--model", tiny_model_path, "--save", str(run),
         "--num-rollout", "3", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",

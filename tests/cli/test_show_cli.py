@@ -123,7 +123,7 @@ def test_an_index_parses_only_its_line_and_a_long_line_is_refused(tmp_path: Path
     assert _show(str(path), "-i", "-1").exit_code == 2  # the last line is the one not JSON
     too_long = _show(str(path), "--max-line-bytes", "100")
     assert too_long.exit_code == 2
-    line = one_line(too_long.output, prefix="cannot read")
+    line = one_line(too_long.output, prefix="error: cannot read")
     assert line.endswith(
         "t.jsonl:1: the line is longer than 100 bytes; shorten it, or raise --max-line-bytes if "
         "it is meant"

@@ -102,17 +102,17 @@ def test_a_disk_that_fills_during_a_save_is_one_line_and_resume_finishes(
 def test_a_disk_full_while_writing_rollouts_is_one_line(tiny_model_path, small_fs, monkeypatch):
     """Full before a checkpoint is due (the step's trajectories cannot be written): one line
     naming the last saved step and the resume command, no traceback."""
-    import agentrl.loop
+    import agentrl.run.state
 
     run = small_fs / "run"
-    real_write = agentrl.loop.write_jsonl
+    real_write = agentrl.run.state.write_jsonl
 
     def write_on_a_full_disk(path, trajectories):
         if path.endswith("step_000002.jsonl"):
             _fill(small_fs, left_free_bytes=0)
         real_write(path, trajectories)
 
-    monkeypatch.setattr(agentrl.loop, "write_jsonl", write_on_a_full_disk)
+    monkeypatch.setattr(agentrl.run.state, "write_jsonl", write_on_a_full_disk)
     result = CliRunner().invoke(app, _train_args(tiny_model_path, run))
     out = result.output
     assert result.exit_code == 1, out

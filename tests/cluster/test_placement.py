@@ -65,9 +65,9 @@ def test_non_positive_counts_are_refused_by_flag_name(field):
 async def test_asking_for_sglang_router_without_it_fails_before_anything_starts(tmp_path):
     import ray
 
-    from agentrl.cluster import RayRuntime
     from agentrl.config import RunConfig
     from agentrl.engine.sglang.launcher import SGLangNotInstalled
+    from agentrl.run.launch import start_on_ray
 
     cfg = RunConfig()
     cfg.cluster.colocate = True
@@ -76,5 +76,5 @@ async def test_asking_for_sglang_router_without_it_fails_before_anything_starts(
     with pytest.raises(
         SGLangNotInstalled, match="sglang_router.*pip install 'agentrl\\[sglang\\]'"
     ):
-        await RayRuntime.start(cfg, str(tmp_path), num_optimizer_steps=1)
+        await start_on_ray(cfg, str(tmp_path), num_optimizer_steps=1)
     assert not ray.is_initialized()

@@ -68,7 +68,7 @@ def _alive(pids: set[int]) -> set[int]:
 def test_train_two_steps_on_two_ranks_and_two_engines(
     tiny_model_path, tmp_path, layout, monkeypatch
 ):
-    from agentrl.loop import train
+    from agentrl.run import train
 
     # The engines start with --api-key; every call of the driver and the ranks carries it.
     monkeypatch.setenv("AGENTRL_API_KEY", f"key-{layout}")
@@ -104,7 +104,7 @@ def _resume_in_one_process_reproduces_step_two(model_path: str, tmp_path: Path, 
     has the same data and loss: checkpoints do not depend on the number of ranks."""
     import shutil
 
-    from agentrl.loop import train
+    from agentrl.run import train
 
     resumed = tmp_path / "resumed"
     (resumed / "checkpoints").mkdir(parents=True)
@@ -124,11 +124,11 @@ def _resume_in_one_process_reproduces_step_two(model_path: str, tmp_path: Path, 
 
 
 def test_a_killed_engine_is_restarted_synced_and_its_tasks_rerun(tiny_model_path, tmp_path):
-    from agentrl.cluster import RayRuntime
     from agentrl.data import TaskSource, load_tasks
     from agentrl.envs import spec
     from agentrl.rollout import build_runner
     from agentrl.rollout.collect import collect_groups
+    from agentrl.run.launch import start_on_ray
 
     cfg = _config(tiny_model_path, tmp_path / "run", "disaggregated")
     cfg.rollout.rollout_batch_size = 4
@@ -136,7 +136,7 @@ def test_a_killed_engine_is_restarted_synced_and_its_tasks_rerun(tiny_model_path
     before = _our_children()
 
     async def scenario() -> None:
-        runtime = await RayRuntime.start(cfg, tiny_model_path, num_optimizer_steps=1)
+        runtime = await start_on_ray(cfg, tiny_model_path, num_optimizer_steps=1)
         try:
             await runtime.sync_weights("1")
             runner = build_runner(cfg, runtime.engine)
@@ -174,13 +174,13 @@ def test_a_killed_engine_is_restarted_synced_and_its_tasks_rerun(tiny_model_path
 DRIVER = """
 import asyncio, json, sys
 import ray
-from agentrl.cluster import RayRuntime
+from agentrl.run.launch import start_on_ray
 from agentrl.config import RunConfig
 
 cfg = RunConfig.from_dict(json.loads(sys.argv[1]))
 
 async def main():
-    runtime = await RayRuntime.start(cfg, cfg.model.path, num_optimizer_steps=1)
+    runtime = await start_on_ray(cfg, cfg.model.path, num_optimizer_steps=1)
     try:
         await runtime.sync_weights("1")
         gap = await runtime.served_weights_gap("1")
@@ -238,7 +238,7 @@ def test_async_trains_on_one_step_old_rollouts_and_syncs_between_generations(
 ):
     """--async (slime's train_async.py): step k+1's rollout runs while step k trains, with the
     weights of version k; weights change only between generations; staleness stays <= 1."""
-    from agentrl.loop import train
+    from agentrl.run import train
 
     cfg = _config(tiny_model_path, tmp_path / "run", "disaggregated")
     cfg.train.num_rollout = 3
@@ -263,7 +263,7 @@ def test_async_trains_on_one_step_old_rollouts_and_syncs_between_generations(
 
 def test_async_is_refused_when_colocated_or_in_one_process(tiny_model_path, tmp_path):
     from agentrl.config import ConfigError
-    from agentrl.loop import train
+    from agentrl.run import train
 
     cfg = _config(tiny_model_path, tmp_path / "run", "colocated")
     cfg.train.use_async = True
@@ -279,13 +279,13 @@ def test_async_is_refused_when_colocated_or_in_one_process(tiny_model_path, tmp_
 def test_disk_transport_loads_a_full_model_dir_on_every_engine(tiny_model_path, tmp_path):
     """--update-weight-transport disk: rank 0 writes the weights (and the model's config and
     tokenizer, which SGLang loads too) and every engine loads them with update_weights_from_disk."""
-    from agentrl.cluster import RayRuntime
+    from agentrl.run.launch import start_on_ray
 
     cfg = _config(tiny_model_path, tmp_path / "run", "disaggregated")
     cfg.cluster.update_weight_transport = "disk"
 
     async def scenario() -> None:
-        runtime = await RayRuntime.start(cfg, tiny_model_path, num_optimizer_steps=1)
+        runtime = await start_on_ray(cfg, tiny_model_path, num_optimizer_steps=1)
         try:
             out = await runtime.sync_weights("7")
             assert out["weight_sync/bytes"] > 0
@@ -299,7 +299,7 @@ def test_disk_transport_loads_a_full_model_dir_on_every_engine(tiny_model_path, 
 def test_full_async_on_ray_keeps_episodes_running_across_syncs(tiny_model_path, tmp_path):
     """--async-mode full, disaggregated: the rollout worker runs through the syncs (the engine
     gate drains turns, the servers pause with retract), nothing trained is past the bound."""
-    from agentrl.loop import train
+    from agentrl.run import train
 
     cfg = _config(tiny_model_path, tmp_path / "run", "disaggregated")
     cfg.train.num_rollout, cfg.train.max_staleness = 3, 2

@@ -1,10 +1,10 @@
-"""Pure parts of `RayRuntime`: which batch each trainer rank trains on."""
+"""Pure parts of the `Runtime`: which batch each trainer rank trains on."""
 
 from __future__ import annotations
 
 import pytest
 
-from agentrl.cluster.runtime import batches_per_rank
+from agentrl.run.runtime import batches_per_rank
 
 
 def test_fsdp_ranks_take_one_batch_each():
@@ -27,7 +27,7 @@ def test_agentrl_serve_gets_the_kv_fraction_and_the_trainers_reserve():
     a colocated engine leaves its rank's optimizer state out of the KV cache. (The Ray tests of
     tests/cluster/test_ray_train.py launch `agentrl serve` with these flags.)"""
     from agentrl.cluster.engine_group import ServerSpec, reserve_for, server_cmd
-    from agentrl.cluster.placement import Placement
+    from agentrl.cluster.placement import BundlePlan
 
     spec = ServerSpec(index=0, model_path="m", device_ids=[1], use_gpu=True, use_sglang=False,
                       host="127.0.0.1", dtype="bfloat16", max_batch_size=8,
@@ -37,9 +37,125 @@ def test_agentrl_serve_gets_the_kv_fraction_and_the_trainers_reserve():
     assert cmd[cmd.index("--mem-fraction-static") + 1] == "0.65"
     assert cmd[cmd.index("--reserve-gb") + 1] == "3.000"
     assert cmd[cmd.index("--device") + 1] == "cuda:1"
-    colocated = Placement(num_bundles=2, trainer_bundles=[0, 1], engine_bundles=[[1], [0]],
+    colocated = BundlePlan(num_bundles=2, trainer_bundles=[0, 1], engine_bundles=[[1], [0]],
                           is_colocated=True, use_gpu=True)  # fmt: skip
     assert [reserve_for(colocated, e, [10, 20]) for e in (0, 1)] == [20, 10]
-    apart = Placement(num_bundles=2, trainer_bundles=[0], engine_bundles=[[1]],
+    apart = BundlePlan(num_bundles=2, trainer_bundles=[0], engine_bundles=[[1]],
                       is_colocated=False, use_gpu=True)  # fmt: skip
     assert reserve_for(apart, 0, [10]) == 0
+
+
+class _Engines:
+    """An `EngineGroup` that records what the runtime asks of it, in order."""
+
+    def __init__(self, calls: list) -> None:
+        from agentrl.engine.gate import GatedEngine
+
+        self.calls, self.version = calls, "0"
+        self.engine = GatedEngine(object())  # type: ignore[arg-type]
+
+    weight_version = property(lambda self: self.version)
+
+    def set_weight_version(self, version):
+        self.calls.append(("version", version))
+        self.version = version
+
+    async def pause_generation(self, mode):
+        self.calls.append(("pause", mode))
+
+    async def continue_generation(self):
+        self.calls.append(("continue",))
+
+    async def release_memory(self):
+        self.calls.append(("release",))
+
+    async def resume_memory(self, tags):
+        self.calls.append(("resume", *tags))
+
+    async def memory_bytes(self):
+        return None
+
+    def servers(self):
+        return []
+
+    def weight_targets(self, num_ranks, transport):
+        return [[f"engine-of-rank-{r}"] for r in range(num_ranks)]
+
+    async def heal(self):
+        return []
+
+    def servers_down(self):
+        return []
+
+    def mark_all_up(self):
+        pass
+
+
+class _Worker:
+    def __init__(self, rank: int, calls: list) -> None:
+        self.rank, self.calls = rank, calls
+
+    def pad_id(self):
+        return 0
+
+    def data_parallel_rank(self):
+        return self.rank
+
+    def connect_engines(self, targets, transport):
+        self.calls.append(("connect", self.rank, *targets, transport))
+
+    def train_step(self, batch):
+        self.calls.append(("train", self.rank, batch))
+        return {"loss": 1.0}
+
+    def send_weights(self, version):
+        self.calls.append(("send", self.rank, version))
+        return {"bytes": 8.0, "export_s": 0.0, "send_s": 0.0}
+
+
+async def _choreography(kind: str, shares_gpu: bool) -> list:
+    from agentrl.run.runtime import Placement, Runtime
+    from agentrl.run.trainer_worker import TrainerGroup
+
+    calls: list = []
+    trainer = TrainerGroup([_Worker(0, calls), _Worker(1, calls)], is_remote=False)
+    placement = Placement(kind, shares_gpu, "tensor")  # type: ignore[arg-type]
+    runtime = Runtime(placement, trainer, _Engines(calls), temperature=1.0, check_weight_sync=True)
+    await runtime.start()
+    metrics = await runtime.train_step(["batch-0", "batch-1"])
+    assert metrics["loss"] == 1.0
+    sync = await runtime.sync_weights("1")
+    assert sync["weight_sync/bytes"] == 8.0
+    return sorted(calls[:2]) + [c for c in calls[2:]]
+
+
+async def test_colocated_engines_give_memory_for_the_step_and_take_it_back_around_the_sync():
+    calls = await _choreography("colocated", shares_gpu=True)
+    assert calls[:2] == [("connect", 0, "engine-of-rank-0", "tensor"),
+                         ("connect", 1, "engine-of-rank-1", "tensor")]  # fmt: skip
+    assert calls[2] == ("release",)
+    assert sorted(calls[3:5]) == [("train", 0, "batch-0"), ("train", 1, "batch-1")]
+    assert calls[5] == ("resume", "weights")
+    assert sorted(calls[6:8]) == [("send", 0, "1"), ("send", 1, "1")]
+    assert calls[8:] == [("version", "1"), ("resume", "kv_cache", "cuda_graph")]
+
+
+async def test_disaggregated_servers_pause_for_the_sync_and_keep_their_memory():
+    calls = await _choreography("disaggregated", shares_gpu=False)
+    assert ("release",) not in calls and not [c for c in calls if c[0] == "resume"]
+    assert calls[4] == ("pause", "retract")
+    assert sorted(calls[5:7]) == [("send", 0, "1"), ("send", 1, "1")]
+    assert calls[7:] == [("continue",), ("version", "1")]
+
+
+def test_only_an_engine_in_this_process_or_launched_here_shares_the_trainers_gpu():
+    from agentrl.config import RunConfig
+    from agentrl.run.launch import shares_trainer_gpu
+
+    cfg = RunConfig()
+    cfg.model.device = "cuda:0"
+    for kind, shares in (("local", True), ("sglang", True), ("http", False)):
+        cfg.engine.kind = kind  # type: ignore[assignment]
+        assert shares_trainer_gpu(cfg) is shares, kind
+    cfg.model.device, cfg.engine.kind = "cpu", "local"
+    assert not shares_trainer_gpu(cfg)

@@ -1,5 +1,5 @@
 """Training metrics: `rollout_metrics` over trajectory groups, `MetricsLogger` (JSONL,
-TensorBoard, wandb) and `Timer` for the time split of a train step."""
+TensorBoard, wandb)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import math
 import os
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -85,27 +84,6 @@ def num_tied_groups(groups: Sequence[Sequence[Any]]) -> int:
     """Groups whose scored rewards all match: GRPO gives them advantage 0, no signal."""
     rewards = [[t.reward for t in g if stats.is_scored(t)] for g in groups]
     return sum(len(r) > 1 and max(r) == min(r) for r in rewards)
-
-
-class Timer:
-    """Accumulates wall seconds per phase: `with timer("rollout"): ...`; `timer.totals` maps
-    phase -> seconds, and `timer.pop()` -> {"time/rollout_s": ...} starts the counters again."""
-
-    def __init__(self) -> None:
-        self.totals: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - start
-
-    def pop(self, prefix: str = "time/") -> dict[str, float]:
-        out = {f"{prefix}{name}_s": seconds for name, seconds in self.totals.items()}
-        self.totals = {}
-        return out
 
 
 class MetricsLogger:

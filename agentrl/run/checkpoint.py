@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agentrl.run_dir import RunDirError
+from agentrl.run.run_dir import RunDirError
 from agentrl.trainer.checkpoint import (
     capture_rng_state,
     find_latest,
@@ -20,9 +20,9 @@ from agentrl.trainer.checkpoint import (
 )
 
 if TYPE_CHECKING:
-    from agentrl.config import RunConfig
+    from agentrl.config import CheckpointConfig
     from agentrl.data import TaskSource
-    from agentrl.runtime import Runtime
+    from agentrl.run.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +51,14 @@ async def save_run(
 
 
 async def resume_run(
-    cfg: RunConfig, runtime: Runtime, source: TaskSource
+    cfg: CheckpointConfig, runtime: Runtime, source: TaskSource
 ) -> tuple[int, list[dict[str, Any]]]:
     """With `checkpoint.resume` (a run dir or one of its step dirs): the trainer, the data
     cursor and the RNG restored, the engines synced to that policy; the step to start from and
     the evaluations so far. Without: (0, [])."""
-    if not cfg.checkpoint.resume:
+    if not cfg.resume:
         return 0, []
-    root = Path(cfg.checkpoint.resume)
+    root = Path(cfg.resume)
     ckpt = (
         find_latest(root / "checkpoints")
         or find_latest(root)

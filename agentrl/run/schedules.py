@@ -11,14 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from agentrl.config import ConfigError, RunConfig
+from agentrl.config import RunConfig
 from agentrl.rollout.async_worker import RolloutWorker, take_groups
 from agentrl.rollout.collect import Collected
 
 if TYPE_CHECKING:
     from agentrl.data import TaskSource
     from agentrl.rollout import RolloutRunner
-    from agentrl.runtime import Runtime
+    from agentrl.run.runtime import Runtime
 
 
 @dataclass
@@ -183,34 +183,3 @@ class Pace:
             out["rollout/turns_held_by_weight_update"] = float(self.engine.num_turns_held)
         self.last_end, self.last_busy = now, busy
         return out
-
-
-def check_async(cfg: RunConfig, *, is_ray: bool, is_cuda: bool) -> None:
-    """Refuse async settings that cannot work, naming the flag and the fix."""
-    train = cfg.train
-    if train.max_staleness is not None and train.max_staleness < 0:
-        raise ConfigError(f"--max-staleness={train.max_staleness} must be >= 0 (or none)")
-    if not train.use_async:
-        if train.async_mode == "full":
-            raise ConfigError("train.async_mode='full' needs train.use_async=true (--async)")
-        return
-    if cfg.cluster.colocate or (is_cuda and not is_ray):
-        raise ConfigError(
-            "--async generates while the trainer steps, but colocated engines give their memory "
-            "to the trainer then: run disaggregated (e.g. --actor-num-gpus-per-node 1 "
-            "--rollout-num-gpus 1, without --colocate), or in one process on CPU"
-        )
-    if train.update_weights_interval < 1:
-        raise ConfigError(f"--update-weights-interval={train.update_weights_interval} must be >= 1")
-    if train.num_episodes_in_flight is not None and train.num_episodes_in_flight < 1:
-        raise ConfigError(f"--num-episodes-in-flight={train.num_episodes_in_flight} must be >= 1")
-    lag = train.update_weights_interval
-    if (
-        train.async_mode == "one_step"
-        and train.max_staleness is not None
-        and lag > train.max_staleness
-    ):
-        raise ConfigError(
-            f"--update-weights-interval={lag} makes --async rollouts up to {lag} policy versions "
-            f"old, past --max-staleness={train.max_staleness}: raise --max-staleness to {lag}"
-        )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from agentrl.engine.base import Completion, FinishReason, SamplingParams
-from agentrl.rollout.gate import GatedEngine
+from agentrl.engine.gate import GatedEngine
 
 
 class SlowEngine:

@@ -1,0 +1,43 @@
+"""Ctrl-C and SIGTERM (a scheduler's preemption) stop a run alike: the run's task is cancelled,
+a weight update under way finishes, the last completed step is saved."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+
+from agentrl.progress import RunProgress
+
+
+@contextlib.contextmanager
+def stop_on_signals(progress: RunProgress) -> Iterator[None]:
+    """Ctrl-C and SIGTERM (a scheduler's preemption) stop the run alike: say so at once, cancel
+    the run (a weight update under way finishes first, see `RunState.learn`), save the last
+    completed step, stop every worker. A second signal only says the save is still going."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    if task is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signals = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
+    is_stopping = False
+
+    def stop(name: str) -> None:
+        nonlocal is_stopping
+        if is_stopping:
+            progress.note(f"{name} again: still saving the checkpoint, please wait")
+            return
+        is_stopping = True
+        progress.note(f"{name}: finishing the current step…")
+        task.cancel()
+
+    for signum, name in signals.items():
+        loop.add_signal_handler(signum, stop, name)
+    try:
+        yield
+    finally:
+        for signum in signals:
+            loop.remove_signal_handler(signum)
