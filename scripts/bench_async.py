@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from agentrl.config import RunConfig, recipe_for_env  # noqa: E402
-from agentrl.loop import train  # noqa: E402
+from agentrl.run import train  # noqa: E402
 
 MODES = ("sync", "one_step", "full")
 
