@@ -89,7 +89,7 @@ async def time_layout(
 ) -> dict:
     from transformers import AutoConfig
 
-    from agentrl.cluster import RayRuntime
+    from agentrl.run.launch import start_on_ray
     from agentrl.config import RunConfig
 
     cfg = RunConfig()
@@ -100,7 +100,7 @@ async def time_layout(
     cfg.cluster.update_weight_buffer_size = bucket_bytes
     for key, value in flags.items():
         setattr(cfg.cluster, key, value)
-    runtime = await RayRuntime.start(cfg, model_path, num_optimizer_steps=1000)
+    runtime = await start_on_ray(cfg, model_path, num_optimizer_steps=1000)
     vocab = AutoConfig.from_pretrained(model_path).vocab_size
     batches = train_batches(vocab, train_tokens, runtime.pad_id, runtime.dp_size)
     try:
