@@ -20,7 +20,7 @@ SMG_PATH = os.environ.get("AGENTRL_SMG_PATH")
 def test_train_two_steps_with_two_engines_behind_the_router(tiny_model_path, tmp_path, monkeypatch):
     if not SMG_PATH:
         pytest.skip("no router binary: set AGENTRL_SMG_PATH (scripts/ci_sglang.sh does)")
-    from agentrl.loop import train
+    from agentrl.run import train
 
     # The driver finds smg (choose_router) and the router subprocess imports it.
     monkeypatch.syspath_prepend(SMG_PATH)
