@@ -86,7 +86,7 @@ def _eval_metrics(run: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_served_calculator_trains_and_evaluates_as_in_process(tiny_model_path, tmp_path):
-    from agentrl.loop import train
+    from agentrl.run import train
     from agentrl.rollout.trajectory import read_jsonl
 
     train(_config(tiny_model_path, tmp_path / "local"))
