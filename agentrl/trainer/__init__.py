@@ -1,7 +1,8 @@
-"""The trainer: pure losses and advantages, `TrainBatch` packing, the `TrainerBackend` protocol and
-its torch backend (FSDP2 across ranks), weight export, checkpoints."""
+"""The trainer: pure losses and advantages, `TrainBatch` packing, `TrainerBackend` (the base both
+backends share: setup, the train-step driver, export) and its torch backend (FSDP2 across ranks),
+weight export, checkpoints."""
 
-from agentrl.trainer.backend import TrainerBackend
+from agentrl.trainer.base import TrainerBackend
 from agentrl.trainer.batch import (
     MicroBatch,
     StepBatch,

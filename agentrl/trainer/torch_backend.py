@@ -224,11 +224,6 @@ class TorchBackend(TrainerBackend):
 
     # ------------------------------------------------------------ weights out
 
-    def state_dict_for_engine(self) -> dict[str, Tensor]:
-        """HF name -> whole tensor (collective). Unsharded, they share storage with the live
-        parameters: copy them."""
-        return dict(unique_named_tensors(self.model))
-
     def _hf_tensors(self, dtype: torch.dtype | None) -> Iterator[tuple[str, Tensor]]:
         return unique_named_tensors(self.model, dtype=dtype)
 

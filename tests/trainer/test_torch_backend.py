@@ -197,7 +197,7 @@ def test_load_names_a_directory_without_weights(tiny_llama_path, tmp_path):
 
 def test_export_weights_buckets_hf_names_without_tied_duplicates(tiny_llama_path):
     backend = _backend(tiny_llama_path)
-    engine_state = backend.state_dict_for_engine()
+    engine_state = dict(backend._hf_tensors(None))
     assert "lm_head.weight" not in engine_state  # tied to model.embed_tokens.weight
     assert "model.embed_tokens.weight" in engine_state
     buckets = list(backend.export_weights(bucket_size_bytes=8 * 1024))
