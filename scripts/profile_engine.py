@@ -30,13 +30,16 @@ from __future__ import annotations
 import argparse
 import ast
 import asyncio
+import contextlib
 import copy
 import gc
 import json
 import statistics
 import tempfile
 import time
+import traceback
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -284,39 +287,71 @@ def parse_variants(specs: list[str]) -> dict[str, dict[str, Any]]:
     return variants
 
 
-def profile_shape(shape: str, args: argparse.Namespace, work: Path) -> list[dict]:
+def profile_shape(shape: str, args: argparse.Namespace, work: Path, report: Report) -> None:
     path = make_shaped_model(str(work / shape), args.tokenizer, shape, dtype=args.dtype,
                              device=args.device)  # fmt: skip
-    rows = []
     for batch in args.batch_sizes:
         for name, options in args.variants.items():
-            engine = open_engine(path, args, batch, options)
-            vocab = engine._vocab_size
-            prompts = random_prompts(batch, args.prompt_len, vocab, seed=batch)
-            stats = with_gap(profile_engine(engine, prompts, args))
-            rows.append({"shape": shape, "batch": batch, "runner": f"engine:{name}",
-                         "options": options, **stats})  # fmt: skip
-            print(summary_line(rows[-1]), flush=True)
-            asyncio.run(engine.close())
-            del engine
-            gc.collect()
-            if args.device.startswith("cuda"):
-                torch.cuda.empty_cache()
+            with report.row(shape, batch, f"engine:{name}", options=options) as row:
+                engine = open_engine(path, args, batch, options)
+                try:
+                    prompts = random_prompts(batch, args.prompt_len, engine._vocab_size, batch)
+                    row.update(with_gap(profile_engine(engine, prompts, args)))
+                finally:
+                    asyncio.run(engine.close())
+                    del engine
+                    free(args.device)
         if "hf_static" in args.baselines:
-            from transformers import AutoModelForCausalLM
+            with report.row(shape, batch, "hf_static") as row:
+                from transformers import AutoModelForCausalLM
 
-            hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype))
-            hf = hf.to(args.device).eval()
-            prompts = random_prompts(batch, args.prompt_len, hf.config.vocab_size, seed=batch)
-            stats = with_gap(profile_hf_static(hf, prompts, args))
-            rows.append({"shape": shape, "batch": batch, "runner": "hf_static", **stats})
-            print(summary_line(rows[-1]), flush=True)
-            del hf
-            gc.collect()
-    return rows
+                hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype))
+                hf = hf.to(args.device).eval()
+                try:
+                    prompts = random_prompts(batch, args.prompt_len, hf.config.vocab_size, batch)
+                    row.update(with_gap(profile_hf_static(hf, prompts, args)))
+                finally:
+                    del hf
+                    free(args.device)
+
+
+def free(device: str) -> None:
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
+class Report:
+    """The rows so far, written to `out` after each one (a run cut short keeps what it did)."""
+
+    def __init__(self, out: Path, header: str, args: argparse.Namespace, device_name: str):
+        self.out, self.header, self.rows = out, header, []
+        self.meta = {"args": vars(args), "device_name": device_name, "torch": torch.__version__}
+        out.mkdir(parents=True, exist_ok=True)
+
+    @contextlib.contextmanager
+    def row(self, shape: str, batch: int, runner: str, **extra: Any) -> Iterator[dict]:
+        """A row to fill; a failure is recorded in it (and printed) and the run goes on."""
+        row: dict[str, Any] = {"shape": shape, "batch": batch, "runner": runner, **extra}
+        try:
+            yield row
+        except Exception as e:  # one runner failing must not lose the others' figures
+            traceback.print_exc()
+            row["error"] = repr(e)
+        self.rows.append(row)
+        print(summary_line(row), flush=True)
+        self.save()
+
+    def save(self) -> None:
+        (self.out / "profile_engine.json").write_text(
+            json.dumps({**self.meta, "rows": self.rows}, indent=2)
+        )
+        (self.out / "profile_engine.txt").write_text(text_report(self.rows, self.header))
 
 
 def summary_line(r: dict[str, Any]) -> str:
+    if "error" in r:
+        return f"{r['shape']:>14} b={r['batch']:<4} {r['runner']:<22} FAILED: {r['error']}"
     return (
         f"{r['shape']:>14} b={r['batch']:<4} {r['runner']:<22} step {r['step_ms']:8.3f} ms "
         f"({r['tok_s']:10,.0f} tok/s)  kernels {r['kernels_per_step']:7.1f}  "
@@ -330,7 +365,7 @@ def summary_line(r: dict[str, Any]) -> str:
 def text_report(rows: list[dict[str, Any]], header: str) -> str:
     lines = [header, ""]
     lines += [summary_line(r) for r in rows]
-    for r in rows:
+    for r in (r for r in rows if "error" not in r):
         lines += ["", f"{r['shape']} batch {r['batch']} {r['runner']}: top kernels by time",
                   f"  {'per step':>8} {'ms/step':>8} {'share':>6}  name"]  # fmt: skip
         for k in r["top_kernels"]:
@@ -369,17 +404,12 @@ def main() -> None:
     header = (f"device {args.device} ({device_name}), torch {torch.__version__}, dtype "
               f"{args.dtype}, prompt {args.prompt_len}, {args.steps} steps after {args.warmup}")  # fmt: skip
     print(header, flush=True)
+    report = Report(Path(args.out), header, args, device_name)
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [r for s in args.shapes.split(",") for r in profile_shape(s, args, Path(tmp))]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "profile_engine.json").write_text(json.dumps(
-        {"args": vars(args), "device_name": device_name, "torch": torch.__version__,
-         "rows": rows}, indent=2))  # fmt: skip
-    report = text_report(rows, header)
-    (out / "profile_engine.txt").write_text(report)
-    print(report)
-    print(f"wrote {out / 'profile_engine.json'} and {out / 'profile_engine.txt'}")
+        for shape in args.shapes.split(","):
+            profile_shape(shape, args, Path(tmp), report)
+    print(text_report(report.rows, header))
+    print(f"wrote {report.out / 'profile_engine.json'} and {report.out / 'profile_engine.txt'}")
 
 
 if __name__ == "__main__":
