@@ -11,20 +11,8 @@ import torch
 pytest.importorskip("agentrl.trainer.megatron.optimizers")  # megatron-core, past a memory saver
 
 from agentrl.config import TrainConfig  # noqa: E402
-from agentrl.trainer.lr_schedule import lr_scheduler  # noqa: E402
 from agentrl.trainer.megatron.optimizers import lr_schedule  # noqa: E402
-
-
-def _torch_lrs(cfg: TrainConfig, total_steps: int, num_steps: int) -> list[float]:
-    """The lr each optimizer step uses under torch's schedulers (the torch backend's)."""
-    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=cfg.lr)
-    scheduler = lr_scheduler(optimizer, cfg, total_steps)
-    out = []
-    for _ in range(num_steps):
-        out.append(optimizer.param_groups[0]["lr"])
-        optimizer.step()
-        scheduler.step()
-    return out
+from tests.trainer.test_lr_schedule import _lrs as _torch_lrs  # noqa: E402  (torch's schedule)
 
 
 def _megatron_lrs(cfg: TrainConfig, total_steps: int, num_steps: int) -> list[float]:
