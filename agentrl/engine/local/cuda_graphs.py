@@ -9,12 +9,14 @@ following step from the device-side results, so the host checks step N's tokens 
 
 The forward handed in may be compiled (`torch.compile`, default mode: it makes no graphs of its
 own); with `compile_sampler` the sampler is compiled too (its Gumbel noise, scaling and logsumexp
-become a few fused kernels instead of dozens over [B, V]). Compilation happens in the warm-up runs
+become a few fused kernels instead of dozens over [B, V]), its top-k/top-p by radix select instead
+of a sort of [B, V]. Compilation happens in the warm-up runs
 before capture, so the capture records only the generated kernels.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,6 +26,8 @@ from agentrl.engine.local.attention import ArenaStep
 from agentrl.engine.local.batching import Sequence
 from agentrl.engine.local.kv_arena import KVArena
 from agentrl.engine.local.sampling import SamplingRows, sample, vocab_terms
+
+logger = logging.getLogger(__name__)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
 _INT_ROWS = ("input_ids", "positions", "write_index", "top_k", "seed", "sample_position")
@@ -113,12 +117,23 @@ class DecodeGraphs:
             self.floats[0, :b], self.floats[1, :b], row["top_k"][:b], row["seed"][:b],
             row["sample_position"][:b],
         )  # fmt: skip
-        if self._sample is not sample:  # compiled: one graph for every bucket above 1
-            for t in (logits, *vars(rows).values()):
-                torch._dynamo.maybe_mark_dynamic(t, 0)
-        ids, logprobs = self._sample(logits, rows, use_filter=use_filter, terms=self._terms)
+        ids, logprobs = self._sample_rows(logits, rows, use_filter)
         self.ids[:b].copy_(ids)
         self.logprobs[:b].copy_(logprobs)
+
+    def _sample_rows(
+        self, logits: torch.Tensor, rows: SamplingRows, use_filter: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._sample is not sample:
+            for t in (logits, *vars(rows).values()):  # one compiled graph for every bucket > 1
+                torch._dynamo.maybe_mark_dynamic(t, 0)
+            try:  # compiled, top-k/top-p by radix select (no sort)
+                return self._sample(logits, rows, use_filter=use_filter, terms=self._terms,
+                                    radix_filter=True)  # fmt: skip
+            except Exception:  # found in the warm-up runs, before any capture
+                logger.exception("LocalEngine: compiled sampler failed; sampling eagerly")
+                self._sample = sample
+        return sample(logits, rows, use_filter=use_filter, terms=self._terms)
 
     def replay(self, batch: list[Sequence], num_vocab: int) -> DecodeLaunch:
         """Launch one decode step for `batch` (each row feeding its last sampled token); the

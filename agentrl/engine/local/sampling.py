@@ -92,6 +92,51 @@ def filter_top_k_top_p(
     return torch.empty_like(scaled).scatter_(1, order, sorted_logits)
 
 
+def filter_top_k_top_p_radix(
+    scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """`filter_top_k_top_p` without a sort: each row's k-th largest logit and its nucleus
+    threshold found by radix select (four 8-bit passes of a histogram over the vocabulary, no
+    [B, V] sort). Keeps the same tokens as the sorted filter except on exact ties (all tokens tied
+    at a threshold are kept) and where a nucleus sum differs in its last bit."""
+    keys = _order_keys(scaled)
+    ones = torch.ones_like(scaled)
+    kth = _radix_threshold(keys, ones, top_k.clamp(1, scaled.shape[-1]).to(scaled.dtype))
+    scaled = scaled.masked_fill(keys < kth[:, None], float("-inf"))
+    nucleus = _radix_threshold(keys, torch.softmax(scaled, dim=-1), top_p)
+    drop = (keys < nucleus[:, None]) & (top_p < 1.0)[:, None]
+    return scaled.masked_fill(drop, float("-inf"))
+
+
+def _order_keys(x: torch.Tensor) -> torch.Tensor:
+    """float32 [B, V] -> int64 keys in [0, 2^32) in the same order (IEEE bits, negatives'
+    magnitude bits flipped)."""
+    bits = x.contiguous().view(torch.int32).to(torch.int64)
+    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits) + (1 << 31)
+
+
+def _radix_threshold(
+    keys: torch.Tensor, weights: torch.Tensor, target: torch.Tensor
+) -> torch.Tensor:
+    """Per row, the largest key t whose elements at or above it weigh at least `target` (weights
+    1: the target-th largest key; probabilities: where the descending mass first reaches it); the
+    smallest possible key when no such t exists (nothing to cut). Four passes, 8 bits each."""
+    rows, digits = keys.shape[0], torch.arange(256, device=keys.device)
+    prefix = torch.zeros(rows, dtype=torch.long, device=keys.device)
+    above_bucket = torch.zeros(rows, dtype=weights.dtype, device=keys.device)
+    for shift in (24, 16, 8, 0):
+        in_bucket = (keys >> (shift + 8)) == (prefix >> (shift + 8))[:, None]
+        digit = (keys >> shift) & 255
+        hist = torch.zeros(rows, 256, dtype=weights.dtype, device=keys.device)
+        hist = hist.scatter_add(1, digit, weights * in_bucket)
+        above = hist.flip(1).cumsum(1).flip(1) - hist  # weight of this bucket's digits > d
+        reach = (above_bucket[:, None] + above + hist >= target[:, None]) | (digits == 0)
+        d = 255 - reach.flip(1).long().argmax(1)  # the highest digit whose bucket reaches it
+        above_bucket = above_bucket + above.gather(1, d[:, None])[:, 0]
+        prefix = prefix | (d << shift)
+    return prefix
+
+
 def sample(
     logits: torch.Tensor,
     rows: SamplingRows,
@@ -99,12 +144,15 @@ def sample(
     use_filter: bool = True,
     use_noise: bool = True,
     terms: torch.Tensor | None = None,
+    radix_filter: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row. `logits`: [B, V]. Returns (ids [B] int64, logprobs [B] float32).
 
     `use_filter` / `use_noise` False skip work that no row needs (every top-k/top-p off, every
     row greedy); a captured graph keeps both on, since its rows change between replays. `terms`:
     `vocab_terms(V, device)`, made here when not given (compiled callers pass it).
+    `radix_filter`: top-k/top-p by `filter_top_k_top_p_radix` (no sort; compiled, a few fused
+    passes over [B, V]) instead of the sorted filter.
     """
     logits = logits.float()
     is_greedy = rows.temperature <= 0.0
@@ -112,7 +160,8 @@ def sample(
     scaled = logits / temperature[:, None]  # [B, V]
     logprobs = torch.log_softmax(scaled, dim=-1)
     if use_filter:
-        scaled = filter_top_k_top_p(scaled, rows.top_k, rows.top_p)
+        filter_rows = filter_top_k_top_p_radix if radix_filter else filter_top_k_top_p
+        scaled = filter_rows(scaled, rows.top_k, rows.top_p)
     if use_noise:
         if terms is None:
             terms = vocab_terms(logits.shape[-1], logits.device)

@@ -144,7 +144,7 @@ def test_models_outside_the_llama_family_are_refused(tiny_model_path: str) -> No
 @pytest.mark.slow
 async def test_compiled_pieces_equal_eager(tiny_model_path: str) -> None:
     """torch.compile (inductor's C++ backend here; Triton on CUDA) traces the fused forward and
-    the sampler whole, and gives the eager results."""
+    the sampler whole (its radix-select filter too), and gives the eager results."""
     results = {}
     for compiled in (False, True):
         engine = fused_engine(tiny_model_path)
@@ -162,6 +162,8 @@ async def test_compiled_pieces_equal_eager(tiny_model_path: str) -> None:
     compiled_sample = torch.compile(sample, fullgraph=True)
     for use_filter in (True, False):
         want = sample(logits, rows, use_filter=use_filter)
-        got = compiled_sample(logits, rows, use_filter=use_filter, terms=vocab_terms(1000, "cpu"))
+        got = compiled_sample(
+            logits, rows, use_filter=use_filter, terms=vocab_terms(1000, "cpu"), radix_filter=True
+        )  # as the compiled decode graphs sample: top-k/top-p by radix select
         assert torch.equal(got[0], want[0])
         torch.testing.assert_close(got[1], want[1])

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from agentrl.engine.local.sampling import SamplingRows, filter_top_k_top_p, sample
+from agentrl.engine.local.sampling import (
+    SamplingRows,
+    filter_top_k_top_p,
+    filter_top_k_top_p_radix,
+    sample,
+)
 
 
 def rows(n: int, temperature: float, top_p: float = 1.0, top_k: int = 10**9, seed: int = 0):
@@ -47,3 +52,34 @@ def test_top_k_and_top_p_filter_per_row() -> None:
     ids, logprobs = sample(scaled, rows(2, 1.0, top_k=1))
     assert ids.tolist() == [0, 0]  # top-k 1 is greedy, and the logprob is not renormalised
     assert torch.allclose(logprobs, torch.log(torch.tensor([0.5, 0.5])))
+
+
+def test_radix_filter_keeps_the_tokens_the_sorted_filter_keeps() -> None:
+    """Per-row top-k (off, 1, up to V and past it) and top-p (off, tiny, any): the radix-select
+    filter, with no sort, keeps exactly the sorted filter's tokens on untied logits."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        scaled = torch.randn(16, 3000, generator=g) * (1 + 3 * torch.rand(16, 1, generator=g))
+        top_k = torch.randint(1, 3050, (16,), generator=g)
+        top_k[::3], top_k[1] = 10**9, 1
+        top_p = torch.rand(16, generator=g)
+        top_p[::4], top_p[2] = 1.0, 1e-6
+        want = torch.isfinite(filter_top_k_top_p(scaled, top_k, top_p))
+        got = torch.isfinite(filter_top_k_top_p_radix(scaled, top_k, top_p))
+        assert torch.equal(got, want)
+    negative = -torch.rand(2, 500, generator=g) - 1.0  # all logits negative: the key order flips
+    k, p = torch.tensor([7, 500]), torch.tensor([1.0, 0.3])
+    assert torch.equal(
+        torch.isfinite(filter_top_k_top_p_radix(negative, k, p)),
+        torch.isfinite(filter_top_k_top_p(negative, k, p)),
+    )
+
+
+def test_radix_filtered_sampling_equals_sorted_filtered_sampling() -> None:
+    logits = torch.randn(6, 800, generator=torch.Generator().manual_seed(1))
+    r = SamplingRows.empty(6, "cpu")
+    r.fill([(1.0, 0.9, 20, 7, 3), (0.0, 1.0, -1, 1, 0), (0.7, 0.5, -1, 2, 5),
+            (1.3, 1.0, 100, 3, 1), (1.0, 1e-6, -1, 4, 2), (2.0, 0.95, 1, 5, 9)], 800)  # fmt: skip
+    want = sample(logits, r)
+    got = sample(logits, r, radix_filter=True)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
