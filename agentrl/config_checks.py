@@ -8,7 +8,7 @@ import dataclasses
 import importlib.util
 import os
 
-from agentrl.config import ConfigError, RunConfig
+from agentrl.config import ClusterConfig, ConfigError, RunConfig
 
 
 def resolved(cfg: RunConfig) -> RunConfig:
@@ -26,6 +26,7 @@ def check_run(cfg: RunConfig) -> None:
     engine, train, algo, rollout = cfg.engine, cfg.train, cfg.algo, cfg.rollout
     _check_async(cfg)
     _check_transport(cfg)
+    _check_placement(cfg)
     if engine.kind == "http" and not engine.url:
         raise ConfigError(
             "engine.kind=http needs engine.url, e.g. --set engine.url=http://127.0.0.1:30000 "
@@ -115,6 +116,30 @@ def _check_transport(cfg: RunConfig) -> None:
             f"--update-weight-transport={transport} needs engine servers (Ray placement flags, or "
             "engine.kind=http/sglang); the in-process engine takes tensors: use auto or tensor"
         )
+
+
+def _check_placement(cfg: RunConfig) -> None:
+    c = cfg.cluster
+    num_trainer, num_rollout = c.actor_num_nodes * c.actor_num_gpus_per_node, rollout_gpus(c)
+    if num_rollout % c.rollout_num_gpus_per_engine:
+        raise ConfigError(
+            f"--rollout-num-gpus={num_rollout} is not a multiple of --rollout-num-gpus-per-engine="
+            f"{c.rollout_num_gpus_per_engine}: every engine needs exactly that many GPUs"
+        )
+    if c.colocate and num_rollout > num_trainer:
+        raise ConfigError(
+            f"--colocate puts the engines on the trainer's GPUs, but --rollout-num-gpus={num_rollout} > "
+            f"--actor-num-nodes x --actor-num-gpus-per-node = {num_trainer}; lower --rollout-num-gpus "
+            "or drop --colocate"
+        )
+
+
+def rollout_gpus(cluster: ClusterConfig) -> int:
+    """GPUs of all engines together: `rollout_num_gpus`, else the trainer's when colocated, else 1."""
+    if cluster.rollout_num_gpus is not None:
+        return cluster.rollout_num_gpus
+    c = cluster
+    return c.actor_num_nodes * c.actor_num_gpus_per_node if c.colocate else 1
 
 
 def uses_ray(cfg: RunConfig) -> bool:

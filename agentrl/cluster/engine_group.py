@@ -16,6 +16,7 @@ from typing import Any
 
 from agentrl.cluster.placement import BundleInfo, BundlePlan, bundle_strategy
 from agentrl.config import RunConfig
+from agentrl.engine.factory import sglang_client
 from agentrl.engine.gate import GatedEngine
 from agentrl.engine.router import RoutedEngine
 from agentrl.engine.sglang import SGLangEngine
@@ -173,13 +174,7 @@ class ServedEngineGroup:
         self.engine = GatedEngine(self.routed)
 
     def _client(self, url: str) -> SGLangEngine:
-        return SGLangEngine(
-            url,
-            request_timeout_s=self.cfg.engine.request_timeout_s,
-            max_retries=self.cfg.engine.max_retries,
-            max_connections=max(1, self.cfg.rollout.max_concurrent_episodes),
-            api_key=self.api_key,
-        )
+        return sglang_client(self.cfg, url)
 
     @classmethod
     async def start(cls, actors: list[Any], cfg: RunConfig, plan: BundlePlan) -> ServedEngineGroup:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentrl.config import ClusterConfig, ConfigError
+from agentrl.config_checks import rollout_gpus
 
 if TYPE_CHECKING:
     from ray.util.placement_group import PlacementGroup
@@ -57,26 +58,10 @@ class BundlePlan:
 
 
 def plan_placement(cfg: ClusterConfig, *, use_gpu: bool) -> BundlePlan:
-    """The layout the flags describe, or a ConfigError that names the flags and the numbers."""
-    for name in ("actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus_per_engine"):
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')}={getattr(cfg, name)} must be >= 1")
+    """The layout the flags describe (`config_checks.check_run` refused contradicting ones)."""
     num_trainer = cfg.actor_num_nodes * cfg.actor_num_gpus_per_node
     num_rollout = rollout_gpus(cfg)
     per_engine = cfg.rollout_num_gpus_per_engine
-    if num_rollout < 1:
-        raise ConfigError(f"--rollout-num-gpus={num_rollout} must be >= 1")
-    if num_rollout % per_engine:
-        raise ConfigError(
-            f"--rollout-num-gpus={num_rollout} is not a multiple of --rollout-num-gpus-per-engine="
-            f"{per_engine}: every engine needs exactly {per_engine} GPUs"
-        )
-    if cfg.colocate and num_rollout > num_trainer:
-        raise ConfigError(
-            f"--colocate puts the engines on the trainer's GPUs, but --rollout-num-gpus={num_rollout} > "
-            f"--actor-num-nodes x --actor-num-gpus-per-node = {num_trainer}; lower --rollout-num-gpus "
-            "or drop --colocate"
-        )
     offset = 0 if cfg.colocate else num_trainer
     num_bundles = num_trainer if cfg.colocate else num_trainer + num_rollout
     engines = [
@@ -84,12 +69,6 @@ def plan_placement(cfg: ClusterConfig, *, use_gpu: bool) -> BundlePlan:
         for e in range(num_rollout // per_engine)
     ]
     return BundlePlan(num_bundles, list(range(num_trainer)), engines, cfg.colocate, use_gpu)
-
-
-def rollout_gpus(cfg: ClusterConfig) -> int:
-    if cfg.rollout_num_gpus is not None:
-        return cfg.rollout_num_gpus
-    return cfg.actor_num_nodes * cfg.actor_num_gpus_per_node if cfg.colocate else 1
 
 
 def check_capacity(placement: BundlePlan, cfg: ClusterConfig, available: float) -> None:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from agentrl.config import RunConfig
 from agentrl.config_checks import trainer_uses_cuda
 from agentrl.engine.base import Engine
+
+if TYPE_CHECKING:
+    from agentrl.engine.sglang import SGLangEngine
 
 
 def make_engine(cfg: RunConfig, *, model_path: str | None = None, reserve_bytes: int = 0) -> Engine:
@@ -26,7 +30,7 @@ def make_engine(cfg: RunConfig, *, model_path: str | None = None, reserve_bytes:
                 "engine.kind=http needs engine.url, e.g. --set engine.url=http://127.0.0.1:30000 "
                 "(start one with `agentrl serve --model PATH` or a real SGLang server)"
             )
-        return _client(cfg, cfg.engine.url)
+        return sglang_client(cfg, cfg.engine.url)
     if kind == "sglang":
         from agentrl.engine.sglang.launcher import launch_servers
         from agentrl.engine.sglang.protocol import resolve_api_key
@@ -40,13 +44,14 @@ def make_engine(cfg: RunConfig, *, model_path: str | None = None, reserve_bytes:
             # the in-process trainer steps on the servers' GPU while they release their memory
             enable_memory_saver=trainer_uses_cuda(cfg.model.device),
         )
-        engine = _client(cfg, cluster.url)
+        engine = sglang_client(cfg, cluster.url)
         engine.cluster = cluster  # shut down with the engine
         return engine
     raise ValueError(f"engine.kind={kind!r} is not one of: local, http, sglang")
 
 
-def _client(cfg: RunConfig, url: str):
+def sglang_client(cfg: RunConfig, url: str) -> SGLangEngine:
+    """A client of the SGLang-API server at `url`, as the run's engine section says."""
     from agentrl.engine.sglang import SGLangEngine
     from agentrl.engine.sglang.protocol import resolve_api_key
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from agentrl.run.weight_sync import Transport, WeightSender, make_sender
+from agentrl.run.weight_sync import TensorSender, Transport, WeightSender, make_sender
 from agentrl.weight_buckets import nbytes
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ class TrainerWorker:
             loop = asyncio.new_event_loop()
             threading.Thread(target=loop.run_forever, name="weight-sync", daemon=True).start()
         self._loop = loop
-        self._sender: WeightSender | None = None
+        self._sender: WeightSender = TensorSender([])  # no engines yet
 
     # -- training
 
@@ -150,8 +150,6 @@ class TrainerWorker:
         from agentrl.engine.sglang import SGLangEngine
 
         self.close_engines()
-        if not targets:
-            return
         key = self.spec.api_key
         engines = [
             SGLangEngine(t, request_timeout_s=600.0, api_key=key) if isinstance(t, str) else t
@@ -166,20 +164,20 @@ class TrainerWorker:
         """Every rank iterates the export (it gathers the shards); a rank with engines sends
         them its buckets in one weight-update session. Returns the bytes exported and the
         wall time split into exporting and sending."""
-        sender, num_bytes, send_s, t0 = self._sender, 0, 0.0, time.perf_counter()
-        if sender is not None:
-            self._run(sender.begin())
+        num_bytes, send_s, t0 = 0, 0.0, time.perf_counter()
+
+        def timed(coro: Any) -> None:
+            nonlocal send_s
+            t_send = time.perf_counter()
+            self._run(coro)
+            send_s += time.perf_counter() - t_send
+
+        timed(self._sender.begin())
         buckets = self.backend.export_weights(self.spec.bucket_bytes, dtype=self._dtype)
         for bucket, is_last in with_last(buckets):
             num_bytes += sum(nbytes(t) for _, t in bucket)
-            if sender is not None:
-                t_send = time.perf_counter()
-                self._run(sender.send(bucket, version if is_last else None))
-                send_s += time.perf_counter() - t_send
-        if sender is not None:
-            t_send = time.perf_counter()
-            self._run(sender.end(version))
-            send_s += time.perf_counter() - t_send
+            timed(self._sender.send(bucket, version if is_last else None))
+        timed(self._sender.end(version))
         if self.spec.shares_gpu and self.is_cuda:  # the buckets' blocks: the KV cache resumes next
             self.backend.free_step_memory()
         total_s = time.perf_counter() - t0
@@ -189,9 +187,8 @@ class TrainerWorker:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def close_engines(self) -> None:
-        if self._sender is not None:
-            self._run(self._sender.close())
-            self._sender = None
+        self._run(self._sender.close())
+        self._sender = TensorSender([])  # no engines: nothing sent
 
     def shutdown(self) -> None:
         import torch.distributed as dist

@@ -128,7 +128,9 @@ class DiskSender:
 async def make_sender(
     transport: Transport, targets: list[Any], *, model_path: str, master_address: str
 ) -> WeightSender:
-    """The sender for `transport` to `targets`, connected."""
+    """The sender for `transport` to `targets`, connected (none: a sender that sends nothing)."""
+    if not targets:
+        return TensorSender([])
     if transport == "disk":
         return DiskSender(targets, model_path)
     if transport == "distributed":
