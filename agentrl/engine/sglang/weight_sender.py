@@ -19,8 +19,6 @@ from agentrl.engine.weight_transport import destroy_process_group, init_weights_
 if TYPE_CHECKING:
     import torch
 
-    from agentrl.engine.sglang.client import SGLangEngine
-
 
 def flatten_into(tensors: list[torch.Tensor]) -> torch.Tensor:
     """One fresh flat buffer holding `tensors` (one dtype) back to back, in order, viewed as
@@ -44,7 +42,7 @@ class DistributedWeightSender:
 
     def __init__(
         self,
-        engines: list[SGLangEngine],
+        engines: list[Any],  # SGLangEngine clients (imported here, they would import this module)
         *,
         master_address: str = "127.0.0.1",
         master_port: int | None = None,
