@@ -173,6 +173,10 @@ class LocalEngine:
         )  # fmt: skip
         forward = (self.fused.forward if self.fused is not None
                    else functools.partial(forward_over_arena, self.model))  # fmt: skip
+        if self.fused is not None and options.compile_graphs:
+            # Prefill compiled too, from the first step: decode graphs and prefill then run the
+            # same kernels (a request's first prefill and later ones agree bit for bit).
+            self.fused.set_compiled(True)
         return Stepper(
             self._scheduler, forward, options, self._stop_checker,
             deliver=self._deliver, has_commands=lambda: bool(self._commands), packed=self._packed,

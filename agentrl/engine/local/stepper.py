@@ -155,11 +155,12 @@ class Stepper:
         return batch_size <= self.graphs.max_batch_size
 
     def _capture(self) -> DecodeGraphs | None:
-        """Capture the decode graphs; compiled first when asked, then eager if that fails."""
+        """Capture the decode graphs; compiled first when asked (the forward as the engine set it
+        up), then with everything eager if that fails."""
         o, arena = self.options, self.scheduler.arena
         for compiled in [True, False] if o.compile_graphs else [False]:
-            if self.set_compiled is not None:
-                self.set_compiled(compiled)
+            if not compiled and self.set_compiled is not None:
+                self.set_compiled(False)
             try:
                 return DecodeGraphs.capture(
                     self.forward, arena, o.device, o.max_batch_size, o.vocab_size,
