@@ -3,19 +3,16 @@ and a reward of 1.0 for the exact answer. Small enough for a 135M model to learn
 
 from __future__ import annotations
 
-import ast
+import dataclasses
 import json
-import math
-import operator
 import random
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from agentrl.envs.base import AgentEnv, StepResult, tool_info
-from agentrl.tools import tool
-from agentrl.types import Message, Task
+from agentrl.envs.calculator_tool import calculate, evaluate, format_number
+from agentrl.types import Message, Task, ToolCall
 
 SYSTEM_PROMPT = (
     "You solve arithmetic word problems. You may use the calculate tool to evaluate an "
@@ -24,105 +21,28 @@ SYSTEM_PROMPT = (
     "Give the final answer as <answer>NUMBER</answer>, for example <answer>42</answer>."
 )
 
-# One worked episode shown before the question (`demonstration=True`): a tool call, its result,
-# the tagged answer. With the system prompt alone the 135M model called the tool in 0 of 64
-# held-out episodes, before and after training, so no group ever compared calling with not.
-DEMONSTRATION_QUESTION = "Lena has 17 shells and finds 25 more. How many shells does Lena have?"
-DEMONSTRATION_EXPRESSION = "17 + 25"
+# Worked episodes shown before the question (`demonstration=True`): a tool call, its result, the
+# tagged answer, once adding and once multiplying. The 135M model copies the last assistant turn
+# it saw: after one worked episode (ending in `<answer>`) its greedy first turn answered at once
+# in 16 of 16 held-out problems; after two (a call follows a question twice) it called the
+# tool in 15 of 16 (benchmarks/calculator_cpu/).
+DEMONSTRATIONS = (
+    ("Lena has 17 shells and finds 25 more. How many shells does Lena have?", "17 + 25"),
+    ("There are 23 boxes and each box holds 14 pens. How many pens are there in total?", "23 * 14"),
+)
 CALL_FIRST = (
     "\nFirst call calculate with the arithmetic expression, then give <answer>NUMBER</answer>."
 )
-"""Appended to each question (`instruction=`): first turns with a tool call, of 32 sampled at
-temperature 0.7 and 8 greedy (8 test problems): 6% and 0% without it, 22% and 12% with it."""
+"""Appended to each question (`instruction=`)."""
 
-MAX_EXPRESSION_CHARS = 200
-MAX_EXPONENT = 64
-MAX_POWER_DIGITS = 1000
-"""Caps `a ** b` so a model cannot ask for a number with billions of digits (a thread
-running a tool cannot be stopped, so the tool's timeout would not save us)."""
+FORMAT_WEIGHT = 0.1
+"""Paid for a wrong `<answer>` given after a tool result (`format_weight=`): calling and
+reading the result beats guessing, and never outweighs a right answer (1.0)."""
+
 NUM_TASKS = {"train": 2000, "test": 200, "dev": 200}
 MAX_TEST_TASKS = 1000
 """Test problems reserved: train and dev never contain the first MAX_TEST_TASKS of them."""
 _SPLIT_SEEDS = {"train": 1, "test": 2, "dev": 3}
-
-# ---------------------------------------------------------------- the tool
-
-
-_BINARY: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-    ast.Pow: operator.pow,
-}
-_UNARY: dict[type, Callable[[Any], Any]] = {ast.USub: operator.neg, ast.UAdd: operator.pos}
-
-
-def evaluate(expression: str) -> int | float:
-    """Evaluate arithmetic on numbers with + - * / // % ** and parentheses. No names, no calls."""
-    text = expression.strip().rstrip("=").strip()
-    text = text.replace("×", "*").replace("÷", "/").replace("^", "**")  # how people write it
-    if not text:
-        raise ValueError("empty expression; write one like '17 + 25'")
-    if len(text) > MAX_EXPRESSION_CHARS:
-        raise ValueError(
-            f"expression is {len(text)} characters long; the limit is {MAX_EXPRESSION_CHARS}"
-        )
-    try:
-        tree = ast.parse(text, mode="eval")
-    except SyntaxError as e:
-        raise ValueError(f"cannot parse {text!r}: {e.msg}") from None
-    return _eval_node(tree.body)
-
-
-def _eval_node(node: ast.AST) -> int | float:
-    if (
-        isinstance(node, ast.Constant)
-        and isinstance(node.value, (int, float))
-        and not isinstance(node.value, bool)  # True and False are ints, not numbers here
-    ):
-        return node.value
-    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-        return _UNARY[type(node.op)](_eval_node(node.operand))
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        left, right = _eval_node(node.left), _eval_node(node.right)
-        if isinstance(node.op, ast.Pow):
-            _check_power(left, right)
-        result = _BINARY[type(node.op)](left, right)
-        if isinstance(result, complex):
-            raise ValueError("the result is not a real number")
-        return result
-    raise ValueError(
-        f"unsupported syntax {ast.unparse(node)!r}: use numbers, + - * / // % ** and parentheses"
-    )
-
-
-def _check_power(base: int | float, exponent: int | float) -> None:
-    if abs(exponent) > MAX_EXPONENT:
-        raise ValueError(f"exponent {exponent} is too large; the limit is {MAX_EXPONENT}")
-    if base != 0 and exponent > 0 and exponent * math.log10(abs(base)) > MAX_POWER_DIGITS:
-        raise ValueError(f"the result would have more than {MAX_POWER_DIGITS} digits")
-
-
-def format_number(value: int | float) -> str:
-    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
-        return str(int(value))
-    if isinstance(value, float):
-        return f"{value:.10g}"
-    return str(value)
-
-
-@tool(timeout_s=5.0, max_output_tokens=64)
-def calculate(expression: str) -> str:
-    """Evaluate an arithmetic expression and return the result.
-
-    Args:
-        expression: Arithmetic with numbers, + - * / // % ** and parentheses, e.g. "(17 + 25) * 3".
-    """
-    return format_number(evaluate(expression))
-
 
 # ---------------------------------------------------------------- the problems
 
@@ -251,27 +171,86 @@ def parse_label(value: Any, *, where: str) -> int | float:
 
 
 def demonstration(instruction: str = CALL_FIRST) -> list[Message]:
-    """The worked episode. The call is written out in the message text, as the model writes
+    """The worked episodes. Each call is written out in the message text, as the model writes
     its own: the chat template renders a prompt message's `tool_calls` field as nothing."""
-    call = json.dumps({"name": "calculate", "arguments": {"expression": DEMONSTRATION_EXPRESSION}})
-    result = format_number(evaluate(DEMONSTRATION_EXPRESSION))
-    return [
-        Message(role="user", content=DEMONSTRATION_QUESTION + instruction),
-        Message(role="assistant", content=f"<tool_call>\n{call}\n</tool_call>"),
-        Message(role="tool", content=result, tool_call_id="demo-1", name="calculate"),
-        Message(role="assistant", content=f"<answer>{result}</answer>"),
-    ]
+    messages: list[Message] = []
+    for i, (question, expression) in enumerate(DEMONSTRATIONS):
+        call = json.dumps({"name": "calculate", "arguments": {"expression": expression}})
+        result = format_number(evaluate(expression))
+        messages += [
+            Message(role="user", content=question + instruction),
+            Message(role="assistant", content=f"<tool_call>\n{call}\n</tool_call>"),
+            Message(role="tool", content=result, tool_call_id=f"demo-{i}", name="calculate"),
+            Message(role="assistant", content=f"<answer>{result}</answer>"),
+        ]
+    return messages
+
+
+_EXPRESSION_FIELD = re.compile(r'"expression"\s*:\s*"([^"]*)"')
+_ARITHMETIC = re.compile(r"[-(\d][\d\s.+\-*/×÷^%()]*[\d)]")
+_OPERATION = re.compile(r"[\d)]\s*(?:[-+*/×÷^%])")
+
+
+def repair_call(call: ToolCall) -> ToolCall:
+    """A near-miss `calculate` call read as the call it meant (`lenient_calls`): malformed JSON
+    (`{"name": "calculate", ...}}`), another argument name (`{"value": "3 * 4"}`) or no name
+    at all. The expression is the `"expression"` field if one is written, else the first
+    arithmetic with an operation in the block. Well-formed calls, calls to another tool and
+    blocks without arithmetic come back unchanged (the registry answers them as errors).
+    Only the env's reading changes: the sampled tokens are what they were."""
+    if call.name not in ("calculate", ""):
+        return call
+    try:
+        args = json.loads(call.arguments)
+    except (json.JSONDecodeError, TypeError):
+        args = None
+    if isinstance(args, dict) and isinstance(args.get("expression"), str):
+        return call
+    expression = _expression_in(str(call.arguments))
+    if expression is None:
+        return call
+    arguments = json.dumps({"expression": expression})
+    return ToolCall(name="calculate", arguments=arguments, id=call.id)
+
+
+def _expression_in(text: str) -> str | None:
+    field = _EXPRESSION_FIELD.search(text)
+    candidates = [field.group(1)] if field else []
+    candidates += [m.group(0) for m in _ARITHMETIC.finditer(text)]
+    return next((c.strip() for c in candidates if _OPERATION.search(c)), None)
+
+
+def score(
+    predicted: float | None,
+    gold: float,
+    *,
+    has_answer_tag: bool,
+    after_tool_result: bool,
+    format_weight: float = FORMAT_WEIGHT,
+) -> float:
+    """1.0 for the right number; else `format_weight` for a tagged answer given after a
+    successful tool result (the call was made and read, the expression was wrong); else 0."""
+    if predicted is not None and abs(predicted - gold) < 1e-6:
+        return 1.0
+    return format_weight if has_answer_tag and after_tool_result else 0.0
 
 
 class CalculatorEnv(AgentEnv):
     """Arithmetic word problems with a `calculate` tool; reward 1.0 for the exact answer.
-    `demonstration=True` (default) shows one worked episode that calls the tool first, and
-    `instruction` (appended to each question) asks for the call; "" leaves the question bare.
+
+    Defaults are the recipe under which the bundled 135M model learns to call the tool:
+    `difficulty=2` (three-digit sums and differences, products up to 120 x 120: answered in
+    its head it scored 0 of 16, with the tool 6 of 16); `demonstration=True` shows two worked
+    episodes that call the tool first; `instruction` (appended to each question) asks for
+    the call ("" leaves the question bare); `lenient_calls` reads near-miss calls
+    (`repair_call`); `format_weight` is paid for a wrong tagged answer that follows a tool
+    result (`score`), 0 turns it off.
 
     An assistant message with tool calls gets the tool results back; one without tool
     calls is the final answer and ends the episode (terminated). The answer is the number
     in the last `<answer>` block or, leniently, the last number in that message;
-    `info["correct"]` and `info["has_answer_tag"]` hold the reward's components.
+    `info["correct"]`, `info["has_answer_tag"]` and `info["reward_components"]` hold the
+    reward's parts.
     """
 
     reward_range: ClassVar[tuple[float, float]] = (0.0, 1.0)
@@ -279,15 +258,27 @@ class CalculatorEnv(AgentEnv):
     metadata: ClassVar[dict[str, Any]] = {"description": "arithmetic word problems"}
 
     def __init__(
-        self, difficulty: int = 1, demonstration: bool = True, instruction: str = CALL_FIRST
+        self,
+        difficulty: int = 2,
+        demonstration: bool = True,
+        instruction: str = CALL_FIRST,
+        lenient_calls: bool = True,
+        format_weight: float = FORMAT_WEIGHT,
     ) -> None:
         super().__init__()
+        if not 0.0 <= format_weight < 1.0:
+            raise ValueError(
+                f"format_weight={format_weight}: use a value in [0, 1), below a right answer's 1.0"
+            )
         self.difficulty = difficulty
         self.use_demonstration = demonstration
         self.instruction = instruction
+        self.lenient_calls = lenient_calls
+        self.format_weight = format_weight
         self.tools.register(calculate)
         self.question = ""
         self.answer: int | float = 0
+        self.num_tool_results = 0  # successful results this episode
 
     async def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         task = (options or {}).get("task")
@@ -299,6 +290,7 @@ class CalculatorEnv(AgentEnv):
             )
         self.question = task.data["question"]
         self.answer = parse_label(task.data["answer"], where=f"task {task.id}")
+        self.num_tool_results = 0
         messages = [
             Message(role="system", content=SYSTEM_PROMPT),
             *(demonstration(self.instruction) if self.use_demonstration else []),
@@ -308,24 +300,49 @@ class CalculatorEnv(AgentEnv):
 
     async def step(self, action: Message) -> StepResult:
         if action.tool_calls:
+            if self.lenient_calls:
+                action = dataclasses.replace(
+                    action, tool_calls=[repair_call(c) for c in action.tool_calls]
+                )
             results = await self.call_tools(action)
+            self.num_tool_results += sum(not r.is_error for r in results)
             return StepResult(observation=[r.message for r in results], info=tool_info(results))
         predicted, has_answer_tag = parse_answer(action.content)
-        is_correct = predicted is not None and abs(predicted - self.answer) < 1e-6
+        after_tool = self.num_tool_results > 0
+        reward = score(
+            predicted,
+            self.answer,
+            has_answer_tag=has_answer_tag,
+            after_tool_result=after_tool,
+            format_weight=self.format_weight,
+        )
+        is_correct = reward == 1.0
         info = {
             "correct": is_correct,
             "has_answer_tag": has_answer_tag,
             "predicted": predicted,
             "answer": self.answer,
+            "reward_components": {
+                "correct": is_correct,
+                "used_tool": after_tool,
+                "answer_after_tool": has_answer_tag and after_tool,
+            },
             **tool_info([]),
         }
-        return StepResult(reward=1.0 if is_correct else 0.0, terminated=True, info=info)
+        return StepResult(reward=reward, terminated=True, info=info)
 
     @classmethod
     def load_tasks(
-        cls, split: str, *, num_tasks: int | None = None, difficulty: int = 1, seed: int = 0
+        cls,
+        split: str,
+        *,
+        num_tasks: int | None = None,
+        difficulty: int = 2,
+        seed: int = 0,
+        **env_kwargs: Any,
     ) -> list[Task]:
-        """Generated splits: "train" (2000), "test" (200), "dev" (200); disjoint by problem text."""
+        """Generated splits: "train" (2000), "test" (200), "dev" (200); disjoint by problem text.
+        The env's other kwargs (`env_kwargs`: prompt and reward settings) do not change tasks."""
         if split not in _SPLIT_SEEDS:
             raise ValueError(f"calculator has splits {sorted(_SPLIT_SEEDS)}, not {split!r}")
         num = num_tasks or NUM_TASKS[split]

@@ -91,20 +91,15 @@ async def new_episode() -> tuple[CalculatorEnv, list[Message]]:
 
 async def test_reset_gives_system_prompt_worked_episode_and_question() -> None:
     env, messages = await new_episode()
-    assert [m.role for m in messages] == [
-        "system",
-        "user",
-        "assistant",
-        "tool",
-        "assistant",
-        "user",
-    ]
+    worked = ["user", "assistant", "tool", "assistant"]
+    assert [m.role for m in messages] == ["system", *worked, *worked, "user"]
     assert "<answer>NUMBER</answer>" in messages[0].content and "calculate" in messages[0].content
     # the worked episode writes its call out as text: a prompt message's tool_calls field
     # renders as nothing in the chat template
     call = '{"name": "calculate", "arguments": {"expression": "17 + 25"}}'
     assert messages[2].content == f"<tool_call>\n{call}\n</tool_call>"
     assert messages[3].content == "42" and messages[4].content == "<answer>42</answer>"
+    assert '"23 * 14"' in messages[6].content and messages[8].content == "<answer>322</answer>"
     assert messages[-1].content.startswith(TASK.data["question"])
     assert env.tool_call_format == "hermes" and env.tools.names == ["calculate"]
 
@@ -186,11 +181,24 @@ def test_splits_are_deterministic_sized_and_disjoint() -> None:
     assert len(CalculatorEnv.load_tasks("train", num_tasks=10)) == 10
 
 
-def test_default_problems_are_easy_and_answers_match_the_text() -> None:
-    for task in CalculatorEnv.load_tasks("test"):
+@pytest.mark.parametrize(("difficulty", "largest"), [(1, 50), (2, 500)])
+def test_problems_answers_match_the_text(difficulty: int, largest: int) -> None:
+    for task in CalculatorEnv.load_tasks("test", difficulty=difficulty):
         a, b = (int(n) for n in re.findall(r"\d+", task.data["question"]))
-        assert max(a, b) <= 50
+        assert max(a, b) <= largest
         assert task.data["answer"] in (a + b, abs(a - b), a * b)
+
+
+def test_default_difficulty_is_beyond_mental_arithmetic() -> None:
+    tasks = CalculatorEnv.load_tasks("test")
+    assert tasks == CalculatorEnv.load_tasks("test", difficulty=2)
+    assert sum(t.data["answer"] > 100 for t in tasks) > len(tasks) // 2
+
+
+def test_load_tasks_takes_the_envs_other_kwargs() -> None:
+    """data.load_tasks passes every env kwarg; prompt and reward settings leave tasks alone."""
+    plain = CalculatorEnv.load_tasks("test", num_tasks=5)
+    assert CalculatorEnv.load_tasks("test", num_tasks=5, format_weight=0.0) == plain
 
 
 def test_difficulty_gives_bigger_numbers() -> None:
