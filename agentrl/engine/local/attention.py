@@ -7,6 +7,7 @@ bf16/fp16 and SDPA elsewhere. A forward without an `arena_step` (a plain call of
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -229,3 +230,30 @@ def use_arena_attention(model: Any) -> None:
 def flash_attention_supported(device: torch.device | str, dtype: torch.dtype) -> bool:
     """torch's bundled FlashAttention-2 runs on CUDA in half precision only."""
     return torch.device(device).type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+
+
+@functools.cache
+def flash_reads_head_major(device: str, dtype: torch.dtype) -> bool:
+    """Whether FlashAttention, called as the arena calls it, takes keys and values stored head
+    major (heads a whole buffer apart, rows one head_dim apart) and gives what it gives on
+    row-major ones: probed once per device and dtype, so an engine never depends on it blindly."""
+    if not flash_attention_supported(device, dtype):
+        return False
+    try:
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(n, h, 64, generator=g).to(device, dtype)
+                   for n, h in ((3, 4), (12, 2), (12, 2)))  # fmt: skip
+        k_hm, v_hm = (t.permute(1, 0, 2).contiguous().permute(1, 0, 2) for t in (k, v))
+        int32: dict[str, Any] = dict(dtype=torch.int32, device=device)
+        cu_q, cu_k = torch.tensor([0, 1, 2, 3], **int32), torch.tensor([0, 4, 8, 8], **int32)
+        seqused = torch.tensor([3, 4, 2], **int32)
+        out = [
+            torch.ops.aten._flash_attention_forward(
+                q, keys, values, cu_q, cu_k, 1, 4, 0.0, True, False, scale=0.125,
+                seqused_k=seqused,
+            )[0]
+            for keys, values in ((k, v), (k_hm, v_hm))
+        ]  # fmt: skip
+        return bool(torch.equal(out[0], out[1]))
+    except (RuntimeError, TypeError):  # a build whose kernel refuses the strides: row major
+        return False

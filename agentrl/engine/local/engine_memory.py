@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from agentrl.engine.local.attention import flash_reads_head_major
 from agentrl.engine.local.device_memory import PAGE_BYTES, PausableMemory, require_free
 from agentrl.engine.local.kv_arena import KVArena
 from agentrl.engine.local.param_storage import (
@@ -74,11 +75,13 @@ class EngineMemory:
         return not self.released and self.dropped is None
 
     def allocate(self, arena: KVArena) -> None:
+        # Head-major buffers where FlashAttention reads them (probed before any region opens).
+        head_major = flash_reads_head_major(self.device, arena.dtype)
         if self.pausable is None:
-            arena.allocate(self.device)
+            arena.allocate(self.device, head_major=head_major)
             return
         with self.pausable.region("kv_cache"):
-            arena.allocate(self.device)
+            arena.allocate(self.device, head_major=head_major)
 
     def held_bytes(self, arena: KVArena) -> int:
         """Device memory held (0 on CPU). The allocator counts the tensors of paused regions as

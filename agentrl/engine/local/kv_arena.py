@@ -41,6 +41,7 @@ class KVArena:
         self.scratch_slot = num_slots
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
+        self.is_head_major = False
         self._free = list(range(num_slots - 1, -1, -1))  # pop() hands out slot 0 first
         self._clean_len = [0] * (num_slots + 1)
 
@@ -110,15 +111,27 @@ class KVArena:
     def num_free(self) -> int:
         return len(self._free)
 
-    def allocate(self, device: torch.device | str) -> None:
+    def allocate(self, device: torch.device | str, *, head_major: bool = False) -> None:
         """Create the buffers. On an accelerator they are zeroed at once; on CPU rows are zeroed
-        only as sequences grow into them (`ensure_clean`), so host memory is committed as used."""
+        only as sequences grow into them (`ensure_clean`), so host memory is committed as used.
+
+        `head_major`: each buffer is stored [KVH, rows, D] and seen as [rows, KVH, D] (strides
+        D, rows * D, 1): one head's keys of a sequence are then one contiguous run, which
+        FlashAttention's decode reads at full speed (row-major, each head's 128 bytes sit 4 KB
+        apart in a 1.7B model and the read ran at a third of the bandwidth on an H100)."""
         rows = (self.num_slots + 1) * self.max_len
-        shape = (rows, self.num_kv_heads, self.head_dim)
         is_cpu = torch.device(device).type == "cpu"
         make = torch.empty if is_cpu else torch.zeros
-        self.keys = [make(shape, dtype=self.dtype, device=device) for _ in range(self.num_layers)]
-        self.values = [make(shape, dtype=self.dtype, device=device) for _ in range(self.num_layers)]
+
+        def buffer() -> torch.Tensor:
+            if head_major:
+                shape = (self.num_kv_heads, rows, self.head_dim)
+                return make(shape, dtype=self.dtype, device=device).permute(1, 0, 2)
+            return make((rows, self.num_kv_heads, self.head_dim), dtype=self.dtype, device=device)
+
+        self.keys = [buffer() for _ in range(self.num_layers)]
+        self.values = [buffer() for _ in range(self.num_layers)]
+        self.is_head_major = head_major
         self._clean_len = [0 if is_cpu else self.max_len] * (self.num_slots + 1)
 
     def free_buffers(self) -> None:

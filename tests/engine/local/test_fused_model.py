@@ -167,3 +167,27 @@ async def test_compiled_pieces_equal_eager(tiny_model_path: str) -> None:
         )  # as the compiled decode graphs sample: top-k/top-p by radix select
         assert torch.equal(got[0], want[0])
         torch.testing.assert_close(got[1], want[1])
+
+
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
+async def test_head_major_arena_gives_the_row_major_results(
+    tiny_model_path: str, compiled: bool
+) -> None:
+    """The arena as CUDA lays it out for FlashAttention (each head's rows contiguous, seen through
+    strides), run here on the SDPA path: the same tokens and logprobs as the row-major arena, the
+    K/V written in place through the strides (compiled: inside inductor's kernel)."""
+    results = {}
+    for head_major in (False, True):
+        engine = fused_engine(tiny_model_path)
+        engine.fused.set_compiled(compiled)
+        engine.arena.allocate("cpu", head_major=head_major)  # before any request holds a slot
+        keys = engine.arena.keys[0]
+        assert keys.shape[1:] == (engine.arena.num_kv_heads, engine.arena.head_dim)
+        assert (keys.stride(1) > keys.stride(0)) == head_major
+        results[head_major] = await generate_all(engine, SAMPLED)
+        assert engine.fused.is_compiled == compiled  # no fallback to eager
+        assert engine.arena.keys[0].data_ptr() == keys.data_ptr() and keys.abs().sum() > 0
+        await engine.close()
+    for row_major, head_major in zip(results[False], results[True], strict=True):
+        assert head_major.ids == row_major.ids
+        assert head_major.logprobs == pytest.approx(row_major.logprobs, abs=1e-5)
