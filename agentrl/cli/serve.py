@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-from typing import Literal, NoReturn
+from typing import Literal
 
 import typer
 
+from agentrl.cli import fail, user_errors
 from agentrl.cli.serve_options import (
     admin_api_key_option,
     api_key_option,
@@ -81,11 +82,10 @@ def serve_command(
     from agentrl.engine.local import LocalEngine
     from agentrl.engine.serve.app import serve
     from agentrl.engine.serve.requests import ServerLimits
-    from agentrl.model_store import ModelPathError
 
     _check_before_loading(device, mem_fraction_static, reserve_gb)
     if not math.isfinite(max_body_mb):
-        _fail(f"--max-body-mb={max_body_mb:g} must be a finite number of MiB; e.g. 32")
+        fail(f"--max-body-mb={max_body_mb:g} must be a finite number of MiB; e.g. 32")
     warn_if_exposed(host, api_key, what="generate and replace weights")
     limits = ServerLimits(
         max_body_bytes=int(max_body_mb * 2**20),
@@ -94,7 +94,7 @@ def serve_command(
         context_len=context_length,
         group_timeout_s=weight_group_timeout_s,
     )
-    try:
+    with user_errors(EngineMemoryError, ValueError):  # the user's values: one line
         engine = LocalEngine.load(
             model,
             device=device,
@@ -105,8 +105,6 @@ def serve_command(
             mem_fraction_static=mem_fraction_static,
             reserve_bytes=int(reserve_gb * 2**30),
         )
-    except (ModelPathError, EngineMemoryError, ValueError) as e:  # the user's values: one line
-        _fail(str(e))
     typer.echo(
         f"agentrl serve: {engine.model_path} on http://{host}:{port} (device {engine.device})",
         err=True,
@@ -122,12 +120,12 @@ def serve_command(
 def _check_before_loading(device: str, mem_fraction_static: float, reserve_gb: float) -> None:
     """Refuse values the engine would refuse only after the weights load (or crash on)."""
     if not 0 < mem_fraction_static <= 1:
-        _fail(
+        fail(
             f"--mem-fraction-static={mem_fraction_static:g} must be in (0, 1]; "
             "e.g. --mem-fraction-static 0.8"
         )
     if not math.isfinite(reserve_gb):
-        _fail(f"--reserve-gb={reserve_gb:g} must be a finite number of GiB; e.g. --reserve-gb 4")
+        fail(f"--reserve-gb={reserve_gb:g} must be a finite number of GiB; e.g. --reserve-gb 4")
     if device.startswith("cuda"):
         _check_cuda(device)
 
@@ -136,16 +134,11 @@ def _check_cuda(device: str) -> None:
     import torch
 
     if not torch.cuda.is_available():
-        _fail(f"--device {device} but torch sees no CUDA GPU here; use --device cpu or auto")
+        fail(f"--device {device} but torch sees no CUDA GPU here; use --device cpu or auto")
     _, _, ordinal = device.partition(":")
     count = torch.cuda.device_count()
     if ordinal.isdigit() and int(ordinal) >= count:
-        _fail(f"--device {device} but torch sees {count} CUDA GPU(s) (cuda:0..cuda:{count - 1})")
-
-
-def _fail(message: str) -> NoReturn:
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(2)
+        fail(f"--device {device} but torch sees {count} CUDA GPU(s) (cuda:0..cuda:{count - 1})")
 
 
 def register(app: typer.Typer) -> None:

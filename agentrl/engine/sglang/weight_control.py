@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Iterable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from agentrl.engine.base import EngineError
 from agentrl.engine.sglang.control import SGLangControl
@@ -18,8 +18,6 @@ from agentrl.weight_buckets import bucket_by_dtype
 
 if TYPE_CHECKING:
     import torch
-
-    from agentrl.engine.sglang.client import SGLangEngine
 
 
 class SGLangWeights(SGLangControl):
@@ -191,8 +189,7 @@ class SGLangWeights(SGLangControl):
     async def _push(self, named: list[tuple[str, torch.Tensor]], weight_version: str) -> None:
         if self.weight_update_path == "distributed":
             if self._sender is None:
-                # this class is only ever a base of SGLangEngine, the sender's member type
-                self._sender = DistributedWeightSender([cast("SGLangEngine", self)])
+                self._sender = DistributedWeightSender([self])
                 await self._sender.connect()
             await self._sender.send(named, weight_version=weight_version)
             self._weight_version = weight_version
