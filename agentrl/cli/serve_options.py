@@ -1,6 +1,7 @@
-"""The flags of agentrl's server commands (`agentrl serve`, the bundled search_r1's `agentrl
-retriever serve`, `agentrl env serve`), declared once: where a server binds, its API keys, the
-largest body it reads, and the warning for a server open to the network without a key.
+"""The flags of agentrl's server commands (`agentrl serve`; written for the bundled search_r1's
+`agentrl retriever serve` and `agentrl env serve` too), declared once: where a server binds, its
+API keys, the largest body it reads, and the warning for a server open to the network without
+a key.
 
 Each `*_option` returns a fresh `typer.Option` for a command's signature, e.g.
 `port: int = port_option(8000)`; a command passes only what differs (its default port)."""
