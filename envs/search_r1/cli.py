@@ -10,6 +10,16 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
+    # Imported here, not at the top: importing agentrl.cli runs its entry points, this one
+    # included, which must be whole by then.
+    from agentrl.cli.serve_options import (
+        api_key_option,
+        host_option,
+        max_body_mb_option,
+        port_option,
+        warn_if_exposed,
+    )
+
     group = typer.Typer(
         help="Serve a corpus over Search-R1's POST /retrieve API (BM25).", no_args_is_help=True
     )
@@ -21,28 +31,19 @@ def register(app: typer.Typer) -> None:
             "--corpus",
             help='JSONL with {"id", "contents": "\\"Title\\"\\ntext"} per line, or "embedded"',
         ),
-        host: str = typer.Option(
-            "127.0.0.1", "--host", help="Bind address; 0.0.0.0 exposes the server to the network"
-        ),
-        port: int = typer.Option(8000, "--port", min=1, max=65535),
+        host: str = host_option(),
+        port: int = port_option(8000),
         topk: int = typer.Option(
             3, "--topk", min=1, help="Documents per query when a request gives no topk"
         ),
-        api_key: str | None = typer.Option(
-            None,
-            "--api-key",
-            envvar="AGENTRL_API_KEY",
-            help="Every route but /health wants 'Authorization: Bearer KEY'",
-        ),
+        api_key: str | None = api_key_option(),
         max_topk: int = typer.Option(
             100, "--max-topk", min=1, help="Largest topk a request may ask"
         ),
         max_queries: int = typer.Option(
             512, "--max-queries", min=1, help="Most queries in one /retrieve call"
         ),
-        max_body_mb: float = typer.Option(
-            4.0, "--max-body-mb", min=0.001, max=1024.0, help="Largest request body in MiB (413)"
-        ),
+        max_body_mb: float = max_body_mb_option(4.0, max_mb=1024.0),
     ) -> None:
         """Serve the corpus so several rollout workers share one index
         (env kwarg: retriever_url="http://HOST:PORT")."""
@@ -63,11 +64,7 @@ def register(app: typer.Typer) -> None:
             _fail(str(e))
         except OSError as e:
             _fail(f"--corpus {corpus} cannot be read ({e.strerror}); check its permissions")
-        if host not in ("127.0.0.1", "localhost", "::1") and not api_key:
-            Console(stderr=True).print(
-                f"[yellow]warning:[/yellow] binding {host} without --api-key: anyone who can "
-                "reach it can query the corpus"
-            )
+        warn_if_exposed(host, api_key, what="query the corpus")
         Console(stderr=True).print(f"retriever: serving {path} on http://{host}:{port}/retrieve")
         server.run()
 
