@@ -138,6 +138,7 @@ def profile_engine(engine: LocalEngine, prompts: list[list[int]], args: argparse
         graph_replays=engine.stats.num_graph_replays, warmup_s=warmup_s,
         fused=fused is not None, compiled=bool(fused and fused.is_compiled),
         graphs=stepper.graphs is not None,
+        sampler_eager=sorted(stepper.graphs._eager_sampling) if stepper.graphs else None,
     )  # fmt: skip
     return {**wall_stats(wall, len(prompts)), **stats}
 

@@ -71,6 +71,7 @@ class DecodeGraphs:
         self._last = (self.buckets[0], False)  # the bucket and filter of the last replay
         self._sample: Callable[..., tuple[torch.Tensor, torch.Tensor]] = sample
         self._terms: torch.Tensor | None = None  # the noise's per-id terms, made at capture
+        self._eager_sampling: set[bool] = set()  # filter variants whose compiled sampler failed
 
     @classmethod
     def capture(
@@ -124,15 +125,17 @@ class DecodeGraphs:
     def _sample_rows(
         self, logits: torch.Tensor, rows: SamplingRows, use_filter: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._sample is not sample:
+        if self._sample is not sample and use_filter not in self._eager_sampling:
             for t in (logits, *vars(rows).values()):  # one compiled graph for every bucket > 1
                 torch._dynamo.maybe_mark_dynamic(t, 0)
             try:  # compiled, top-k/top-p by radix select (no sort)
                 return self._sample(logits, rows, use_filter=use_filter, terms=self._terms,
                                     radix_filter=True)  # fmt: skip
             except Exception:  # found in the warm-up runs, before any capture
-                logger.exception("LocalEngine: compiled sampler failed; sampling eagerly")
-                self._sample = sample
+                logger.exception(
+                    "LocalEngine: compiled sampler (filter %s) failed; eager", use_filter
+                )
+                self._eager_sampling.add(use_filter)  # the other graphs keep theirs
         return sample(logits, rows, use_filter=use_filter, terms=self._terms)
 
     def replay(self, batch: list[Sequence], num_vocab: int) -> DecodeLaunch:

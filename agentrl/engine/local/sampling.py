@@ -122,6 +122,9 @@ def _radix_threshold(
     1: the target-th largest key; probabilities: where the descending mass first reaches it); the
     smallest possible key when no such t exists (nothing to cut). Four passes, 8 bits each."""
     rows, digits = keys.shape[0], torch.arange(256, device=keys.device)
+    # above[d] = sum of hist[d'] over d' > d, as a product with a triangular matrix: no scan
+    # (inductor's split scan over a symbolic batch failed to generate code on CUDA).
+    higher = (digits[:, None] > digits[None, :]).to(weights.dtype)
     prefix = torch.zeros(rows, dtype=torch.long, device=keys.device)
     above_bucket = torch.zeros(rows, dtype=weights.dtype, device=keys.device)
     for shift in (24, 16, 8, 0):
@@ -129,7 +132,7 @@ def _radix_threshold(
         digit = (keys >> shift) & 255
         hist = torch.zeros(rows, 256, dtype=weights.dtype, device=keys.device)
         hist = hist.scatter_add(1, digit, weights * in_bucket)
-        above = hist.flip(1).cumsum(1).flip(1) - hist  # weight of this bucket's digits > d
+        above = hist @ higher  # weight of this bucket's digits > d
         reach = (above_bucket[:, None] + above + hist >= target[:, None]) | (digits == 0)
         d = 255 - reach.flip(1).long().argmax(1)  # the highest digit whose bucket reaches it
         above_bucket = above_bucket + above.gather(1, d[:, None])[:, 0]

@@ -47,6 +47,7 @@ async def test_fused_compiled_graphs_match_teacher_forcing(
     await run_checked(engine, sampling)
     assert engine.stats.num_graph_replays > 0 and engine._stepper.graphs is not None
     assert engine.fused.is_compiled  # compiled, not fallen back to eager
+    assert not engine._stepper.graphs._eager_sampling  # the sampler too (radix top-k/top-p)
     attn = engine.model.model.layers[0].self_attn
     assert engine.fused.layers[0].qkv.weight.data_ptr() == attn.q_proj.weight.data_ptr()
     await engine.close()
