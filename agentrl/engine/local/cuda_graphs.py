@@ -131,6 +131,8 @@ class DecodeGraphs:
             try:  # compiled, top-k/top-p by radix select (no sort)
                 return self._sample(logits, rows, use_filter=use_filter, terms=self._terms,
                                     radix_filter=True)  # fmt: skip
+            except torch.OutOfMemoryError:
+                raise
             except Exception:  # found in the warm-up runs, before any capture
                 logger.exception(
                     "LocalEngine: compiled sampler (filter %s) failed; eager", use_filter

@@ -276,6 +276,8 @@ class FusedDecoder:
         if self.is_compiled:
             try:
                 return self._forward(input_ids, position_ids, step, last_index)
+            except torch.OutOfMemoryError:  # not the compiler's fault: no fallback
+                raise
             except Exception:  # no compiler, an unsupported op: eager stays correct
                 logger.exception("LocalEngine: torch.compile failed; the engine runs eager")
                 self.set_compiled(False)

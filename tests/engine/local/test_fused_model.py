@@ -191,3 +191,32 @@ async def test_head_major_arena_gives_the_row_major_results(
     for row_major, head_major in zip(results[False], results[True], strict=True):
         assert head_major.ids == row_major.ids
         assert head_major.logprobs == pytest.approx(row_major.logprobs, abs=1e-5)
+
+
+async def test_a_failing_compile_falls_back_to_eager(tiny_model_path: str) -> None:
+    """A compiled piece that raises (no compiler, an op inductor cannot generate) turns compilation
+    off and the step runs eagerly with the same results; running out of memory is not a compile
+    failure and keeps compilation on."""
+    eager = fused_engine(tiny_model_path)
+    want = await generate_all(eager, GREEDY)
+    await eager.close()
+    engine = fused_engine(tiny_model_path)
+    engine.fused.set_compiled(True)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("inductor: cannot generate code")
+
+    engine.fused._attention_inputs = broken
+    got = await generate_all(engine, GREEDY)
+    assert not engine.fused.is_compiled
+    assert [c.ids for c in got] == [c.ids for c in want]
+    engine.fused.set_compiled(True)
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    engine.fused._attention_inputs = out_of_memory
+    with pytest.raises(Exception, match="out of memory"):
+        await engine.generate(PROMPTS[0], GREEDY)
+    assert engine.fused.is_compiled
+    await engine.close()
