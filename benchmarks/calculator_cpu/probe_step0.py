@@ -19,14 +19,18 @@ from pathlib import Path
 from typing import Any
 
 
-async def _episodes(env: str, kwargs: dict[str, Any], num_tasks: int, n: int, temperature: float, sets):
+async def _episodes(
+    env: str, kwargs: dict[str, Any], num_tasks: int, n: int, temperature: float, sets
+):
     from agentrl.config import config_from_flags
     from agentrl.data import load_tasks
     from agentrl.engine.factory import make_engine
     from agentrl.envs import spec
     from agentrl.rollout import build_runner
 
-    cfg = config_from_flags("calculator", {}, [f"env.id={env}", f"env.kwargs={json.dumps(kwargs)}", *sets])
+    cfg = config_from_flags(
+        "calculator", {}, [f"env.id={env}", f"env.kwargs={json.dumps(kwargs)}", *sets]
+    )
     tasks = load_tasks(cfg.env, "test", spec(cfg.env.id).load_class())[:num_tasks]
     engine = make_engine(cfg)
     try:
@@ -57,8 +61,7 @@ def summarize(trajs: list[Any]) -> dict[str, Any]:
             sum(bool(t.info.get("correct")) for t in callers) / len(callers) if callers else 0.0
         ),
         "mean_reward": sum(t.reward for t in trajs) / n,
-        "tool_errors_per_episode": sum(turn.num_tool_errors for t in trajs for turn in t.turns)
-        / n,
+        "tool_errors_per_episode": sum(turn.num_tool_errors for t in trajs for turn in t.turns) / n,
     }
 
 
@@ -75,7 +78,10 @@ def main() -> None:
     kwargs = json.loads(args.kwargs)
     report: dict[str, Any] = {"env": args.env, "env_kwargs": kwargs, "sets": args.sets}
     lines: list[str] = []
-    for label, temp, n in (("greedy", 0.0, 1), (f"t{args.temperature}", args.temperature, args.samples)):
+    for label, temp, n in (
+        ("greedy", 0.0, 1),
+        (f"t{args.temperature}", args.temperature, args.samples),
+    ):
         trajs = asyncio.run(_episodes(args.env, kwargs, args.num_tasks, n, temp, args.sets))
         report[label] = summarize(trajs)
         lines.append(f"== {label}: {json.dumps(report[label])}")
