@@ -10,11 +10,13 @@ Per decode step it reports: wall ms (median of the timed steps; tokens/s = batch
 kernel count, the summed kernel time, GPU busy time (the union of kernel intervals), the host gap
 (wall minus kernel time: launch overhead, Python, syncs), the CUDA runtime calls by name (launches,
 graph launches, synchronizations) and the top kernels by GPU time. On CPU "kernels" are top-level
-aten operators and their time is self CPU time. `--baselines hf_static` profiles transformers'
-static-cache `generate()` (compiled on CUDA by transformers) the same way: the kernels of a call of
-1 + `--steps` new tokens less those of a 1-token call.
+operators (aten::, mkldnn::) and their time is their CPU time. `--baselines hf_static` profiles
+transformers' static-cache `generate()` (compiled on CUDA by transformers) the same way: the
+kernels of a call of 1 + `--steps` new tokens less those of a 1-token call. Each row is written
+to `--out` as soon as it is measured; a runner that fails is recorded with its error.
 
-    python scripts/profile_engine.py --tokenizer .gpu/smollm2_tok --out /tmp/prof   # GPU, bf16
+    python scripts/profile_engine.py --tokenizer .gpu/smollm2_tok --shapes smollm2-135m \
+        --out /tmp/prof135                            # GPU, bf16; one shape a call fits 10 minutes
     python scripts/profile_engine.py --device cpu --shapes smollm2-135m --batch-sizes 2 \
         --steps 4 --dtype float32 --out /tmp/prof                                   # CPU check
 
