@@ -71,8 +71,12 @@ def check_run(cfg: RunConfig) -> None:
             f"--ray-address={cfg.cluster.ray_address!r} is not a Ray address; use HOST:PORT of the "
             "head node (e.g. 10.0.0.1:6379), ray://HOST:PORT, or auto"
         )
-    if cfg.log.use_wandb and importlib.util.find_spec("wandb") is None:
-        raise ConfigError("log.use_wandb=true but wandb is not installed; pip install wandb")
+    for extra in ("wandb", "tensorboard"):
+        if getattr(cfg.log, f"use_{extra}") and importlib.util.find_spec(extra) is None:
+            raise ConfigError(
+                f"log.use_{extra}=true but {extra} is not installed; pip install {extra}, or "
+                f"--set log.use_{extra}=false"
+            )
     if cfg.model.device.startswith("cuda"):
         import torch
 

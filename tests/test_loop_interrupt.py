@@ -7,7 +7,7 @@ import asyncio
 import json
 import threading
 
-from agentrl.config import recipe_for_env
+from agentrl.config import LogConfig, recipe_for_env
 from agentrl.data import TaskSource
 from agentrl.rollout.collect import Collected
 from agentrl.run.metrics import MetricsLogger
@@ -38,7 +38,7 @@ class _SlowTrainer:
 async def test_interrupt_mid_update_finishes_the_step_and_counts_it(tmp_path):
     cfg = recipe_for_env("calculator")
     trainer = _SlowTrainer()
-    logger = MetricsLogger(tmp_path, use_tensorboard=False)
+    logger = MetricsLogger(tmp_path, LogConfig(use_tensorboard=False))
     source = TaskSource([Task(id="t0", data={})], seed=0)
     state = RunState(cfg, tmp_path, trainer, None, source, [], logger, [])  # type: ignore[arg-type]
     groups = [[build_traj(float(i % 2), task_id="t0") for i in range(4)]]

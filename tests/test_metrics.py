@@ -8,6 +8,8 @@ import math
 
 import pytest
 
+from agentrl.config import ConfigError, LogConfig, RunConfig
+from agentrl.config_checks import check_run
 from agentrl.rollout.trajectory import Trajectory, Turn
 from agentrl.run.metrics import MetricsLogger, rollout_metrics
 from agentrl.types import EpisodeStatus, StatusReason
@@ -108,7 +110,7 @@ def test_metrics_logger_writes_jsonl_and_tensorboard(tmp_path) -> None:
 
 def test_metrics_logger_appends_on_resume(tmp_path) -> None:
     for step in (1, 2):
-        logger = MetricsLogger(tmp_path, use_tensorboard=False)
+        logger = MetricsLogger(tmp_path, LogConfig(use_tensorboard=False))
         logger.log(step, {"x": step})
         logger.close()
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
@@ -144,7 +146,7 @@ def test_a_resumed_logger_drops_the_redone_steps_from_jsonl_and_tensorboard(tmp_
 
 
 def test_truncating_a_run_without_metrics_writes_nothing(tmp_path) -> None:
-    logger = MetricsLogger(tmp_path, use_tensorboard=False)
+    logger = MetricsLogger(tmp_path, LogConfig(use_tensorboard=False))
     logger.truncate_after(5)
     assert not (tmp_path / "metrics.jsonl").exists()
 
@@ -154,9 +156,10 @@ def _lines(run_dir) -> list[str]:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb is installed")
-def test_metrics_logger_wandb_asked_but_missing_is_a_clear_error(tmp_path) -> None:
-    with pytest.raises(RuntimeError, match="pip install wandb"):
-        MetricsLogger(tmp_path, use_wandb=True)
+def test_wandb_asked_but_missing_is_a_config_error_before_the_run() -> None:
+    cfg = RunConfig(log=LogConfig(use_wandb=True))
+    with pytest.raises(ConfigError, match="log.use_wandb=true but wandb is not installed; pip"):
+        check_run(cfg)
 
 
 def test_rollout_metrics_count_serving_engines_and_split_episodes() -> None:

@@ -86,13 +86,7 @@ async def _train_in(
         f"{cfg.rollout.n_samples_per_prompt} episodes)"
     )
     runtime = await make_runtime(cfg, model_path)
-    logger = MetricsLogger(
-        run_dir,
-        use_tensorboard=cfg.log.use_tensorboard,
-        use_wandb=cfg.log.use_wandb,
-        wandb_project=cfg.log.wandb_project,
-        config=cfg.to_dict(),
-    )
+    logger = MetricsLogger(run_dir, cfg.log, config=cfg.to_dict())
     try:
         runner = build_runner(cfg, runtime.engine)
         start_step, evals = await resume_run(cfg.checkpoint, runtime, source)

@@ -3,7 +3,6 @@ TensorBoard, wandb)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -13,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from agentrl.config import LogConfig
 from agentrl.eval import stats
 from agentrl.types import EpisodeStatus
 
@@ -97,26 +97,16 @@ class MetricsLogger:
     def __init__(
         self,
         run_dir: str | Path,
+        log: LogConfig | None = None,
         *,
-        use_tensorboard: bool = True,
-        use_wandb: bool = False,
-        wandb_project: str = "agentrl",
         config: dict[str, Any] | None = None,
     ) -> None:
-        if use_wandb and importlib.util.find_spec("wandb") is None:
-            raise RuntimeError(
-                "log.use_wandb=true but wandb is not installed; `pip install wandb` "
-                "(or agentrl[wandb]), or set --set log.use_wandb=false"
-            )
-        if use_tensorboard and importlib.util.find_spec("tensorboard") is None:
-            raise RuntimeError(
-                "log.use_tensorboard=true but tensorboard is not installed; `pip install tensorboard`, "
-                "or set --set log.use_tensorboard=false"
-            )
+        """`log`: the run's log section (`config_checks.check_run` checked its extras are
+        installed); `config`: the run config, shown in TensorBoard and wandb."""
+        log = log or LogConfig()
         self.run_dir = Path(run_dir)
-        self.use_tensorboard = use_tensorboard
-        self.use_wandb = use_wandb
-        self.wandb_project = wandb_project
+        self.use_tensorboard, self.use_wandb = log.use_tensorboard, log.use_wandb
+        self.wandb_project = log.wandb_project
         self.config = dict(config or {})
         self._jsonl: TextIO | None = None
         self._tb: Any = None
