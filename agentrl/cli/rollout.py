@@ -92,7 +92,9 @@ async def _rollout(
     from agentrl.rollout import build_runner
     from agentrl.rollout.trajectory import Trajectory, write_jsonl
 
-    tasks = load_tasks(cfg.env, split, spec(cfg.env.id).load_class())[:num_tasks]
+    env_spec = spec(cfg.env.id)
+    env_spec.check_kwargs(cfg.env.kwargs)  # a bad argument fails here, not in every episode
+    tasks = load_tasks(cfg.env, split, env_spec.load_class())[:num_tasks]
     with console.status("[bold]Loading the engine…"):
         engine = make_engine(cfg)
     statuses: Counter[str] = Counter()
