@@ -1,9 +1,12 @@
 """The engine's side of a broadcast weight update: flattened buckets and per-tensor receives,
-on a one-rank gloo group (rank 0 broadcasting to itself leaves the buffers as they are)."""
+on a one-rank gloo group (rank 0 broadcasting to itself leaves the buffers as they are), and the
+values a real second process (rank 0, the trainer's side) broadcasts to this one (rank 1)."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -13,11 +16,15 @@ from agentrl.engine.weight_receive import receive_broadcast
 from agentrl.engine.weight_transport import destroy_process_group, init_weights_update_process_group
 
 
-@pytest.fixture
-def group():
+def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def group():
+    port = _free_port()
     pg = init_weights_update_process_group(
         backend="gloo", master_address="127.0.0.1", master_port=port, world_size=1, rank=0,
         group_name="test_weight_transport",
@@ -67,3 +74,45 @@ def test_flatten_into_matches_the_concatenation() -> None:
     flat = flatten_into(tensors)  # bytes, as SGLang's receiver allocates them
     assert torch.equal(flat, torch.cat([t.reshape(-1) for t in tensors]).view(torch.uint8))
     assert all(flat.data_ptr() != t.data_ptr() for t in tensors)  # a fresh buffer
+
+
+# Rank 0 in its own process: a flattened bucket of two dtypes, then two tensors one by one.
+_SENDER = """
+import sys, torch, torch.distributed as dist
+from agentrl.engine.sglang.weight_sender import flatten_into
+from agentrl.engine.weight_transport import destroy_process_group, init_weights_update_process_group
+pg = init_weights_update_process_group(backend="gloo", master_address="127.0.0.1",
+    master_port=int(sys.argv[1]), world_size=2, rank=0, group_name="two_ranks", timeout_s=60)
+a, b = torch.arange(6.0).reshape(2, 3), torch.arange(4.0) + 10
+c = torch.tensor([[0.5, 1.5, 2.5, 3.5, 4.5]], dtype=torch.bfloat16)
+dist.broadcast(torch.cat([flatten_into([a, b]), flatten_into([c])]), 0, group=pg)
+for t in (torch.tensor([7, 8, 9]), torch.full((2, 2), -1.25, dtype=torch.float16)):
+    dist.broadcast(t, 0, group=pg)
+destroy_process_group(pg)
+"""
+
+
+def test_a_second_process_broadcasts_the_values_this_one_receives() -> None:
+    port = _free_port()
+    sender = subprocess.Popen([sys.executable, "-c", _SENDER, str(port)])
+    try:
+        pg = init_weights_update_process_group(
+            backend="gloo", master_address="127.0.0.1", master_port=port, world_size=2, rank=1,
+            group_name="two_ranks", timeout_s=60,
+        )  # fmt: skip
+        bucket = receive_broadcast(
+            pg, ["a", "b", "c"], ["float32", "float32", "bfloat16"], [[2, 3], [4], [1, 5]],
+            load_format="flattened_bucket",
+        )  # fmt: skip
+        tensors = receive_broadcast(pg, ["x", "y"], ["int64", "float16"], [[3], [2, 2]])
+        destroy_process_group(pg)
+    finally:
+        assert sender.wait(timeout=60) == 0
+    got = {name: t.float().tolist() for name, t in (*bucket, *tensors)}
+    assert got == {
+        "a": [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]],
+        "b": [10.0, 11.0, 12.0, 13.0],
+        "c": [[0.5, 1.5, 2.5, 3.5, 4.5]],
+        "x": [7.0, 8.0, 9.0],
+        "y": [[-1.25, -1.25], [-1.25, -1.25]],
+    }
