@@ -8,17 +8,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from agentrl.engine.base import Completion, Engine, SamplingParams
 
 
 class GatedEngine:
-    """Delegates everything to `engine`; `generate` waits while a weight update holds the gate."""
+    """Delegates everything to `engine`; `generate` waits while a weight update holds the gate.
+    `clock` times the busy seconds (a test passes its own)."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.inner = engine
+    def __init__(self, engine: Engine, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.inner, self._clock = engine, clock
         self._is_open: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None
         self.num_running = 0  # generate calls inside the engine now
@@ -57,7 +58,7 @@ class GatedEngine:
 
     def _enter(self, idle: asyncio.Event) -> None:
         if self.num_running == 0:
-            self._busy_since = time.perf_counter()
+            self._busy_since = self._clock()
         self.num_running += 1
         idle.clear()
 
@@ -65,7 +66,7 @@ class GatedEngine:
         self.num_running -= 1
         if self.num_running == 0:
             if self._busy_since is not None:
-                self._busy_s += time.perf_counter() - self._busy_since
+                self._busy_s += self._clock() - self._busy_since
             self._busy_since = None
             idle.set()
 
@@ -86,5 +87,5 @@ class GatedEngine:
 
     def busy_seconds(self) -> float:
         """Total time with at least one generation running, up to now."""
-        running = time.perf_counter() - self._busy_since if self._busy_since is not None else 0.0
+        running = self._clock() - self._busy_since if self._busy_since is not None else 0.0
         return self._busy_s + running
