@@ -32,6 +32,7 @@ class Phase:
     expected_rate: float | None = None
     completed: float = 0.0
     start_s: float = field(default_factory=time.monotonic)
+    clock: Callable[[], float] = time.monotonic
     work: Callable[[], float] | None = None
     """A finer counter that moves before the first unit is done (the engine's sampled tokens)."""
     max_work: float | None = None
@@ -47,7 +48,7 @@ class Phase:
 
     @property
     def elapsed_s(self) -> float:
-        return time.monotonic() - self.start_s
+        return self.clock() - self.start_s
 
     @property
     def rate(self) -> float | None:
@@ -90,7 +91,8 @@ class RunProgress:
     """`with progress.phase("eval", total=32, unit="episodes") as phase: ... phase.advance()`.
 
     `is_live=None`: live bars when the console is a terminal, plain lines otherwise.
-    `note(text)` prints a message (above the bar when live); `enabled=False` shows no phases."""
+    `note(text)` prints a message (above the bar when live); `enabled=False` shows no phases.
+    `clock` times the phases (a test passes its own)."""
 
     def __init__(
         self,
@@ -99,13 +101,14 @@ class RunProgress:
         console: Any = None,
         is_live: bool | None = None,
         interval_s: float = 15.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         from rich.console import Console
 
         self.console = console or Console()
         self.is_live = self.console.is_terminal if is_live is None else is_live
-        self.enabled, self.interval_s = enabled, interval_s
-        self.start_s = time.monotonic()
+        self.enabled, self.interval_s, self._clock = enabled, interval_s, clock
+        self.start_s = clock()
         self.phase_now: Phase | None = None
         self._rates: dict[str, float] = {}  # last measured rate per phase kind
         self._bar: Any = None
@@ -163,6 +166,8 @@ class RunProgress:
             expected_rate=self._rates.get(kind),
             work=work,
             max_work=max_work,
+            start_s=self._clock(),
+            clock=self._clock,
         )
         self.phase_now = phase
         if self.enabled:
@@ -212,25 +217,29 @@ class RunProgress:
     def _tick(self) -> None:
         """Refresh the live bar every second; print the phase line every `interval_s` in a log."""
         while not self._stop.wait(1.0 if self._bar is not None else 0.5):
-            phase = self.phase_now
-            if phase is None:
-                continue
-            if self._bar is not None and self._bar_task is not None:
-                self._bar.update(
-                    self._bar_task,
-                    completed=phase.completed,
-                    total=phase.total or None,
-                    status=phase.describe(),
-                )
-            elif self._bar is None and time.monotonic() - self._last_print_s >= self.interval_s:
-                self._print(phase.describe())
+            self.tick()
+
+    def tick(self) -> None:
+        """Show the running phase now: on the bar, or as a line when `interval_s` has passed."""
+        phase = self.phase_now
+        if phase is None:
+            return
+        if self._bar is not None and self._bar_task is not None:
+            self._bar.update(
+                self._bar_task,
+                completed=phase.completed,
+                total=phase.total or None,
+                status=phase.describe(),
+            )
+        elif self._bar is None and self._clock() - self._last_print_s >= self.interval_s:
+            self._print(phase.describe())
 
     def _print(self, text: str) -> None:
-        self._last_print_s = time.monotonic()
+        self._last_print_s = self._clock()
         if self.is_live:
             self.console.print(text, highlight=False, markup=False, soft_wrap=True)
         else:
-            stamp = format_duration(time.monotonic() - self.start_s)
+            stamp = format_duration(self._clock() - self.start_s)
             self.console.print(f"[{stamp}] {text}", highlight=False, markup=False, soft_wrap=True)
         file = getattr(self.console, "file", None)
         if file is not None and hasattr(file, "flush"):
