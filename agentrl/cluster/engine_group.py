@@ -22,10 +22,9 @@ from agentrl.engine.router import RoutedEngine
 from agentrl.engine.sglang import SGLangEngine
 from agentrl.engine.sglang.launcher import (
     ManagedProcess,
-    choose_router,
     free_ports,
-    router_command,
     server_command,
+    start_router,
     wait_healthy,
 )
 from agentrl.engine.sglang.protocol import API_KEY_ENV, resolve_api_key
@@ -139,22 +138,6 @@ class EngineServer:
             self.process.stop()
 
 
-def start_router(urls: list[str], log_dir: Path, api_key: str | None = None) -> ManagedProcess:
-    """A router over the engine servers, sticky on the routing-key header: smg's
-    consistent_hashing, else sglang-router's manual policy."""
-    choice = choose_router("consistent_hashing")
-    (port,) = free_ports(1)
-    cmd = router_command(urls, host="127.0.0.1", port=port, policy=choice.policy,
-                         module=choice.module, api_key=api_key)  # fmt: skip
-    router = ManagedProcess(
-        "sglang-router", f"http://127.0.0.1:{port}", cmd, log_dir / "router.log",
-        die_with_parent=True,
-    )  # fmt: skip
-    router.start()
-    wait_healthy(router, timeout_s=120.0, path="/health")
-    return router
-
-
 class ServedEngineGroup:
     """The run's `EngineGroup` on Ray: the server actors, their URLs, the `RoutedEngine` that
     rollouts talk to (behind the weight-update gate), and the weight version they serve."""
@@ -168,7 +151,9 @@ class ServedEngineGroup:
         self.router: ManagedProcess | None = None
         if cfg.cluster.use_sglang_router:
             logs = Path(cfg.checkpoint.save) / "engine_logs"
-            self.router = start_router(urls, logs, self.api_key)
+            self.router = start_router(
+                urls, log_path=logs / "router.log", api_key=self.api_key, die_with_parent=True
+            )
         router_client = self._client(self.router.url) if self.router else None
         self.routed = RoutedEngine([self._client(u) for u in urls], router=router_client)
         self.engine = GatedEngine(self.routed)

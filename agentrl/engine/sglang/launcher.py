@@ -133,6 +133,36 @@ def router_command(
     return cmd + (["--api-key", api_key] if api_key else [])
 
 
+def start_router(
+    worker_urls: list[str],
+    *,
+    log_path: Path,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    api_key: str | None = None,
+    policy: str = "consistent_hashing",
+    python: str = sys.executable,
+    env: dict[str, str] | None = None,
+    die_with_parent: bool = False,
+) -> ManagedProcess:
+    """A router (`choose_router`) over `worker_urls`, returned once `/health` answers (stopped if
+    it never does); `port=0` picks a free port."""
+    choice = choose_router(policy)
+    port = port or free_ports(1, host)[0]
+    cmd = router_command(worker_urls, host=host, port=port, policy=choice.policy, python=python,
+                         module=choice.module, api_key=api_key)  # fmt: skip
+    router = ManagedProcess("sglang-router", f"http://{host}:{port}", cmd, log_path, env,
+                            die_with_parent=die_with_parent)  # fmt: skip
+    router.start()
+    try:
+        wait_healthy(router, timeout_s=120.0, path="/health")
+    except BaseException:
+        router.stop()
+        raise
+    router.is_ready = True
+    return router
+
+
 @dataclass
 class ManagedProcess:
     """One child process (server or router) with its log file; started in its own session so the
@@ -308,10 +338,11 @@ def launch_servers(
     if num_servers < 1:
         raise ValueError(f"engine.num_servers={num_servers} must be at least 1")
     require_module("sglang")
-    router = choose_router(router_policy) if num_servers > 1 else None
+    has_router = num_servers > 1
+    if has_router:
+        choose_router(router_policy)  # a missing router package fails before any server starts
     logs = Path(log_dir or tempfile.mkdtemp(prefix="agentrl-sglang-"))
     logs.mkdir(parents=True, exist_ok=True)
-    has_router = num_servers > 1
     ports = _ports(engine_cfg.port, num_servers + has_router, host)
     servers = [
         ManagedProcess(
@@ -347,27 +378,11 @@ def launch_servers(
         for server in servers:
             wait_healthy(server, timeout_s=health_timeout_s)
             server.is_ready = True
-        if router is not None:
-            url = f"http://{host}:{ports[0]}"
-            cluster.router = ManagedProcess(
-                "sglang-router",
-                url,
-                router_command(
-                    cluster.worker_urls,
-                    host=host,
-                    port=ports[0],
-                    policy=router.policy,
-                    python=python,
-                    module=router.module,
-                    api_key=api_key,
-                ),
-                logs / "router.log",
-                env,
-            )
-            cluster.router.start()
-            wait_healthy(cluster.router, timeout_s=120.0, path="/health")
-            cluster.router.is_ready = True
-            cluster.url = url
+        if has_router:
+            cluster.router = start_router(cluster.worker_urls, host=host, port=ports[0],
+                                          log_path=logs / "router.log", api_key=api_key,
+                                          policy=router_policy, python=python, env=env)  # fmt: skip
+            cluster.url = cluster.router.url
     except BaseException:
         cluster.shutdown()
         raise
