@@ -37,7 +37,7 @@ def make_engine(cfg: RunConfig, *, model_path: str | None = None, reserve_bytes:
         from agentrl.model_store import resolve_model_path
 
         cluster = launch_servers(
-            resolve_model_path(model.path, model.cache_dir),
+            model_path or resolve_model_path(model.path, model.cache_dir),
             cfg.engine,
             router_policy=cfg.engine.router_policy,
             api_key=resolve_api_key(cfg.engine),

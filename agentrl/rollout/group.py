@@ -248,9 +248,10 @@ def _notify(on_episode: Callable[[Trajectory], Any] | None, traj: Trajectory) ->
         logger.warning("on_episode callback raised (ignored)\n%s", traceback.format_exc())
 
 
-def build_runner(cfg: RunConfig, engine: Engine) -> RolloutRunner:
+def build_runner(cfg: RunConfig, engine: Engine, model_path: str | None = None) -> RolloutRunner:
     """The runner a run config describes: envs from `agentrl.envs.make(cfg.env.id, **kwargs)`,
-    the codec from the engine's tokenizer (or the model path) with the env's tool-call format."""
+    the codec from the engine's tokenizer (or the model's, at `model_path` where the caller
+    resolved it, else resolved here) with the env's tool-call format."""
     import functools
 
     from agentrl.envs import make, spec
@@ -266,9 +267,7 @@ def build_runner(cfg: RunConfig, engine: Engine) -> RolloutRunner:
     else:
         from agentrl.model_store import resolve_model_path
 
-        path = getattr(engine, "model_path", None) or resolve_model_path(
-            cfg.model.path, cfg.model.cache_dir
-        )
+        path = model_path or resolve_model_path(cfg.model.path, cfg.model.cache_dir)
         codec = ChatCodec.from_pretrained(
             path, tool_call_format=tool_call_format, observation_format=observation_format
         )

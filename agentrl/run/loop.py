@@ -88,7 +88,7 @@ async def _train_in(
     runtime = await make_runtime(cfg, model_path)
     logger = MetricsLogger(run_dir, cfg.log, config=cfg.to_dict())
     try:
-        runner = build_runner(cfg, runtime.engine)
+        runner = build_runner(cfg, runtime.engine, model_path)
         start_step, evals = await resume_run(cfg.checkpoint, runtime, source)
         if cfg.checkpoint.resume:  # the steps after the checkpoint are redone: logged once
             logger.truncate_after(start_step)

@@ -55,22 +55,12 @@ def check_backend_args(
             ) from None
 
 
-def local_model_path(model_path: str) -> str:
-    """A checkpoint directory as is; a bundled name (smollm2-135m-instruct) through the model store."""
-    if Path(model_path).is_dir():
-        return model_path
-    try:
-        from agentrl.model_store import resolve_model_path
-    except ImportError:
-        return model_path
-    return resolve_model_path(model_path)
-
-
 T = TypeVar("T")
 
 
 class TrainerBackend(ABC):
-    """One trainer rank. Construction only checks config (and the machine); `setup()` loads the
+    """One trainer rank on the checkpoint directory `model_path` (the run layer resolved a
+    bundled name once). Construction only checks config (and the machine); `setup()` loads the
     model, collectively (every rank calls it together; `make_trainer_backend` does). With several
     ranks in a torch.distributed group every method but `pad_id` is collective: all ranks call it
     together, with the same arguments (for `logprobs` and `train_step`, each rank its own batch
@@ -172,7 +162,6 @@ class TrainerBackend(ABC):
         """The checkpoint's transformers config, read without loading the model."""
         from transformers import AutoConfig
 
-        self.model_path = local_model_path(self.model_path)
         return AutoConfig.from_pretrained(self.model_path)
 
     @property

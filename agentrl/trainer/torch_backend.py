@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from agentrl.trainer import sharded_checkpoint
-from agentrl.trainer.base import TrainerBackend, local_model_path, reduce_metrics
+from agentrl.trainer.base import TrainerBackend, reduce_metrics
 from agentrl.trainer.batch import MicroBatch, StepBatch, TrainBatch
 from agentrl.trainer.fsdp import apply_fsdp, decoder_layers, dp_rank, dp_world_size
 from agentrl.trainer.logprobs import CausalLMLogprobs
@@ -94,17 +94,15 @@ class TorchBackend(TrainerBackend):
         and lr schedule. Collective."""
         if self._model is not None:
             return
-        path = local_model_path(self.model_path)
-        self.model_path = path
         self.dp_size = dp_world_size()
-        model = self._load(path)
+        model = self._load(self.model_path)
         if self.train_cfg.gradient_checkpointing:
             _enable_activation_checkpointing(model)
         model.config.use_cache = False
         self._policy = self._wrap(model)  # sharded before the optimizer sees the parameters
         self._model = model
         if self.has_ref_model:
-            self.ref_model = self._load(path).eval().requires_grad_(False)
+            self.ref_model = self._load(self.model_path).eval().requires_grad_(False)
             self._ref_policy = self._wrap(self.ref_model)
         cfg = self.train_cfg
         self.optimizer = torch.optim.AdamW(
