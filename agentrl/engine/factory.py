@@ -25,11 +25,7 @@ def make_engine(cfg: RunConfig, *, model_path: str | None = None, reserve_bytes:
 
         return LocalEngine.from_config(model, cfg.engine, reserve_bytes=reserve_bytes)
     if kind == "http":
-        if not cfg.engine.url:
-            raise ValueError(
-                "engine.kind=http needs engine.url, e.g. --set engine.url=http://127.0.0.1:30000 "
-                "(start one with `agentrl serve --model PATH` or a real SGLang server)"
-            )
+        assert cfg.engine.url, "config_checks.check_run refuses engine.kind=http without a url"
         return sglang_client(cfg, cfg.engine.url)
     if kind == "sglang":
         from agentrl.engine.sglang.launcher import launch_servers
