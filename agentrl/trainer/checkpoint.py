@@ -234,12 +234,3 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         np.random.set_state(state["numpy"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def save_rng_state(path: str | Path) -> None:
-    torch.save(capture_rng_state(), path)
-
-
-def load_rng_state(path: str | Path) -> None:
-    # weights_only=False: the state holds python/numpy tuples written by this process's code.
-    restore_rng_state(torch.load(path, weights_only=False))
