@@ -82,15 +82,6 @@ class Trajectory:
             if not all(span) or any(obs):
                 raise ValueError(f"turn at {turn.start} does not match loss_mask")
 
-    def dense_logprobs(self) -> list[float]:
-        """Rollout logprobs scattered to token positions (0.0 where loss_mask is 0)."""
-        out = [0.0] * len(self.token_ids)
-        it = iter(self.logprobs)
-        for i, m in enumerate(self.loss_mask):
-            if m:
-                out[i] = next(it)
-        return out
-
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["status"] = self.status.value

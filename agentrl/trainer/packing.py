@@ -26,10 +26,6 @@ class PackedTokens:
     max_seqlen: int
     num_tokens: int  # tokens of the micro-batch; the rest of the N are alignment padding
 
-    def unflatten(self, values: Tensor, shape: torch.Size) -> Tensor:
-        """Per-token values [N] -> [rows, T] in the micro-batch's layout."""
-        return values[: self.num_tokens].reshape(shape)
-
 
 def pack_tokens(
     input_ids: Tensor, position_ids: Tensor, *, pad_id: int, multiple: int = 1
