@@ -17,12 +17,13 @@ from agentrl.envs.wrappers import MaxTurns, TokenBudget, WallClock, Wrapper
 
 register(
     "calculator",
-    "agentrl.envs.calculator:CalculatorEnv",
-    description="Arithmetic word problems with a `calculate` tool; reward 1 for the exact answer.",
+    "agentrl.envs.builtin.calculator:CalculatorEnv",
+    description="Arithmetic word problems with a `calculate` tool; reward 1 for the exact answer, "
+    "0.1 for a wrong tagged answer given after a tool result.",
 )
 register(
     "slow_tools",
-    "agentrl.envs.slow_tools:SlowToolsEnv",
+    "agentrl.envs.builtin.slow_tools:SlowToolsEnv",
     description="Simulated key lookup whose tool latency is lognormal (p99 >= 10x median), "
     "for async training tests and benchmarks.",
 )

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from agentrl.envs import make
-from agentrl.envs.calculator import (
+from agentrl.envs.builtin.calculator import (
     CALL_FIRST,
     CalculatorEnv,
     calculate,

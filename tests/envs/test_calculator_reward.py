@@ -8,7 +8,7 @@ import json
 import pytest
 
 from agentrl.envs import make
-from agentrl.envs.calculator import FORMAT_WEIGHT, repair_call, score
+from agentrl.envs.builtin.calculator import FORMAT_WEIGHT, repair_call, score
 from agentrl.types import Message, Task, ToolCall
 
 TASK = Task(

@@ -14,7 +14,7 @@ from agentrl.envs import (
     list_envs,
     tool_info,
 )
-from agentrl.envs.calculator import CalculatorEnv
+from agentrl.envs.builtin.calculator import CalculatorEnv
 from agentrl.tools import tool
 from agentrl.types import Message
 

@@ -13,7 +13,8 @@ def test_env_list_shows_calculator() -> None:
     result = runner.invoke(app, ["env", "list"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert (
-        "calculator" in result.output and "agentrl.envs.calculator:CalculatorEnv" in result.output
+        "calculator" in result.output
+        and "agentrl.envs.builtin.calculator:CalculatorEnv" in result.output
     )
 
 

@@ -21,7 +21,7 @@ from agentrl.envs import (
     register,
     spec,
 )
-from agentrl.envs.calculator import CalculatorEnv
+from agentrl.envs.builtin.calculator import CalculatorEnv
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,7 +45,7 @@ def test_calculator_is_built_in() -> None:
     env = make("calculator")
     assert isinstance(env, CalculatorEnv)
     assert make("calculator") is not env  # a fresh instance each time
-    assert spec("calculator").entry_point == "agentrl.envs.calculator:CalculatorEnv"
+    assert spec("calculator").entry_point == "agentrl.envs.builtin.calculator:CalculatorEnv"
 
 
 def test_make_merges_spec_kwargs_with_call_kwargs() -> None:
@@ -65,9 +65,9 @@ def test_string_entry_points_load_lazily() -> None:
 @pytest.mark.parametrize(
     ("entry_point", "match"),
     [
-        ("agentrl.envs.calculator", "must look like 'package.module:ClassName'"),
-        ("agentrl.envs.calculator:NoSuchEnv", "has no attribute 'NoSuchEnv'"),
-        ("agentrl.envs.calculator:evaluate", "not an AgentEnv subclass"),
+        ("agentrl.envs.builtin.calculator", "must look like 'package.module:ClassName'"),
+        ("agentrl.envs.builtin.calculator:NoSuchEnv", "has no attribute 'NoSuchEnv'"),
+        ("agentrl.envs.builtin.calculator:evaluate", "not an AgentEnv subclass"),
     ],
 )
 def test_bad_entry_points_name_the_problem(entry_point: str, match: str) -> None:
@@ -178,3 +178,12 @@ def test_entry_point_discovery_in_a_fresh_process(tmp_path: Path) -> None:
     assert (name, description) == ("ToyEnv", "a toy")
     assert "cannot import 'toy_env_missing'" in errors["missing"]
     assert "EnvSpec with id 'other_name'" in errors["mismatch"]
+
+
+def test_builtin_envs_sit_beside_the_contract_and_load_on_first_use() -> None:
+    """`import agentrl.envs` (the contract and the registry) imports no built-in env."""
+    code = "import sys, agentrl.envs; print(sorted(m for m in sys.modules if '.builtin' in m))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    assert spec("calculator").load_class().__module__ == "agentrl.envs.builtin.calculator"
+    assert spec("slow_tools").load_class().__module__ == "agentrl.envs.builtin.slow_tools"

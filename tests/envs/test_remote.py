@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from agentrl.engine.base import SamplingParams
-from agentrl.envs.calculator import CalculatorEnv
+from agentrl.envs.builtin.calculator import CalculatorEnv
 from agentrl.envs.remote import RemoteEnv, RemoteEnvError, server_info
 from agentrl.envs.server import create_env_app
 from agentrl.rollout.codec import ChatCodec

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from agentrl.config import recipe_for_env
-from agentrl.envs.calculator import CalculatorEnv
+from agentrl.envs.builtin.calculator import CalculatorEnv
 from agentrl.envs.remote import RemoteEnv
 from agentrl.types import EpisodeStatus, StatusReason, Task
 
@@ -86,8 +86,8 @@ def _eval_metrics(run: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_served_calculator_trains_and_evaluates_as_in_process(tiny_model_path, tmp_path):
-    from agentrl.run import train
     from agentrl.rollout.trajectory import read_jsonl
+    from agentrl.run import train
 
     train(_config(tiny_model_path, tmp_path / "local"))
     proc, url = _serve("calculator", tmp_path / "server.log")

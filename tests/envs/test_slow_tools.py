@@ -6,7 +6,7 @@ import asyncio
 import statistics
 
 from agentrl.envs import check_env, make
-from agentrl.envs.slow_tools import P99_Z, SlowToolsEnv, latency_quantile
+from agentrl.envs.builtin.slow_tools import P99_Z, SlowToolsEnv, latency_quantile
 from agentrl.types import Message
 
 
