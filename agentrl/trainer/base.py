@@ -63,8 +63,8 @@ class TrainerBackend(ABC):
     bundled name once). Construction only checks config (and the machine); `setup()` loads the
     model, collectively (every rank calls it together; `make_trainer_backend` does). With several
     ranks in a torch.distributed group every method but `pad_id` is collective: all ranks call it
-    together, with the same arguments (for `logprobs` and `train_step`, each rank its own batch
-    of `build_train_batches(..., dp_size)`).
+    together, with the same arguments (for `compute_logprobs` and `train_step`, each rank its own
+    batch of `build_train_batches(..., dp_size)`).
 
     A backend supplies the abstract methods: `_lr` is the lr the next optimizer step uses,
     `_step_schedule(n)` moves the schedule n steps on, `_update` runs one step's forward, backward
@@ -111,7 +111,9 @@ class TrainerBackend(ABC):
     @abstractmethod
     def compute_logprobs(
         self, batch: TrainBatch, *, old: bool = True, ref: bool = True
-    ) -> TrainBatch: ...
+    ) -> TrainBatch:
+        """Fill every micro-batch's `old_logprobs` (`old`) and, with a reference model, its
+        `ref_logprobs` (`ref`)."""
 
     @property
     @abstractmethod
@@ -178,10 +180,6 @@ class TrainerBackend(ABC):
                 "use (make_trainer_backend does)"
             )
         return value
-
-    def logprobs(self, batch: TrainBatch) -> TrainBatch:
-        """Fill every micro-batch's `old_logprobs` (and `ref_logprobs` with a reference model)."""
-        return self.compute_logprobs(batch)
 
     @property
     def is_state_offloaded(self) -> bool:
