@@ -28,7 +28,7 @@ from agentrl.engine.sglang.launcher import (
     wait_healthy,
 )
 from agentrl.engine.sglang.protocol import API_KEY_ENV, resolve_api_key
-from agentrl.engine.sglang.router_admin import replace_worker
+from agentrl.engine.sglang.supervisor import heal_servers
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,6 @@ class EngineServer:
         )
         self.process.start()
         wait_healthy(self.process, timeout_s=self.spec.health_timeout_s)
-        self.process.is_ready = True
         return self.process.url
 
     def is_alive(self) -> bool:
@@ -216,29 +215,22 @@ class ServedEngineGroup:
         return per_rank
 
     async def heal(self) -> list[int]:
-        """Restart every server that died (up to `cluster.max_engine_restarts` each); returns the
-        indices restarted, which serve the launch weights until the caller syncs them."""
+        """Restart every server that died (`heal_servers`, up to `cluster.max_engine_restarts`
+        each, on a fresh port); returns the indices restarted."""
         alive = await asyncio.gather(*(a.is_alive.remote() for a in self.actors))
-        dead = [i for i, ok in enumerate(alive) if not ok]
-        limit = self.cfg.cluster.max_engine_restarts
+        dead = await heal_servers(
+            list(alive),
+            self.urls,
+            self.num_restarts,
+            restart=lambda i: self.actors[i].start.remote(),
+            report=lambda i: self.actors[i].report.remote(),
+            max_restarts=self.cfg.cluster.max_engine_restarts,
+            router_url=self.router.url if self.router else None,
+            api_key=self.api_key,
+        )
         for i in dead:
-            if self.num_restarts[i] >= limit:
-                report = await self.actors[i].report.remote()
-                raise RuntimeError(
-                    f"engine {i} died {self.num_restarts[i] + 1} times (cluster.max_engine_restarts="
-                    f"{limit}); {report}"
-                )
-            self.num_restarts[i] += 1
-            log.warning(
-                "engine %d at %s died; restarting (%d)", i, self.urls[i], self.num_restarts[i]
-            )
-        urls = await asyncio.gather(*(self.actors[i].start.remote() for i in dead))
-        for i, url in zip(dead, urls, strict=True):
             await self.routed.clients[i].close()
-            if self.router is not None:
-                await replace_worker(self.router.url, self.urls[i], url, api_key=self.api_key)
-            self.urls[i] = url
-            self.routed.clients[i] = self._client(url)
+            self.routed.clients[i] = self._client(self.urls[i])
         return dead
 
     def servers_down(self) -> list[int]:

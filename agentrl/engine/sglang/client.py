@@ -138,6 +138,10 @@ class SGLangEngine(SGLangWeights):
         self._weight_version = completion.weight_version
         return completion
 
+    async def heal(self) -> list[int]:
+        """Restart the servers agentrl launched that died (`SGLangCluster.heal`): their indices."""
+        return await self.cluster.heal() if self.cluster is not None else []
+
     async def close(self) -> None:
         if self._sender is not None:
             await self._sender.close()

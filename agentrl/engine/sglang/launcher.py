@@ -8,6 +8,7 @@ Flags follow SGLang's ServerArgs (`--model-path --port --tp-size --mem-fraction-
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import importlib.util
@@ -19,7 +20,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from agentrl.engine.base import EngineError
+from agentrl.engine.sglang.supervisor import heal_servers
 
 if TYPE_CHECKING:
     from agentrl.config import EngineConfig
@@ -159,7 +160,6 @@ def start_router(
     except BaseException:
         router.stop()
         raise
-    router.is_ready = True
     return router
 
 
@@ -174,8 +174,6 @@ class ManagedProcess:
     log_path: Path
     env: dict[str, str] | None = None
     proc: subprocess.Popen[bytes] | None = None
-    num_restarts: int = 0
-    is_ready: bool = False  # healthy since its last (re)start
     die_with_parent: bool = False  # SIGKILL the child when its parent dies (Ray actors)
 
     def start(self) -> None:
@@ -242,78 +240,56 @@ def wait_healthy(
 @dataclass
 class SGLangCluster:
     """Launched servers (and a router over them). `url` is where generation goes; `worker_urls`
-    receive control calls (weights, memory, abort). A monitor thread reports a dead server with
-    its last log lines and restarts it when `restart_on_failure` (up to `max_restarts`)."""
+    receive control calls (weights, memory, abort). `heal()`, which the run calls between steps
+    (`supervisor.heal_servers`), restarts a dead server up to `max_restarts` times."""
 
     url: str
     servers: list[ManagedProcess]
     router: ManagedProcess | None = None
-    restart_on_failure: bool = False
-    max_restarts: int = 3
+    max_restarts: int = 0
     health_timeout_s: float = 900.0
-    poll_interval_s: float = 2.0
-    failures: list[str] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _monitor: threading.Thread | None = None
+    api_key: str | None = None
+    num_restarts: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.num_restarts = self.num_restarts or [0] * len(self.servers)
 
     @property
     def worker_urls(self) -> list[str]:
         return [s.url for s in self.servers]
 
-    def start_monitor(self) -> None:
-        self._monitor = threading.Thread(
-            target=self._watch, name="agentrl-sglang-monitor", daemon=True
+    async def heal(self) -> list[int]:
+        """The indices of the dead servers restarted (each on its old port)."""
+
+        async def report(i: int) -> str:
+            return self.servers[i].report()
+
+        return await heal_servers(
+            [s.is_alive() for s in self.servers],
+            self.worker_urls,
+            self.num_restarts,
+            restart=lambda i: asyncio.to_thread(self._restart, self.servers[i]),
+            report=report,
+            max_restarts=self.max_restarts,
+            router_url=self.router.url if self.router else None,
+            api_key=self.api_key,
         )
-        self._monitor.start()
 
-    def _watch(self) -> None:
-        while not self._stop.wait(self.poll_interval_s):
-            self.poll()
-
-    def poll(self) -> None:
-        """One look at every process (the monitor's, each `poll_interval_s`): a dead one is
-        reported, and restarted when configured."""
-        for process in [*self.servers, *([self.router] if self.router else [])]:
-            # proc None: already reported and not restarted; report a death once.
-            if process.proc is not None and not process.is_alive() and not self._stop.is_set():
-                self._handle_death(process)
-
-    def _handle_death(self, process: ManagedProcess) -> None:
-        process.is_ready = False
-        report = process.report()
-        logger.error("SGLang process died: %s", report)
-        self.failures.append(report)
-        if not self.restart_on_failure or process.num_restarts >= self.max_restarts:
-            process.proc = None  # reported once; is_alive stays False
-            return
-        process.num_restarts += 1
-        logger.warning(
-            "restarting %s (restart %d/%d); it serves the launch checkpoint again until the next "
-            "weight update",
-            process.name,
-            process.num_restarts,
-            self.max_restarts,
-        )
-        process.start()
-        try:
-            wait_healthy(process, timeout_s=self.health_timeout_s)
-            process.is_ready = True
-        except EngineError as e:
-            self.failures.append(str(e))
+    def _restart(self, server: ManagedProcess) -> str:
+        server.stop()
+        server.start()
+        wait_healthy(server, timeout_s=self.health_timeout_s)
+        return server.url
 
     def failure_report(self) -> str | None:
-        """The last death report while some process is down or restarting (None once healthy)."""
+        """How a dead server or router exited, with its last log lines (None while all run): what
+        explains a client's connection errors."""
         processes = [*self.servers, *([self.router] if self.router else [])]
-        if self.failures and not all(p.is_ready and p.is_alive() for p in processes):
-            return self.failures[-1]
-        return None
+        return next((p.report() for p in processes if not p.is_alive()), None)
 
     def shutdown(self) -> None:
-        self._stop.set()
         for process in [*([self.router] if self.router else []), *self.servers]:
             process.stop()
-        if self._monitor is not None and self._monitor is not threading.current_thread():
-            self._monitor.join(timeout=10)
 
 
 def launch_servers(
@@ -368,8 +344,9 @@ def launch_servers(
     cluster = SGLangCluster(
         servers[0].url,
         servers,
-        restart_on_failure=engine_cfg.restart_on_failure,
+        max_restarts=3 if engine_cfg.restart_on_failure else 0,
         health_timeout_s=health_timeout_s,
+        api_key=api_key,
     )
     atexit.register(cluster.shutdown)  # never leave GPU servers behind
     try:
@@ -377,7 +354,6 @@ def launch_servers(
             server.start()
         for server in servers:
             wait_healthy(server, timeout_s=health_timeout_s)
-            server.is_ready = True
         if has_router:
             cluster.router = start_router(cluster.worker_urls, host=host, port=ports[0],
                                           log_path=logs / "router.log", api_key=api_key,
@@ -386,7 +362,6 @@ def launch_servers(
     except BaseException:
         cluster.shutdown()
         raise
-    cluster.start_monitor()
     logger.info(
         "SGLang ready at %s (workers %s; logs in %s)", cluster.url, cluster.worker_urls, logs
     )

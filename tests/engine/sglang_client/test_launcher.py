@@ -19,6 +19,7 @@ from agentrl.engine.sglang.launcher import (
     ManagedProcess,
     SGLangCluster,
     SGLangNotInstalled,
+    free_ports,
     launch_servers,
     router_command,
     server_command,
@@ -130,29 +131,61 @@ def test_server_that_dies_at_startup_fails_the_launch_with_its_log(
         launch_servers("/models/x", _cfg(), env=env, health_timeout_s=60)
 
 
-def test_a_dead_server_without_restart_is_reported_once_with_its_log(tmp_path: Path) -> None:
+CRASH_ONCE = """
+import http.server, pathlib, sys
+marker, port = pathlib.Path(sys.argv[1]), int(sys.argv[2])
+if not marker.exists():  # the first start dies as a GPU server does; the restart serves
+    marker.touch()
+    print("torch.OutOfMemoryError: CUDA out of memory", flush=True)
+    raise SystemExit(3)
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+
+def _crashing_cluster(tmp_path: Path, max_restarts: int) -> SGLangCluster:
     import sys
 
-    crash = "print('torch.OutOfMemoryError: CUDA out of memory', flush=True); raise SystemExit(3)"
-    process = ManagedProcess(
-        "sglang-server-0", "http://127.0.0.1:9", [sys.executable, "-c", crash], tmp_path / "s.log"
-    )
+    (port,) = free_ports(1)
+    cmd = [sys.executable, "-c", CRASH_ONCE, str(tmp_path / "crashed"), str(port)]
+    process = ManagedProcess("sglang-server-0", f"http://127.0.0.1:{port}", cmd, tmp_path / "s.log")
     process.start()
-    process.is_ready = True
-    cluster = SGLangCluster(process.url, [process], restart_on_failure=False)
+    assert process.proc is not None
+    process.proc.wait(timeout=30)  # it crashed
+    return SGLangCluster(process.url, [process], max_restarts=max_restarts, health_timeout_s=60)
+
+
+async def test_a_dead_server_past_its_restarts_stops_the_run_with_its_log(tmp_path: Path) -> None:
+    cluster = _crashing_cluster(tmp_path, max_restarts=0)
     try:
-        assert process.proc is not None
-        process.proc.wait(timeout=30)  # it crashed
-        for _ in range(5):  # the monitor's polls, without its clock: one report
-            cluster.poll()
-        assert len(cluster.failures) == 1
-        report = cluster.failure_report()
-        assert (
-            report is not None and "exited with code 3" in report and "CUDA out of memory" in report
-        )
-        assert process.num_restarts == 0
+        report = cluster.failure_report()  # what a client's connection error quotes
+        assert report is not None and "exited with code 3" in report
+        assert "CUDA out of memory" in report
+        with pytest.raises(RuntimeError, match="(?s)engine 0 .*limit 0.*CUDA out of memory"):
+            await cluster.heal()
+        assert cluster.num_restarts == [0] and not cluster.servers[0].is_alive()
     finally:
         cluster.shutdown()
+
+
+async def test_heal_restarts_a_dead_server_and_reports_it_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cluster = _crashing_cluster(tmp_path, max_restarts=1)
+    try:
+        with caplog.at_level("WARNING", logger="agentrl.engine.sglang.supervisor"):
+            assert await cluster.heal() == [0]
+            assert await cluster.heal() == []  # alive again: nothing to do, nothing reported
+        (record,) = caplog.records
+        assert "restarting (1/1)" in record.message and "CUDA out of memory" in record.message
+        assert cluster.servers[0].is_alive() and cluster.failure_report() is None
+        assert cluster.num_restarts == [1]
+    finally:
+        cluster.shutdown()
+    assert not cluster.servers[0].is_alive()
 
 
 @pytest.mark.slow
@@ -179,7 +212,6 @@ async def test_make_engine_launches_generates_reports_a_crash_restarts_and_shuts
     )  # kind=sglang: launch_servers(path, cfg.engine), then SGLangEngine(cluster.url)
     assert isinstance(engine, SGLangEngine)
     cluster = engine.cluster
-    cluster.poll_interval_s = 0.2
     try:
         completion = await engine.generate([1, 2, 3], SamplingParams(max_new_tokens=4, seed=0))
         assert len(completion.ids) == len(completion.logprobs) > 0
@@ -190,7 +222,7 @@ async def test_make_engine_launches_generates_reports_a_crash_restarts_and_shuts
 
         trigger.touch()
         deadline = time.monotonic() + 60
-        while not cluster.failures and time.monotonic() < deadline:
+        while cluster.failure_report() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         report = cluster.failure_report()
         assert (
@@ -200,8 +232,9 @@ async def test_make_engine_launches_generates_reports_a_crash_restarts_and_shuts
         )
         with pytest.raises(EngineError, match="simulated CUDA error"):
             await engine.generate([1, 2], SamplingParams(max_new_tokens=2))
-        await engine.wait_healthy(timeout_s=120, interval_s=0.2)  # the monitor restarted it
-        assert cluster.servers[0].num_restarts == 1
+        assert await engine.heal() == [0]  # what the run's EngineGroup.heal calls
+        await engine.wait_healthy(timeout_s=120, interval_s=0.2)
+        assert cluster.num_restarts == [1]
         assert (await engine.generate([1, 2], SamplingParams(max_new_tokens=2, seed=0))).ids
     finally:
         await engine.close()

@@ -19,8 +19,15 @@ import pytest
 
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.sglang import SGLangEngine
-from agentrl.engine.sglang.launcher import ManagedProcess, free_ports, router_command, wait_healthy
+from agentrl.engine.sglang.launcher import (
+    ManagedProcess,
+    free_ports,
+    router_command,
+    start_router,
+    wait_healthy,
+)
 from agentrl.engine.sglang.router_admin import add_worker, list_workers, remove_worker
+from agentrl.engine.sglang.supervisor import heal_servers
 from tests.engine.sglang_client.standin import StandIn
 
 pytestmark = pytest.mark.slow
@@ -82,4 +89,42 @@ async def test_the_routing_key_is_sticky_and_a_worker_is_replaced(
             assert sorted(w["url"] for w in await list_workers(client, router.url)) == sorted(urls)
     finally:
         await engine.close()
+        router.stop()
+
+
+async def test_a_healed_worker_takes_its_place_in_the_router_start_router_made(
+    workers: list[StandIn], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one supervisor (`heal_servers`) with the one router starter: the dead worker's
+    restart, on a new port, replaces it in the router; the live one is left alone."""
+    path = _router_path("smg") or _router_path("sglang_router")
+    if path is None:
+        pytest.skip("no router package (set AGENTRL_SMG_PATH / AGENTRL_SGLANG_PATH)")
+    if path:
+        monkeypatch.syspath_prepend(path)  # choose_router looks in this process
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*PATHS, *sys.path])}
+    urls = [w.url for w in workers]
+    router = start_router(urls, log_path=tmp_path / "r.log", env=env)
+    replacement = StandIn().start()
+
+    async def restart(i: int) -> str:
+        return replacement.url
+
+    async def report(i: int) -> str:
+        return "exited with code 9"
+
+    try:
+        workers[0].stop()
+        num_restarts = [0, 0]
+        healed = await heal_servers([False, True], urls, num_restarts, restart=restart,
+                                    report=report, max_restarts=1, router_url=router.url)  # fmt: skip
+        assert healed == [0] and num_restarts == [1, 0]
+        assert urls == [replacement.url, workers[1].url]
+        async with httpx.AsyncClient() as client:
+            assert sorted(w["url"] for w in await list_workers(client, router.url)) == sorted(urls)
+        with pytest.raises(RuntimeError, match="engine 0 .*limit 1.*exited with code 9"):
+            await heal_servers([False, True], urls, num_restarts, restart=restart, report=report,
+                               max_restarts=1, router_url=router.url)  # fmt: skip
+    finally:
+        replacement.stop()
         router.stop()
