@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from typing import Any, Literal
+from typing import Any
 
 from agentrl.engine.base import Completion, SamplingParams
 from agentrl.engine.sglang.protocol import (
@@ -37,11 +37,10 @@ class SGLangEngine(SGLangWeights):
     exponential backoff; 4xx never (the request is wrong, a retry cannot help). A request that
     exceeds `request_timeout_s`, or fails after its retries, raises `EngineError`.
 
-    `update_weights` path: "tensor" (default) sends flattened buckets through
-    `/update_weights_from_tensor` -- same host only (CUDA IPC for GPU tensors, shared memory for
-    CPU tensors), one flattened bucket per dtype of what it is given (the trainer's exporter
-    already cut the weights into buckets); "distributed" broadcasts over a torch.distributed group (gloo on CPU, NCCL on
-    GPU) and works across hosts.
+    `update_weights` sends flattened buckets through `/update_weights_from_tensor` -- same host
+    only (CUDA IPC for GPU tensors, shared memory for CPU tensors), one flattened bucket per dtype
+    of what it is given (the trainer's exporter already cut the weights into buckets). Across
+    hosts the run broadcasts instead (`weight_sender.DistributedWeightSender`).
 
     `api_key` (default: the AGENTRL_API_KEY environment variable) goes with every request as
     `Authorization: Bearer <key>`, as SGLang's and `agentrl serve`'s `--api-key` want it. Each
@@ -57,7 +56,6 @@ class SGLangEngine(SGLangWeights):
         request_timeout_s: float = 600.0,
         max_retries: int = 3,
         retry_backoff_s: float = 0.5,
-        weight_update_path: Literal["tensor", "distributed"] = "tensor",
         worker_urls: list[str] | None = None,
         api_key: str | None = None,
     ) -> None:
@@ -70,16 +68,11 @@ class SGLangEngine(SGLangWeights):
                 f"SGLangEngine needs max_connections >= 1, max_retries >= 0, request_timeout_s > 0; got "
                 f"{max_connections}, {max_retries}, {request_timeout_s}"
             )
-        if weight_update_path not in ("tensor", "distributed"):
-            raise ValueError(
-                f"weight_update_path={weight_update_path!r}; use 'tensor' or 'distributed'"
-            )
         self.base_url = base_url.rstrip("/")
         self.max_connections = max_connections
         self.request_timeout_s = request_timeout_s
         self.max_retries = max_retries
         self.retry_backoff_s = retry_backoff_s
-        self.weight_update_path = weight_update_path
         self._worker_urls = list(worker_urls) if worker_urls else None
         self.cluster = None  # set by make_engine for launched servers
         self._client = None
@@ -89,7 +82,6 @@ class SGLangEngine(SGLangWeights):
         self._is_aborting = False
         self._weight_version = DEFAULT_WEIGHT_VERSION
         self._tp_size = None
-        self._sender = None
         self.api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
         self._dialects = {}
         self._released_tags = {}  # per worker: what a resume may map again
@@ -143,9 +135,6 @@ class SGLangEngine(SGLangWeights):
         return await self.cluster.heal() if self.cluster is not None else []
 
     async def close(self) -> None:
-        if self._sender is not None:
-            await self._sender.close()
-            self._sender = None
         if self._client is not None:
             with contextlib.suppress(RuntimeError):  # its loop may be gone already
                 await self._client.aclose()

@@ -1,5 +1,6 @@
 """`SGLangWeights`: `SGLangEngine`'s weight updates -- from disk, from tensors (flattened buckets
-over CUDA IPC or shared memory, one serialization per tensor-parallel rank) and by broadcast --
+over CUDA IPC or shared memory, one serialization per tensor-parallel rank) and the routes a
+broadcast (`weight_sender.DistributedWeightSender`) drives --
 inside SGLang's weight-update session where the server wants one, the prefix cache flushed
 once the new weights are in."""
 
@@ -12,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl.engine.base import EngineError
 from agentrl.engine.sglang.control import SGLangControl
-from agentrl.engine.sglang.weight_sender import DistributedWeightSender
 from agentrl.engine.weight_transport import flatten_bucket, serialize_for_ipc
 from agentrl.weight_buckets import bucket_by_dtype
 
@@ -23,8 +23,6 @@ if TYPE_CHECKING:
 class SGLangWeights(SGLangControl):
     """A base of `SGLangEngine`, on `SGLangControl` (dialects, TP size, flush)."""
 
-    weight_update_path: str
-    _sender: DistributedWeightSender | None
     _is_updating: bool
 
     # -- the session
@@ -187,13 +185,6 @@ class SGLangWeights(SGLangControl):
             await self._push(list(named_tensors), weight_version)
 
     async def _push(self, named: list[tuple[str, torch.Tensor]], weight_version: str) -> None:
-        if self.weight_update_path == "distributed":
-            if self._sender is None:
-                self._sender = DistributedWeightSender([self])
-                await self._sender.connect()
-            await self._sender.send(named, weight_version=weight_version)
-            self._weight_version = weight_version
-            return
         tp_size = await self.tp_size()
         buckets = list(bucket_by_dtype(named))  # one flat tensor per dtype
         for i, bucket in enumerate(buckets):

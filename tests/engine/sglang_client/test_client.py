@@ -297,8 +297,6 @@ def test_sglang_engine_implements_the_engine_protocol() -> None:
 def test_constructor_errors_name_the_field() -> None:
     with pytest.raises(ValueError, match="base_url='localhost:30000'"):
         SGLangEngine("localhost:30000")
-    with pytest.raises(ValueError, match="weight_update_path='disk'"):
-        SGLangEngine("http://x", weight_update_path="disk")  # type: ignore[arg-type]
 
 
 def test_collective_routes_are_never_retried_and_others_are() -> None:
