@@ -67,21 +67,9 @@ def server_command(
 ) -> list[str]:
     """`enable_memory_saver`: a server sharing its GPUs with the trainer (colocated) -- without
     it SGLang's release/resume of memory silently frees nothing."""
-    cmd = [
-        python,
-        "-m",
-        "sglang.launch_server",
-        "--model-path",
-        model_path,
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--tp-size",
-        str(tp_size),
-        "--mem-fraction-static",
-        str(mem_fraction_static),
-    ]
+    cmd = [python, "-m", "sglang.launch_server", "--model-path", model_path, "--host", host,
+           "--port", str(port), "--tp-size", str(tp_size),
+           "--mem-fraction-static", str(mem_fraction_static)]  # fmt: skip
     if base_gpu_id:
         cmd += ["--base-gpu-id", str(base_gpu_id)]  # servers on one host take disjoint GPUs
     if enable_memory_saver:
