@@ -169,7 +169,8 @@ class Stepper:
             except Exception:  # eager graphs, or eager decode, stay correct, only slower
                 what = "compiled" if compiled else "eager"
                 logger.exception("LocalEngine: %s CUDA graph capture failed", what)
-                torch.cuda.synchronize(o.device)
+                with contextlib.suppress(Exception):  # a broken capture may fail this too
+                    torch.cuda.synchronize(o.device)
         o.compile_graphs = False
         return None
 
