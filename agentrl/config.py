@@ -11,7 +11,7 @@ import dataclasses
 import functools
 import json
 import typing
-from dataclasses import dataclass, field
+from dataclasses import field
 from importlib.metadata import entry_points
 from typing import Annotated, Any, Literal
 
@@ -25,6 +25,7 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
 )
+from pydantic.dataclasses import dataclass
 
 Fraction = Annotated[float, Field(gt=0, le=1)]
 """A share in (0, 1]."""

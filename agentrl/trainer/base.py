@@ -42,10 +42,6 @@ def check_backend_args(
         raise ConfigError(f"dtype={dtype!r} is not supported; use auto, float32 or bfloat16")
     if temperature <= 0:
         raise ConfigError(f"temperature={temperature} must be > 0 (use 1.0 for greedy rollouts)")
-    if train_cfg.lr < 0 or train_cfg.min_lr < 0:
-        raise ConfigError(
-            f"train.lr={train_cfg.lr} and train.min_lr={train_cfg.min_lr} must be >= 0"
-        )
     if device != "auto":
         try:
             torch.device(device)
