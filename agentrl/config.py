@@ -11,7 +11,6 @@ import dataclasses
 import functools
 import json
 import typing
-from dataclasses import field
 from importlib.metadata import entry_points
 from typing import Annotated, Any, Literal
 
@@ -59,7 +58,7 @@ class EngineConfig:
     port: Annotated[int, Field(ge=1, le=65535)] = 30000
     tp_size: PositiveInt = 1
     mem_fraction_static: Fraction = 0.8
-    sglang_args: list[str] = field(default_factory=list)
+    sglang_args: list[str] = Field(default_factory=list)
     """Passed verbatim to `sglang.launch_server`, e.g. ["--context-length", "8192"]."""
     restart_on_failure: bool = False
     router_policy: str = "consistent_hashing"
@@ -72,7 +71,7 @@ class EngineConfig:
 class EnvConfig:
     id: str = "calculator"
     """A registered env id (`agentrl env list`)."""
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
     """Passed to the env constructor, e.g. {"max_turns": 4}."""
     prompt_data: str | None = None
     """A JSONL or parquet file of training tasks; default: the env's own train split."""
@@ -276,16 +275,16 @@ class ClusterConfig:
 
 @dataclass
 class RunConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    env: EnvConfig = field(default_factory=EnvConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    algo: AlgoConfig = field(default_factory=AlgoConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    log: LogConfig = field(default_factory=LogConfig)
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
