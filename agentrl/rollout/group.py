@@ -51,10 +51,6 @@ class RolloutRunner:
         codec: ChatCodec | None = None,
         agent: AgentFn | None = None,
     ) -> None:
-        if cfg.max_concurrent_episodes < 1:
-            raise ValueError(
-                f"rollout.max_concurrent_episodes={cfg.max_concurrent_episodes}: use an int >= 1"
-            )
         self.engine = engine
         self.env_factory = env_factory
         self.cfg = cfg
