@@ -247,7 +247,13 @@ class SGLangCluster:
         return [s.url for s in self.servers]
 
     async def heal(self) -> list[int]:
-        """The indices of the dead servers restarted (each on its old port)."""
+        """The indices of the dead servers restarted (each on its old port); a dead router is
+        restarted first (its workers are the same URLs), without a limit but `max_restarts=0`."""
+        if self.router is not None and not self.router.is_alive():
+            if not self.max_restarts:
+                raise RuntimeError(f"the router died; {self.router.report()}")
+            logger.warning("restarting the router: %s", self.router.report())
+            await asyncio.to_thread(self._restart, self.router, "/health")
 
         async def report(i: int) -> str:
             return self.servers[i].report()
@@ -263,11 +269,11 @@ class SGLangCluster:
             api_key=self.api_key,
         )
 
-    def _restart(self, server: ManagedProcess) -> str:
-        server.stop()
-        server.start()
-        wait_healthy(server, timeout_s=self.health_timeout_s)
-        return server.url
+    def _restart(self, process: ManagedProcess, path: str = "/health_generate") -> str:
+        process.stop()
+        process.start()
+        wait_healthy(process, timeout_s=self.health_timeout_s, path=path)
+        return process.url
 
     def failure_report(self) -> str | None:
         """How a dead server or router exited, with its last log lines (None while all run): what

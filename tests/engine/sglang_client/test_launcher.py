@@ -149,6 +149,7 @@ http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
 def _crashing_cluster(tmp_path: Path, max_restarts: int) -> SGLangCluster:
     import sys
 
+    tmp_path.mkdir(exist_ok=True)
     (port,) = free_ports(1)
     cmd = [sys.executable, "-c", CRASH_ONCE, str(tmp_path / "crashed"), str(port)]
     process = ManagedProcess("sglang-server-0", f"http://127.0.0.1:{port}", cmd, tmp_path / "s.log")
@@ -186,6 +187,22 @@ async def test_heal_restarts_a_dead_server_and_reports_it_once(
     finally:
         cluster.shutdown()
     assert not cluster.servers[0].is_alive()
+
+
+async def test_heal_restarts_a_dead_router_on_its_port(tmp_path: Path) -> None:
+    """The router is supervised too: restarted where it was, the servers left alone."""
+    server = _crashing_cluster(tmp_path / "s", max_restarts=1)  # its restart will serve
+    router = _crashing_cluster(tmp_path / "r", max_restarts=1).servers[0]
+    assert await server.heal() == [0]
+    cluster = SGLangCluster(router.url, server.servers, router=router, max_restarts=1,
+                            health_timeout_s=60)  # fmt: skip
+    try:
+        assert cluster.failure_report() is not None  # the router's exit, with its log
+        assert await cluster.heal() == []  # no server died
+        assert router.is_alive() and cluster.failure_report() is None
+        assert cluster.num_restarts == [0]
+    finally:
+        cluster.shutdown()
 
 
 @pytest.mark.slow
