@@ -55,7 +55,7 @@ class EngineConfig:
     max_retries: NonNegativeInt = 3
     num_servers: PositiveInt = 1
     """kind=sglang: servers to launch (a router is started over them when > 1)."""
-    port: Annotated[int, Field(ge=1, le=65535)] = 30000
+    port: Annotated[int, Field(ge=0, le=65535)] = 30000  # 0: free ports, picked at launch
     tp_size: PositiveInt = 1
     mem_fraction_static: Fraction = 0.8
     sglang_args: list[str] = Field(default_factory=list)
