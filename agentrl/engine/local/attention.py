@@ -8,6 +8,7 @@ bf16/fp16 and SDPA elsewhere. A forward without an `arena_step` (a plain call of
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -48,6 +49,11 @@ class ArenaStep:
     is_fresh: bool = False
     """SDPA: every sequence starts in this step (a plain prefill): attend causally over the new
     keys themselves, no arena read and no mask."""
+    groups: list[tuple[torch.Tensor, ArenaStep]] | None = None
+    """SDPA, a step that mixes decodes with (continued) prefills: padding every sequence to the
+    longest query would compute B x max_q queries (20 decodes beside one 700-token observation:
+    14,000 for 720). Instead the one-token sequences attend together and each longer one alone,
+    each group a step of its own over the arena written once: (its packed queries, its step)."""
 
     @classmethod
     def build(
@@ -68,6 +74,12 @@ class ArenaStep:
             step.cu_q = torch.tensor(cu_q, **int32)
             step.cu_k = torch.tensor(kv_starts + [kv_starts[-1]], **int32)
             step.seqused_k = torch.tensor(kv_lens, **int32)
+            return step
+        if len(set(q_lens)) > 1 and q_lens != kv_lens:
+            step.groups = [
+                _group_step(arena, rows, write_index, q_lens, kv_lens, kv_starts, cu_q, device)
+                for rows in _row_groups(q_lens)
+            ]
             return step
         q_len = torch.tensor(q_lens)[:, None]  # [B, 1]
         q_pos = torch.arange(step.max_q)[None, :]  # [1, max_q]
@@ -111,6 +123,12 @@ class ArenaStep:
         if not written:
             keys.index_copy_(0, self.write_index, key.to(keys.dtype))
             values.index_copy_(0, self.write_index, value.to(values.dtype))
+        if self.groups is not None:
+            out = q.new_empty(q.shape)
+            for packed, group in self.groups:
+                part = [t.index_select(0, packed) for t in (q, key, value)]
+                out.index_copy_(0, packed, group.attend_packed(layer, *part, scale, written=True))
+            return out
         if self.use_flash:
             # Each row reads only its own seqused_k keys: the slot's unwritten tail is never read.
             return torch.ops.aten._flash_attention_forward(
@@ -139,6 +157,33 @@ class ArenaStep:
         )  # [B, H, max_q, D]  # fmt: skip
         out = out.transpose(1, 2).reshape(-1, num_heads, head_dim)
         return out.index_select(0, self.unpad_index)
+
+
+def _row_groups(q_lens: list[int]) -> list[list[int]]:
+    """The sequences of a mixed SDPA step: the one-token ones together, every longer one alone."""
+    ones = [b for b, n in enumerate(q_lens) if n == 1]
+    return ([ones] if ones else []) + [[b] for b, n in enumerate(q_lens) if n > 1]
+
+
+def _group_step(
+    arena: Any,
+    rows: list[int],
+    write_index: torch.Tensor,
+    q_lens: list[int],
+    kv_lens: list[int],
+    kv_starts: list[int],
+    cu_q: list[int],
+    device: torch.device | str,
+) -> tuple[torch.Tensor, ArenaStep]:
+    """One group of a mixed step: its queries' packed positions and the step over its rows."""
+    lens = [q_lens[b] for b in rows]
+    packed = torch.cat([torch.arange(cu_q[b], cu_q[b] + q_lens[b]) for b in rows]).to(device)
+    step = ArenaStep.build(
+        arena, write_index=write_index, q_lens=lens, kv_lens=[kv_lens[b] for b in rows],
+        kv_starts=[kv_starts[b] for b in rows], cu_q=[0, *itertools.accumulate(lens)],
+        device=device, use_flash=False,
+    )  # fmt: skip
+    return packed, step
 
 
 def _evenly_spaced(kv_starts: list[int], slot_len: int) -> tuple[int, int, int] | None:

@@ -55,11 +55,27 @@ def attend(arena: KVArena, slots: list[int], q_lens: list[int], kv_lens: list[in
 )
 def test_decode_and_continued_prefill_read_the_right_rows(slots: list[int], strided: bool) -> None:
     arena = filled_arena()
-    q_lens = [1, 3, 1][: len(slots)]  # decode rows and a continued prefill, different lengths
+    q_lens = [1, 2, 1][: len(slots)]  # one length: no groups (a mixed step: the test below)
     kv_lens = [17, 9, 30][: len(slots)]
-    step, out, expected = attend(arena, slots, q_lens, kv_lens)
+    step, out, expected = attend(arena, slots, [2] * len(slots), kv_lens)
+    assert step.groups is None
     assert (step.slot_rows is not None) == strided
     assert (step.gather_index is None) == strided
+    assert torch.allclose(out, expected, atol=1e-5)
+    step, out, expected = attend(arena, slots, q_lens, kv_lens)
+    assert torch.allclose(out, expected, atol=1e-5)
+
+
+def test_a_mixed_step_attends_in_groups_not_padded_to_its_longest_query() -> None:
+    """Decodes beside continued prefills: the one-token sequences attend together, each longer
+    one alone (no sequence padded to another's length), and every output is per-sequence
+    attention over its own slot."""
+    q_lens, kv_lens = [1, 5, 1, 3, 1], [17, 9, 30, 12, 4]
+    step, out, expected = attend(filled_arena(), [0, 1, 2, 3, 4], q_lens, kv_lens)
+    assert step.groups is not None
+    assert [p.tolist() for p, _ in step.groups] == [[0, 6, 10], [1, 2, 3, 4, 5], [7, 8, 9]]
+    assert [g.max_q for _, g in step.groups] == [1, 5, 3]
+    assert [g.max_k for _, g in step.groups] == [30, 9, 12]
     assert torch.allclose(out, expected, atol=1e-5)
 
 
