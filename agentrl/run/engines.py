@@ -75,7 +75,8 @@ class InProcessEngines:
         return [[self.engine.inner]]
 
     async def heal(self) -> list[int]:
-        return []
+        heal = getattr(self.engine.inner, "heal", None)  # SGLangEngine: servers agentrl launched
+        return await heal() if heal is not None else []
 
     def servers_down(self) -> list[int]:
         return []

@@ -159,3 +159,25 @@ def test_only_an_engine_in_this_process_or_launched_here_shares_the_trainers_gpu
         assert shares_trainer_gpu(cfg) is shares, kind
     cfg.model.device, cfg.engine.kind = "cpu", "local"
     assert not shares_trainer_gpu(cfg)
+
+
+async def test_in_process_engines_heal_through_an_engine_that_launched_servers() -> None:
+    """`engine.kind=sglang` in process: the servers' one supervisor is reached through the engine
+    (SGLangEngine.heal); an engine without servers has nothing to heal."""
+    from agentrl.run.engines import InProcessEngines
+
+    class Launched:  # stands in for SGLangEngine: what is under test is the delegation
+        weight_version = "0"
+        calls = 0
+
+        async def heal(self) -> list[int]:
+            self.calls += 1
+            return [1]
+
+    class Plain:
+        weight_version = "0"
+
+    launched = Launched()
+    assert await InProcessEngines(launched).heal() == [1]  # type: ignore[arg-type]
+    assert launched.calls == 1
+    assert await InProcessEngines(Plain()).heal() == []  # type: ignore[arg-type]
