@@ -18,7 +18,6 @@ match a teacher-forced transformers forward as before.
 from __future__ import annotations
 
 import logging
-import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -189,28 +188,6 @@ def unsupported_reason(model: Any) -> str | None:
     return None
 
 
-_COMPILED: dict[tuple[Any, ...], tuple[Callable[..., Any], ...]] = {}
-
-
-def compiled_pieces(shape: tuple[Any, ...]) -> tuple[Callable[..., Any], ...]:
-    """The compiled `attention_inputs`, `mlp_block`, `mlp_then_attention_inputs` and `rms_norm`
-    for one model shape, shared by its engines. Each shape compiles its own copies of the
-    functions: dynamo keeps compiled graphs per code object, so with shared code a second shape
-    in the process would recompile them with its hidden sizes symbolic (slower kernels)."""
-    if shape not in _COMPILED:
-        tag = len(_COMPILED)
-        _COMPILED[shape] = tuple(
-            torch.compile(_own_code(fn, tag), fullgraph=True)
-            for fn in (attention_inputs, mlp_block, mlp_then_attention_inputs, rms_norm)
-        )
-    return _COMPILED[shape]
-
-
-def _own_code(fn: Callable[..., Any], tag: int) -> Callable[..., Any]:
-    code = fn.__code__.replace(co_name=f"{fn.__name__}_{tag}")  # type: ignore[attr-defined]
-    return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__)  # type: ignore[attr-defined]
-
-
 class FusedDecoder:
     """`forward` over the arena for a Llama-family model, with fused q/k/v and gate/up weights.
     `compile`: run the per-layer pieces through `torch.compile` (default mode: no CUDA graphs of
@@ -279,12 +256,10 @@ class FusedDecoder:
 
     def set_compiled(self, on: bool) -> None:
         if on and not self.is_compiled:
-            layer = self.layers[0]
-            shape = (str(layer.input_norm.device), layer.input_norm.dtype, self.num_heads,
-                     self.num_kv_heads, self.head_dim, tuple(layer.gate_up.members[0].shape),
-                     layer.qkv_bias is not None, layer.gate_up_bias is not None)  # fmt: skip
-            pieces = compiled_pieces(shape)
-            self._attention_inputs, self._mlp_block, self._mlp_next, self._norm = pieces
+            self._attention_inputs = torch.compile(attention_inputs, fullgraph=True)
+            self._mlp_block = torch.compile(mlp_block, fullgraph=True)
+            self._mlp_next = torch.compile(mlp_then_attention_inputs, fullgraph=True)
+            self._norm = torch.compile(rms_norm, fullgraph=True)
         elif not on:
             self._attention_inputs, self._mlp_block = attention_inputs, mlp_block
             self._mlp_next, self._norm = mlp_then_attention_inputs, rms_norm
@@ -309,8 +284,8 @@ class FusedDecoder:
         return self._forward(input_ids, position_ids, step, last_index)
 
     def _tokens(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Compiled: the token (or arena row) dimension of these inputs is symbolic (one graph
-        for every N > 1, not one per CUDA-graph bucket, prefill length or arena size)."""
+        """Compiled: the token dimension of these inputs is symbolic (one graph for every N > 1,
+        not one per CUDA-graph bucket or prefill length)."""
         if self.is_compiled:
             for t in tensors:
                 torch._dynamo.maybe_mark_dynamic(t, 0)
@@ -334,7 +309,6 @@ class FusedDecoder:
             hidden[0], cos[0][:, None], sin[0][:, None], step.write_index
         )
         layers, scale = self.layers, self.head_dim**-0.5
-        self._tokens(*step.keys, *step.values)  # arenas of any size: no recompile per engine
 
         def inputs_of(i: int) -> tuple[Any, ...]:  # layer i's attention_inputs after `hidden`
             return (*layers[i].attention_args(), cos, sin, self.num_heads, self.num_kv_heads,
