@@ -89,8 +89,8 @@ async def time_layout(
 ) -> dict:
     from transformers import AutoConfig
 
-    from agentrl.run.launch import start_on_ray
     from agentrl.config import RunConfig
+    from agentrl.run.launch import start_on_ray
 
     cfg = RunConfig()
     cfg.model.path = model_path
