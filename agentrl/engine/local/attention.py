@@ -126,8 +126,10 @@ class ArenaStep:
         if self.groups is not None:
             out = q.new_empty(q.shape)
             for packed, group in self.groups:
-                part = [t.index_select(0, packed) for t in (q, key, value)]
-                out.index_copy_(0, packed, group.attend_packed(layer, *part, scale, written=True))
+                gq, gk, gv = (t.index_select(0, packed) for t in (q, key, value))
+                out.index_copy_(
+                    0, packed, group.attend_packed(layer, gq, gk, gv, scale, written=True)
+                )
             return out
         if self.use_flash:
             # Each row reads only its own seqused_k keys: the slot's unwritten tail is never read.
