@@ -252,7 +252,7 @@ async def env_alone(env_name: str, tasks: list[Task], n: int) -> dict:
 
 
 async def bench_overhead(args: argparse.Namespace, tokenizer: Any) -> dict:
-    from agentrl.envs.calculator import CalculatorEnv
+    from agentrl.envs.builtin.calculator import CalculatorEnv
 
     n = 4
     tasks = CalculatorEnv.load_tasks("train", num_tasks=max(args.episodes // n, 1))

@@ -9,7 +9,7 @@ import pytest
 
 from agentrl.agents import AgentEndpoint, AgentEpisode, AgentResult, run_agent_episode
 from agentrl.engine.base import SamplingParams
-from agentrl.envs.calculator import CalculatorEnv
+from agentrl.envs.builtin.calculator import CalculatorEnv
 from agentrl.rollout.agent.chat import CallLimits
 from agentrl.rollout.codec import ChatCodec
 from agentrl.rollout.codec_check import check_codec

@@ -178,7 +178,7 @@ def _trajectory_key(t) -> tuple:
 
 async def _rollouts(engine, codec, *, temperature: float, max_concurrent_episodes: int):
     from agentrl.config import RolloutConfig
-    from agentrl.envs.calculator import CalculatorEnv
+    from agentrl.envs.builtin.calculator import CalculatorEnv
     from agentrl.rollout import RolloutRunner
 
     cfg = RolloutConfig(
@@ -221,7 +221,7 @@ async def test_evaluate_through_http_reports_what_the_in_process_engine_reports(
     served, local, tmp_path
 ) -> None:
     from agentrl.config import RolloutConfig
-    from agentrl.envs.calculator import CalculatorEnv
+    from agentrl.envs.builtin.calculator import CalculatorEnv
     from agentrl.eval.runner import TRAJECTORIES_FILE, evaluate
     from agentrl.rollout import ChatCodec, RolloutRunner, read_jsonl
 
