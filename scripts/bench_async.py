@@ -59,7 +59,8 @@ def parse_args() -> argparse.Namespace:
 
 
 def make_model(args: argparse.Namespace, root: Path) -> str:
-    from agentrl.model_store import make_shaped_model, resolve_model_path, save_random_llama
+    from agentrl.model_store import resolve_model_path
+    from tests.support.random_models import make_shaped_model, save_random_llama
 
     if args.model:
         return args.model

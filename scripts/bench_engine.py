@@ -34,6 +34,7 @@ import copy
 import gc
 import json
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -44,9 +45,12 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.support
+
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.local import LocalEngine
-from agentrl.model_store import make_shaped_model, resolve_model_path
+from agentrl.model_store import resolve_model_path
+from tests.support.random_models import make_shaped_model  # noqa: E402
 
 MODES = {"greedy": 0.0, "sampled": 1.0}  # temperature; full vocabulary (no top-k/top-p) in both
 

@@ -40,8 +40,8 @@ def log(message: str) -> None:
 
 
 def build_model(args: argparse.Namespace, use_gpu: bool) -> str:
-    from agentrl.model_store import SHAPES, save_random_llama
     from tests.support.models import make_tiny_model
+    from tests.support.random_models import SHAPES, save_random_llama
 
     if args.model:
         return args.model

@@ -45,8 +45,8 @@ def layout_flags(name: str, trainer_gpus: int, engines: int) -> dict:
 
 
 def build_model(shape: str, tokenizer: str, out: str, use_gpu: bool) -> str:
-    from agentrl.model_store import make_shaped_model
     from tests.support.models import make_tiny_model
+    from tests.support.random_models import make_shaped_model
 
     if shape == "tiny":
         return make_tiny_model(out, tokenizer, num_layers=2, hidden_size=64)

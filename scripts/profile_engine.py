@@ -37,6 +37,7 @@ import copy
 import gc
 import json
 import statistics
+import sys
 import tempfile
 import time
 import traceback
@@ -49,10 +50,13 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.support
+
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.local import LocalEngine
 from agentrl.engine.local.batching import Sequence
-from agentrl.model_store import make_shaped_model, resolve_model_path
+from agentrl.model_store import resolve_model_path
+from tests.support.random_models import make_shaped_model  # noqa: E402
 
 TOP = 15
 

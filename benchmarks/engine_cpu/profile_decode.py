@@ -9,17 +9,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.profiler import profile
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # for tests.support
+
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.local import LocalEngine
 from agentrl.engine.local.batching import Sequence
-from agentrl.model_store import make_shaped_model, resolve_model_path
+from agentrl.model_store import resolve_model_path
+from tests.support.random_models import make_shaped_model  # noqa: E402
 
 
 def engine_decode(engine: Any, prompts: list[list[int]], new_tokens: int, prof: Any = None):

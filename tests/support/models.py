@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentrl.model_store import save_random_llama
+from tests.support.random_models import save_random_llama
 
 
 def make_tiny_model(

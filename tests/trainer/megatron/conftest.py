@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrl.model_store import SHAPES
+from tests.support.random_models import SHAPES
 
 
 def smollm2_config(shape: str = "smollm2-135m", **overrides):

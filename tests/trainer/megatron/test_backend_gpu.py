@@ -173,7 +173,7 @@ def _hf_logprobs(model_dir: str, dtype: torch.dtype, vocab_seed_groups) -> list[
 
 @pytest.fixture(scope="module")
 def model_135m(tmp_path_factory) -> str:
-    from agentrl.model_store import make_shaped_model
+    from tests.support.random_models import make_shaped_model
 
     out = tmp_path_factory.mktemp("smollm2_135m")
     return make_shaped_model(str(out), _tokenizer(), "smollm2-135m", dtype="float32")
@@ -182,7 +182,7 @@ def model_135m(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def model_tp(tmp_path_factory) -> str:
     """SmolLM2-1.7B's layer shape (32 heads, 32 groups: TP=2 divides them), 4 layers."""
-    from agentrl.model_store import SHAPES, save_random_llama
+    from tests.support.random_models import SHAPES, save_random_llama
 
     out = tmp_path_factory.mktemp("smollm2_1p7b_4l")
     return save_random_llama(str(out), _tokenizer(), {**SHAPES["smollm2-1.7b"], "num_hidden_layers": 4},
