@@ -14,9 +14,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agentrl.config import RunConfig, recipe_for_env
+from agentrl.config import RunConfig
 from agentrl.rollout.trajectory import read_jsonl
 from agentrl.types import EpisodeStatus
+from tests.support.configs import tiny_train_config
 
 pytestmark = pytest.mark.slow
 
@@ -27,26 +28,7 @@ LAYOUTS = {
 
 
 def _config(model_path: str, save: Path, layout: str) -> RunConfig:
-    cfg = recipe_for_env("calculator")
-    cfg.model.path = model_path
-    cfg.checkpoint.save = str(save)
-    cfg.checkpoint.save_interval = 1
-    cfg.train.num_rollout = 2
-    cfg.train.lr = 1e-3
-    # The random model earns no reward, so its groups carry no advantage; the entropy term still
-    # moves the weights, so the trainer runs (a batch without signal is skipped) and syncs news.
-    cfg.algo.entropy_coef = 1e-3
-    cfg.rollout.rollout_batch_size = 2
-    cfg.rollout.n_samples_per_prompt = 2
-    cfg.rollout.rollout_max_response_len = 12
-    cfg.rollout.max_turns = 2
-    cfg.eval.num_eval_tasks = 2
-    cfg.eval.eval_at_start = False
-    cfg.log.progress = False
-    cfg.log.use_tensorboard = False
-    for key, value in LAYOUTS[layout].items():
-        setattr(cfg.cluster, key, value)
-    return cfg
+    return tiny_train_config(model_path, save, **LAYOUTS[layout])
 
 
 def _our_children() -> set[int]:

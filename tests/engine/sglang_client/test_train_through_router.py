@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from agentrl.config import recipe_for_env
+from tests.support.configs import tiny_train_config
 
 pytestmark = pytest.mark.slow
 
@@ -28,22 +28,9 @@ def test_train_two_steps_with_two_engines_behind_the_router(tiny_model_path, tmp
         "PYTHONPATH", os.pathsep.join(p for p in (SMG_PATH, os.environ.get("PYTHONPATH")) if p)
     )
     monkeypatch.setenv("AGENTRL_API_KEY", "router-key")  # the router passes it to the workers
-    cfg = recipe_for_env("calculator")
-    cfg.model.path = tiny_model_path
-    cfg.checkpoint.save = str(tmp_path / "run")
-    cfg.train.num_rollout = 2
-    cfg.train.lr = 1e-3
-    cfg.algo.entropy_coef = 1e-3  # the random model earns no reward: entropy still moves weights
-    cfg.rollout.rollout_batch_size = 2
-    cfg.rollout.n_samples_per_prompt = 2
-    cfg.rollout.rollout_max_response_len = 12
-    cfg.rollout.max_turns = 2
-    cfg.eval.num_eval_tasks = 2
-    cfg.eval.eval_at_start = False
-    cfg.log.progress = False
-    cfg.log.use_tensorboard = False
-    cfg.cluster.actor_num_gpus_per_node = 1
-    cfg.cluster.rollout_num_gpus = 2
+    cfg = tiny_train_config(
+        tiny_model_path, tmp_path / "run", actor_num_gpus_per_node=1, rollout_num_gpus=2
+    )
     cfg.cluster.use_sglang_router = True
 
     result = train(cfg)
