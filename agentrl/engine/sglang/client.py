@@ -9,13 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-from typing import Any
 
 from agentrl.engine.base import Completion, SamplingParams
 from agentrl.engine.sglang.protocol import (
-    API_KEY_ENV,
-    DEFAULT_WEIGHT_VERSION,
     ROUTING_KEY_HEADER,
     aborted_completion,
     completion_from_sglang,
@@ -47,45 +43,6 @@ class SGLangEngine(SGLangWeights):
     server's version is read once from its info route (`dialect`); a release outside the
     supported window is refused there, in one line.
     """
-
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        max_connections: int = 256,
-        request_timeout_s: float = 600.0,
-        max_retries: int = 3,
-        retry_backoff_s: float = 0.5,
-        worker_urls: list[str] | None = None,
-        api_key: str | None = None,
-    ) -> None:
-        if not base_url.startswith(("http://", "https://")):
-            raise ValueError(
-                f"SGLangEngine base_url={base_url!r} must start with http:// or https://"
-            )
-        if max_connections < 1 or max_retries < 0 or request_timeout_s <= 0:
-            raise ValueError(
-                f"SGLangEngine needs max_connections >= 1, max_retries >= 0, request_timeout_s > 0; got "
-                f"{max_connections}, {max_retries}, {request_timeout_s}"
-            )
-        self.base_url = base_url.rstrip("/")
-        self.max_connections = max_connections
-        self.request_timeout_s = request_timeout_s
-        self.max_retries = max_retries
-        self.retry_backoff_s = retry_backoff_s
-        self._worker_urls = list(worker_urls) if worker_urls else None
-        self.cluster = None  # set by make_engine for launched servers
-        self._client = None
-        self._client_loop = None
-        self._pending = set()
-        self._background: set[asyncio.Future[Any]] = set()
-        self._is_aborting = False
-        self._weight_version = DEFAULT_WEIGHT_VERSION
-        self._tp_size = None
-        self.api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
-        self._dialects = {}
-        self._released_tags = {}  # per worker: what a resume may map again
-        self._is_updating = False  # inside a weight-update session opened by the caller
 
     @property
     def weight_version(self) -> str:

@@ -21,15 +21,7 @@ MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 
 
 class SGLangControl(SGLangHTTP):
-    """A base of `SGLangEngine` (its constructor sets this state), on the HTTP plumbing."""
-
-    base_url: str
-    _pending: set[asyncio.Future[Any]]
-    _is_aborting: bool
-    _weight_version: str
-    _tp_size: int | None
-    _dialects: dict[str, ServerDialect]
-    _released_tags: dict[str, set[str]]
+    """A base of `SGLangEngine`, on the HTTP plumbing."""
 
     # -- abort and drain
 
@@ -164,21 +156,27 @@ class SGLangControl(SGLangHTTP):
     async def continue_generation(self) -> None:
         await self._post_workers("/continue_generation")
 
-    async def release_memory_occupation(self, tags: list[str] | None = None) -> None:
-        """tags None = everything; SGLang tags are "weights", "kv_cache", "cuda_graph" (they free
-        memory only on a server started with --enable-memory-saver)."""
+    async def release_memory(self, tags: list[str] | None = None) -> None:
+        """`/release_memory_occupation` on every worker: tags None = everything; SGLang tags are
+        "weights", "kv_cache", "cuda_graph" (they free memory only on a server started with
+        --enable-memory-saver)."""
         await self._post_workers("/release_memory_occupation", {"tags": tags})
         for url in self.worker_urls:
             self._released_tags.setdefault(url, set()).update(tags or MEMORY_TAGS)
 
-    async def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
-        """Resume those of `tags` (None = all) each worker released: SGLang kills a server asked
-        to resume memory it never released (as after a colocated `--resume`)."""
-        await asyncio.gather(*(self._resume_one(u, tags) for u in self.worker_urls))
+    async def resume_memory(self, tags: Iterable[str] | None = None) -> None:
+        """Resume those of `tags` each worker released: SGLang kills a server asked to resume
+        memory it never released (as after a colocated `--resume`). tags None: weights first,
+        then the KV cache (the peak never holds both next to the trainer's memory)."""
+        if tags is None:
+            await self.resume_memory(["weights"])
+            tags = ["kv_cache", "cuda_graph"]
+        due = list(tags)
+        await asyncio.gather(*(self._resume_one(u, due) for u in self.worker_urls))
 
-    async def _resume_one(self, url: str, tags: list[str] | None) -> None:
+    async def _resume_one(self, url: str, tags: list[str]) -> None:
         released = self._released_tags.get(url, set())
-        due = [t for t in (tags or MEMORY_TAGS) if t in released]
+        due = [t for t in tags if t in released]
         if not due:
             return
         await self._post("/resume_memory_occupation", {"tags": due}, url=url)
@@ -187,15 +185,3 @@ class SGLangControl(SGLangHTTP):
     def released_tags(self, url: str | None = None) -> set[str]:
         """What one worker (default: the first) has released and not resumed."""
         return set(self._released_tags.get(url or self.worker_urls[0], set()))
-
-    async def release_memory(self) -> None:
-        await self.release_memory_occupation(None)
-
-    async def resume_memory(self, tags: Iterable[str] | None = None) -> None:
-        """tags None: weights first, then the KV cache (the peak never holds both next to the
-        trainer's memory)."""
-        if tags is not None:
-            await self.resume_memory_occupation(list(tags))
-            return
-        await self.resume_memory_occupation(["weights"])
-        await self.resume_memory_occupation(["kv_cache", "cuda_graph"])

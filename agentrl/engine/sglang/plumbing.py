@@ -5,6 +5,7 @@ routes), SGLang's error bodies as one-line `EngineError`s, and calls sent to eve
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
@@ -13,8 +14,10 @@ import httpx
 import tenacity
 
 from agentrl.engine.base import EngineError, EngineMemoryError, EngineUnavailable
+from agentrl.engine.sglang.protocol import API_KEY_ENV, DEFAULT_WEIGHT_VERSION
 
 if TYPE_CHECKING:
+    from agentrl.engine.sglang.dialect import ServerDialect
     from agentrl.engine.sglang.launcher import SGLangCluster
 
 _RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
@@ -53,24 +56,48 @@ class _Retryable(Exception):
 
 
 class SGLangHTTP:
-    """The base of `SGLangEngine` (whose constructor sets these): requests to `base_url` or to
-    one worker, retried as the class docstring of `SGLangEngine` says."""
+    """The base of `SGLangEngine`, its constructor included: requests to `base_url` or to one
+    worker, retried as the class docstring of `SGLangEngine` says."""
 
-    base_url: str
-    max_connections: int
-    request_timeout_s: float
-    max_retries: int
-    retry_backoff_s: float
-    api_key: str | None
-    cluster: SGLangCluster | None
-    _worker_urls: list[str] | None
-    _client: httpx.AsyncClient | None
-    _client_loop: asyncio.AbstractEventLoop | None
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        max_connections: int = 256,
+        request_timeout_s: float = 600.0,
+        max_retries: int = 3,
+        retry_backoff_s: float = 0.5,
+        api_key: str | None = None,
+    ) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(
+                f"SGLangEngine base_url={base_url!r} must start with http:// or https://"
+            )
+        if max_connections < 1 or max_retries < 0 or request_timeout_s <= 0:
+            raise ValueError(
+                f"SGLangEngine needs max_connections >= 1, max_retries >= 0, request_timeout_s > 0; got "
+                f"{max_connections}, {max_retries}, {request_timeout_s}"
+            )
+        self.base_url = base_url.rstrip("/")
+        self.max_connections = max_connections
+        self.request_timeout_s = request_timeout_s
+        self.max_retries = max_retries
+        self.retry_backoff_s = retry_backoff_s
+        self.api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
+        self.cluster: SGLangCluster | None = None  # set by make_engine for launched servers
+        self._client: httpx.AsyncClient | None = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._pending: set[asyncio.Future[Any]] = set()
+        self._background: set[asyncio.Future[Any]] = set()
+        self._is_aborting = False
+        self._weight_version = DEFAULT_WEIGHT_VERSION
+        self._tp_size: int | None = None
+        self._dialects: dict[str, ServerDialect] = {}
+        self._released_tags: dict[str, set[str]] = {}  # per worker: what a resume may map again
+        self._is_updating = False  # inside a weight-update session opened by the caller
 
     @property
     def worker_urls(self) -> list[str]:
-        if self._worker_urls is not None:  # servers behind a router this client did not launch
-            return list(self._worker_urls)
         return list(self.cluster.worker_urls) if self.cluster is not None else [self.base_url]
 
     # -- HTTP plumbing

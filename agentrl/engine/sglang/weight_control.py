@@ -23,8 +23,6 @@ if TYPE_CHECKING:
 class SGLangWeights(SGLangControl):
     """A base of `SGLangEngine`, on `SGLangControl` (dialects, TP size, flush)."""
 
-    _is_updating: bool
-
     # -- the session
 
     async def begin_weight_update(self) -> None:

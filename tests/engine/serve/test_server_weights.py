@@ -143,5 +143,5 @@ async def test_a_resume_without_room_is_refused_with_the_fix(fresh_served, monke
     http = SGLangEngine(url, max_retries=0)
     await http.release_memory()
     with pytest.raises(EngineMemoryError, match="needs 9.00 GiB; lower it"):
-        await http.resume_memory_occupation(["kv_cache"])
+        await http.resume_memory(["kv_cache"])
     await http.close()

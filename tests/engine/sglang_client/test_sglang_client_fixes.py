@@ -68,11 +68,11 @@ async def test_the_api_key_goes_with_every_call(
 async def test_a_resume_never_sends_a_tag_that_was_not_released(server: StandIn) -> None:
     """After a colocated --resume nothing was released: resuming anyway kills a real server."""
     engine = _engine(server.url)
-    await engine.resume_memory_occupation(["weights"])
-    await engine.resume_memory_occupation(["kv_cache", "cuda_graph"])
+    await engine.resume_memory(["weights"])
+    await engine.resume_memory(["kv_cache", "cuda_graph"])
     assert server.bodies("/resume_memory_occupation") == [] and not server.is_dead
 
-    await engine.release_memory_occupation(["kv_cache"])
+    await engine.release_memory(["kv_cache"])
     await engine.resume_memory()  # weights (never released), then kv_cache + cuda_graph
     assert server.bodies("/resume_memory_occupation") == [{"tags": ["kv_cache"]}]
     assert not server.is_dead and engine.released_tags() == set()

@@ -38,9 +38,9 @@ async def test_release_then_resume_by_tags(saver_server: StandInServer) -> None:
     engine = SGLangEngine(saver_server.url)
     await engine.release_memory()
     released = saver_server.state()
-    await engine.resume_memory_occupation(["weights"])
+    await engine.resume_memory(["weights"])
     weights_back = saver_server.state()
-    await engine.resume_memory_occupation(["kv_cache", "cuda_graph"])
+    await engine.resume_memory(["kv_cache", "cuda_graph"])
     assert released["offload_tags"] == ALL_TAGS
     assert released["memory_saver_paused"] == ALL_TAGS  # freed: the memory saver is on
     assert weights_back["offload_tags"] == ["cuda_graph", "kv_cache"]
