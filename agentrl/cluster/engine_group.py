@@ -137,9 +137,9 @@ class EngineServer:
             self.process.stop()
 
 
-class ServedEngineGroup:
-    """The run's `EngineGroup` on Ray: the server actors, their URLs, the `RoutedEngine` that
-    rollouts talk to (behind the weight-update gate), and the weight version they serve."""
+class ServedEngineGroup(RoutedEngine):
+    """The run's `EngineGroup` on Ray: a `RoutedEngine` over the servers of the actors (the
+    weight version they serve included), behind the weight-update gate for rollouts (`engine`)."""
 
     def __init__(
         self, actors: list[Any], urls: list[str], cfg: RunConfig, plan: BundlePlan
@@ -147,15 +147,15 @@ class ServedEngineGroup:
         self.actors, self.urls, self.cfg, self.plan = actors, urls, cfg, plan
         self.api_key = resolve_api_key(cfg.engine)
         self.num_restarts = [0] * len(actors)
-        self.router: ManagedProcess | None = None
+        self.router_process: ManagedProcess | None = None
         if cfg.cluster.use_sglang_router:
             logs = Path(cfg.checkpoint.save) / "engine_logs"
-            self.router = start_router(
+            self.router_process = start_router(
                 urls, log_path=logs / "router.log", api_key=self.api_key, die_with_parent=True
             )
-        router_client = self._client(self.router.url) if self.router else None
-        self.routed = RoutedEngine([self._client(u) for u in urls], router=router_client)
-        self.engine = GatedEngine(self.routed)
+        router = self._client(self.router_process.url) if self.router_process else None
+        super().__init__([self._client(u) for u in urls], router=router)
+        self.engine = GatedEngine(self)
 
     def _client(self, url: str) -> SGLangEngine:
         return sglang_client(self.cfg, url)
@@ -164,43 +164,23 @@ class ServedEngineGroup:
     async def start(cls, actors: list[Any], cfg: RunConfig, plan: BundlePlan) -> ServedEngineGroup:
         urls = await asyncio.gather(*(a.start.remote() for a in actors))
         group = cls(actors, list(urls), cfg, plan)
-        versions = {await c.get_weight_version() for c in group.routed.clients}
+        versions = {await c.get_weight_version() for c in group.clients}
         if len(versions) != 1:
             raise RuntimeError(f"engine servers started with different weight versions {versions}")
         group.set_weight_version(versions.pop())
         log.info("engine group ready: %s", group.urls)
         return group
 
-    @property
-    def weight_version(self) -> str:
-        return self.routed.weight_version
-
-    def set_weight_version(self, version: str) -> None:
-        self.routed.set_weight_version(version)
-
-    async def pause_generation(self, mode: str) -> None:
-        await self.routed.pause_generation(mode)
-
-    async def continue_generation(self) -> None:
-        await self.routed.continue_generation()
-
-    async def release_memory(self) -> None:
-        await self.routed.release_memory()
-
-    async def resume_memory(self, tags: list[str]) -> None:
-        await self.routed.resume_memory(tags)
-
     async def memory_bytes(self) -> float | None:
         """Accelerator memory engine 0 holds, as its server reports it (SGLang: the sizes of the
         parts it has not released)."""
         from agentrl.engine.sglang.protocol import memory_bytes_from_server_info
 
-        client = self.routed.clients[0]
-        info = await client.get_server_info()
-        return memory_bytes_from_server_info(info, client.released_tags())
+        info = await self.clients[0].get_server_info()
+        return memory_bytes_from_server_info(info, self.clients[0].released_tags())
 
     def servers(self) -> list[SGLangEngine]:
-        return list(self.routed.clients)
+        return list(self.clients)
 
     def weight_targets(self, num_ranks: int, transport: str) -> list[list[Any]]:
         """Tensors stay on their host: each colocated rank sends to the engines on its GPUs.
@@ -225,28 +205,28 @@ class ServedEngineGroup:
             restart=lambda i: self.actors[i].start.remote(),
             report=lambda i: self.actors[i].report.remote(),
             max_restarts=self.cfg.cluster.max_engine_restarts,
-            router_url=self.router.url if self.router else None,
+            router_url=self.router_process.url if self.router_process else None,
             api_key=self.api_key,
         )
         for i in dead:
-            await self.routed.clients[i].close()
-            self.routed.clients[i] = self._client(self.urls[i])
+            await self.clients[i].close()
+            self.clients[i] = self._client(self.urls[i])
         return dead
 
     def servers_down(self) -> list[int]:
-        return [i for i, up in enumerate(self.routed.is_up) if not up]
+        return [i for i, up in enumerate(self.is_up) if not up]
 
     def mark_all_up(self) -> None:
         for i in range(len(self.urls)):
-            self.routed.mark_up(i)
+            self.mark_up(i)
 
     async def pids(self) -> list[int | None]:
         return list(await asyncio.gather(*(a.pid.remote() for a in self.actors)))
 
     async def close(self) -> None:
-        await self.routed.close()
-        if self.router is not None:
-            self.router.stop()
+        await super().close()
+        if self.router_process is not None:
+            self.router_process.stop()
         await asyncio.gather(*(a.stop.remote() for a in self.actors), return_exceptions=True)
 
 
