@@ -87,9 +87,10 @@ def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]
 
 
 def make_engine(path: str, args: argparse.Namespace, max_batch_size: int, **options: Any) -> Any:
-    engine = LocalEngine.load(
-        path, device=args.device, dtype=args.dtype, max_batch_size=max_batch_size, **options
-    )
+    # Not pausable: a benchmark never releases memory, and torch_memory_saver's allocator is not
+    # what is measured here.
+    engine = LocalEngine.load(path, device=args.device, dtype=args.dtype,
+                              max_batch_size=max_batch_size, pausable_memory=False, **options)  # fmt: skip
     engine._stop_checker.eos_token_ids = set()  # EOS ignored, as the benchmark's spec says
     return engine
 
@@ -300,6 +301,7 @@ def bench_shape(shape: str, args: argparse.Namespace, bw: float, work: Path) -> 
             "graph_replays": engine.stats.num_graph_replays,
             "graph_step_ms": replay_ms(engine, batch),
         })  # fmt: skip
+        print(shape, "batch", batch, json.dumps(result["single_turn"][-1]), flush=True)
         loop.run_until_complete(engine.close())
         del engine, runners
         free_memory(args.device)
