@@ -268,22 +268,3 @@ def step_line(done: int, num_steps: int, metrics: dict[str, float], eta_s: float
         f"{m('time/rollout_s', math.nan):.0f}s, train {m('time/train_s', math.nan):.0f}s · "
         f"run ETA {format_duration(eta_s)}"
     )
-
-
-class StepClock:
-    """The run's ETA from the mean wall time of its steps (evaluation and saves excluded)."""
-
-    def __init__(self, start_step: int, num_steps: int) -> None:
-        self.remaining, self.num_timed, self.busy_s = num_steps - start_step, 0, 0.0
-        self.t0 = time.monotonic()
-
-    def done(self) -> float:
-        """Count a step; the seconds the remaining steps should take."""
-        self.busy_s += time.monotonic() - self.t0
-        self.t0 = time.monotonic()
-        self.num_timed += 1
-        self.remaining -= 1
-        return self.busy_s / self.num_timed * self.remaining
-
-    def pause(self) -> None:
-        self.t0 = time.monotonic()

@@ -14,13 +14,13 @@ from agentrl.config_checks import check_run, resolved
 from agentrl.data import TaskSource, load_tasks
 from agentrl.engine.base import EngineMemoryError
 from agentrl.envs import spec
-from agentrl.progress import RunProgress, StepClock, step_line
+from agentrl.progress import RunProgress, step_line
 from agentrl.rollout import build_runner
 from agentrl.run import run_dir as run_dir_guard
 from agentrl.run.checkpoint import resume_run
 from agentrl.run.launch import check_megatron, make_runtime
 from agentrl.run.metrics import MetricsLogger
-from agentrl.run.schedules import Pace, Schedule, make_schedule
+from agentrl.run.schedules import Pace, SyncSchedule, make_schedule
 from agentrl.run.signals import stop_on_signals
 from agentrl.run.state import RunState
 
@@ -106,12 +106,12 @@ async def _run(state: RunState, start_step: int) -> TrainResult:
     the schedule: collected now (sync), one step ahead (`--async`) or from a rollout worker that
     never stops (`--async-mode full`). Ctrl-C or SIGTERM saves the last completed step."""
     cfg = state.cfg
-    schedule: Schedule | None = None
+    schedule: SyncSchedule | None = None
     try:
         if start_step == 0 and cfg.eval.eval_at_start and not state.evals:
             await state.run_eval(step=0)
         schedule = make_schedule(state, start_step)
-        steps = _Steps(state, schedule, start_step)
+        steps = _Steps(state, schedule)
         for step in range(start_step, cfg.train.num_rollout):
             await steps.run(step)
         await schedule.stop()
@@ -134,10 +134,10 @@ class _Steps:
     """One train step after another: take the groups, learn, sync when due, log, then eval and
     save when due (their time belongs to no step's pace)."""
 
-    def __init__(self, state: RunState, schedule: Schedule, start_step: int) -> None:
+    def __init__(self, state: RunState, schedule: SyncSchedule) -> None:
         self.state, self.schedule = state, schedule
         self.pace = Pace(state.runtime.engine, state.runner)
-        self.clock = StepClock(start_step, state.cfg.train.num_rollout)
+        self.step_times: list[float] = []  # the run's ETA: their mean (evals and saves aside)
         self.last_save_t = time.monotonic()
 
     async def run(self, step: int) -> None:
@@ -155,20 +155,20 @@ class _Steps:
             metrics.update(self.pace.step_metrics(busy_s, schedule.queue_depth()))
         finally:  # the step is trained and will be saved: its line is there, interrupted or not
             state.logger.log(done, metrics)
-        state.progress.note(step_line(done, cfg.train.num_rollout, metrics, self.clock.done()))
+        self.step_times.append(metrics["time/step_s"])
+        eta_s = sum(self.step_times) / len(self.step_times) * (cfg.train.num_rollout - done)
+        state.progress.note(step_line(done, cfg.train.num_rollout, metrics, eta_s))
         if done >= cfg.train.num_rollout:
             return
         if _is_due(cfg.eval.eval_interval, done):
             await state.run_eval(step=done)
             self.pace.restart()
-            self.clock.pause()
         minutes = cfg.checkpoint.save_interval_minutes  # what a preempted job would lose
         is_overdue = minutes is not None and time.monotonic() - self.last_save_t >= minutes * 60
         if _is_due(cfg.checkpoint.save_interval, done) or is_overdue:
             await state.save(done)
             self.last_save_t = time.monotonic()
             self.pace.restart()
-            self.clock.pause()
 
 
 def _is_due(interval: int | None, done: int) -> bool:

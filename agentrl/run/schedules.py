@@ -42,20 +42,6 @@ class RunState(Protocol):
     async def collect(self, step: int, *, is_shown: bool = False) -> Rollout: ...
 
 
-class Schedule(Protocol):
-    async def next_rollout(self, step: int) -> Rollout: ...
-
-    async def before_sync(self) -> None:
-        """Called before a weight update (a generation it must not run under ends first)."""
-        ...
-
-    def queue_depth(self) -> int:
-        """Finished groups waiting for the trainer."""
-        ...
-
-    async def stop(self) -> None: ...
-
-
 class SyncSchedule:
     """Collect, then train: the engines wait for the trainer and the trainer for the engines."""
 
@@ -66,9 +52,11 @@ class SyncSchedule:
         return await self.state.collect(step, is_shown=True)
 
     async def before_sync(self) -> None:
+        """Called before a weight update (a generation it must not run under ends first)."""
         return None
 
     def queue_depth(self) -> int:
+        """Finished groups waiting for the trainer."""
         return 0
 
     async def stop(self) -> None:
@@ -143,7 +131,7 @@ class FullAsyncSchedule(SyncSchedule):
         await self.worker.stop()
 
 
-def make_schedule(state: RunState, start_step: int) -> Schedule:
+def make_schedule(state: RunState, start_step: int) -> SyncSchedule:
     train = state.cfg.train
     if not train.use_async:
         return SyncSchedule(state)
