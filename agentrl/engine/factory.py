@@ -35,7 +35,6 @@ def make_engine(cfg: RunConfig, *, model_path: str | None = None, reserve_bytes:
         cluster = launch_servers(
             model_path or resolve_model_path(model.path, model.cache_dir),
             cfg.engine,
-            router_policy=cfg.engine.router_policy,
             api_key=resolve_api_key(cfg.engine),
             # the in-process trainer steps on the servers' GPU while they release their memory
             enable_memory_saver=trainer_uses_cuda(cfg.model.device),

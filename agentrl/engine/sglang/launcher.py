@@ -87,9 +87,6 @@ class RouterChoice:
     policy: str
 
 
-STICKY_POLICIES = ("consistent_hashing", "manual")
-
-
 def choose_router(policy: str = "consistent_hashing") -> RouterChoice:
     """`smg` when installed (it has `consistent_hashing`, which hashes the X-SMG-Routing-Key
     header so every turn of an episode reaches the server holding its prefix); else
@@ -130,7 +127,6 @@ def start_router(
     port: int = 0,
     api_key: str | None = None,
     policy: str = "consistent_hashing",
-    python: str = sys.executable,
     env: dict[str, str] | None = None,
     die_with_parent: bool = False,
 ) -> ManagedProcess:
@@ -138,7 +134,7 @@ def start_router(
     it never does); `port=0` picks a free port."""
     choice = choose_router(policy)
     port = port or free_ports(1, host)[0]
-    cmd = router_command(worker_urls, host=host, port=port, policy=choice.policy, python=python,
+    cmd = router_command(worker_urls, host=host, port=port, policy=choice.policy,
                          module=choice.module, api_key=api_key)  # fmt: skip
     router = ManagedProcess("sglang-router", f"http://{host}:{port}", cmd, log_path, env,
                             die_with_parent=die_with_parent)  # fmt: skip
@@ -290,29 +286,24 @@ def launch_servers(
     model_path: str,
     engine_cfg: EngineConfig,
     *,
-    host: str = "127.0.0.1",
-    router_policy: str = "consistent_hashing",
-    log_dir: str | None = None,
     health_timeout_s: float = 900.0,
-    python: str = sys.executable,
     env: dict[str, str] | None = None,
     api_key: str | None = None,
     enable_memory_saver: bool = False,
 ) -> SGLangCluster:
-    """Start `engine_cfg.num_servers` SGLang servers (each `tp_size` GPUs, disjoint GPU ids), wait
-    for `/health_generate`, and put a router (`choose_router`) in front when there are several.
-    Port layout: one server listens on `engine_cfg.port`; with a router, the router takes it and
-    the servers the next ports (`port=0` picks free ports). `enable_memory_saver`: the servers
-    share their GPUs with the trainer and release memory while it steps."""
-    num_servers = engine_cfg.num_servers
-    if num_servers < 1:
-        raise ValueError(f"engine.num_servers={num_servers} must be at least 1")
+    """Start `engine_cfg.num_servers` SGLang servers (each `tp_size` GPUs, disjoint GPU ids) on
+    127.0.0.1, wait for `/health_generate`, and put a router (`choose_router`, with
+    `engine_cfg.router_policy`) in front when there are several. Port layout: one server listens
+    on `engine_cfg.port`; with a router, the router takes it and the servers the next ports
+    (`port=0` picks free ports). Logs go to a fresh temporary directory. `enable_memory_saver`:
+    the servers share their GPUs with the trainer and release memory while it steps."""
+    host, router_policy = "127.0.0.1", engine_cfg.router_policy
+    num_servers = engine_cfg.num_servers  # PositiveInt: the config refused 0
     require_module("sglang")
     has_router = num_servers > 1
     if has_router:
         choose_router(router_policy)  # a missing router package fails before any server starts
-    logs = Path(log_dir or tempfile.mkdtemp(prefix="agentrl-sglang-"))
-    logs.mkdir(parents=True, exist_ok=True)
+    logs = Path(tempfile.mkdtemp(prefix="agentrl-sglang-"))
     ports = _ports(engine_cfg.port, num_servers + has_router, host)
     servers = [
         ManagedProcess(
@@ -326,7 +317,6 @@ def launch_servers(
                 mem_fraction_static=engine_cfg.mem_fraction_static,
                 base_gpu_id=i * engine_cfg.tp_size,
                 extra_args=engine_cfg.sglang_args,
-                python=python,
                 enable_memory_saver=enable_memory_saver,
                 api_key=api_key,
             ),
@@ -351,7 +341,7 @@ def launch_servers(
         if has_router:
             cluster.router = start_router(cluster.worker_urls, host=host, port=ports[0],
                                           log_path=logs / "router.log", api_key=api_key,
-                                          policy=router_policy, python=python, env=env)  # fmt: skip
+                                          policy=router_policy, env=env)  # fmt: skip
             cluster.url = cluster.router.url
     except BaseException:
         cluster.shutdown()
