@@ -128,21 +128,33 @@ class TrainerBackend(ABC):
     def _hf_tensors(self, dtype: torch.dtype | None) -> Iterator[tuple[str, Tensor]]: ...
 
     @abstractmethod
+    def _optimizers(self) -> list[torch.optim.Optimizer]:
+        """The torch optimizers whose state a step creates (none while unbuilt)."""
+
     def pending_state_bytes(self) -> int:
-        """Device bytes this rank will still allocate and keep between steps: its optimizer
-        state, created at the first step (0 once it exists). A colocated engine sizes its KV
-        cache without them."""
+        """Device bytes this rank will still allocate and keep between steps: Adam's two moments
+        per parameter the optimizers step (this rank's shard), created at the first step (0 once
+        they exist). A colocated engine sizes its KV cache without them."""
+        optimizers = self._optimizers()
+        if any(o.state for o in optimizers):
+            return 0
+        params = [p for o in optimizers for group in o.param_groups for p in group["params"]]
+        return sum(2 * _local(p).numel() * p.element_size() for p in params)
 
-    @abstractmethod
     def free_step_memory(self) -> None:
-        """After a step on a GPU an engine shares: hand back the gradients (when they are not
-        kept in a persistent buffer) and the allocator's cached blocks, so the engine's KV cache
+        """After a step on a GPU an engine shares: hand back the allocator's cached blocks (and
+        the gradients, where they are not kept in a persistent buffer), so the engine's KV cache
         can resume into them."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
-    @abstractmethod
     def offload_state(self) -> None:
-        """Move the optimizer state to host memory until the next `train_step` (a no-op on CPU
-        and before the first step); `save` writes it from there."""
+        """The optimizer state (Adam's moments) to pinned host memory, its blocks back to the
+        device, where a colocated engine's KV cache takes them between steps (slime's
+        --offload-train). The next `train_step` brings it back; `save` writes it from the host;
+        `load` replaces it. A no-op on CPU and before the first step."""
+        if self.device.type == "cuda":
+            self._offload.offload(self._optimizers())
 
     @abstractmethod
     def save(self, directory: str | Path) -> None:
@@ -302,3 +314,9 @@ def _mean(values: list[float]) -> float:
 
 def _batch_counts(batch: TrainBatch) -> dict[str, float]:
     return {k.removeprefix("batch/"): v for k, v in batch.metrics.items()}
+
+
+def _local(param: Tensor) -> Tensor:
+    """This rank's shard of an FSDP2 (DTensor) parameter; a plain tensor as it is."""
+    to_local = getattr(param, "to_local", None)
+    return to_local() if to_local is not None else param

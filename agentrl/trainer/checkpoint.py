@@ -9,6 +9,7 @@ import random
 import re
 import shutil
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +85,7 @@ def save_checkpoint(
         needed = check_fits(root, step, last_good)
         final = _write_and_publish(root, step, write_fn, needed, last_good)
     except CheckpointSaveError as e:
-        raise (e.with_resume(resume_command) if resume_command else e) from None
+        raise (replace(e, resume_command=resume_command) if resume_command else e) from None
     try:
         _write_atomic(root / LATEST, final.name + "\n")
     except OSError:

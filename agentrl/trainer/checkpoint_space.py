@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 
 # How a full disk shows through the layers a save goes through: the OS, torch's zip writer
@@ -15,24 +16,21 @@ _SPACE_MARKERS = ("no space left on device", "disk quota exceeded", "unexpected 
 _SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
+@dataclass(eq=False, repr=False)  # an exception's own identity and repr
 class CheckpointSaveError(RuntimeError):
     """A checkpoint could not be written; `str()` is one line a user can act on. The earlier
     checkpoint (`last_good`) is intact: a save publishes by rename only once complete."""
 
-    def __init__(
-        self,
-        reason: str,
-        *,
-        step: int,
-        root: Path,
-        needed_bytes: int,
-        free_bytes: int,
-        last_good: Path | None,
-        resume_command: str | None = None,
-    ) -> None:
-        self.reason, self.step, self.root = reason, step, root
-        self.needed_bytes, self.free_bytes = needed_bytes, free_bytes
-        self.last_good, self.resume_command = last_good, resume_command
+    reason: str
+    _: KW_ONLY
+    step: int
+    root: Path
+    needed_bytes: int
+    free_bytes: int
+    last_good: Path | None
+    resume_command: str | None = None
+
+    def __post_init__(self) -> None:
         super().__init__(self.describe())
 
     def describe(self) -> str:
@@ -51,18 +49,6 @@ class CheckpointSaveError(RuntimeError):
         elif self.resume_command:
             line += "; free space and start the run again"
         return line
-
-    def with_resume(self, command: str) -> CheckpointSaveError:
-        """The same error, naming the command that continues the run."""
-        return CheckpointSaveError(
-            self.reason,
-            step=self.step,
-            root=self.root,
-            needed_bytes=self.needed_bytes,
-            free_bytes=self.free_bytes,
-            last_good=self.last_good,
-            resume_command=command,
-        )
 
 
 def tree_bytes(path: Path | None) -> int:

@@ -67,23 +67,12 @@ def chunked_logprobs(
     logprob_parts, entropy_parts = [], []
     for start in range(0, hidden.shape[0], chunk_size):
         h = hidden[start : start + chunk_size]
-        t = target_ids[start : start + chunk_size]
+        args = (h, weight, bias, target_ids[start : start + chunk_size], temperature,
+                is_entropy_trained, matmul_dtype)  # fmt: skip
         if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
-            lp, ent = checkpoint(
-                _chunk_logprobs,
-                h,
-                weight,
-                bias,
-                t,
-                temperature,
-                is_entropy_trained,
-                matmul_dtype,
-                use_reentrant=False,
-            )
+            lp, ent = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
         else:
-            lp, ent = _chunk_logprobs(
-                h, weight, bias, t, temperature, is_entropy_trained, matmul_dtype
-            )
+            lp, ent = _chunk_logprobs(*args)
         logprob_parts.append(lp)
         entropy_parts.append(ent)
     if not logprob_parts:

@@ -169,12 +169,7 @@ def _clipped_surrogate(
     loss_unclipped = -advantages * ratio
     loss_clipped = -advantages * ratio.clamp(1 - clip.low, 1 + clip.high)
     loss = torch.maximum(loss_unclipped, loss_clipped)
-    is_clipped = (loss_clipped > loss_unclipped).float()  # slime/verl pg_clipfrac
-    stats = {
-        "clip_frac": is_clipped,
-        "clip_frac_high": is_clipped * (ratio > 1).float(),
-        "clip_frac_low": is_clipped * (ratio < 1).float(),
-    }
+    stats = _clip_stats((loss_clipped > loss_unclipped).float(), ratio)  # slime/verl pg_clipfrac
     if clip.dual_c is not None:
         dual_bound = -clip.dual_c * advantages
         stats["dual_clip_frac"] = ((loss > dual_bound) & (advantages < 0)).float()
@@ -207,13 +202,15 @@ def cispo_loss(
     """CISPO (MiniMax-M1): -sg(clip(ratio)) * A * log pi; clipped tokens keep their gradient."""
     ratio = (log_probs - old_log_probs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
     weight = ratio.clamp(1 - clip.low, 1 + clip.high).detach()
-    is_clipped = (weight != ratio.detach()).float()
-    stats = {
+    return -weight * advantages * log_probs, _clip_stats((weight != ratio.detach()).float(), ratio)
+
+
+def _clip_stats(is_clipped: Tensor, ratio: Tensor) -> dict[str, Tensor]:
+    return {
         "clip_frac": is_clipped,
         "clip_frac_high": is_clipped * (ratio > 1).float(),
         "clip_frac_low": is_clipped * (ratio < 1).float(),
     }
-    return -weight * advantages * log_probs, stats
 
 
 PolicyLossFn = Callable[

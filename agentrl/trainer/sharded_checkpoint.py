@@ -52,11 +52,8 @@ def save_sharded(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optim
     that has not stepped yet is left out: asking torch for its state dict would create that state
     by stepping with zero gradients, which sets AdamW's `step` to 1 and so shrinks the next real
     update (to 0.744x a first step). `load_sharded` then leaves the optimizer fresh."""
-    if _has_state(optimizer):
-        model_state, optim_state = get_state_dict(model, optimizer)
-        state = {"model": model_state, "optimizer": optim_state}
-    else:
-        state = {"model": get_model_state_dict(model)}
+    device = optimizer.param_groups[0]["params"][0].device  # where the collectives run
+    state = _state_dicts(model, optimizer, any_rank(bool(optimizer.state), device))
     with _single_process_is_intended():
         try:
             state_dict_saver.save(
@@ -77,38 +74,36 @@ def load_sharded(src: Path, model: torch.nn.Module, optimizer: torch.optim.Optim
     the first update holds no optimizer state: the optimizer is left (or made) fresh."""
     _check_is_checkpoint(src)
     checkpoint_id = str(src / SHARDED_DIR)
-    if not _holds_optimizer_state(checkpoint_id):
-        model_state = get_model_state_dict(model)
-        with _single_process_is_intended():
-            state_dict_loader.load(
-                {"model": model_state}, checkpoint_id=checkpoint_id, no_dist=dp_world_size() == 1
-            )
-        set_model_state_dict(model, model_state)
-        optimizer.state.clear()  # what an optimizer that never stepped holds
-        return
-    model_state, optim_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optimizer": optim_state}
+    has_optimizer_state = _holds_optimizer_state(checkpoint_id)
+    state = _state_dicts(model, optimizer, has_optimizer_state)
     with _single_process_is_intended():
         state_dict_loader.load(state, checkpoint_id=checkpoint_id, no_dist=dp_world_size() == 1)
-    set_state_dict(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
-    )
+    if has_optimizer_state:
+        set_state_dict(
+            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+        )
+    else:
+        set_model_state_dict(model, state["model"])
+        optimizer.state.clear()  # what an optimizer that never stepped holds
 
 
-def _has_state(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether any rank's optimizer has stepped (ranks step together; asked of all so that
-    every rank takes the same, collective, path)."""
-    has_state = bool(optimizer.state)
+def _state_dicts(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, with_optimizer: bool
+) -> dict[str, Any]:
+    if not with_optimizer:
+        return {"model": get_model_state_dict(model)}
+    model_state, optim_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optimizer": optim_state}
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """Whether `flag` holds on any rank (asked of all, e.g. whether an optimizer has stepped, so
+    that every rank takes the same, collective, path). `device`: where the collective runs."""
     if dp_world_size() > 1:
-        flag = torch.tensor([float(has_state)], device=_device_of(optimizer))
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        has_state = bool(flag.item())
-    return has_state
-
-
-def _device_of(optimizer: torch.optim.Optimizer) -> torch.device:
-    """Where the parameters live: where the process group's collectives run (gloo: CPU)."""
-    return optimizer.param_groups[0]["params"][0].device
+        tensor = torch.tensor([float(flag)], device=device)
+        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
+        flag = bool(tensor.item())
+    return flag
 
 
 def _holds_optimizer_state(checkpoint_id: str) -> bool:

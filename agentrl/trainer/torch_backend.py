@@ -197,28 +197,13 @@ class TorchBackend(TrainerBackend):
         metrics.update(grad_norm=grad_norm, skipped_nonfinite_grad=float(not is_finite))
         return metrics
 
-    def pending_state_bytes(self) -> int:
-        """AdamW keeps two moments per trainable parameter, in its dtype, on its device (this
-        rank's shard under FSDP)."""
-        optimizer = self._ready(self.optimizer)
-        if optimizer.state:
-            return 0
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        return sum(2 * _local(p).numel() * p.element_size() for p in params)
+    def _optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self._ready(self.optimizer)]
 
     def free_step_memory(self) -> None:
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)  # the next step starts from None anyway
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-
-    def offload_state(self) -> None:
-        """The optimizer state (AdamW's moments) to pinned host memory, its blocks back to the
-        device, where a colocated engine's KV cache takes them between steps (slime's
-        --offload-train). The next `train_step` brings it back; `save` writes it from the host;
-        `load` replaces it. A no-op on CPU and before the first step."""
-        if self.device.type == "cuda" and self.optimizer is not None:
-            self._offload.offload([self.optimizer])
+        super().free_step_memory()
 
     # ------------------------------------------------------------ weights out
 
@@ -267,9 +252,3 @@ class TorchBackend(TrainerBackend):
 def _barrier() -> None:
     if dp_world_size() > 1:
         torch.distributed.barrier()
-
-
-def _local(param: Tensor) -> Tensor:
-    """This rank's shard of an FSDP2 (DTensor) parameter; a plain tensor as it is."""
-    to_local = getattr(param, "to_local", None)
-    return to_local() if to_local is not None else param

@@ -36,7 +36,6 @@ from agentrl.trainer.megatron.parallel import (
     broadcast_from_last_stage,
     dp_group,
     init_parallel,
-    is_last_stage,
     tp_group,
 )
 from agentrl.trainer.megatron.requirements import check_megatron_usable
@@ -45,23 +44,17 @@ from agentrl.trainer.packing import pack_tokens
 
 
 @dataclass(frozen=True)
-class _LossPositions:
-    """Where a micro-batch's loss tokens sit in its packed row, found on the host."""
-
-    is_loss: Tensor  # [M] indices among the first `num_tokens` packed tokens, on the device
-    num_tokens: int  # the micro-batch's tokens (the packed row may add alignment padding)
-    has_loss: bool  # False for a micro-batch that only pads a rank's share
-
-
-@dataclass(frozen=True)
 class _Staged:
-    """A micro-batch packed on the host and copied to the device before the schedule starts."""
+    """A micro-batch packed on the host and copied to the device before the schedule starts,
+    with where its loss tokens sit in the packed row."""
 
     mb: MicroBatch  # on the device
     input_ids: Tensor  # [1, N'] packed (N' >= N: sequence-parallel alignment)
     position_ids: Tensor
     params: PackedSeqParams
-    where: _LossPositions
+    is_loss: Tensor  # [M] indices among the first `num_tokens` packed tokens, on the device
+    num_tokens: int  # the micro-batch's tokens (the packed row may add alignment padding)
+    has_loss: bool  # False for a micro-batch that only pads a rank's share
 
 
 class MegatronBackend(TrainerBackend):
@@ -173,11 +166,10 @@ class MegatronBackend(TrainerBackend):
         cu = to_device(packed.cu_seqlens, self.device)
         params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
                                  max_seqlen_q=packed.max_seqlen, max_seqlen_kv=packed.max_seqlen)  # fmt: skip
-        where = _LossPositions(
-            to_device(is_loss, self.device), packed.num_tokens, bool(is_loss.numel())
-        )
         return _Staged(host.to(self.device), to_device(packed.input_ids, self.device),
-                       to_device(packed.position_ids, self.device), params, where)  # fmt: skip
+                       to_device(packed.position_ids, self.device), params,
+                       to_device(is_loss, self.device), packed.num_tokens,
+                       bool(is_loss.numel()))  # fmt: skip
 
     def _forward_step(
         self, model: Any, data_iterator: Iterator[_Staged], model_arg: Any, *, mode: str,
@@ -188,12 +180,11 @@ class MegatronBackend(TrainerBackend):
             staged.input_ids, staged.position_ids,
             attention_mask=None, packed_seq_params=staged.params,
         )  # fmt: skip
-        return output, partial(self._loss, staged.mb, staged.where, mode, step)
+        return output, partial(self._loss, staged, mode, step)
 
-    def _token_logprobs(self, logits: Tensor, mb: MicroBatch, where: _LossPositions,
-                        entropy_grad: bool):  # fmt: skip
+    def _token_logprobs(self, logits: Tensor, staged: _Staged, entropy_grad: bool):
         """[1, N, V/tp] logits -> logprobs and entropy [R, T] (0 off the loss mask)."""
-        num_tokens, is_loss = where.num_tokens, where.is_loss
+        mb, num_tokens, is_loss = staged.mb, staged.num_tokens, staged.is_loss
         local = logits[0, :num_tokens][is_loss]  # [M, V/tp]: only trained positions
         lp, ent = vocab_parallel_logprobs(
             local, mb.target_ids.reshape(-1)[is_loss],
@@ -206,21 +197,19 @@ class MegatronBackend(TrainerBackend):
         place = lambda v: zeros.index_put((is_loss,), v).view(mb.loss_mask.shape)  # noqa: E731
         return place(lp), place(ent)
 
-    def _loss(
-        self, mb: MicroBatch, where: _LossPositions, mode: str, step: StepBatch | None,
-        logits: Tensor,
-    ):  # fmt: skip
+    def _loss(self, staged: _Staged, mode: str, step: StepBatch | None, logits: Tensor):
         one = torch.ones((), dtype=torch.int, device=logits.device)
         if mode != "train":
-            lp, _ = self._token_logprobs(logits, mb, where, False)
+            lp, _ = self._token_logprobs(logits, staged, False)
             return logits.sum() * 0.0, one, {"logprobs": lp.detach()}
         assert step is not None
-        lp, ent = self._token_logprobs(logits, mb, where, bool(self.objective.entropy_coef))
+        mb = staged.mb
+        lp, ent = self._token_logprobs(logits, staged, bool(self.objective.entropy_coef))
         old = mb.old_logprobs if mb.old_logprobs is not None else lp.detach()
         loss, metrics = self.objective(
             lp, ent, mb.loss_inputs(step.num_loss_tokens, step.num_seqs, old)
         )
-        if not where.has_loss:  # a rank-padding micro-batch: every gradient exactly 0
+        if not staged.has_loss:  # a rank-padding micro-batch: every gradient exactly 0
             loss = loss + logits.sum() * 0.0
         return loss, one, metrics
 
@@ -259,7 +248,9 @@ class MegatronBackend(TrainerBackend):
                 continue
             stage.eval()
             results = self._run(stage, mbs, "logprobs")  # every stage runs the schedule
-            outputs = [o["logprobs"].cpu() for o in results] if is_last_stage() else None
+            outputs = (
+                [o["logprobs"].cpu() for o in results] if ps.is_pipeline_last_stage() else None
+            )
             for mb, lp in zip(mbs, broadcast_from_last_stage(outputs), strict=True):  # type: ignore[arg-type]
                 setattr(mb, field, lp)
         return batch
@@ -278,41 +269,31 @@ class MegatronBackend(TrainerBackend):
         optimizer.zero_grad()
         outputs = self._run(model, step.micro_batches, "train", step)
         is_ok, grad_norm, _ = optimizer.step()
-        parts = [{k: v for k, v in o.items()} for o in outputs]
-        metrics = combine_metrics(parts)
-        metrics = reduce_metrics(metrics, self.device, dp_group()) if is_last_stage() else {}
+        metrics = combine_metrics(outputs)
+        metrics = (
+            reduce_metrics(metrics, self.device, dp_group()) if ps.is_pipeline_last_stage() else {}
+        )
         metrics = dict(broadcast_from_last_stage(metrics))
         metrics.update(grad_norm=float(grad_norm or 0.0), skipped_nonfinite_grad=float(not is_ok))
         return metrics
 
+    def _optimizers(self) -> list[torch.optim.Optimizer]:
+        """megatron-core's inner torch optimizers, over its fp32 master weights (this rank's
+        shard with the distributed optimizer). The gradients live in DDP's persistent buffer
+        (sized at start, before the engines), so a step frees no gradients."""
+        return torch_optimizers(self._optimizer) if self._optimizer is not None else []
+
     def pending_state_bytes(self) -> int:
-        """Adam's two fp32 moments per parameter of this rank's shard, and the fp32 master
-        copies when the model is bf16 (split over the DP ranks by the distributed optimizer);
-        built at the first step."""
+        """Before the optimizer is built: estimated, Adam's two fp32 moments per parameter of
+        this rank's shard and the fp32 master copies when the model is bf16 (split over the DP
+        ranks by the distributed optimizer)."""
         if self._optimizer is not None:
-            inners = torch_optimizers(self._optimizer)
-            if any(inner.state for inner in inners):
-                return 0
-            return sum(2 * p.numel() * p.element_size() for inner in inners
-                       for group in inner.param_groups for p in group["params"])  # fmt: skip
+            return super().pending_state_bytes()
         numel = sum(p.numel() for p in self.model.parameters())
         if self.train_cfg.use_distributed_optimizer:
             numel = -(-numel // ps.get_data_parallel_world_size())
         master = 4 * numel if self.param_dtype != torch.float32 else 0
         return master + 2 * 4 * numel
-
-    def free_step_memory(self) -> None:
-        """The gradients live in DDP's persistent buffer (sized at start, before the engines);
-        the step's cached activation blocks go back to the driver."""
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-
-    def offload_state(self) -> None:
-        """Adam's moments (megatron-core's inner torch optimizers' state) to pinned host memory
-        between steps; the fp32 master weights and the gradient buffer stay. The next
-        `train_step` brings them back; `load` replaces them."""
-        if self.device.type == "cuda" and self._optimizer is not None:
-            self._offload.offload(torch_optimizers(self._optimizer))
 
     def _hf_tensors(self, dtype: torch.dtype | None) -> Iterator[tuple[str, Tensor]]:
         """Collective over the model-parallel ranks of each DP replica."""

@@ -12,7 +12,6 @@ from typing import Any, cast
 import agentrl.trainer.megatron.saver_compat  # noqa: F401  (before megatron.core: see there)
 
 # isort: split
-import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing
 
@@ -26,13 +25,12 @@ STATE_FILE = "trainer_state.json"
 
 
 def _sharded_state(backend: Any, *, is_loading: bool, with_optimizer: bool) -> dict[str, Any]:
-    model_state = backend.model.module.sharded_state_dict()
-    if not with_optimizer:
-        return {"model": model_state}
-    return {
-        "model": model_state,
-        "optimizer": backend.optimizer.sharded_state_dict(model_state, is_loading=is_loading),
-    }
+    state = {"model": backend.model.module.sharded_state_dict()}
+    if with_optimizer:
+        state["optimizer"] = backend.optimizer.sharded_state_dict(
+            state["model"], is_loading=is_loading
+        )
+    return state
 
 
 def _has_optimizer_state(backend: Any) -> bool:
@@ -40,9 +38,7 @@ def _has_optimizer_state(backend: Any) -> bool:
     shard is empty holds no state even then). Before the first update there is nothing to save,
     and a checkpoint that claimed moments would not load (the keys are not in the files)."""
     inner = torch_optimizers(backend._optimizer) if backend._optimizer is not None else []
-    flag = torch.tensor([float(any(o.state for o in inner))], device=backend.device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
+    return sharded_checkpoint.any_rank(any(o.state for o in inner), backend.device)
 
 
 def _make_optimizer_fresh(backend: Any) -> None:

@@ -41,10 +41,6 @@ def init_parallel(train_cfg: TrainConfig, device: torch.device) -> None:
         tensor_parallel.model_parallel_cuda_manual_seed(train_cfg.seed)
 
 
-def is_last_stage() -> bool:
-    return ps.is_pipeline_last_stage()
-
-
 # Megatron's group getters are untyped; after `init_parallel` each returns this rank's group.
 def tp_group() -> ProcessGroup:
     return cast(ProcessGroup, ps.get_tensor_model_parallel_group())

@@ -17,17 +17,10 @@ class MegatronUnavailable(RuntimeError):
     """`train.backend=megatron` cannot run on this machine; the message says what to do."""
 
 
-def _megatron_core_installed() -> bool:
+def _installed(module: str) -> bool:
     try:
-        return importlib.util.find_spec("megatron.core") is not None
-    except ModuleNotFoundError:  # no `megatron` namespace at all
-        return False
-
-
-def _transformer_engine_installed() -> bool:
-    try:
-        return importlib.util.find_spec("transformer_engine") is not None
-    except ModuleNotFoundError:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # no parent package (`megatron`) at all
         return False
 
 
@@ -42,7 +35,7 @@ def check_megatron_usable(train_cfg: TrainConfig, num_gpus: int | None = None) -
     backend cannot run: no megatron-core, no CUDA, or TP x PP not dividing `num_gpus` (the
     trainer's GPUs, when known)."""
     where = f"train.backend={train_cfg.backend!r} (--train-backend {train_cfg.backend})"
-    if not _megatron_core_installed():
+    if not _installed("megatron.core"):
         raise MegatronUnavailable(
             f"{where} needs the megatron extra: {INSTALL_HINT}; or use --train-backend torch"
         )
@@ -52,7 +45,7 @@ def check_megatron_usable(train_cfg: TrainConfig, num_gpus: int | None = None) -
             "False); on this machine use --train-backend torch"
         )
     check_parallel_sizes(train_cfg, num_gpus)
-    if train_cfg.sequence_parallel and not _transformer_engine_installed():
+    if train_cfg.sequence_parallel and not _installed("transformer_engine"):
         # Megatron's local layer spec builds torch norms, which refuse sequence parallel.
         raise MegatronUnavailable(
             "train.sequence_parallel=true (--sequence-parallel) needs TransformerEngine "

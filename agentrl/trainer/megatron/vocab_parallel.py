@@ -24,13 +24,8 @@ class _VocabParallelLogprobs(torch.autograd.Function):
         local_vocab = logits.shape[-1]
         num_padded = max(0, vocab_start + local_vocab - vocab_size)
         if num_padded:  # TP padding rows of the output layer: not tokens, never in the softmax
-            logits = torch.cat(
-                [
-                    logits[:, : local_vocab - num_padded],
-                    logits.new_full((logits.shape[0], num_padded), -torch.inf),
-                ],
-                dim=-1,
-            )
+            is_pad = torch.arange(local_vocab, device=logits.device) >= local_vocab - num_padded
+            logits = logits.masked_fill(is_pad, -torch.inf)
         row_max = _all_reduce(logits.max(dim=-1).values, group, dist.ReduceOp.MAX)  # [N]
         exp = (logits - row_max[:, None]).exp()
         sum_exp = _all_reduce(exp.sum(dim=-1), group)  # [N]

@@ -252,7 +252,7 @@ def test_tp2_and_pp2_equal_one_gpu(model_tp, tmp_path):
 def _has_transformer_engine() -> bool:
     from agentrl.trainer.megatron import requirements
 
-    return requirements._transformer_engine_installed()
+    return requirements._installed("transformer_engine")
 
 
 @pytest.mark.skipif(_has_transformer_engine(), reason="TransformerEngine is installed")

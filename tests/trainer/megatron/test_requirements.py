@@ -10,7 +10,7 @@ from agentrl.trainer.megatron import MegatronUnavailable, check_megatron_usable,
 
 
 def test_missing_megatron_core_names_the_extra(monkeypatch):
-    monkeypatch.setattr(requirements, "_megatron_core_installed", lambda: False)
+    monkeypatch.setattr(requirements, "_installed", lambda module: False)
     with pytest.raises(MegatronUnavailable) as err:
         check_megatron_usable(TrainConfig(backend="megatron"))
     message = str(err.value)
@@ -20,7 +20,7 @@ def test_missing_megatron_core_names_the_extra(monkeypatch):
 
 
 def test_no_cuda_says_so(monkeypatch):
-    monkeypatch.setattr(requirements, "_megatron_core_installed", lambda: True)
+    monkeypatch.setattr(requirements, "_installed", lambda module: True)
     monkeypatch.setattr(requirements, "_cuda_available", lambda: False)
     with pytest.raises(MegatronUnavailable, match="needs a CUDA GPU.*--train-backend torch"):
         check_megatron_usable(TrainConfig(backend="megatron"))
@@ -30,7 +30,7 @@ def test_this_machine_gets_the_true_answer():
     """No mocks: on a CPU machine (CI) one of the two messages, on a GPU with the extra none."""
     import torch
 
-    if torch.cuda.is_available() and requirements._megatron_core_installed():
+    if torch.cuda.is_available() and requirements._installed("megatron.core"):
         check_megatron_usable(TrainConfig(backend="megatron"))
         return
     with pytest.raises(MegatronUnavailable, match="--train-backend megatron"):
@@ -38,7 +38,7 @@ def test_this_machine_gets_the_true_answer():
 
 
 def test_parallel_sizes_must_fit_the_gpus(monkeypatch):
-    monkeypatch.setattr(requirements, "_megatron_core_installed", lambda: True)
+    monkeypatch.setattr(requirements, "_installed", lambda module: True)
     monkeypatch.setattr(requirements, "_cuda_available", lambda: True)
     cfg = TrainConfig(
         backend="megatron", tensor_model_parallel_size=2, pipeline_model_parallel_size=2
@@ -53,13 +53,13 @@ def test_parallel_sizes_must_fit_the_gpus(monkeypatch):
 def test_sequence_parallel_needs_transformer_engine(monkeypatch):
     """The local layer spec (no TransformerEngine) builds torch norms that refuse sequence
     parallel; that is said before anything starts."""
-    monkeypatch.setattr(requirements, "_megatron_core_installed", lambda: True)
+    monkeypatch.setattr(requirements, "_installed", lambda module: True)
     monkeypatch.setattr(requirements, "_cuda_available", lambda: True)
     cfg = TrainConfig(backend="megatron", tensor_model_parallel_size=2, sequence_parallel=True)
-    monkeypatch.setattr(requirements, "_transformer_engine_installed", lambda: False)
+    monkeypatch.setattr(requirements, "_installed", lambda module: module == "megatron.core")
     with pytest.raises(
         MegatronUnavailable, match="needs TransformerEngine.*drop --sequence-parallel"
     ):
         check_megatron_usable(cfg, num_gpus=2)
-    monkeypatch.setattr(requirements, "_transformer_engine_installed", lambda: True)
+    monkeypatch.setattr(requirements, "_installed", lambda module: True)
     check_megatron_usable(cfg, num_gpus=2)
