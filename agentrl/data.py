@@ -29,24 +29,19 @@ _JSON_KINDS: dict[type, str] = {list: "array", str: "string", int: "number", flo
                                 bool: "boolean", type(None): "null"}  # fmt: skip
 
 
-def read_rows(path: str | Path, *, max_row_bytes: int = MAX_ROW_BYTES) -> list[dict[str, Any]]:
-    """Rows of a JSONL (`.jsonl`, `.json` with one object per line) or parquet file."""
-    return [row for _, row in numbered_rows(path, max_row_bytes=max_row_bytes)]
-
-
-def numbered_rows(
+def read_rows(
     path: str | Path, *, max_row_bytes: int = MAX_ROW_BYTES, bound_name: str = "env.max_row_bytes"
-) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, row) of each non-blank JSONL line (for parquet, the row's number from 1),
-    read one at a time. A line that is not a JSON object, not UTF-8 text (a binary file) or
-    longer than `max_row_bytes` (the setting `bound_name`) raises `DataError` naming the file and
-    the line, before the line is parsed: a row costs many times its size once parsed."""
+) -> list[dict[str, Any]]:
+    """Rows of a JSONL (`.jsonl`, `.json` with one object per line) or parquet file, read one at
+    a time. A line that is not a JSON object, not UTF-8 text (a binary file) or longer than
+    `max_row_bytes` (the setting `bound_name`) raises `DataError` naming the file and the line
+    (for parquet, the row's number from 1), before the line is parsed: a row costs many times
+    its size once parsed."""
     path = _check_file(path)
     if path.suffix == ".parquet":
-        yield from _parquet_rows(path, max_row_bytes, bound_name)
-        return
-    for lineno, raw in numbered_lines(path, max_row_bytes=max_row_bytes, bound_name=bound_name):
-        yield lineno, parse_row(path, lineno, raw)
+        return list(_parquet_rows(path, max_row_bytes, bound_name))
+    lines = numbered_lines(path, max_row_bytes=max_row_bytes, bound_name=bound_name)
+    return [parse_row(path, lineno, raw) for lineno, raw in lines]
 
 
 def numbered_lines(
@@ -105,9 +100,7 @@ def parse_row(path: Path, lineno: int, raw: bytes) -> dict[str, Any]:
     return row
 
 
-def _parquet_rows(
-    path: Path, max_row_bytes: int, bound_name: str
-) -> Iterator[tuple[int, dict[str, Any]]]:
+def _parquet_rows(path: Path, max_row_bytes: int, bound_name: str) -> Iterator[dict[str, Any]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -119,7 +112,7 @@ def _parquet_rows(
                 num += 1
                 if len(json.dumps(row, default=str)) > max_row_bytes:
                     raise DataError(_too_long(path, num, max_row_bytes, bound_name, unit="row"))
-                yield num, row
+                yield row
     except (pa.ArrowException, OSError) as e:
         raise DataError(f"{path}: not a readable parquet file ({e})") from None
 
@@ -154,9 +147,7 @@ def load_tasks(env_cfg: EnvConfig, split: str, env_cls: TaskRows) -> list[Task]:
         except (TypeError, ValueError) as e:  # an unknown split, a kwarg it does not take
             raise DataError(f"env {env_cfg.id!r}, split {split!r}: {e}") from e
     tasks = []
-    # env.max_row_bytes, once EnvConfig has it (config.py is not this module's)
-    max_row_bytes = getattr(env_cfg, "max_row_bytes", MAX_ROW_BYTES)
-    for index, row in enumerate(read_rows(path, max_row_bytes=max_row_bytes)):
+    for index, row in enumerate(read_rows(path, max_row_bytes=env_cfg.max_row_bytes)):
         try:
             task = env_cls.task_from_row(
                 row, index=index, input_key=env_cfg.input_key, label_key=env_cfg.label_key

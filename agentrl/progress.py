@@ -90,7 +90,7 @@ class Phase:
 class RunProgress:
     """`with progress.phase("eval", total=32, unit="episodes") as phase: ... phase.advance()`.
 
-    `is_live=None`: live bars when the console is a terminal, plain lines otherwise.
+    Live bars when the console is a terminal, plain lines otherwise.
     `note(text)` prints a message (above the bar when live); `enabled=False` shows no phases.
     `clock` times the phases (a test passes its own)."""
 
@@ -99,14 +99,13 @@ class RunProgress:
         *,
         enabled: bool = True,
         console: Any = None,
-        is_live: bool | None = None,
         interval_s: float = 15.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         from rich.console import Console
 
         self.console = console or Console()
-        self.is_live = self.console.is_terminal if is_live is None else is_live
+        self.is_live = self.console.is_terminal
         self.enabled, self.interval_s, self._clock = enabled, interval_s, clock
         self.start_s = clock()
         self.phase_now: Phase | None = None

@@ -23,25 +23,6 @@ CLI_ENTRY_POINT_GROUP = "agentrl.cli"
 entry points at a `register(app)` function."""
 
 
-def user_error_types() -> tuple[type[BaseException], ...]:
-    """What a user fixes from the message alone: a flag or config value, a data file, an env id,
-    the model path, a missing extra."""
-    from agentrl.config import ConfigError
-    from agentrl.data import DataError
-    from agentrl.engine.sglang.launcher import SGLangNotInstalled
-    from agentrl.envs.registry import EnvLoadError, UnknownEnvError
-    from agentrl.model_store import ModelPathError
-
-    return (
-        ConfigError,
-        DataError,
-        SGLangNotInstalled,
-        UnknownEnvError,
-        EnvLoadError,
-        ModelPathError,
-    )
-
-
 def fail(message: str, *, code: int = 2) -> NoReturn:
     """The one way a command stops on a user's error: `error: <message>`, one line on stderr, no
     traceback, exit status 2 (bad input) unless `code` says otherwise."""
@@ -54,11 +35,19 @@ def fail(message: str, *, code: int = 2) -> NoReturn:
 
 @contextlib.contextmanager
 def user_errors(*extra: type[BaseException], code: int = 2) -> Iterator[None]:
-    """Run a command's body; a user's error (`user_error_types()`, and `extra`) ends it with
-    `fail`."""
+    """Run a command's body; a user's error ends it with `fail`: what a user fixes from the
+    message alone (a flag or config value, a data file, an env id, the model path, a missing
+    extra), and `extra`."""
+    from agentrl.config import ConfigError
+    from agentrl.data import DataError
+    from agentrl.engine.sglang.launcher import SGLangNotInstalled
+    from agentrl.envs.registry import EnvLoadError, UnknownEnvError
+    from agentrl.model_store import ModelPathError
+
+    fixable = (ConfigError, DataError, EnvLoadError, UnknownEnvError, ModelPathError)
     try:
         yield
-    except (*user_error_types(), *extra) as e:
+    except (*fixable, SGLangNotInstalled, *extra) as e:
         fail(str(e), code=code)
 
 

@@ -32,6 +32,8 @@ def rollout_metrics(
     status_counts = Counter(EpisodeStatus(t.status) for t in episodes)
     total = max(1, len(episodes))
     response_lens = [t.response_len for t in episodes]
+    num_compared = sum(sum(map(stats.is_scored, g)) > 1 for g in groups)  # one alone cannot tie
+    zero_std = num_tied_groups(groups) / num_compared if num_compared else math.nan
     out = {
         "num_groups": float(len(groups)),
         "num_episodes": float(len(episodes)),
@@ -39,7 +41,7 @@ def rollout_metrics(
         "reward_mean": _mean(rewards),
         "reward_std": stats.std(rewards),
         "pass_rate": _mean([float(stats.is_correct(t)) for t in scored]),
-        "zero_std_group_fraction": _zero_std_group_fraction(groups),
+        "zero_std_group_fraction": zero_std,
         "truncated_ratio": status_counts[EpisodeStatus.TRUNCATED] / total,
         "turns_mean": _mean([t.num_turns for t in episodes]),
         "tool_calls_per_episode": _mean([stats.num_tool_calls(t) for t in episodes]),
@@ -69,15 +71,6 @@ def _routing_metrics(episodes: Sequence[Any]) -> dict[str, float]:
 
 def _mean(values: Sequence[float]) -> float:
     return math.fsum(values) / len(values) if values else math.nan
-
-
-def _zero_std_group_fraction(groups: Sequence[Sequence[Any]]) -> float:
-    """Groups whose scored rewards all match give GRPO no signal."""
-    rewarded = [[t.reward for t in g if stats.is_scored(t)] for g in groups]
-    rewarded = [r for r in rewarded if len(r) > 1]
-    if not rewarded:
-        return math.nan
-    return sum(max(r) == min(r) for r in rewarded) / len(rewarded)
 
 
 def num_tied_groups(groups: Sequence[Sequence[Any]]) -> int:
