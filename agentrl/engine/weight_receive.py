@@ -12,9 +12,10 @@ import io
 import math
 import os
 import pickle
+import types
 from typing import Any
 
-from agentrl.engine.weight_transport import FlattenedTensorMetadata, reconstruct_bucket
+from agentrl.engine.weight_transport import reconstruct_bucket
 
 
 def _words(text: str) -> list[str]:
@@ -72,9 +73,9 @@ ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset(
     | {("torch.cuda", f"{k}Storage") for k in _STORAGE_KINDS}
     | {("torch.multiprocessing.reductions", n) for n in _words(_MP_REBUILDS)}
 )
-# Names a sender may pickle that resolve to agentrl's own code here (sglang need not be installed).
+# Names a sender may pickle that resolve to other code here (sglang need not be installed):
+# SGLang's bucket metadata becomes a SimpleNamespace of its fields (start_idx, end_idx, ...).
 _SGLANG_METADATA = ("sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata")
-_AGENTRL_METADATA = ("agentrl.engine.weight_transport", "FlattenedTensorMetadata")
 _SGLANG_CUDA_REBUILD = ("sglang.srt.utils.patch_torch", "_rebuild_cuda_tensor_modified")
 _TORCH_STORAGE_FROM_BYTES = ("torch.storage", "_load_from_bytes")
 
@@ -86,8 +87,8 @@ class WeightUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         pair = (module, name)
-        if pair in (_SGLANG_METADATA, _AGENTRL_METADATA):
-            return FlattenedTensorMetadata
+        if pair == _SGLANG_METADATA:
+            return types.SimpleNamespace
         if pair == _SGLANG_CUDA_REBUILD:
             return _rebuild_cuda_tensor_by_uuid
         if pair == _TORCH_STORAGE_FROM_BYTES:  # torch's own helper runs an unrestricted load

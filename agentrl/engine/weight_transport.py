@@ -15,7 +15,6 @@ import contextlib
 import io
 import threading
 import types
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
@@ -24,30 +23,14 @@ if TYPE_CHECKING:
     from torch.distributed.distributed_c10d import GroupName
 
 
-@dataclass
-class FlattenedTensorMetadata:
-    """Same fields as sglang.srt.weight_sync.tensor_bucket.FlattenedTensorMetadata; what a
-    receiver rebuilds a bucket into (the sender pickles SGLang's class or a SimpleNamespace)."""
-
-    name: str
-    shape: Any  # torch.Size
-    dtype: Any  # torch.dtype
-    start_idx: int
-    end_idx: int
-    numel: int
-
-
 def bucket_metadata(name: str, shape: Any, dtype: Any, start: int, end: int) -> Any:
     """One entry of a bucket's metadata, as a class a real SGLang server unpickles: its own
     `FlattenedTensorMetadata` when sglang is importable here, else `types.SimpleNamespace`
     (the other type its SafeUnpickler admits; SGLang reads the fields by name)."""
     from agentrl.engine.sglang.compat import flattened_metadata_class
 
-    cls = flattened_metadata_class()
-    fields = dict(name=name, shape=shape, dtype=dtype, start_idx=start, end_idx=end)
-    if cls is None:
-        return types.SimpleNamespace(**fields, numel=end - start)
-    return cls(**fields, numel=end - start)
+    cls = flattened_metadata_class() or types.SimpleNamespace
+    return cls(name=name, shape=shape, dtype=dtype, start_idx=start, end_idx=end, numel=end - start)
 
 
 def flatten_bucket(named_tensors: list[tuple[str, torch.Tensor]]) -> dict[str, Any]:

@@ -75,29 +75,23 @@ class SGLangWeights(SGLangControl):
     # -- raw routes
 
     async def update_weights_from_disk(
-        self, model_path: str, *, weight_version: str | None = None, load_format: str | None = None
+        self, model_path: str, *, weight_version: str | None = None
     ) -> None:
         payload = _versioned({"model_path": model_path, "flush_cache": False}, weight_version)
-        if load_format is not None:
-            payload["load_format"] = load_format
         await self._post_workers("/update_weights_from_disk", payload)
         await self.flush_cache()
         self._stamp(weight_version)
 
     async def update_weights_from_tensor(
-        self,
-        serialized_named_tensors: list[str],
-        *,
-        load_format: str | None = "flattened_bucket",
-        flush_cache: bool = False,
-        weight_version: str | None = None,
+        self, serialized_named_tensors: list[str], *, weight_version: str | None = None
     ) -> None:
-        """Raw endpoint: one serialized entry per tensor-parallel rank (each rank opens only its
-        own). Never aborts running requests (SGLang's `abort_all_requests`)."""
+        """Raw endpoint: one serialized flattened bucket per tensor-parallel rank (each rank opens
+        only its own). Never aborts running requests (SGLang's `abort_all_requests`); the flush
+        comes once, after the session."""
         payload = {
             "serialized_named_tensors": serialized_named_tensors,
-            "load_format": load_format,
-            "flush_cache": flush_cache,
+            "load_format": "flattened_bucket",
+            "flush_cache": False,
             "abort_all_requests": False,
         }
         await self._post_workers("/update_weights_from_tensor", _versioned(payload, weight_version))
@@ -143,7 +137,6 @@ class SGLangWeights(SGLangControl):
         dtypes: list[str],
         shapes: list[list[int]],
         group_name: str = "weight_update_group",
-        flush_cache: bool = False,
         weight_version: str | None = None,
         load_format: str | None = None,
         url: str | None = None,
@@ -155,7 +148,7 @@ class SGLangWeights(SGLangControl):
             "dtypes": dtypes,
             "shapes": shapes,
             "group_name": group_name,
-            "flush_cache": flush_cache,
+            "flush_cache": False,
             "abort_all_requests": False,
             "load_format": load_format,
         }
