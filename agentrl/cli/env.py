@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
     @group.command("check")
     def check_command(
         env_id: str = typer.Argument(..., help="A registered env id (see `agentrl env list`)"),
-        seed: int = typer.Option(0, "--seed", help="Seed for the reset/seeding checks"),
+        seed: int = typer.Option(0, help="Seed for the reset/seeding checks"),
     ) -> None:
         """Drive the env through reset/step/close without a model; exit 1 listing each problem."""
         from rich.console import Console
@@ -60,16 +60,12 @@ def register(app: typer.Typer) -> None:
     @group.command("serve")
     def serve_command(
         env_id: str = typer.Argument(..., help="A registered env id, or module:Class"),
-        host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback by default)"),
-        port: int = typer.Option(8100, "--port", help="TCP port"),
-        kwargs: str = typer.Option(
-            "{}", "--kwargs", help="Env constructor kwargs as JSON: '{\"a\": 1}'"
-        ),
-        max_sessions: int = typer.Option(
-            64, "--max-sessions", help="Most live sessions (episodes)"
-        ),
+        host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default)"),
+        port: int = typer.Option(8100, help="TCP port"),
+        kwargs: str = typer.Option("{}", help="Env constructor kwargs as JSON: '{\"a\": 1}'"),
+        max_sessions: int = typer.Option(64, help="Most live sessions (episodes)"),
         session_ttl_s: float = typer.Option(
-            600.0, "--session-ttl-s", help="An idle session is closed after this many seconds"
+            600.0, help="An idle session is closed after this many seconds"
         ),
     ) -> None:
         """Serve the env over HTTP, one session per episode; train or evaluate against it with

@@ -20,18 +20,15 @@ def register(app: typer.Typer) -> None:
 
 
 def eval_command(
-    env: Annotated[str, typer.Option("--env", help="A registered env id (`agentrl env list`).")],
-    split: Annotated[
-        str, typer.Option("--split", help="The env's task split to evaluate on.")
-    ] = "test",
+    env: Annotated[str, typer.Option(help="A registered env id (`agentrl env list`).")],
+    split: Annotated[str, typer.Option(help="The env's task split to evaluate on.")] = "test",
     data: Annotated[
         Path | None,
-        typer.Option("--data", help="A JSONL or parquet file of tasks (sets env.eval_data)."),
+        typer.Option(help="A JSONL or parquet file of tasks (sets env.eval_data)."),
     ] = None,
     checkpoint: Annotated[
         Path | None,
         typer.Option(
-            "--checkpoint",
             help="A checkpoint directory (its model/ subdirectory is used when present).",
         ),
     ] = None,
@@ -58,22 +55,17 @@ def eval_command(
     ] = None,
     model: Annotated[
         str | None,
-        typer.Option("--model", help="A transformers checkpoint dir or bundled model name."),
+        typer.Option(help="A transformers checkpoint dir or bundled model name."),
     ] = None,
     overrides: Annotated[
         list[str] | None,
         typer.Option("--set", help="section.field=value, applied after the flags; repeatable."),
     ] = None,
-    resume: Annotated[
-        bool, typer.Option("--resume/--no-resume", help="Reuse episodes already in --out.")
-    ] = True,
-    seed: Annotated[
-        int | None, typer.Option("--seed", help="Sampling seed (default rollout.seed).")
-    ] = None,
+    resume: Annotated[bool, typer.Option(help="Reuse episodes already in --out.")] = True,
+    seed: Annotated[int | None, typer.Option(help="Sampling seed (default rollout.seed).")] = None,
     agent: Annotated[
         str | None,
         typer.Option(
-            "--agent",
             help="An agent to evaluate instead of the env's own loop: module:function, an "
             "`async def run(task, client)` that talks to the policy through an OpenAI client.",
         ),

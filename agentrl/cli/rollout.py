@@ -18,11 +18,11 @@ if TYPE_CHECKING:
 
 
 def rollout_command(
-    env: str = typer.Option(..., "--env", help="Registered env id (agentrl env list)."),
-    num_tasks: int = typer.Option(8, "--num-tasks", help="Tasks to run, the first N of the split."),
-    out: str = typer.Option(..., "--out", help="Output JSONL file, one trajectory per line."),
+    env: str = typer.Option(..., help="Registered env id (agentrl env list)."),
+    num_tasks: int = typer.Option(8, help="Tasks to run, the first N of the split."),
+    out: str = typer.Option(..., help="Output JSONL file, one trajectory per line."),
     split: str = typer.Option("train", help="Task split (train, test, ...)."),
-    n_samples: int = typer.Option(1, "--n-samples", help="Episodes per task (a group)."),
+    n_samples: int = typer.Option(1, help="Episodes per task (a group)."),
     model: str | None = typer.Option(
         None, help="Transformers checkpoint dir (default: bundled SmolLM2-135M)."
     ),

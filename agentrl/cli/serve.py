@@ -23,56 +23,47 @@ LogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
 
 def serve_command(
     model: str = typer.Option(
-        "smollm2-135m-instruct", "--model", help="Transformers checkpoint dir or bundled name."
+        "smollm2-135m-instruct", help="Transformers checkpoint dir or bundled name."
     ),
     port: int = port_option(30000, help="Port (SGLang's default is 30000)."),
     host: str = host_option(),
-    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N"),
+    device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N"),
     dtype: str = typer.Option(
-        "auto", "--dtype", help="auto | float32 (fp32) | bfloat16 (bf16) | float16 (fp16)"
+        "auto", help="auto | float32 (fp32) | bfloat16 (bf16) | float16 (fp16)"
     ),
-    max_batch_size: int = typer.Option(
-        32, "--max-batch-size", min=1, help="Most sequences decoded together."
-    ),
-    seed: int = typer.Option(
-        0, "--seed", help="Engine RNG seed for requests without sampling_seed."
-    ),
+    max_batch_size: int = typer.Option(32, min=1, help="Most sequences decoded together."),
+    seed: int = typer.Option(0, help="Engine RNG seed for requests without sampling_seed."),
     mem_fraction_static: float = typer.Option(
         0.8,
-        "--mem-fraction-static",
         help="On CUDA, the KV cache takes this fraction (0 < f <= 1) of the memory free at start.",
     ),
     reserve_gb: float = typer.Option(
         0.0,
-        "--reserve-gb",
         min=0.0,
         help="GiB left out of the free memory the KV cache is sized from: what a trainer sharing "
         "the GPU will still allocate (its optimizer state).",
     ),
-    log_level: LogLevel = typer.Option("info", "--log-level", case_sensitive=False),
+    log_level: LogLevel = typer.Option("info", case_sensitive=False),
     api_key: str | None = api_key_option(note=" (SGLang's --api-key)"),
     admin_api_key: str | None = admin_api_key_option(),
     max_body_mb: float = max_body_mb_option(32.0),
     max_prompts: int = typer.Option(
-        256, "--max-prompts", min=1, help="Most prompts (OpenAI: prompts x n) in one request."
+        256, min=1, help="Most prompts (OpenAI: prompts x n) in one request."
     ),
-    max_n: int = typer.Option(64, "--max-n", min=1, help="Largest OpenAI `n` accepted."),
+    max_n: int = typer.Option(64, min=1, help="Largest OpenAI `n` accepted."),
     context_length: int | None = typer.Option(
         None,
-        "--context-length",
         min=2,
         help="Tokens one sequence may reach (default: the engine's); longer prompts are a 400, "
         "max_new_tokens is capped to what is left.",
     ),
     weight_group_timeout_s: float = typer.Option(
         60.0,
-        "--weight-group-timeout-s",
         min=1.0,
         help="Seconds /init_weights_update_group waits for the trainer's store.",
     ),
     weights_cpu_backup: bool = typer.Option(
         True,
-        "--weights-cpu-backup/--no-weights-cpu-backup",
         help="On release_memory_occupation, keep a host copy of the weights (off: drop them; the "
         "trainer must send all weights after resume, as a colocated one does).",
     ),

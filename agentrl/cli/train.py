@@ -99,13 +99,11 @@ def build_config(
 def train_command(
     env: str | None = typer.Option(
         None,
-        "--env",
         help="Registered env id (agentrl env list), or module:Class importable from the working "
         "directory (default: calculator; with --resume, the run's own).",
     ),
     agent: str | None = typer.Option(
         None,
-        "--agent",
         help="An agent to train instead of the env's own loop: module:function, an `async def "
         "run(task, client)` that talks to the policy through an OpenAI client.",
     ),
@@ -120,9 +118,7 @@ def train_command(
     advantage_estimator: str | None = typer.Option(
         None, help="grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline"
     ),
-    use_kl_loss: bool | None = typer.Option(
-        None, "--use-kl-loss/--no-use-kl-loss", help="Add KL to the reference policy."
-    ),
+    use_kl_loss: bool | None = typer.Option(None, help="Add KL to the reference policy."),
     kl_loss_coef: float | None = typer.Option(None),
     eps_clip: float | None = typer.Option(None),
     eps_clip_high: float | None = typer.Option(None),
@@ -162,13 +158,11 @@ def train_command(
     ),
     colocate: bool | None = typer.Option(
         None,
-        "--colocate/--no-colocate",
         help="Engines share the trainer's GPUs, releasing memory while it steps.",
         rich_help_panel=PLACEMENT,
     ),
     offload_train: bool | None = typer.Option(
         None,
-        "--offload-train/--no-offload-train",
         help="Colocated on CUDA: keep the trainer's optimizer state in host memory between steps, "
         "so the engine's KV cache gets its room.",
         rich_help_panel=PLACEMENT,
@@ -215,9 +209,7 @@ def train_command(
     ),
     tensor_model_parallel_size: int | None = typer.Option(None, rich_help_panel=TRAINER),
     pipeline_model_parallel_size: int | None = typer.Option(None, rich_help_panel=TRAINER),
-    sequence_parallel: bool | None = typer.Option(
-        None, "--sequence-parallel/--no-sequence-parallel", rich_help_panel=TRAINER
-    ),
+    sequence_parallel: bool | None = typer.Option(None, rich_help_panel=TRAINER),
     recompute_granularity: str | None = typer.Option(
         None, help="full | selective activation recompute.", rich_help_panel=TRAINER
     ),
@@ -229,9 +221,7 @@ def train_command(
         help="Sequences per micro-batch at most (default: as many as fit).",
         rich_help_panel=TRAINER,
     ),
-    use_distributed_optimizer: bool | None = typer.Option(
-        None, "--use-distributed-optimizer/--no-use-distributed-optimizer", rich_help_panel=TRAINER
-    ),
+    use_distributed_optimizer: bool | None = typer.Option(None, rich_help_panel=TRAINER),
     resume: str | None = typer.Option(
         None, help="Continue the run saved in this directory, with its saved config."
     ),
