@@ -48,6 +48,10 @@ class Program:
                     f"Program file name {name!r} must be relative and stay inside the work dir"
                 )
 
+    def argv(self, python: str) -> list[str]:
+        """`command`, or `python main.py` for code."""
+        return self.command if self.command is not None else [python, "main.py"]
+
     def stdin_bytes(self) -> bytes:
         return self.stdin.encode() if isinstance(self.stdin, str) else self.stdin
 

@@ -9,29 +9,16 @@ import json
 import os
 import shutil
 import sys
-import time
 
 from agentrl.tools.sandbox import cgroups, workdir
-from agentrl.tools.sandbox.base import Limits, Program, SandboxResult, SandboxUnavailable
+from agentrl.tools.sandbox.base import Limits, Program, SandboxUnavailable
 from agentrl.tools.sandbox.cgroups import RunCgroup
 from agentrl.tools.sandbox.leases import Leases, default_leases
-from agentrl.tools.sandbox.process import (
-    make_preexec,
-    rlimits,
-    run_process,
-    sandbox_error,
-    to_result,
-)
-from agentrl.tools.sandbox.workdir import WorkDir
+from agentrl.tools.sandbox.process import ENV, RawRun, make_preexec, rlimits, run_process
+from agentrl.tools.sandbox.workdir import HostSandbox, StartError, WorkDir
 
 SANDBOX_UID = 65534
 WORK = "/work"
-_ENV = {
-    "PATH": "/usr/local/bin:/usr/bin:/bin",
-    "HOME": WORK,
-    "LANG": "C.UTF-8",
-    "PYTHONDONTWRITEBYTECODE": "1",
-}
 INSTALL_HINT = "install bubblewrap (Debian/Ubuntu: apt-get install -y bubblewrap; Fedora: dnf install bubblewrap)"
 
 
@@ -41,7 +28,7 @@ def host_python() -> tuple[str, str]:
     return os.path.realpath(sys.executable), os.path.realpath(sys.base_prefix)
 
 
-class BubblewrapSandbox:
+class BubblewrapSandbox(HostSandbox):
     name = "bubblewrap"
 
     def __init__(
@@ -66,20 +53,9 @@ class BubblewrapSandbox:
         if use_cgroups:
             cgroups.reap_stale()
 
-    async def run(self, program: Program, limits: Limits | None = None) -> SandboxResult:
-        limits = limits or Limits()
-        async with self.leases.lease():
-            return await self._run(program, limits)
-
-    async def close(self) -> None:
-        return None
-
-    async def _run(self, program: Program, limits: Limits) -> SandboxResult:
-        start = time.monotonic()
-        try:
-            work = WorkDir.create(limits.max_file_size_bytes)
-        except OSError as e:
-            return sandbox_error(self.name, f"cannot create a work dir: {e}")
+    async def _execute(
+        self, program: Program, limits: Limits, work: WorkDir
+    ) -> tuple[RawRun, bool]:
         cg = (
             RunCgroup.create(limits.memory_bytes, limits.max_processes)
             if self.use_cgroups
@@ -87,8 +63,7 @@ class BubblewrapSandbox:
         )
         status_r, status_w = os.pipe()
         try:
-            work.write_files(program.all_files())
-            argv = [*self._bwrap_args(limits, work, status_w), *self._command(program)]
+            argv = [*self._bwrap_args(limits, work, status_w), *program.argv(self.python)]
             preexec = make_preexec(
                 rlimits(
                     limits, address_space_bytes=_address_space(limits, has_cgroup=cg is not None)
@@ -108,22 +83,14 @@ class BubblewrapSandbox:
             status_w = -1
             if not _child_started(status_r):
                 msg = raw.stderr.decode("utf-8", "replace").strip()
-                return sandbox_error(
-                    self.name, f"bwrap failed to start the program: {msg}", time.monotonic() - start
-                )
-            files = work.read_files(program.fetch_files, limits.max_file_size_bytes)
-            return to_result(
-                raw, backend=self.name, is_oom=cg.is_oom() if cg else False, files=files
-            )
-        except OSError as e:
-            return sandbox_error(self.name, f"{type(e).__name__}: {e}", time.monotonic() - start)
+                raise StartError(f"bwrap failed to start the program: {msg}")
+            return raw, cg.is_oom() if cg else False
         finally:
             for fd in (status_r, status_w):
                 if fd >= 0:
                     os.close(fd)
             if cg is not None:
                 await cg.remove()
-            work.remove()
 
     def _bwrap_args(self, limits: Limits, work: WorkDir, status_fd: int) -> list[str]:
         args = [
@@ -133,16 +100,13 @@ class BubblewrapSandbox:
             "--new-session",
             "--json-status-fd",
             str(status_fd),
+            *_bind_args(self.ro_binds),
         ]
-        for path in self.ro_binds:
-            if os.path.islink(path):
-                args += ["--symlink", os.readlink(path), path]
-            elif os.path.exists(path):
-                args += ["--ro-bind", path, path]
         args += ["--dev", "/dev", "--proc", "/proc"]
         args += ["--size", str(limits.max_file_size_bytes), "--tmpfs", "/tmp"]
         args += ["--bind", str(work.path), WORK, "--chdir", WORK, "--remount-ro", "/"]
-        args += ["--clearenv", *[a for k, v in _ENV.items() for a in ("--setenv", k, v)]]
+        env = {**ENV, "HOME": WORK}
+        args += ["--clearenv", *[a for k, v in env.items() for a in ("--setenv", k, v)]]
         args += [
             "--uid",
             str(SANDBOX_UID),
@@ -154,8 +118,16 @@ class BubblewrapSandbox:
         ]
         return args
 
-    def _command(self, program: Program) -> list[str]:
-        return program.command if program.command is not None else [self.python, "main.py"]
+
+def _bind_args(paths: tuple[str, ...] | list[str]) -> list[str]:
+    """Each path read-only at its own place (a symlink as the same symlink), where it exists."""
+    args: list[str] = []
+    for path in paths:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.exists(path):
+            args += ["--ro-bind", path, path]
+    return args
 
 
 def _address_space(limits: Limits, *, has_cgroup: bool) -> int:
@@ -202,22 +174,8 @@ def is_available() -> tuple[bool, str]:
         return False, f"`bwrap` not found; {INSTALL_HINT}"
     import subprocess
 
-    binds = [a for p in _system_binds() if not os.path.islink(p) for a in ("--ro-bind", p, p)]
-    links = [
-        a for p in _system_binds() if os.path.islink(p) for a in ("--symlink", os.readlink(p), p)
-    ]
-    probe = [
-        bwrap,
-        "--unshare-all",
-        *binds,
-        *links,
-        "--dev",
-        "/dev",
-        "--proc",
-        "/proc",
-        "--",
-        "true",
-    ]
+    probe = [bwrap, "--unshare-all", *_bind_args(_system_binds())]
+    probe += ["--dev", "/dev", "--proc", "/proc", "--", "true"]
     try:
         done = subprocess.run(probe, capture_output=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired) as e:

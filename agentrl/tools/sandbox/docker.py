@@ -24,7 +24,7 @@ from typing import Any
 from agentrl.tools.sandbox.base import Limits, Program, SandboxResult, SandboxUnavailable
 from agentrl.tools.sandbox.image import IMAGE, build_image
 from agentrl.tools.sandbox.leases import Leases, default_leases
-from agentrl.tools.sandbox.process import RawRun, sandbox_error, to_result
+from agentrl.tools.sandbox.process import ENV, RawRun, sandbox_error, to_result
 
 LABEL = "agentrl.sandbox"
 PYTHON = "/usr/bin/python3"
@@ -33,12 +33,6 @@ INSTALL_HINT = (
     "(dockerd or systemctl start docker) and `pip install docker`"
 )
 _BOOT = (Path(__file__).parent / "docker_boot.py").read_text()
-_ENV = {
-    "PATH": "/usr/local/bin:/usr/bin:/bin",
-    "HOME": "/work",
-    "LANG": "C.UTF-8",
-    "PYTHONDONTWRITEBYTECODE": "1",
-}
 _POLL_S = 0.1
 # PID 1 of each container: ignores every signal sent from inside and reaps orphans, so
 # zombies of daemonized programs never pile up against the pids limit.
@@ -175,8 +169,8 @@ class DockerSandbox:
         cpu = limits.cpu_limit_s
         return {
             "op": "run",
-            "argv": program.command if program.command is not None else [PYTHON, "main.py"],
-            "env": _ENV,
+            "argv": program.argv(PYTHON),
+            "env": {**ENV, "HOME": "/work"},
             "files": {k: base64.b64encode(v).decode() for k, v in program.all_files().items()},
             "stdin": base64.b64encode(program.stdin_bytes()).decode(),
             "rlimits": {
@@ -332,19 +326,15 @@ def _pump_frames(raw: socket.socket, limits: Limits, cancel: threading.Event) ->
 
 def _oom_kills(container_id: str) -> int | None:
     """The container cgroup's OOM-kill count (v1 cgroupfs or v2 layouts), None if unreadable."""
-    candidates = [
-        (Path(f"/sys/fs/cgroup/memory/docker/{container_id}/memory.oom_control"), "oom_kill"),
-        (
-            Path(f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope/memory.events"),
-            "oom_kill",
-        ),
-        (Path(f"/sys/fs/cgroup/docker/{container_id}/memory.events"), "oom_kill"),
-    ]
-    for path, key in candidates:
+    for path in (
+        f"/sys/fs/cgroup/memory/docker/{container_id}/memory.oom_control",
+        f"/sys/fs/cgroup/system.slice/docker-{container_id}.scope/memory.events",
+        f"/sys/fs/cgroup/docker/{container_id}/memory.events",
+    ):
         with contextlib.suppress(OSError, ValueError):
-            for line in path.read_text().splitlines():
+            for line in Path(path).read_text().splitlines():
                 name, _, value = line.partition(" ")
-                if name == key:
+                if name == "oom_kill":
                     return int(value)
     return None
 

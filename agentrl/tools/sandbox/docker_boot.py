@@ -3,7 +3,7 @@
 Reads one length-prefixed JSON payload from stdin. op "run": reset /work and /tmp, write the
 files, run the program under rlimits with its output passing straight through, then kill every
 process left over (kill(-1) spares only the container's init and ourselves). op "fetch": print
-the requested work-dir files as JSON. op "reset": kill everything and empty /work and /tmp.
+the requested work-dir files as JSON.
 """
 
 import base64
@@ -140,10 +140,6 @@ def main():
     if payload["op"] == "fetch":
         sys.stdout.write(json.dumps(_fetch(payload["fetch_files"])))
         sys.stdout.flush()
-        os._exit(0)
-    if payload["op"] == "reset":
-        _kill_all()
-        _reset(["/work", "/tmp"])
         os._exit(0)
     os._exit(_run(payload))
 

@@ -19,6 +19,8 @@ from agentrl.tools.sandbox.base import Limits, SandboxResult, SandboxStatus
 
 _READ_CHUNK = 1 << 16
 _DRAIN_GRACE_S = 1.0
+ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+"""The whole environment of a sandboxed program, with HOME (its work dir) added by each backend."""
 
 
 @dataclass

@@ -10,18 +10,11 @@ import os
 import shutil
 import sys
 import threading
-import time
 
-from agentrl.tools.sandbox.base import Limits, Program, SandboxResult
+from agentrl.tools.sandbox.base import Limits, Program
 from agentrl.tools.sandbox.leases import Leases, default_leases
-from agentrl.tools.sandbox.process import (
-    make_preexec,
-    rlimits,
-    run_process,
-    sandbox_error,
-    to_result,
-)
-from agentrl.tools.sandbox.workdir import WorkDir, reap_stale
+from agentrl.tools.sandbox.process import ENV, RawRun, make_preexec, rlimits, run_process
+from agentrl.tools.sandbox.workdir import HostSandbox, WorkDir, reap_stale
 
 MAX_RUNS_PER_PROCESS = 1000
 
@@ -50,10 +43,9 @@ class _RunUids:
 
 
 _RUN_UIDS = _RunUids()
-_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
 
 
-class SubprocessSandbox:
+class SubprocessSandbox(HostSandbox):
     name = "subprocess"
 
     def __init__(
@@ -69,46 +61,27 @@ class SubprocessSandbox:
         self.leases = leases or default_leases()
         reap_stale()
 
-    async def run(self, program: Program, limits: Limits | None = None) -> SandboxResult:
-        limits = limits or Limits()
-        async with self.leases.lease():
-            uid = _RUN_UIDS.take()
-            try:
-                return await self._run(program, limits, uid)
-            finally:
-                _RUN_UIDS.give_back(uid)
-
-    async def close(self) -> None:
-        return None
-
-    async def _run(self, program: Program, limits: Limits, run_uid: int) -> SandboxResult:
-        start = time.monotonic()
+    async def _execute(
+        self, program: Program, limits: Limits, work: WorkDir
+    ) -> tuple[RawRun, bool]:
+        run_uid = _RUN_UIDS.take()
         try:
-            work = WorkDir.create(limits.max_file_size_bytes)
-        except OSError as e:
-            return sandbox_error(self.name, f"cannot create a work dir: {e}")
-        try:
-            work.write_files(program.all_files())
             is_root = os.geteuid() == 0  # never run policy code as root, even here
-            argv = program.command if program.command is not None else [self.python, "main.py"]
             raw = await run_process(
-                argv,
+                program.argv(self.python),
                 stdin=program.stdin_bytes(),
                 limits=limits,
                 cwd=str(work.path),
-                env={**_ENV, "HOME": str(work.path)},
+                env={**ENV, "HOME": str(work.path)},
                 preexec_fn=make_preexec(
                     rlimits(limits, address_space_bytes=limits.memory_bytes, with_nproc=True),
                     run_as_uid=run_uid if is_root else None,
                 ),
                 on_kill=(lambda: _kill_uid(run_uid)) if is_root else None,
             )
-            files = work.read_files(program.fetch_files, limits.max_file_size_bytes)
-            return to_result(raw, backend=self.name, files=files)
-        except OSError as e:
-            return sandbox_error(self.name, f"{type(e).__name__}: {e}", time.monotonic() - start)
+            return raw, False
         finally:
-            work.remove()
+            _RUN_UIDS.give_back(run_uid)
 
 
 def _python_for_nobody() -> str:

@@ -1,5 +1,6 @@
 """A run's host-side work directory: a size-capped tmpfs where we may mount one (root),
-else a plain temp dir. Files go in before the run and come out without following links."""
+else a plain temp dir. Files go in before the run and come out without following links.
+`HostSandbox`: the run of the backends that use one (bubblewrap, subprocess)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,13 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from agentrl.tools.sandbox.base import Limits, Program, SandboxResult
+from agentrl.tools.sandbox.leases import Leases
+from agentrl.tools.sandbox.process import RawRun, sandbox_error, to_result
 
 PREFIX = "agentrl-sbx-"
 _MNT_DETACH = 2
@@ -76,3 +82,47 @@ def reap_stale() -> int:
             WorkDir(path, is_tmpfs=os.path.ismount(path)).remove()
             removed += 1
     return removed
+
+
+class StartError(Exception):
+    """The sandbox itself failed to start the program (never the program's own error)."""
+
+
+class HostSandbox:
+    """A run on this host: under a lease, in a fresh work dir holding the program's files,
+    which is removed after its `fetch_files` are read back. Subclasses `_execute` the program."""
+
+    name: str
+    leases: Leases
+
+    async def run(self, program: Program, limits: Limits | None = None) -> SandboxResult:
+        limits = limits or Limits()
+        async with self.leases.lease():
+            return await self._run(program, limits)
+
+    async def close(self) -> None:
+        return None
+
+    async def _run(self, program: Program, limits: Limits) -> SandboxResult:
+        start = time.monotonic()
+        try:
+            work = WorkDir.create(limits.max_file_size_bytes)
+        except OSError as e:
+            return sandbox_error(self.name, f"cannot create a work dir: {e}")
+        try:
+            work.write_files(program.all_files())
+            raw, is_oom = await self._execute(program, limits, work)
+            files = work.read_files(program.fetch_files, limits.max_file_size_bytes)
+            return to_result(raw, backend=self.name, is_oom=is_oom, files=files)
+        except StartError as e:
+            return sandbox_error(self.name, str(e), time.monotonic() - start)
+        except OSError as e:
+            return sandbox_error(self.name, f"{type(e).__name__}: {e}", time.monotonic() - start)
+        finally:
+            work.remove()
+
+    async def _execute(
+        self, program: Program, limits: Limits, work: WorkDir
+    ) -> tuple[RawRun, bool]:
+        """Run the program in `work`: what the host saw, and whether memory ran out (OOM-kill)."""
+        raise NotImplementedError
