@@ -74,23 +74,11 @@ class ChatCodec:
             )
 
     @classmethod
-    def from_pretrained(
-        cls,
-        path: str,
-        *,
-        tool_call_format: ToolCallFormat = "hermes",
-        observation_format: ObservationFormat = "chat",
-        chat_template: str | None = None,
-    ) -> ChatCodec:
+    def from_pretrained(cls, path: str, **options: Any) -> ChatCodec:
+        """The codec of the tokenizer at `path` (a model dir or hub id); `options` as above."""
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        return cls(
-            tokenizer,
-            tool_call_format=tool_call_format,
-            observation_format=observation_format,
-            chat_template=chat_template,
-        )
+        return cls(AutoTokenizer.from_pretrained(path), **options)
 
     # ------------------------------------------------------------ identity
 
@@ -149,12 +137,8 @@ class ChatCodec:
         if schemas and not self._template_renders_tools:
             conversation = _with_tools_in_system(conversation, schemas)
             schemas = None
-        return self.tokenizer.apply_chat_template(
-            conversation,
-            tools=schemas or None,
-            chat_template=self.chat_template,
-            add_generation_prompt=add_generation_prompt,
-            tokenize=False,
+        return self._render_dicts(
+            conversation, schemas, add_generation_prompt=add_generation_prompt
         )
 
     @functools.cached_property
@@ -163,13 +147,7 @@ class ChatCodec:
             "type": "function",
             "function": {"name": _MARKER, "description": "", "parameters": {}},
         }
-        text = self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": "hi"}],
-            tools=[probe],
-            chat_template=self.chat_template,
-            tokenize=False,
-        )
-        return _MARKER in text
+        return _MARKER in self._render_dicts([{"role": "user", "content": "hi"}], [probe])
 
     # ------------------------------------------------------------ prompt and observations
 
@@ -256,10 +234,15 @@ class ChatCodec:
         return text[text.index(anchor) + len(anchor) :]
 
     def _render_dicts(
-        self, conversation: list[dict[str, Any]], *, add_generation_prompt: bool = False
+        self,
+        conversation: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = False,
     ) -> str:
         return self.tokenizer.apply_chat_template(
             conversation,
+            tools=tools or None,
             chat_template=self.chat_template,
             add_generation_prompt=add_generation_prompt,
             tokenize=False,

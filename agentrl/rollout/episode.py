@@ -21,18 +21,20 @@ logger = logging.getLogger(__name__)
 _Ending = tuple[EpisodeStatus, StatusReason]
 
 
-class _Recorder:
+@dataclasses.dataclass
+class EpisodeRecord:
     """The trajectory under construction; whatever it holds when the episode stops is kept."""
 
-    def __init__(self, task: Task, group_id: str, episode_id: str) -> None:
-        self.task, self.group_id, self.episode_id = task, group_id, episode_id
-        self.token_ids: list[int] = []
-        self.loss_mask: list[int] = []
-        self.logprobs: list[float] = []
-        self.prompt_len = 0
-        self.turns: list[Turn] = []
-        self.reward = 0.0
-        self.info: dict[str, Any] = {}
+    task: Task
+    group_id: str
+    episode_id: str
+    token_ids: list[int] = dataclasses.field(default_factory=list)
+    loss_mask: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    prompt_len: int = 0
+    turns: list[Turn] = dataclasses.field(default_factory=list)
+    reward: float = 0.0
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def add_prompt(self, ids: list[int]) -> None:
         self.token_ids, self.loss_mask, self.prompt_len = list(ids), [0] * len(ids), len(ids)
@@ -59,17 +61,7 @@ class _Recorder:
         self.turns[-1].num_observation += len(ids)
 
     def fail(self, reason: StatusReason, where: str) -> _Ending:
-        """Record the exception being handled (traceback into info, and the log)."""
-        self.info["error"] = traceback.format_exc()
-        self.info["error_where"] = where
-        logger.warning(
-            "episode %s: %s raised; status ERROR/%s\n%s",
-            self.episode_id,
-            where,
-            reason.value,
-            self.info["error"],
-        )
-        return EpisodeStatus.ERROR, reason
+        return record_error(self.info, self.episode_id, reason, where)
 
     def finish(self, ending: _Ending) -> Trajectory:
         return Trajectory(
@@ -88,9 +80,20 @@ class _Recorder:
         )
 
 
+def record_error(
+    info: dict[str, Any], episode_id: str, reason: StatusReason, where: str
+) -> _Ending:
+    """Record the exception being handled (traceback into `info`, and the log): ERROR/reason."""
+    info.update(error=traceback.format_exc(), error_where=where)
+    logger.warning(
+        "episode %s: %s raised; status ERROR/%s\n%s", episode_id, where, reason.value, info["error"]
+    )
+    return EpisodeStatus.ERROR, reason
+
+
 def error_trajectory(task: Task, group_id: str, episode_id: str, where: str) -> Trajectory:
     """ERROR/env for the exception being handled, raised by `where` outside an episode's own."""
-    rec = _Recorder(task, group_id, episode_id)
+    rec = EpisodeRecord(task, group_id, episode_id)
     return rec.finish(rec.fail(StatusReason.ENV, where))
 
 
@@ -118,7 +121,7 @@ async def run_episode(
     """Play one episode of `env` on `task`. Never raises for what happens inside the episode:
     env or engine failures give ERROR, the wall clock gives TRUNCATED/wall_clock, cancellation
     gives ABORTED. `sampling.seed` (if set) seeds `env.reset` and, per turn, the engine."""
-    rec = _Recorder(task, group_id, episode_id)
+    rec = EpisodeRecord(task, group_id, episode_id)
     limits = _Limits(max_turns, max_context_len, max_observation_tokens)
     start = time.perf_counter()
     try:
@@ -135,7 +138,7 @@ async def run_episode(
 
 
 async def _play(
-    rec: _Recorder,
+    rec: EpisodeRecord,
     env: AgentEnv,
     engine: Engine,
     codec: ChatCodec,
@@ -211,7 +214,7 @@ def _turn_sampling(base: SamplingParams, turn_index: int, room: int) -> Sampling
     return dataclasses.replace(base, max_new_tokens=min(base.max_new_tokens, room), seed=seed)
 
 
-def _record_step(rec: _Recorder, turn: Turn, result: StepResult) -> None:
+def _record_step(rec: EpisodeRecord, turn: Turn, result: StepResult) -> None:
     rec.reward += float(result.reward)
     info = result.info or {}
     rec.info.update(info)
@@ -237,7 +240,7 @@ def _step_ending(result: StepResult, *, is_last_turn: bool) -> _Ending | None:
     return None
 
 
-async def _close(env: AgentEnv, rec: _Recorder) -> None:
+async def _close(env: AgentEnv, rec: EpisodeRecord) -> None:
     try:
         await env.close()
     except Exception:

@@ -254,22 +254,19 @@ def build_runner(cfg: RunConfig, engine: Engine, model_path: str | None = None) 
 
     env_factory = functools.partial(make, cfg.env.id, **cfg.env.kwargs)
     tool_call_format = _tool_call_format(spec(cfg.env.id).load_class(), cfg.env.kwargs)
-    observation_format = cfg.rollout.observation_format
+    formats = {
+        "tool_call_format": tool_call_format,
+        "observation_format": cfg.rollout.observation_format,
+    }
     tokenizer = getattr(engine, "tokenizer", None)
     if tokenizer is not None:
-        codec = ChatCodec(
-            tokenizer, tool_call_format=tool_call_format, observation_format=observation_format
-        )
+        codec = ChatCodec(tokenizer, **formats)
     else:
         from agentrl.model_store import resolve_model_path
 
         path = model_path or resolve_model_path(cfg.model.path, cfg.model.cache_dir)
-        codec = ChatCodec.from_pretrained(
-            path, tool_call_format=tool_call_format, observation_format=observation_format
-        )
-    agent = None
-    if cfg.rollout.agent:
-        agent = load_agent(cfg.rollout.agent)
+        codec = ChatCodec.from_pretrained(path, **formats)
+    agent = load_agent(cfg.rollout.agent) if cfg.rollout.agent else None
     return RolloutRunner(engine, env_factory, cfg.rollout, codec=codec, agent=agent)
 
 

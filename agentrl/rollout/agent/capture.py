@@ -12,24 +12,20 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.engine.base import Completion, FinishReason
+from agentrl.engine.base import Completion
 from agentrl.rollout.codec import ChatCodec
-from agentrl.rollout.trajectory import Trajectory, Turn
+from agentrl.rollout.episode import EpisodeRecord
+from agentrl.rollout.trajectory import Trajectory
 from agentrl.types import EpisodeStatus, Message, StatusReason, Task
 
 
 @dataclass
-class Segment:
+class Segment(EpisodeRecord):
     """One conversation's token stream: the prompt, then sampled ids and observation deltas."""
 
-    messages: list[Message]
+    messages: list[Message] = field(default_factory=list)
     """The conversation so far, ending with the assistant reply this segment sampled last."""
-    tools_key: str
-    token_ids: list[int]
-    loss_mask: list[int]
-    logprobs: list[float]
-    prompt_len: int
-    turns: list[Turn] = field(default_factory=list)
+    tools_key: str = ""
     last_sampled_ids: list[int] = field(default_factory=list)
     is_extended: bool = False
     """A later call continued this conversation: it lives on in that call's segment."""
@@ -111,40 +107,21 @@ class EpisodeCapture:
 
     def record(self, call: PendingCall, completion: Completion, reply: Message) -> None:
         """Add one sampled choice of `call`: its ids and logprobs verbatim (mask 1)."""
+        segment = Segment(self.task, self.group_id, self.episode_id)
+        segment.messages, segment.tools_key = [*call.messages, reply], call.tools_key
         parent = call.parent
         if parent is None:
-            ids, mask, logprobs, turns = call.prompt_ids, [0] * len(call.prompt_ids), [], []
-            prompt_len = len(ids)
+            segment.add_prompt(call.prompt_ids)
         else:  # the delta (tool results, user turns) is masked: the policy did not write it
             parent.is_extended = True
-            delta = len(call.prompt_ids) - len(parent.token_ids)
-            ids, prompt_len = call.prompt_ids, parent.prompt_len
-            mask, logprobs = parent.loss_mask + [0] * delta, list(parent.logprobs)
-            turns = [dataclasses.replace(t) for t in parent.turns]
-            if turns:
-                turns[-1].num_observation += delta
-        turn = Turn(
-            start=len(ids),
-            num_sampled=len(completion.ids),
-            num_observation=0,
-            weight_version=str(completion.weight_version),
-            finish_reason=FinishReason(completion.finish_reason).value,
-            num_tool_calls=len(reply.tool_calls),
-            text=self.codec.decode(completion.ids),
-            served_by=completion.served_by,
-        )
-        self.segments.append(
-            Segment(
-                messages=[*call.messages, reply],
-                tools_key=call.tools_key,
-                token_ids=ids + completion.ids,
-                loss_mask=mask + [1] * len(completion.ids),
-                logprobs=logprobs + list(completion.logprobs),
-                prompt_len=prompt_len,
-                turns=[*turns, turn],
-                last_sampled_ids=list(completion.ids),
-            )
-        )
+            segment.token_ids, segment.loss_mask = list(parent.token_ids), list(parent.loss_mask)
+            segment.logprobs, segment.prompt_len = list(parent.logprobs), parent.prompt_len
+            segment.turns = [dataclasses.replace(t) for t in parent.turns]
+            segment.add_observation(call.prompt_ids[len(parent.token_ids) :])
+        turn = segment.add_sampled(completion, self.codec.decode(completion.ids))
+        turn.num_tool_calls = len(reply.tool_calls)
+        segment.last_sampled_ids = list(completion.ids)
+        self.segments.append(segment)
 
     def trajectories(
         self, reward: float, status: EpisodeStatus, reason: StatusReason
@@ -152,24 +129,8 @@ class EpisodeCapture:
         """One trajectory per conversation no later call continued, each with the episode's
         reward and status; `info["segment"]` numbers them within the episode."""
         leaves = [s for s in self.segments if not s.is_extended]
-        out = []
         for index, segment in enumerate(leaves):
-            info = {**self.info, "segment": index, "num_segments": len(leaves)}
-            info["num_calls"] = self.num_calls
-            out.append(
-                Trajectory(
-                    token_ids=segment.token_ids,
-                    loss_mask=segment.loss_mask,
-                    logprobs=segment.logprobs,
-                    prompt_len=segment.prompt_len,
-                    reward=reward,
-                    status=status,
-                    status_reason=reason,
-                    turns=segment.turns,
-                    task=self.task.to_dict(),
-                    group_id=self.group_id,
-                    episode_id=self.episode_id,
-                    info=info,
-                )
-            )
-        return out
+            segment.reward = reward
+            segment.info = {**self.info, "segment": index, "num_segments": len(leaves)}
+            segment.info["num_calls"] = self.num_calls
+        return [segment.finish((status, reason)) for segment in leaves]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
-import logging
 import os
 import sys
 import time
@@ -21,10 +20,9 @@ from agentrl.rollout.agent.capture import EpisodeCapture
 from agentrl.rollout.agent.chat import CallLimits
 from agentrl.rollout.agent.endpoint import AgentEndpoint
 from agentrl.rollout.codec import ChatCodec
+from agentrl.rollout.episode import EpisodeRecord, record_error
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.types import EpisodeStatus, Message, StatusReason, Task
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -126,14 +124,16 @@ async def _play(
     except Exception:
         if capture.ending is not None:  # the agent raised on the error a limit answered it with
             return 0.0, capture.ending
-        return 0.0, _fail(capture, StatusReason.ENV, "agent")
+        return 0.0, record_error(capture.info, capture.episode_id, StatusReason.ENV, "agent")
     if capture.num_calls == 0:
         capture.info["error_where"] = "agent (it made no chat completion)"
         return 0.0, (EpisodeStatus.ERROR, StatusReason.ENV)
     try:
         reward = await _reward(result, env, task, sampling, capture)
     except Exception:
-        return 0.0, _fail(capture, StatusReason.ENV, "env (scoring the agent's answer)")
+        return 0.0, record_error(
+            capture.info, capture.episode_id, StatusReason.ENV, "env (scoring the agent's answer)"
+        )
     ending = capture.ending or (EpisodeStatus.COMPLETED, StatusReason.DONE)
     return reward, ending
 
@@ -156,33 +156,10 @@ async def _reward(
     return float(step.reward)
 
 
-def _fail(
-    capture: EpisodeCapture, reason: StatusReason, where: str
-) -> tuple[EpisodeStatus, StatusReason]:
-    capture.info.update(error=traceback.format_exc(), error_where=where)
-    logger.warning(
-        "episode %s: %s raised; status ERROR/%s\n%s",
-        capture.episode_id,
-        where,
-        reason.value,
-        capture.info["error"],
-    )
-    return EpisodeStatus.ERROR, reason
-
-
 def _empty(capture: EpisodeCapture, status: EpisodeStatus, reason: StatusReason) -> Trajectory:
-    return Trajectory(
-        token_ids=[],
-        loss_mask=[],
-        logprobs=[],
-        prompt_len=0,
-        reward=0.0,
-        status=status,
-        status_reason=reason,
-        task=capture.task.to_dict(),
-        group_id=capture.group_id,
-        episode_id=capture.episode_id,
-        info={**capture.info, "num_calls": capture.num_calls},
+    info = {**capture.info, "num_calls": capture.num_calls}
+    return EpisodeRecord(capture.task, capture.group_id, capture.episode_id, info=info).finish(
+        (status, reason)
     )
 
 
