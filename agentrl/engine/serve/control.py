@@ -38,6 +38,7 @@ def _names(s: ServerState) -> dict[str, Any]:
 
 
 @router.get("/model_info")
+@router.get("/get_model_info", deprecated=True)  # SGLang 0.5.23's deprecated alias
 async def model_info(s: State) -> dict[str, Any]:
     return {
         **_names(s),
@@ -49,6 +50,7 @@ async def model_info(s: State) -> dict[str, Any]:
 
 
 @router.get("/server_info")
+@router.get("/get_server_info", deprecated=True)  # SGLang 0.5.23's deprecated alias
 async def server_info(s: State) -> dict[str, Any]:
     return {
         **_names(s),
@@ -58,18 +60,6 @@ async def server_info(s: State) -> dict[str, Any]:
         "version": SERVER_VERSION,
         "internal_states": [_internal_state(s)],
     }
-
-
-@router.get("/get_model_info", deprecated=True)
-async def get_model_info(s: State) -> dict[str, Any]:
-    """Deprecated alias of /model_info (as in SGLang 0.5.23)."""
-    return await model_info(s)
-
-
-@router.get("/get_server_info", deprecated=True)
-async def get_server_info(s: State) -> dict[str, Any]:
-    """Deprecated alias of /server_info (as in SGLang 0.5.23)."""
-    return await server_info(s)
 
 
 @router.get("/get_load")

@@ -180,13 +180,8 @@ async def update_weight_version(obj: UpdateWeightVersionReqInput, s: State) -> J
     if obj.abort_all_requests:  # SGLang's default: requests in flight end ABORT
         await s.abort_all()
     await s.update_weights([], obj.new_version)
-    return JSONResponse(
-        {
-            "success": True,
-            "message": f"Weight version updated to {obj.new_version}",
-            "new_version": obj.new_version,
-        }
-    )
+    message = f"Weight version updated to {obj.new_version}"
+    return _weight_result(True, message, new_version=obj.new_version)
 
 
 def _outside_session(route: str) -> JSONResponse:
