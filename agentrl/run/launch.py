@@ -10,7 +10,7 @@ from agentrl.config import ConfigError, RunConfig
 from agentrl.config_checks import trainer_uses_cuda, uses_ray
 from agentrl.engine.sglang.protocol import resolve_api_key
 from agentrl.run.engines import InProcessEngines
-from agentrl.run.runtime import Placement, Runtime, choose_transport, worker_spec
+from agentrl.run.runtime import Runtime, make_placement, worker_spec
 from agentrl.run.trainer_worker import TrainerGroup, TrainerWorker
 
 log = logging.getLogger(__name__)
@@ -49,15 +49,9 @@ async def make_runtime(cfg: RunConfig, model_path: str) -> Runtime:
     # On a GPU the trainer loads first and the engine's KV cache leaves room for the optimizer
     # state the trainer creates at its first step, unless that state waits in host memory.
     engine = make_engine(cfg, model_path=model_path, reserve_bytes=worker.engine_reserve_bytes())
-    placement = Placement(
-        "in_process",
-        shares_gpu,
-        choose_transport(cfg.cluster, is_colocated=True),
-        offload_train=cfg.cluster.offload_train,
-    )
     trainer = TrainerGroup([worker], is_remote=False)
     runtime = Runtime(
-        placement,
+        make_placement(cfg.cluster, "in_process", shares_gpu),
         trainer,
         InProcessEngines(engine),
         temperature=cfg.rollout.rollout_temperature,
@@ -83,12 +77,8 @@ async def start_on_ray(cfg: RunConfig, model_path: str, num_optimizer_steps: int
         trainer = TrainerGroup(await cluster.start_ranks(TrainerWorker, specs), is_remote=True)
         # the engines leave room for the optimizer state of the ranks sharing their GPUs
         engines = await cluster.start_engines(model_path, await trainer.all("engine_reserve_bytes"))
-        placement = Placement(
-            "colocated" if plan.is_colocated else "disaggregated",
-            shares_gpu=plan.is_colocated,
-            transport=choose_transport(cfg.cluster, is_colocated=plan.is_colocated),
-            offload_train=cfg.cluster.offload_train,
-        )
+        kind = "colocated" if plan.is_colocated else "disaggregated"
+        placement = make_placement(cfg.cluster, kind, shares_gpu=plan.is_colocated)
         runtime = Runtime(
             placement,
             trainer,

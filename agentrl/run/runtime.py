@@ -24,11 +24,14 @@ if TYPE_CHECKING:
     from agentrl.trainer.batch import TrainBatch
 
 
+PlacementKind = Literal["in_process", "colocated", "disaggregated"]
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where trainer and engines run, as the choreography reads it."""
 
-    kind: Literal["in_process", "colocated", "disaggregated"]
+    kind: PlacementKind
     shares_gpu: bool  # the engines give their memory to the trainer while it steps
     transport: Transport  # how weights travel (cluster.update_weight_transport)
     offload_train: bool = False  # the trainer's optimizer state waits in host memory
@@ -39,11 +42,13 @@ class Placement:
         return self.kind == "disaggregated"
 
 
-def choose_transport(cluster: ClusterConfig, *, is_colocated: bool) -> Transport:
-    chosen = cluster.update_weight_transport
-    if chosen != "auto":
-        return chosen
-    return "tensor" if is_colocated else "distributed"
+def make_placement(cluster: ClusterConfig, kind: PlacementKind, shares_gpu: bool) -> Placement:
+    """`kind`, with the transport `cluster.update_weight_transport` names; auto: tensors where
+    trainer and engines share a process or a host's GPUs, a broadcast when disaggregated."""
+    transport = cluster.update_weight_transport
+    if transport == "auto":
+        transport = "distributed" if kind == "disaggregated" else "tensor"
+    return Placement(kind, shares_gpu, transport, cluster.offload_train)
 
 
 class Runtime:
@@ -155,10 +160,10 @@ class Runtime:
         self.engines.mark_all_up()
         return len(restarted)
 
-    async def served_weights_gap(self, version: str, prompt_ids: list[int] | None = None) -> float:
+    async def served_weights_gap(self, version: str) -> float:
         """Largest |engine logprob - trainer logprob| over a few tokens each server samples from
         a fixed prompt; raises if a server does not report `version`."""
-        prompt = prompt_ids or list(range(1, 9))
+        prompt = list(range(1, 9))
         sampling = SamplingParams(temperature=self.temperature, max_new_tokens=8, seed=1234)
         gap = 0.0
         for client in self.engines.servers():
