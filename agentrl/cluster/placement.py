@@ -103,10 +103,6 @@ class BundleInfo:
     device_id: int
 
 
-def bundle_resources(use_gpu: bool) -> dict[str, float]:
-    return {"GPU": 1, "CPU": 1} if use_gpu else {"CPU": 1}
-
-
 def create_placement_group(
     placement: BundlePlan, *, timeout_s: float = 120.0
 ) -> tuple[PlacementGroup, list[BundleInfo]]:
@@ -115,7 +111,8 @@ def create_placement_group(
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    bundles = [bundle_resources(placement.use_gpu) for _ in range(placement.num_bundles)]
+    bundle: dict[str, float] = {"GPU": 1, "CPU": 1} if placement.use_gpu else {"CPU": 1}
+    bundles = [dict(bundle) for _ in range(placement.num_bundles)]
     pg = placement_group(bundles, strategy="PACK")
     if not pg.wait(timeout_s):
         remove_placement_group(pg)

@@ -23,6 +23,7 @@ from agentrl.cluster.placement import (
     plan_placement,
 )
 from agentrl.config import ConfigError, RunConfig
+from agentrl.engine.sglang.launcher import free_ports, require_module
 
 log = logging.getLogger(__name__)
 
@@ -82,12 +83,6 @@ def _loopback_node_ip() -> Iterator[None]:
         ray_constants.ENABLE_RAY_CLUSTER = saved
 
 
-def _cluster_has_gpus() -> bool:
-    import ray
-
-    return ray.cluster_resources().get("GPU", 0) > 0
-
-
 class RayCluster:
     """This run's share of Ray: the placement group from the flags and the actors on it.
     `await RayCluster.start(cfg)`, then `start_actors` (trainer ranks, then engine servers);
@@ -110,7 +105,7 @@ class RayCluster:
         guess = plan_placement(cfg.cluster, use_gpu=torch.cuda.is_available() and not address)
         cluster = cls(cfg, init_ray(cfg, guess.num_bundles))
         try:
-            use_gpu = _cluster_has_gpus()
+            use_gpu = ray.cluster_resources().get("GPU", 0) > 0
             plan = plan_placement(cfg.cluster, use_gpu=use_gpu)
             unit = "GPU" if use_gpu else "CPU"
             available = ray.available_resources().get(unit, 0) - (0 if use_gpu else 1)
@@ -187,8 +182,6 @@ class RayCluster:
 
 
 def _require_asked_packages(cfg: RunConfig) -> None:
-    from agentrl.engine.sglang.launcher import require_module
-
     if importlib.util.find_spec("ray") is None:
         raise ConfigError(
             "the placement flags run trainer and engines on Ray, which is not installed: "
@@ -201,6 +194,4 @@ def _require_asked_packages(cfg: RunConfig) -> None:
 
 
 def _free_port() -> int:
-    from agentrl.engine.sglang.launcher import free_ports
-
     return free_ports(1, "0.0.0.0")[0]
