@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import APIRouter
 from fastapi.routing import APIRoute
@@ -16,26 +16,21 @@ from starlette.responses import JSONResponse
 from agentrl.engine.serve.protocol import error_response
 
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
-F = TypeVar("F", bound=Callable[..., Any])
 
 OPEN_PREFIXES = ("/health", "/ready", "/metrics")  # probes carry no secrets (SGLang's rule)
-
-
-def admin(endpoint: F) -> F:
-    """Mark a route as SGLang marks its weight, memory and cache routes
-    (`AuthLevel.ADMIN_OPTIONAL`): with an admin key set, only that key opens it."""
-    endpoint._agentrl_admin = True  # type: ignore[attr-defined]
-    return endpoint
+ADMIN = "admin"
+"""The tag of the routes SGLang marks `AuthLevel.ADMIN_OPTIONAL` (its weight, memory and cache
+routes): with an admin key set, only that key opens them."""
 
 
 def admin_paths(routers: Iterable[APIRouter]) -> frozenset[str]:
-    """The paths of the routes marked `@admin` (every route of `agentrl serve` has a fixed path,
+    """The paths of the routes tagged `ADMIN` (every route of `agentrl serve` has a fixed path,
     so the path alone tells the middleware which key opens it)."""
     return frozenset(
         route.path
         for router in routers
         for route in router.routes
-        if isinstance(route, APIRoute) and getattr(route.endpoint, "_agentrl_admin", False)
+        if isinstance(route, APIRoute) and ADMIN in route.tags
     )
 
 

@@ -11,7 +11,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from agentrl.engine.base import EngineMemoryError
-from agentrl.engine.serve.auth import admin
+from agentrl.engine.serve.auth import ADMIN
 from agentrl.engine.serve.protocol import AbortReq, MemoryOccupationReqInput, error_response
 from agentrl.engine.serve.state import ServerState, State
 
@@ -73,8 +73,7 @@ async def v1_loads(s: State) -> dict[str, Any]:
     return {"loads": [load]}
 
 
-@router.api_route("/flush_cache", methods=["GET", "POST"])
-@admin
+@router.api_route("/flush_cache", methods=["GET", "POST"], tags=[ADMIN])
 async def flush_cache(s: State) -> Response:
     # the transformers engine keeps no prefix cache: nothing to flush
     return Response(
@@ -84,8 +83,7 @@ async def flush_cache(s: State) -> Response:
     )
 
 
-@router.post("/abort_request")
-@admin
+@router.post("/abort_request", tags=[ADMIN])
 async def abort_request(obj: AbortReq, s: State) -> Response:
     if obj.abort_all:
         await s.abort_all()
@@ -94,22 +92,19 @@ async def abort_request(obj: AbortReq, s: State) -> Response:
     return Response(status_code=200)
 
 
-@router.post("/pause_generation")
-@admin
+@router.post("/pause_generation", tags=[ADMIN])
 async def pause_generation(obj: PauseGenerationReqInput, s: State) -> dict[str, str]:
     await s.pause(obj.mode)
     return {"message": "Generation paused successfully.", "status": "ok"}
 
 
-@router.post("/continue_generation")
-@admin
+@router.post("/continue_generation", tags=[ADMIN])
 async def continue_generation(s: State) -> dict[str, str]:
     s.is_running.set()
     return {"message": "Generation continued successfully.", "status": "ok"}
 
 
-@router.api_route("/release_memory_occupation", methods=["GET", "POST"])
-@admin
+@router.api_route("/release_memory_occupation", methods=["GET", "POST"], tags=[ADMIN])
 async def release_memory_occupation(s: State, obj: MemoryOccupationReqInput | None = None) -> Any:
     tags = set(obj.tags if obj and obj.tags is not None else MEMORY_TAGS)
     if unknown := tags - set(MEMORY_TAGS):
@@ -120,8 +115,7 @@ async def release_memory_occupation(s: State, obj: MemoryOccupationReqInput | No
     return None
 
 
-@router.api_route("/resume_memory_occupation", methods=["GET", "POST"])
-@admin
+@router.api_route("/resume_memory_occupation", methods=["GET", "POST"], tags=[ADMIN])
 async def resume_memory_occupation(s: State, obj: MemoryOccupationReqInput | None = None) -> Any:
     tags = set(obj.tags if obj and obj.tags is not None else MEMORY_TAGS)
     # The engine gave back weights and KV together (on a "weights" release); each comes back

@@ -12,7 +12,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from agentrl.engine.base import Engine
-from agentrl.engine.serve.auth import admin
+from agentrl.engine.serve.auth import ADMIN
 from agentrl.engine.serve.protocol import (
     DestroyWeightsUpdateGroupReqInput,
     InitWeightsUpdateGroupReqInput,
@@ -37,7 +37,7 @@ def _weight_result(success: bool, message: str, **extra: Any) -> JSONResponse:
     )
 
 
-router = APIRouter()
+router = APIRouter(tags=[ADMIN])  # every weight route is an admin route
 
 
 async def _load(
@@ -61,7 +61,6 @@ async def _load(
 
 
 @router.post("/update_weights_from_disk")
-@admin
 async def update_weights_from_disk(obj: UpdateWeightFromDiskReqInput, s: State) -> JSONResponse:
     read = functools.partial(load_checkpoint_tensors, obj.model_path)
     failure = f"Failed to update weights from {obj.model_path}"
@@ -70,7 +69,6 @@ async def update_weights_from_disk(obj: UpdateWeightFromDiskReqInput, s: State) 
 
 
 @router.post("/update_weights_from_tensor")
-@admin
 async def update_weights_from_tensor(
     obj: UpdateWeightsFromTensorReqInput, s: State
 ) -> JSONResponse:
@@ -87,13 +85,11 @@ async def update_weights_from_tensor(
 
 
 @router.post("/begin_weight_update")
-@admin
 async def begin_weight_update(obj: WeightUpdateSessionReqInput, s: State) -> JSONResponse:
     return _session(s, is_opening=True)
 
 
 @router.post("/end_weight_update")
-@admin
 async def end_weight_update(obj: WeightUpdateSessionReqInput, s: State) -> JSONResponse:
     return _session(s, is_opening=False)
 
@@ -113,7 +109,6 @@ def _session(s: ServerState, *, is_opening: bool) -> JSONResponse:
 
 
 @router.post("/init_weights_update_group")
-@admin
 async def init_weights_update_group(obj: InitWeightsUpdateGroupReqInput, s: State) -> JSONResponse:
     if obj.rank_offset < 1 or obj.world_size <= obj.rank_offset:
         return _weight_result(
@@ -143,7 +138,6 @@ async def init_weights_update_group(obj: InitWeightsUpdateGroupReqInput, s: Stat
 
 
 @router.post("/destroy_weights_update_group")
-@admin
 async def destroy_weights_update_group(
     obj: DestroyWeightsUpdateGroupReqInput, s: State
 ) -> JSONResponse:
@@ -155,7 +149,6 @@ async def destroy_weights_update_group(
 
 
 @router.post("/update_weights_from_distributed")
-@admin
 async def update_weights_from_distributed(
     obj: UpdateWeightsFromDistributedReqInput, s: State
 ) -> JSONResponse:
@@ -175,7 +168,6 @@ async def update_weights_from_distributed(
 
 
 @router.post("/update_weight_version")
-@admin
 async def update_weight_version(obj: UpdateWeightVersionReqInput, s: State) -> JSONResponse:
     if obj.abort_all_requests:  # SGLang's default: requests in flight end ABORT
         await s.abort_all()
