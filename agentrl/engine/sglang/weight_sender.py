@@ -25,14 +25,7 @@ def flatten_into(tensors: list[torch.Tensor]) -> torch.Tensor:
     bytes (what SGLang's receiver posts for a flattened bucket)."""
     import torch
 
-    flat = torch.empty(
-        sum(t.numel() for t in tensors), dtype=tensors[0].dtype, device=tensors[0].device
-    )
-    start = 0
-    for t in tensors:
-        flat[start : start + t.numel()].copy_(t.detach().reshape(-1))
-        start += t.numel()
-    return flat.view(torch.uint8)
+    return torch.cat([t.detach().reshape(-1) for t in tensors]).view(torch.uint8)
 
 
 class DistributedWeightSender:
