@@ -65,9 +65,7 @@ class BubblewrapSandbox(HostSandbox):
         try:
             argv = [*self._bwrap_args(limits, work, status_w), *program.argv(self.python)]
             preexec = make_preexec(
-                rlimits(
-                    limits, address_space_bytes=_address_space(limits, has_cgroup=cg is not None)
-                ),
+                rlimits(limits, has_cgroup=cg is not None),
                 cg.procs_files if cg else (),
             )
             raw = await run_process(
@@ -128,13 +126,6 @@ def _bind_args(paths: tuple[str, ...] | list[str]) -> list[str]:
         elif os.path.exists(path):
             args += ["--ro-bind", path, path]
     return args
-
-
-def _address_space(limits: Limits, *, has_cgroup: bool) -> int:
-    """RLIMIT_AS: the memory limit itself without a cgroup; with one, a looser backstop that
-    turns a huge allocation into an instant MemoryError instead of a slow OOM-kill, while
-    leaving room for the virtual reservations (thread stacks, arenas) real programs make."""
-    return 2 * limits.memory_bytes + (256 << 20) if has_cgroup else limits.memory_bytes
 
 
 def _system_binds() -> list[str]:

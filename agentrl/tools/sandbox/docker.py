@@ -24,7 +24,7 @@ from typing import Any
 from agentrl.tools.sandbox.base import Limits, Program, SandboxResult, SandboxUnavailable
 from agentrl.tools.sandbox.image import IMAGE, build_image
 from agentrl.tools.sandbox.leases import Leases, default_leases
-from agentrl.tools.sandbox.process import ENV, RawRun, sandbox_error, to_result
+from agentrl.tools.sandbox.process import ENV, RawRun, rlimits, sandbox_error, to_result
 
 LABEL = "agentrl.sandbox"
 PYTHON = "/usr/bin/python3"
@@ -166,21 +166,13 @@ class DockerSandbox:
             self._give_back(key, container, is_healthy)
 
     def _run_payload(self, program: Program, limits: Limits) -> dict[str, Any]:
-        cpu = limits.cpu_limit_s
         return {
             "op": "run",
             "argv": program.argv(PYTHON),
             "env": {**ENV, "HOME": "/work"},
             "files": {k: base64.b64encode(v).decode() for k, v in program.all_files().items()},
             "stdin": base64.b64encode(program.stdin_bytes()).decode(),
-            "rlimits": {
-                "RLIMIT_CPU": cpu,
-                "RLIMIT_FSIZE": limits.max_file_size_bytes,
-                "RLIMIT_NOFILE": limits.max_open_files,
-                "RLIMIT_CORE": 0,
-                # a huge allocation fails at once instead of grinding into the OOM killer
-                "RLIMIT_AS": 2 * limits.memory_bytes + (256 << 20),
-            },
+            "rlimits": rlimits(limits, has_cgroup=True, with_nproc=False),  # the container's
         }
 
     def _exec(

@@ -35,10 +35,8 @@ def _reset(dirs):
 def _limits(spec):
     def apply():
         os.setsid()
-        for name, value in spec.items():
-            resource.setrlimit(
-                getattr(resource, name), (value, value + 1 if name == "RLIMIT_CPU" else value)
-            )
+        for which, value in spec:
+            resource.setrlimit(which, tuple(value))
 
     return apply
 

@@ -60,20 +60,23 @@ class _OutputBudget:
 
 
 def rlimits(
-    limits: Limits, *, address_space_bytes: int | None, with_nproc: bool | None = None
+    limits: Limits, *, has_cgroup: bool, with_nproc: bool | None = None
 ) -> list[tuple[int, tuple[int, int]]]:
     """The rlimits for a run. CPU gets a one-second gap between SIGXCPU and SIGKILL.
+    RLIMIT_AS is the memory limit itself without a cgroup; in one, a looser backstop that turns
+    a huge allocation into an instant MemoryError instead of a slow OOM-kill, while leaving room
+    for the virtual reservations (thread stacks, arenas) real programs make.
     RLIMIT_NPROC counts per uid and the kernel never applies it to root: by default it is set
     only where we are not root (cgroups cover root)."""
     cpu = limits.cpu_limit_s
+    address_space = 2 * limits.memory_bytes + (256 << 20) if has_cgroup else limits.memory_bytes
     out = [
         (resource.RLIMIT_CPU, (cpu, cpu + 1)),
         (resource.RLIMIT_FSIZE, (limits.max_file_size_bytes, limits.max_file_size_bytes)),
         (resource.RLIMIT_NOFILE, (limits.max_open_files, limits.max_open_files)),
         (resource.RLIMIT_CORE, (0, 0)),
+        (resource.RLIMIT_AS, (address_space, address_space)),
     ]
-    if address_space_bytes is not None:
-        out.append((resource.RLIMIT_AS, (address_space_bytes, address_space_bytes)))
     if with_nproc if with_nproc is not None else os.geteuid() != 0:
         out.append((resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes)))
     return out

@@ -74,7 +74,7 @@ class SubprocessSandbox(HostSandbox):
                 cwd=str(work.path),
                 env={**ENV, "HOME": str(work.path)},
                 preexec_fn=make_preexec(
-                    rlimits(limits, address_space_bytes=limits.memory_bytes, with_nproc=True),
+                    rlimits(limits, has_cgroup=False, with_nproc=True),
                     run_as_uid=run_uid if is_root else None,
                 ),
                 on_kill=(lambda: _kill_uid(run_uid)) if is_root else None,
