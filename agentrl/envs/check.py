@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import math
-import threading
 import traceback
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -49,30 +49,14 @@ def check_env(
     except RuntimeError:
         problems, name, checked = asyncio.run(coro)
     else:  # called from async code: run the check on a private loop in a thread
-        problems, name, checked = _run_in_thread(coro)
+        with ThreadPoolExecutor(1, thread_name_prefix="check_env") as pool:
+            problems, name, checked = pool.submit(asyncio.run, coro).result()
     if problems:
         raise EnvCheckError(name, problems)
     if verbose:
         lines = "".join(f"\n  ok  {line}" for line in checked)
         print(f"check_env({name}): passed {len(checked)} checks{lines}")
     return checked
-
-
-def _run_in_thread(coro: Awaitable[Any]) -> Any:
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = asyncio.run(coro)  # type: ignore[arg-type]
-        except BaseException as e:
-            box["error"] = e
-
-    thread = threading.Thread(target=target, name="check_env")
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 class _Checker:
@@ -325,12 +309,10 @@ async def _check_max_turns(
     c: _Checker, env: AgentEnv, seed: int, options: dict[str, Any] | None
 ) -> None:
     wrapped = MaxTurns(env, 1)
-    if (
-        await c.attempt(
-            "MaxTurns(env, 1).reset()", lambda: wrapped.reset(seed=seed, options=options)
-        )
-        is _FAILED
-    ):
+    first = await c.attempt(
+        "MaxTurns(env, 1).reset()", lambda: wrapped.reset(seed=seed, options=options)
+    )
+    if first is _FAILED:
         return
     action = PLAIN_ACTION
     if _tool_names(env):  # a tool call rarely ends an episode, so truncation must set in

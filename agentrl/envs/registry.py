@@ -4,6 +4,7 @@ themselves a `"module:Class"` path importable from the working directory."""
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import inspect
@@ -11,6 +12,7 @@ import os
 import sys
 import threading
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
@@ -197,12 +199,20 @@ def _resolve_entry_point(env_id: str, value: str) -> EnvSpec:
 def _spec_from_path(env_id: str) -> EnvSpec:
     """`"my_env:CapitalsEnv"` names its class: a module in the working directory trains without
     packaging (`agentrl train --env my_env:CapitalsEnv`)."""
+    with cwd_importable():
+        return _resolve_entry_point(env_id, env_id)
+
+
+@contextlib.contextmanager
+def cwd_importable() -> Iterator[None]:
+    """The working directory on sys.path for the block: a console script's sys.path lacks the
+    cwd that `python -m` would give it."""
     cwd = os.getcwd()
     added = cwd not in sys.path
-    if added:  # a console script's sys.path lacks the cwd that `python -m` would give it
+    if added:
         sys.path.insert(0, cwd)
     try:
-        return _resolve_entry_point(env_id, env_id)
+        yield
     finally:
         if added:
             sys.path.remove(cwd)

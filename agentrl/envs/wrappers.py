@@ -12,6 +12,11 @@ from agentrl.tools import ToolRegistry
 from agentrl.types import Message, StatusReason, Task
 
 
+def _forwarded(name: str) -> Any:
+    """A read-only property reading `name` off the wrapped env."""
+    return property(lambda self: getattr(self.env, name))
+
+
 class Wrapper(AgentEnv):
     """Passes everything to the wrapped env; subclasses change `reset`/`step` only."""
 
@@ -24,6 +29,12 @@ class Wrapper(AgentEnv):
         return getattr(self.env, name)
 
     # Class-level attributes of AgentEnv would shadow __getattr__, so they are forwarded explicitly.
+    reward_range = _forwarded("reward_range")
+    tool_call_format = _forwarded("tool_call_format")
+    stop = _forwarded("stop")
+    metadata = _forwarded("metadata")
+    max_observation_tokens = _forwarded("max_observation_tokens")
+
     @property
     def tools(self) -> ToolRegistry:  # type: ignore[override]
         return self.env.tools
@@ -31,26 +42,6 @@ class Wrapper(AgentEnv):
     @tools.setter
     def tools(self, value: ToolRegistry) -> None:
         self.env.tools = value
-
-    @property
-    def reward_range(self) -> tuple[float, float]:  # type: ignore[override]
-        return self.env.reward_range
-
-    @property
-    def tool_call_format(self) -> str:  # type: ignore[override]
-        return self.env.tool_call_format
-
-    @property
-    def stop(self) -> tuple[str, ...]:  # type: ignore[override]
-        return self.env.stop
-
-    @property
-    def metadata(self) -> dict[str, Any]:  # type: ignore[override]
-        return self.env.metadata
-
-    @property
-    def max_observation_tokens(self) -> int | None:  # type: ignore[override]
-        return self.env.max_observation_tokens
 
     @property
     def unwrapped(self) -> AgentEnv:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
-import os
-import sys
 import time
 import traceback
 from collections.abc import Awaitable, Callable
@@ -16,6 +14,7 @@ from typing import Any
 
 from agentrl.engine.base import SamplingParams
 from agentrl.envs.base import AgentEnv
+from agentrl.envs.registry import cwd_importable
 from agentrl.rollout.agent.capture import EpisodeCapture
 from agentrl.rollout.agent.chat import CallLimits
 from agentrl.rollout.agent.endpoint import AgentEndpoint
@@ -46,19 +45,13 @@ def load_agent(path: str) -> AgentFn:
         raise ValueError(
             f"rollout.agent={path!r}: name the agent as 'module:function', e.g. my_agent:run"
         )
-    cwd = os.getcwd()
-    added = cwd not in sys.path
-    if added:
-        sys.path.insert(0, cwd)
     try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
+        with cwd_importable():
+            obj: Any = importlib.import_module(module_name)
+            for part in attr.split("."):
+                obj = getattr(obj, part)
     except (ImportError, AttributeError) as e:
         raise ValueError(f"rollout.agent={path!r}: cannot load it: {type(e).__name__}: {e}") from e
-    finally:
-        if added:
-            sys.path.remove(cwd)
     if not inspect.iscoroutinefunction(obj):
         raise ValueError(
             f"rollout.agent={path!r} is {type(obj).__name__}, not an `async def run(task, client)`"
