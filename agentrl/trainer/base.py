@@ -164,9 +164,6 @@ class TrainerBackend(ABC):
     def load(self, directory: str | Path) -> None:
         """Restore what `save` wrote (possibly with another number of ranks)."""
 
-    def _check_batch(self, batch: TrainBatch) -> None:  # noqa: B027 (most backends take any)
-        """Refuse a batch this backend cannot train on, before any work."""
-
     @cached_property
     def hf_config(self) -> Any:
         """The checkpoint's transformers config, read without loading the model."""
@@ -208,7 +205,6 @@ class TrainerBackend(ABC):
         A batch that cannot move the weights (no trained sequence, or every advantage 0 with no KL
         or entropy term) runs no forward, backward nor update: `skipped_no_signal` is 1, loss and
         pg_loss are their exact 0, and the lr schedule advances one step per optimizer step."""
-        self._check_batch(batch)
         if not self._has_signal(batch):
             return self._skip(batch)
         self._offload.reload()

@@ -7,7 +7,7 @@ Trajectories are read by duck typing (`token_ids`, `loss_mask`, `logprobs`, `rew
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -105,12 +105,7 @@ def compute_advantages(groups: Sequence[Group], algo_cfg: AlgoConfig) -> list[li
     An episode recorded as several segments (an agent that rewrote its history: same
     `episode_id`, same reward) counts once in its group's statistics, with the tokens of all its
     segments, and each segment gets the episode's advantage."""
-    if algo_cfg.advantage_estimator not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(
-            f"algo.advantage_estimator={algo_cfg.advantage_estimator!r} is not supported; "
-            f"choose one of: {', '.join(ADVANTAGE_ESTIMATORS)}"
-        )
-    estimator = ADVANTAGE_ESTIMATORS[algo_cfg.advantage_estimator]
+    estimator = ADVANTAGE_ESTIMATORS[algo_cfg.advantage_estimator]  # a Literal of AlgoConfig
     episodes: dict[tuple[int, str], list[int]] = {}  # (group, episode) -> its segments' indices
     for g, group in enumerate(groups):
         for i, t in enumerate(group):
@@ -211,40 +206,23 @@ def pack_first_fit_decreasing(
 
 def _rows_for(samples: list[_Sample], is_packed: bool, pad_id: int) -> MicroBatch:
     """Concatenate samples into one packed row, or stack them as right-padded rows."""
-    groups = [samples] if is_packed else [[s] for s in samples]
-    width = max(sum(s.length for s in g) for g in groups)
-    rows: dict[str, list[list[Any]]] = {
-        k: [] for k in ("ids", "pos", "tgt", "mask", "adv", "lp", "seq")
-    }
-    seq = 0
-    for group in groups:
-        row: dict[str, list[Any]] = {k: [] for k in rows}
-        for s in group:
-            row["ids"] += s.input_ids
-            row["pos"] += list(range(s.length))
-            row["tgt"] += s.target_ids
-            row["mask"] += s.loss_mask
-            row["adv"] += [s.advantage * m for m in s.loss_mask]
-            row["lp"] += s.rollout_logprobs
-            row["seq"] += [seq] * s.length
-            seq += 1
-        pad = width - len(row["ids"])
-        # Right padding continues the positions, so it never looks like a new packed sequence.
-        start = len(row["pos"])
-        fills = {"ids": pad_id, "tgt": pad_id, "mask": 0.0, "adv": 0.0, "lp": 0.0, "seq": 0}
-        for k, v in fills.items():
-            row[k] += [v] * pad
-        row["pos"] += list(range(start, start + pad)) if not is_packed else list(range(pad))
-        for k in rows:
-            rows[k].append(row[k])
+    rows = [list(enumerate(samples))] if is_packed else [[pair] for pair in enumerate(samples)]
+    width = max(sum(s.length for _, s in row) for row in rows)
+
+    def stack(values: Callable[[int, _Sample], list[Any]], pad: Any, dtype: torch.dtype) -> Tensor:
+        cells = [[x for k, s in row for x in values(k, s)] for row in rows]
+        return torch.tensor([c + [pad] * (width - len(c)) for c in cells], dtype=dtype)
+
+    positions = [[p for _, s in row for p in range(s.length)] for row in rows]
     return MicroBatch(
-        input_ids=torch.tensor(rows["ids"], dtype=torch.long),
-        position_ids=torch.tensor(rows["pos"], dtype=torch.long),
-        target_ids=torch.tensor(rows["tgt"], dtype=torch.long),
-        loss_mask=torch.tensor(rows["mask"], dtype=torch.float32),
-        advantages=torch.tensor(rows["adv"], dtype=torch.float32),
-        rollout_logprobs=torch.tensor(rows["lp"], dtype=torch.float32),
-        seq_index=torch.tensor(rows["seq"], dtype=torch.long),
+        input_ids=stack(lambda k, s: s.input_ids, pad_id, torch.long),
+        # Right padding continues the positions, so it never looks like a new packed sequence.
+        position_ids=torch.tensor([p + list(range(len(p), width)) for p in positions]),
+        target_ids=stack(lambda k, s: s.target_ids, pad_id, torch.long),
+        loss_mask=stack(lambda k, s: s.loss_mask, 0.0, torch.float32),
+        advantages=stack(lambda k, s: [s.advantage * m for m in s.loss_mask], 0.0, torch.float32),
+        rollout_logprobs=stack(lambda k, s: s.rollout_logprobs, 0.0, torch.float32),
+        seq_index=stack(lambda k, s: [k] * s.length, 0, torch.long),
         seq_num_tokens=torch.tensor([sum(s.loss_mask) for s in samples], dtype=torch.float32),
         sample_indices=[s.index for s in samples],
     )
@@ -333,24 +311,13 @@ def build_train_batches(
     gradients gives the 1-rank update. ERROR/ABORTED trajectories are counted and left out."""
     if dp_size < 1:
         raise ValueError(f"dp_size={dp_size} must be >= 1 (the number of trainer ranks)")
-    if micro_batch_size is not None and micro_batch_size < 1:
-        raise ValueError(
-            f"train.micro_batch_size={micro_batch_size} (--micro-batch-size) must be >= 1, or "
-            "None to pack as many sequences as fit max_tokens_per_micro_batch"
-        )
     advantages = compute_advantages(groups, algo_cfg)
     trajs = [t for group in groups for t in group]
     flat_adv = [a for group_adv in advantages for a in group_adv]
-    samples: list[_Sample] = []
-    num_no_loss = 0
-    for k, (traj, adv) in enumerate(zip(trajs, flat_adv, strict=True)):
-        if adv is None:
-            continue
-        sample = _make_sample(k, traj, adv, pad_id)
-        if sample is None:
-            num_no_loss += 1
-        else:
-            samples.append(sample)
+    made = [_make_sample(k, traj, adv, pad_id)
+            for k, (traj, adv) in enumerate(zip(trajs, flat_adv, strict=True)) if adv is not None]  # fmt: skip
+    samples = [s for s in made if s is not None]
+    num_no_loss = len(made) - len(samples)
     for i, s in enumerate(samples):
         s.index = i  # position among trained sequences, as MicroBatch.sample_indices reports it
     step_size = global_batch_size or max(len(samples), 1)

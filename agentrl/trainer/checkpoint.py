@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from agentrl.trainer.checkpoint_space import (
@@ -75,8 +76,6 @@ def save_checkpoint(
     `root/latest` at it. A crash at any moment leaves the previous checkpoint intact and found.
     A save that cannot fit, or fails in the storage, raises `CheckpointSaveError` (one line, with
     `resume_command` as the way on) and leaves the previous checkpoint as it was."""
-    if keep_last < 1:
-        raise ValueError(f"checkpoint.keep_last={keep_last} must be >= 1")
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     _recover(root)
@@ -214,13 +213,8 @@ def read_json(path: str | Path) -> Any:
 
 def capture_rng_state() -> dict[str, Any]:
     """Python, numpy and torch (CPU and CUDA) generator states, for `torch.save`."""
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    try:
-        import numpy as np
-
-        state["numpy"] = np.random.get_state()
-    except ImportError:
-        pass
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state(),
+                             "numpy": np.random.get_state()}  # fmt: skip
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -230,8 +224,6 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
     if "numpy" in state:
-        import numpy as np
-
         np.random.set_state(state["numpy"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

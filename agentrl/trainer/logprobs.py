@@ -58,12 +58,6 @@ def chunked_logprobs(
     With gradients on, each chunk is recomputed in backward (activation checkpointing), so only
     one chunk of logits is alive at any time; the engine's logprobs use the same definition.
     With `is_entropy_trained` False the entropy carries no gradient (cheaper; a metric only)."""
-    if chunk_size < 1:
-        raise ValueError(f"train.logprob_chunk_size={chunk_size} must be >= 1")
-    if temperature <= 0:
-        raise ValueError(
-            f"temperature={temperature} must be > 0 for logprobs (greedy rollouts use T=1)"
-        )
     logprob_parts, entropy_parts = [], []
     for start in range(0, hidden.shape[0], chunk_size):
         h = hidden[start : start + chunk_size]

@@ -14,10 +14,8 @@ _FOREVER = 2**62  # steps a phase lasts when nothing follows it
 
 
 def decay_phases(cfg: TrainConfig, total_steps: int) -> tuple[int, int]:
-    """(warmup steps, decay steps): the shape both backends' schedules share; a min_lr above lr
-    is refused by name."""
-    if not 0.0 <= cfg.min_lr <= cfg.lr:
-        raise ValueError(f"train.min_lr={cfg.min_lr} must lie between 0 and train.lr={cfg.lr}")
+    """(warmup steps, decay steps): the shape both backends' schedules share (`config_checks`
+    refuses a min_lr above lr)."""
     return cfg.lr_warmup_steps, max(1, total_steps - cfg.lr_warmup_steps)
 
 

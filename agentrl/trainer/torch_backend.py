@@ -116,18 +116,6 @@ class TorchBackend(TrainerBackend):
 
     # ------------------------------------------------------------ logprobs
 
-    def _check_batch(self, batch: TrainBatch) -> None:
-        if not batch.is_packed:
-            return
-        try:
-            from transformers.masking_utils import find_packed_sequence_indices  # noqa: F401
-        except ImportError:
-            raise RuntimeError(
-                "this transformers version cannot find packed-sequence boundaries from position_ids "
-                "(no transformers.masking_utils.find_packed_sequence_indices); upgrade transformers "
-                "or build the batch with is_packed=False"
-            )
-
     def _token_logprobs(self, policy: CausalLMLogprobs, mb: MicroBatch) -> tuple[Tensor, Tensor]:
         """Logprob of each target token and the policy entropy, [R, T] each (0 off the loss mask)."""
         is_entropy_trained = bool(self.objective.entropy_coef) and torch.is_grad_enabled()
@@ -147,7 +135,6 @@ class TorchBackend(TrainerBackend):
     ) -> TrainBatch:
         """Fill `old_logprobs` (current policy) and `ref_logprobs` (reference model, when loaded)
         of every micro-batch, before any update on this batch."""
-        self._check_batch(batch)
         self.model.eval()
         policy = self._ready(self._policy)
         for mb in batch.micro_batches():

@@ -245,9 +245,3 @@ def test_micro_batch_size_caps_the_sequences_per_micro_batch(groups_factory):
     assert [len(mb.sample_indices) for mb in unbounded.micro_batches()] == [8]
     assert [len(mb.sample_indices) for mb in capped.micro_batches()] == [3, 3, 2]
     assert pack_first_fit_decreasing([1, 1, 1], 100, is_packed=False, max_seqs=2) == [[0, 1], [2]]
-
-
-def test_micro_batch_size_must_be_positive(groups_factory):
-    with pytest.raises(ValueError, match=r"train.micro_batch_size=0 \(--micro-batch-size\)"):
-        build_train_batches(groups_factory(1, 2), AlgoConfig(), max_tokens_per_micro_batch=8,
-                            pad_id=0, micro_batch_size=0)  # fmt: skip

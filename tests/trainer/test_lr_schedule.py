@@ -65,9 +65,3 @@ def test_resumed_scheduler_continues_where_it_stopped() -> None:
     resumed_optimizer.step()
     resumed.step()
     assert resumed.get_last_lr()[0] == pytest.approx(lrs[6])
-
-
-def test_min_lr_above_lr_is_refused_by_name() -> None:
-    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
-    with pytest.raises(ValueError, match=r"train.min_lr=2.0 must lie between 0 and train.lr=1.0"):
-        lr_scheduler(optimizer, TrainConfig(lr=1.0, min_lr=2.0), 10)

@@ -122,18 +122,11 @@ def check_parallel_fit(shape: ModelShape, train_cfg: TrainConfig) -> None:
 def recompute_kwargs(granularity: str | None) -> dict[str, Any]:
     """slime's --recompute-granularity: full = whole layers (uniform, one layer per checkpoint);
     selective = core attention only."""
-    if granularity is None:
-        return {}
     if granularity == "full":
         return dict(
             recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1
         )
-    if granularity == "selective":
-        return dict(recompute_granularity="selective")
-    raise ValueError(
-        f"train.recompute_granularity={granularity!r} is not supported; use full, selective or "
-        "leave it unset"
-    )
+    return {} if granularity is None else dict(recompute_granularity=granularity)
 
 
 def transformer_config_kwargs(

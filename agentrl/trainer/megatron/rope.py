@@ -11,7 +11,8 @@ offset from its sequence start, found on the device) and rotates all tokens with
 sin of those frequencies are computed once per forward, not once per layer, and on CUDA the
 rotation compiles into one kernel each way.
 
-Context parallelism (whose ranks hold two slices of each sequence) keeps megatron's path.
+Context parallelism (whose ranks hold two slices of each sequence) keeps megatron's path, as do
+an interleaved, multi-latent or partial RoPE (agentrl's Llama / Qwen models use none).
 """
 
 from __future__ import annotations
@@ -28,14 +29,10 @@ from torch import Tensor
 
 _megatron_thd = rope_utils._apply_rotary_pos_emb_thd
 # What `_apply_rotary_pos_emb_bshd` takes in every version this was checked against (0.16, 0.19);
-# a THD call with anything else (a newer megatron-core's option) keeps megatron's own path.
-_BSHD_KWARGS = frozenset(
-    {"rotary_interleaved", "multi_latent_attention", "mla_rotary_interleaved", "mscale"}
-)
-
-
-def _rotate(t: Tensor, freqs: Tensor, **kwargs: Any) -> Tensor:
-    return rope_utils._apply_rotary_pos_emb_bshd(t.unsqueeze(1), freqs, **kwargs).squeeze(1)
+# a THD call with anything else (a newer megatron-core's option), or any of these but mscale
+# turned on, keeps megatron's own path.
+_NOT_PLAIN = ("rotary_interleaved", "multi_latent_attention", "mla_rotary_interleaved")
+_BSHD_KWARGS = frozenset({*_NOT_PLAIN, "mscale"})
 
 
 def _rotate_halves(t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -101,16 +98,11 @@ def apply_rotary_pos_emb_thd(
     """`t` [T, H, D] of sequences packed back to back (sequence i is rows cu_seqlens[i] to
     cu_seqlens[i+1]); `freqs` [max_seqlen, 1, 1, D'] (position p of any sequence), or [T, 1, 1,
     D'] (one row per packed token, as megatron-core 0.19 also accepts)."""
-    if args or not kwargs.keys() <= _BSHD_KWARGS or (cp_group is not None and cp_group.size() > 1):
+    is_plain = kwargs.keys() <= _BSHD_KWARGS and not any(kwargs.get(k) for k in _NOT_PLAIN)
+    # Megatron's own path for partial RoPE and for context parallelism (a group of > 1 ranks).
+    if args or not is_plain or freqs.size(-1) != t.size(-1) or getattr(cp_group, "size", int)() > 1:
         return _megatron_thd(t, cu_seqlens, freqs, *args, cp_group=cp_group, **kwargs)
     angles = _angles(cu_seqlens, freqs, t.size(0))
-    is_plain = not (
-        kwargs.get("rotary_interleaved")
-        or kwargs.get("mla_rotary_interleaved")
-        or kwargs.get("multi_latent_attention")
-    )
-    if not is_plain or angles.per_token.size(-1) != t.size(-1):  # a partial or interleaved RoPE
-        return _rotate(t, angles.per_token, **kwargs)
     cos, sin = angles.cos_and_sin(t.dtype, float(kwargs.get("mscale", 1.0)))
     return (_rotate_halves_fused if t.is_cuda else _rotate_halves)(t, cos, sin)
 

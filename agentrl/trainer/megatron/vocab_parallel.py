@@ -119,8 +119,6 @@ def vocab_parallel_logprobs(
     columns `vocab_start : vocab_start + logits.shape[-1]` of the [N, vocab] logits. Columns at
     or past `vocab_size` (padding) are left out of the softmax. Collective over `group` (None =
     the whole vocabulary is here)."""
-    if temperature <= 0:
-        raise ValueError(f"temperature={temperature} must be > 0 for logprobs")
     is_whole = group is None or dist.get_world_size(group) == 1
     if is_whole and vocab_start == 0:
         real = vocab_size if vocab_size is not None else logits.shape[-1]

@@ -24,19 +24,6 @@ from torch import Tensor
 logger = logging.getLogger(__name__)
 
 
-class TorchWgradAccumulation:
-    """Apex's `fused_weight_gradient_mlp_cuda` contract: main_grad += grad_output^T @ input,
-    over every leading (token) dimension."""
-
-    @staticmethod
-    def wgrad_gemm_accum_fp32(total_input: Tensor, grad_output: Tensor, main_grad: Tensor) -> None:
-        _accumulate(total_input, grad_output, main_grad)
-
-    @staticmethod
-    def wgrad_gemm_accum_fp16(total_input: Tensor, grad_output: Tensor, main_grad: Tensor) -> None:
-        _accumulate(total_input, grad_output, main_grad)
-
-
 def _accumulate(total_input: Tensor, grad_output: Tensor, main_grad: Tensor) -> None:
     x = total_input.reshape(-1, total_input.shape[-1])
     g = grad_output.reshape(-1, grad_output.shape[-1])
@@ -44,6 +31,13 @@ def _accumulate(total_input: Tensor, grad_output: Tensor, main_grad: Tensor) -> 
         main_grad.addmm_(g.t(), x)
     else:  # half-precision operands, fp32 sums
         torch.addmm(main_grad, g.t(), x, out_dtype=main_grad.dtype, out=main_grad)
+
+
+class TorchWgradAccumulation:
+    """Apex's `fused_weight_gradient_mlp_cuda` contract: main_grad += grad_output^T @ input,
+    over every leading (token) dimension, for fp32 and half-precision `main_grad` alike."""
+
+    wgrad_gemm_accum_fp32 = wgrad_gemm_accum_fp16 = staticmethod(_accumulate)
 
 
 def _accumulates_in_place(device: torch.device) -> bool:

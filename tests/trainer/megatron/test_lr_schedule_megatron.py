@@ -74,9 +74,3 @@ def test_weight_decay_stays_on_every_parameter_group() -> None:
     lr_schedule(optimizer, cfg, 10).step(1)
     assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.1]
     assert [g["wd_mult"] for g in optimizer.param_groups] == [0.0, 1.0]  # checkpoints match on it
-
-
-def test_min_lr_above_lr_is_refused_by_name() -> None:
-    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
-    with pytest.raises(ValueError, match=r"train.min_lr=2.0 must lie between 0 and train.lr=1.0"):
-        lr_schedule(optimizer, TrainConfig(lr=1.0, min_lr=2.0), 10)

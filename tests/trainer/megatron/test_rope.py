@@ -83,7 +83,7 @@ def test_new_sequence_bounds_are_never_served_stale_frequencies():
 @pytest.mark.parametrize("option", [{}, {"rotary_interleaved": True}, {"mscale": 0.5}])
 def test_partial_interleaved_and_scaled_rotations_equal_megatrons(option):
     """A RoPE over the first half of each head's channels (the rest passed through), megatron's
-    interleaved variant, and a scaled one: the same values as megatron's own path."""
+    interleaved variant (both on megatron's own path), and a scaled one: megatron's values."""
     t, cu, freqs = _inputs([6, 3], torch.float32)
     partial = freqs[..., : t.shape[-1] // 2]
     ours = rope.apply_rotary_pos_emb_thd(t, cu, partial, cp_group=Group(), **option)
