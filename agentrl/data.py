@@ -29,18 +29,16 @@ _JSON_KINDS: dict[type, str] = {list: "array", str: "string", int: "number", flo
                                 bool: "boolean", type(None): "null"}  # fmt: skip
 
 
-def read_rows(
-    path: str | Path, *, max_row_bytes: int = MAX_ROW_BYTES, bound_name: str = "env.max_row_bytes"
-) -> list[dict[str, Any]]:
+def read_rows(path: str | Path, *, max_row_bytes: int = MAX_ROW_BYTES) -> list[dict[str, Any]]:
     """Rows of a JSONL (`.jsonl`, `.json` with one object per line) or parquet file, read one at
     a time. A line that is not a JSON object, not UTF-8 text (a binary file) or longer than
-    `max_row_bytes` (the setting `bound_name`) raises `DataError` naming the file and the line
-    (for parquet, the row's number from 1), before the line is parsed: a row costs many times
-    its size once parsed."""
+    `max_row_bytes` (env.max_row_bytes) raises `DataError` naming the file and the line (for
+    parquet, the row's number from 1), before the line is parsed: a row costs many times its
+    size once parsed."""
     path = _check_file(path)
     if path.suffix == ".parquet":
-        return list(_parquet_rows(path, max_row_bytes, bound_name))
-    lines = numbered_lines(path, max_row_bytes=max_row_bytes, bound_name=bound_name)
+        return list(_parquet_rows(path, max_row_bytes, "env.max_row_bytes"))
+    lines = numbered_lines(path, max_row_bytes=max_row_bytes)
     return [parse_row(path, lineno, raw) for lineno, raw in lines]
 
 

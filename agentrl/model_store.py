@@ -146,12 +146,10 @@ def resolve_device(device: str = "auto") -> str:
     return device
 
 
-def resolve_dtype(dtype: str | torch.dtype = "auto", device: str = "cpu") -> torch.dtype:
+def resolve_dtype(dtype: str = "auto", device: str = "cpu") -> torch.dtype:
     """auto = bfloat16 on CUDA, float32 elsewhere."""
     import torch
 
-    if not isinstance(dtype, str):
-        return dtype
     if dtype == "auto":
         return torch.bfloat16 if device.startswith("cuda") else torch.float32
     names = {
@@ -170,10 +168,9 @@ def resolve_dtype(dtype: str | torch.dtype = "auto", device: str = "cpu") -> tor
 def load_model_and_tokenizer(
     path: str, *, device: str = "auto", dtype: str = "auto"
 ) -> tuple[Any, Any]:
-    """Load a checkpoint (or the bundled model's name) as `(model.eval(), tokenizer)`."""
+    """Load a checkpoint directory (`resolve_model_path`'s) as `(model.eval(), tokenizer)`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = resolve_model_path(path)
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -240,9 +240,7 @@ class RunProgress:
         else:
             stamp = format_duration(self._clock() - self.start_s)
             self.console.print(f"[{stamp}] {text}", highlight=False, markup=False, soft_wrap=True)
-        file = getattr(self.console, "file", None)
-        if file is not None and hasattr(file, "flush"):
-            file.flush()
+        self.console.file.flush()
 
 
 def sampled_tokens(engine: Any) -> Callable[[], float] | None:

@@ -83,8 +83,8 @@ def test_rollout_metrics_on_constructed_groups() -> None:
 
 
 def test_rollout_metrics_error_only_batch_has_no_reward() -> None:
-    m = rollout_metrics([[traj(0.0, EpisodeStatus.ERROR)]], prefix="")
-    assert math.isnan(m["reward_mean"]) and m["status/error"] == 1.0
+    m = rollout_metrics([[traj(0.0, EpisodeStatus.ERROR)]])
+    assert math.isnan(m["rollout/reward_mean"]) and m["rollout/status/error"] == 1.0
 
 
 def test_metrics_logger_writes_jsonl_and_tensorboard(tmp_path) -> None:
@@ -168,9 +168,9 @@ def test_rollout_metrics_count_serving_engines_and_split_episodes() -> None:
         t.turns = [Turn(3, 1, 0, "0", "stop", served_by=u) for u in urls]
         return t
 
-    m = rollout_metrics([[served("http://a", "http://a"), served("http://b")]], prefix="")
-    assert (m["num_serving_engines"], m["num_split_episodes"]) == (2.0, 0.0)
-    m = rollout_metrics([[served("http://a", "http://b"), served("http://a")]], prefix="")
-    assert (m["num_serving_engines"], m["num_split_episodes"]) == (2.0, 1.0)
+    m = rollout_metrics([[served("http://a", "http://a"), served("http://b")]])
+    assert (m["rollout/num_serving_engines"], m["rollout/num_split_episodes"]) == (2.0, 0.0)
+    m = rollout_metrics([[served("http://a", "http://b"), served("http://a")]])
+    assert (m["rollout/num_serving_engines"], m["rollout/num_split_episodes"]) == (2.0, 1.0)
     # An in-process engine names no server: no routing metrics at all.
-    assert "num_serving_engines" not in rollout_metrics([[traj(1.0)]], prefix="")
+    assert "rollout/num_serving_engines" not in rollout_metrics([[traj(1.0)]])

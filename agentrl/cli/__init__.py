@@ -34,7 +34,7 @@ def fail(message: str, *, code: int = 2) -> NoReturn:
 
 
 @contextlib.contextmanager
-def user_errors(*extra: type[BaseException], code: int = 2) -> Iterator[None]:
+def user_errors(*extra: type[BaseException]) -> Iterator[None]:
     """Run a command's body; a user's error ends it with `fail`: what a user fixes from the
     message alone (a flag or config value, a data file, an env id, the model path, a missing
     extra), and `extra`."""
@@ -48,7 +48,7 @@ def user_errors(*extra: type[BaseException], code: int = 2) -> Iterator[None]:
     try:
         yield
     except (*fixable, SGLangNotInstalled, *extra) as e:
-        fail(str(e), code=code)
+        fail(str(e))
 
 
 def quiet_libraries() -> None:

@@ -17,9 +17,7 @@ from agentrl.eval import stats
 from agentrl.types import EpisodeStatus
 
 
-def rollout_metrics(
-    groups: Sequence[Sequence[Any]], *, prefix: str = "rollout/"
-) -> dict[str, float]:
+def rollout_metrics(groups: Sequence[Sequence[Any]]) -> dict[str, float]:
     """Scalars over the groups of one rollout batch (trajectories are duck-typed).
 
     Reward, pass rate and group statistics use scored episodes only (COMPLETED,
@@ -52,7 +50,7 @@ def rollout_metrics(
     }
     out.update({f"status/{s.value}": status_counts[s] / total for s in EpisodeStatus})
     out.update(_routing_metrics(episodes))
-    return {prefix + k: v for k, v in out.items()}
+    return {"rollout/" + k: v for k, v in out.items()}
 
 
 def _routing_metrics(episodes: Sequence[Any]) -> dict[str, float]:
