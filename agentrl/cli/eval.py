@@ -79,7 +79,7 @@ def eval_command(
     quiet_libraries()
 
     console = Console()
-    try:
+    with user_errors(ValueError, FileNotFoundError):
         cfg = build_config(
             env,
             data=data,
@@ -90,8 +90,6 @@ def eval_command(
             temperature=temperature,
             overrides=([f"rollout.agent={agent}"] if agent else []) + (overrides or []),
         )
-    except (ValueError, FileNotFoundError) as e:
-        fail(str(e))
     if cfg.eval.temperature == 0 and cfg.eval.n_samples > 1:
         console.print(
             f"[yellow]note:[/] temperature 0 is greedy, so the k={cfg.eval.n_samples} episodes of a "
@@ -110,9 +108,7 @@ def eval_command(
     if out_dir.exists() and not out_dir.is_dir():
         fail(f"--out {out_dir} is a file; pass a directory")
     with user_errors(ResumeMismatchError):
-        report = asyncio.run(
-            _run(cfg, split, out_dir, meta, resume=resume, seed=seed, progress=cfg.log.progress)
-        )
+        report = asyncio.run(_run(cfg, split, out_dir, meta, resume=resume, seed=seed))
     print_report(console, report, out_dir)
 
 
@@ -174,7 +170,6 @@ async def _run(
     *,
     resume: bool,
     seed: int,
-    progress: bool,
 ) -> EvalReport:
     from agentrl.data import load_tasks
     from agentrl.engine.factory import make_engine
@@ -201,7 +196,7 @@ async def _run(
             temperature=cfg.eval.temperature,
             out_dir=out_dir,
             resume=resume,
-            progress=progress,
+            progress=cfg.log.progress,
             seed=seed,
             meta=meta,
         )
