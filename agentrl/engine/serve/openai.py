@@ -118,8 +118,11 @@ async def completions(req: CompletionRequest, request: Request, s: State) -> Any
         prompts = await _prompt_ids(s.tokenizer, req.prompt)
         jobs = [(p, i) for p in prompts for i in range(req.n)]
         _check_count(s, req.n, len(jobs))
-        sampling = [_sampling(req, _room(s, "prompt", p, req.max_tokens or 16), [], i)
-                    for p, i in jobs]  # fmt: skip
+        max_tokens = req.max_tokens or 16
+        sampling = [
+            _sampling(req, fit_to_context("prompt", len(p), max_tokens, s.context_len), [], i)
+            for p, i in jobs
+        ]
         outs = await _sample(s, request, [p for p, _ in jobs], sampling)
     except ValueError as e:
         return error_response(str(e))
@@ -146,9 +149,8 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, s: Stat
         )
     try:
         _check_count(s, req.n, req.n)
-        max_new_tokens = _room(
-            s, "messages", prompt, req.max_completion_tokens or req.max_tokens or 256
-        )
+        max_tokens = req.max_completion_tokens or req.max_tokens or 256
+        max_new_tokens = fit_to_context("messages", len(prompt), max_tokens, s.context_len)
         stop_ids = eos_token_ids(s.tokenizer)
         sampling = [_sampling(req, max_new_tokens, stop_ids, i) for i in range(req.n)]
         outs = await _sample(s, request, [prompt] * req.n, sampling)
@@ -320,7 +322,3 @@ def _check_count(s: ServerState, n: int, num_sequences: int) -> None:
             f"prompt: {num_sequences} sequences (prompts x n) in one request, over this server's "
             f"limit of {s.limits.max_prompts}; split the request"
         )
-
-
-def _room(s: ServerState, field: str, prompt: list[int], max_tokens: int) -> int:
-    return fit_to_context(field, len(prompt), max_tokens, s.context_len)

@@ -57,7 +57,9 @@ async def _load(
         await s.update_weights(await asyncio.to_thread(read), obj.weight_version)
     except Exception as e:
         return _weight_result(False, f"{failure}: {type(e).__name__}: {e}", **extra)
-    return _weight_result(True, _succeeded(success, obj.weight_version), **extra)
+    if obj.weight_version is not None:
+        success += f" Weight version updated to {obj.weight_version}."
+    return _weight_result(True, success, **extra)
 
 
 @router.post("/update_weights_from_disk")
@@ -180,14 +182,6 @@ def _outside_session(route: str) -> JSONResponse:
     """SGLang 0.5.23 refuses tensor and broadcast updates outside a weight-update session."""
     return _weight_result(
         False, f"{route} must run between begin_weight_update() and end_weight_update()"
-    )
-
-
-def _succeeded(message: str, weight_version: str | None) -> str:
-    return (
-        f"{message} Weight version updated to {weight_version}."
-        if weight_version is not None
-        else message
     )
 
 

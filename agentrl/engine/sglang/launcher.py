@@ -251,15 +251,12 @@ class SGLangCluster:
             logger.warning("restarting the router: %s", self.router.report())
             await asyncio.to_thread(self._restart, self.router, "/health")
 
-        async def report(i: int) -> str:
-            return self.servers[i].report()
-
         return await heal_servers(
             [s.is_alive() for s in self.servers],
             self.worker_urls,
             self.num_restarts,
             restart=lambda i: asyncio.to_thread(self._restart, self.servers[i]),
-            report=report,
+            report=lambda i: asyncio.to_thread(self.servers[i].report),
             max_restarts=self.max_restarts,
             router_url=self.router.url if self.router else None,
             api_key=self.api_key,
