@@ -213,13 +213,6 @@ class ServedEngineGroup(RoutedEngine):
             self.clients[i] = self._client(self.urls[i])
         return dead
 
-    def servers_down(self) -> list[int]:
-        return [i for i, up in enumerate(self.is_up) if not up]
-
-    def mark_all_up(self) -> None:
-        for i in range(len(self.urls)):
-            self.mark_up(i)
-
     async def pids(self) -> list[int | None]:
         return list(await asyncio.gather(*(a.pid.remote() for a in self.actors)))
 

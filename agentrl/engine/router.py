@@ -50,7 +50,7 @@ class RoutedEngine:
     """Generation goes to one server per routing key; control calls (weights, memory, abort) go
     to every server. A server that cannot be reached, or answers with a weight version other than
     the policy's (it was restarted), is marked down: its episodes end ABORTED/engine and new keys
-    go to the next server on the ring until `mark_up` after it is healed and synced."""
+    go to the next server on the ring until `mark_all_up` after it is healed and synced."""
 
     def __init__(
         self,
@@ -97,8 +97,12 @@ class RoutedEngine:
     def mark_down(self, index: int) -> None:
         self.is_up[index] = False
 
-    def mark_up(self, index: int) -> None:
-        self.is_up[index] = True
+    def servers_down(self) -> list[int]:
+        return [i for i, up in enumerate(self.is_up) if not up]
+
+    def mark_all_up(self) -> None:
+        """Every server is healed and synced: new keys hash to their own servers again."""
+        self.is_up[:] = [True] * len(self.is_up)
 
     async def generate(
         self, input_ids: list[int], sampling: SamplingParams, *, routing_key: str | None = None
