@@ -3,7 +3,6 @@ per metric, the mean per-task difference with a 95% interval."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,7 +11,7 @@ from typing import Any
 from agentrl.eval import stats
 from agentrl.eval.runner import TRAJECTORIES_FILE
 from agentrl.eval.stats import Interval
-from agentrl.rollout.trajectory import Trajectory
+from agentrl.rollout.trajectory import Trajectory, read_jsonl
 
 
 def task_metrics(groups: Sequence[Sequence[Any]]) -> dict[str, dict[str, float]]:
@@ -54,11 +53,8 @@ def load_groups(eval_dir: str | Path) -> list[list[Trajectory]]:
             "(e.g. RUN/eval/step_000000)"
         )
     groups: dict[str, list[Trajectory]] = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                traj = Trajectory.from_json(json.loads(line))
-                groups.setdefault(str(traj.task.get("id", "")), []).append(traj)
+    for traj in read_jsonl(str(path)):
+        groups.setdefault(str(traj.task.get("id", "")), []).append(traj)
     return list(groups.values())
 
 

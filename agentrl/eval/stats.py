@@ -4,6 +4,7 @@ and what counts as a correct, scored episode and its answer."""
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -169,10 +170,7 @@ def wilson_ci(successes: int, n: int, confidence: float = 0.95) -> Interval:
 
 def std(values: Sequence[float]) -> float:
     """Population standard deviation (0.0 for fewer than two values)."""
-    if len(values) < 2:
-        return 0.0
-    mean = math.fsum(values) / len(values)
-    return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
+    return statistics.pstdev(values) if len(values) > 1 else 0.0
 
 
 # ---------------------------------------------------------------- episodes

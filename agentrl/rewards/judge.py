@@ -96,11 +96,8 @@ class Judge:
                 raise ValueError(f"judge {name}={value}: use an int >= 1")
         self.rubric, self.backend = rubric, backend
         self.max_concurrency, self.max_batch_size = max_concurrency, max_batch_size
-        self.batch_window_s, self.cache_size, self.max_attempts = (
-            batch_window_s,
-            cache_size,
-            max_attempts,
-        )
+        self.batch_window_s, self.cache_size = batch_window_s, cache_size
+        self.max_attempts = max_attempts
         self.cache: OrderedDict[str, JudgeScore] = OrderedDict()
         self.num_requests = 0
         self.num_batches = 0
@@ -139,10 +136,8 @@ class Judge:
     async def _flush_after(self, delay_s: float) -> None:
         await asyncio.sleep(delay_s)  # let the callers of this moment join the batch
         while self._queue:
-            batch, self._queue = (
-                self._queue[: self.max_batch_size],
-                self._queue[self.max_batch_size :],
-            )
+            batch = self._queue[: self.max_batch_size]
+            del self._queue[: self.max_batch_size]
             await self._send(batch)
 
     async def _send(self, batch: list[_Pending]) -> None:

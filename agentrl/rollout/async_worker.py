@@ -86,11 +86,6 @@ class RolloutWorker:
         seed_for_group: Callable[[int], int],
         heal: Callable[[], Awaitable[int]] | None = None,
     ) -> None:
-        if num_groups_in_flight < 1 or max_queued < 1:
-            raise ValueError(
-                f"RolloutWorker: num_groups_in_flight={num_groups_in_flight} and "
-                f"max_queued={max_queued} must both be >= 1"
-            )
         self.runner, self.source, self.n = runner, source, n
         self.num_groups_in_flight, self.max_queued = num_groups_in_flight, max_queued
         self.seed_for_group, self.heal = seed_for_group, heal

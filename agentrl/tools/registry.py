@@ -117,9 +117,7 @@ class ToolRegistry:
             text = f"Error: invalid arguments for tool {t.name!r}: {e}."
             return self._error(call, start, ToolErrorKind.INVALID_ARGUMENTS, text)
         except Exception as e:  # e.g. a pydantic validator that raises something unexpected
-            return self._error(
-                call, start, ToolErrorKind.INVALID_ARGUMENTS, f"Error: {type(e).__name__}: {e}"
-            )
+            return self._error(call, start, ToolErrorKind.INVALID_ARGUMENTS, _raised(e))
         return await self._invoke(t, call, kwargs, start)
 
     async def _invoke(
@@ -133,16 +131,11 @@ class ToolRegistry:
                 text = f"Error: tool {t.name!r} timed out after {t.timeout_s:g} s."
                 return self._error(call, start, ToolErrorKind.TIMEOUT, text)
         if isinstance(outcome, _Failure):
-            e = outcome.error
-            return self._error(
-                call, start, ToolErrorKind.EXCEPTION, f"Error: {type(e).__name__}: {e}"
-            )
+            return self._error(call, start, ToolErrorKind.EXCEPTION, _raised(outcome.error))
         try:
             text = format_output(outcome)
         except Exception as e:
-            return self._error(
-                call, start, ToolErrorKind.EXCEPTION, f"Error: {type(e).__name__}: {e}"
-            )
+            return self._error(call, start, ToolErrorKind.EXCEPTION, _raised(e))
         return ToolResult(
             self._message(call, self._cap(t, text)), elapsed_s=time.perf_counter() - start
         )
@@ -191,8 +184,9 @@ class _DecodeError(ValueError):
 async def _guarded(t: Tool, kwargs: dict[str, Any]) -> Any:
     try:
         return await t.run(kwargs)
-    except (
-        Exception,
-        SystemExit,
-    ) as e:  # SystemExit: a tool that calls sys.exit must not end the run
+    except (Exception, SystemExit) as e:  # a tool that calls sys.exit must not end the run
         return _Failure(e)
+
+
+def _raised(e: BaseException) -> str:
+    return f"Error: {type(e).__name__}: {e}"

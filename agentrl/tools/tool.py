@@ -190,16 +190,14 @@ def tool(
     async functions and methods.
     """
 
-    def wrap(f: Callable[..., Any]) -> Tool:
-        return make_tool(
-            f,
-            name=name,
-            timeout_s=timeout_s,
-            max_concurrency=max_concurrency,
-            max_output_tokens=max_output_tokens,
-        )
-
-    return wrap(fn) if fn is not None else wrap
+    limits = functools.partial(
+        make_tool,
+        name=name,
+        timeout_s=timeout_s,
+        max_concurrency=max_concurrency,
+        max_output_tokens=max_output_tokens,
+    )
+    return limits(fn) if fn is not None else limits
 
 
 def make_tool(

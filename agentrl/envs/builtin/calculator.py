@@ -99,6 +99,9 @@ class Problem:
     question: str
     answer: int
 
+    def task(self, task_id: str, split: str = "train") -> Task:
+        return Task(task_id, {"question": self.question, "answer": self.answer}, split)
+
 
 def generate_problem(rng: random.Random, difficulty: int = 1) -> Problem:
     """One word problem with one operation. difficulty 1: operands <= 50 (products of
@@ -285,10 +288,8 @@ class CalculatorEnv(AgentEnv):
     async def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         task = (options or {}).get("task")
         if task is None:  # no dataset row: make one from the seed
-            problem = generate_problem(random.Random(seed), self.difficulty)
-            task = Task(
-                id=f"calculator-seed-{seed}",
-                data={"question": problem.question, "answer": problem.answer},
+            task = generate_problem(random.Random(seed), self.difficulty).task(
+                f"calculator-seed-{seed}"
             )
         self.question = task.data["question"]
         self.answer = parse_label(task.data["answer"], where=f"task {task.id}")
@@ -361,14 +362,7 @@ class CalculatorEnv(AgentEnv):
             problems = generate_problems(
                 num, seed=seed * 10 + _SPLIT_SEEDS[split], difficulty=difficulty, exclude=exclude
             )
-        return [
-            Task(
-                id=f"calculator-{split}-{i}",
-                data={"question": p.question, "answer": p.answer},
-                split=split,
-            )
-            for i, p in enumerate(problems)
-        ]
+        return [p.task(f"calculator-{split}-{i}", split) for i, p in enumerate(problems)]
 
     @classmethod
     def task_from_row(
