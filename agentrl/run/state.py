@@ -59,16 +59,11 @@ class RunState:
         cfg, t0 = self.cfg, time.perf_counter()
         num_episodes = cfg.rollout.rollout_batch_size * cfg.rollout.n_samples_per_prompt
         name = f"step {step + 1}/{cfg.train.num_rollout} rollout"
+        work = sampled_tokens(self.runtime.engine)  # tokens sampled, and the most a step samples
+        max_work = num_episodes * cfg.rollout.max_turns * cfg.rollout.rollout_max_response_len
         shown = (
             self.progress.phase(
-                name,
-                num_episodes,
-                "episodes",
-                kind="rollout",
-                work=sampled_tokens(self.runtime.engine),
-                max_work=num_episodes
-                * cfg.rollout.max_turns
-                * cfg.rollout.rollout_max_response_len,
+                name, num_episodes, "episodes", kind="rollout", work=work, max_work=max_work
             )
             if is_shown
             else contextlib.nullcontext(None)
