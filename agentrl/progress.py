@@ -195,8 +195,10 @@ class RunProgress:
             self._print(phase.describe())
 
     def _show_end(self, phase: Phase, *, is_done: bool) -> None:
+        if self._bar is not None and self._bar_task is not None:
+            self._bar.remove_task(self._bar_task)
+            self._bar_task = None
         if not is_done:  # interrupted: what ended (episodes cut short included) is no result
-            self._remove_bar_task()
             self._print(f"{phase.name} stopped after {format_duration(phase.elapsed_s)}")
             return
         done = (
@@ -205,13 +207,7 @@ class RunProgress:
         )
         if phase.rate and phase.completed:
             done += f" ({phase.rate:.3g} {phase.unit}/s)"
-        self._remove_bar_task()
         self._print(done)
-
-    def _remove_bar_task(self) -> None:
-        if self._bar is not None and self._bar_task is not None:
-            self._bar.remove_task(self._bar_task)
-            self._bar_task = None
 
     def _tick(self) -> None:
         """Refresh the live bar every second; print the phase line every `interval_s` in a log."""
