@@ -59,13 +59,8 @@ class SGLangControl(SGLangHTTP):
             await asyncio.sleep(poll_interval_s)
 
     async def num_requests(self, url: str | None = None) -> int:
-        """Running + waiting requests on one server (`/v1/loads`, or `/get_load` on older SGLang)."""
-        try:
-            return num_requests_from_load(await self._get("/v1/loads?include=core", url=url))
-        except EngineError as e:
-            if "HTTP 404" not in str(e):
-                raise
-        return num_requests_from_load(await self._get("/get_load", url=url))
+        """Running + waiting requests on one server (`/v1/loads`: SGLang since before 0.5.15)."""
+        return num_requests_from_load(await self._get("/v1/loads?include=core", url=url))
 
     # -- health, dialect and info
 
@@ -87,27 +82,23 @@ class SGLangControl(SGLangHTTP):
             await asyncio.sleep(interval_s)
 
     async def dialect(self, url: str | None = None) -> ServerDialect:
-        """What one worker (default: the first) speaks, read once from `/server_info` (or
-        `/get_server_info` where that is all it serves); refuses an unsupported SGLang."""
+        """What one worker (default: the first) speaks, read once from `/server_info` (every
+        SGLang of the supported window and `agentrl serve`); refuses an unsupported SGLang."""
         url = url or self.worker_urls[0]
         if url not in self._dialects:
-            try:
-                info, has_new_routes = await self._get("/server_info", url=url), True
-            except EngineError as e:
-                if "HTTP 404" not in str(e):
-                    raise
-                info, has_new_routes = await self._get("/get_server_info", url=url), False
-            self._dialects[url] = dialect_from_info(info, has_new_routes=has_new_routes, url=url)
+            self._dialects[url] = dialect_from_info(await self._get("/server_info", url=url), url)
         return self._dialects[url]
 
     async def get_server_info(self, *, url: str | None = None) -> dict[str, Any]:
         """The server info of one worker (default: the first), live state included."""
         url = url or self.worker_urls[0]
-        return await self._get((await self.dialect(url)).server_info_path, url=url)
+        await self.dialect(url)  # refuses an unsupported server
+        return await self._get("/server_info", url=url)
 
     async def get_model_info(self, *, url: str | None = None) -> dict[str, Any]:
         url = url or self.worker_urls[0]
-        return await self._get((await self.dialect(url)).model_info_path, url=url)
+        await self.dialect(url)
+        return await self._get("/model_info", url=url)
 
     async def get_weight_version(self) -> str:
         """The weight version the first worker serves (`weight_version` of its model info)."""

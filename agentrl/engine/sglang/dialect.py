@@ -1,7 +1,6 @@
-"""Which SGLang a server is, read once from its info route, and what that version speaks: the
-info routes (`/server_info` since they were renamed, `/get_server_info` before) and whether
-tensor and broadcast updates must run inside a `/begin_weight_update` session. `agentrl serve`
-answers with its own version string and speaks whichever routes it serves."""
+"""Which SGLang a server is, read once from its `/server_info`, and what that version speaks:
+whether tensor and broadcast updates must run inside a `/begin_weight_update` session.
+`agentrl serve` answers with its own version string."""
 
 from __future__ import annotations
 
@@ -28,23 +27,16 @@ class ServerDialect:
     (an older release or `agentrl serve` answers 404 to `/begin_weight_update`)."""
 
     version: str
-    server_info_path: str
-    model_info_path: str
     is_agentrl_serve: bool
     uses_weight_sessions: bool | None
 
 
-def dialect_from_info(info: dict[str, Any], *, has_new_routes: bool, url: str) -> ServerDialect:
-    """The dialect of a server whose info route answered `info` (`has_new_routes`: it was
-    `/server_info`). A release outside `SUPPORTED_RANGE` is refused in one line."""
+def dialect_from_info(info: dict[str, Any], url: str) -> ServerDialect:
+    """The dialect of the server at `url` whose `/server_info` answered `info`. A release outside
+    `SUPPORTED_RANGE` is refused in one line."""
     version = str(info.get("version", ""))
-    paths = (
-        ("/server_info", "/model_info")
-        if has_new_routes
-        else ("/get_server_info", "/get_model_info")
-    )
     if version.startswith(AGENTRL_SERVE_PREFIX):
-        return ServerDialect(version, *paths, is_agentrl_serve=True, uses_weight_sessions=None)
+        return ServerDialect(version, is_agentrl_serve=True, uses_weight_sessions=None)
     parsed = _parse(version, url)
     if not MIN_SGLANG <= parsed < MAX_SGLANG:
         raise EngineError(
@@ -54,7 +46,7 @@ def dialect_from_info(info: dict[str, Any], *, has_new_routes: bool, url: str) -
     # 0.5.23 refuses tensor and broadcast updates outside a session; older releases in the
     # window have no session routes (found out by the first update).
     sessions = True if parsed >= Version("0.5.23") else None
-    return ServerDialect(version, *paths, is_agentrl_serve=False, uses_weight_sessions=sessions)
+    return ServerDialect(version, is_agentrl_serve=False, uses_weight_sessions=sessions)
 
 
 def _parse(version: str, url: str) -> Version:

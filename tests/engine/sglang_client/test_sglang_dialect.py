@@ -111,15 +111,13 @@ async def test_a_release_without_sessions_is_asked_once_then_updated_directly(
 
 
 @pytest.mark.parametrize(
-    "server",
-    [{"version": "agentrl-serve/0.1", "has_new_routes": False, "has_sessions": False}],
-    indirect=True,
+    "server", [{"version": "agentrl-serve/0.1", "has_sessions": False}], indirect=True
 )
-async def test_agentrl_serve_with_the_old_routes_is_spoken_to_with_them(server: StandIn) -> None:
+async def test_agentrl_serve_is_known_by_its_version(server: StandIn) -> None:
     engine = _engine(server.url)
     assert await engine.get_weight_version() == "default"
     assert (await engine.dialect()).is_agentrl_serve
-    assert server.paths() == ["/server_info", "/get_server_info", "/get_model_info"]
+    assert server.paths() == ["/server_info", "/model_info"]
     await engine.update_weights(BUCKET, weight_version="3")
     assert server.weight_version == "3"
     await engine.close()
