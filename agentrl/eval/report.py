@@ -63,17 +63,6 @@ class EvalReport:
         out["status_mix"] = self.status_mix
         return _finite(out)
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> EvalReport:
-        d = {k: v for k, v in d.items() if k != "status_mix"}
-        for name in ("reward", "pass_rate", "maj_at_k"):
-            d[name] = _interval(d[name])
-        d["pass_at_k"] = {int(k): _interval(v) for k, v in d["pass_at_k"].items()}
-        d["components"] = {k: _interval(v) for k, v in d.get("components", {}).items()}
-        if d.get("tool_calls") is not None:
-            d["tool_calls"] = _interval(d["tool_calls"])
-        return cls(**d)
-
     def summary(self, prefix: str = "") -> dict[str, float]:
         """Flat scalars for a metrics logger or an eval history (see `plot_eval_history`)."""
         out = {
@@ -231,12 +220,6 @@ def _mean(values: Sequence[float]) -> float:
 
 def _value(x: Any) -> str:
     return getattr(x, "value", str(x))
-
-
-def _interval(d: dict[str, Any]) -> Interval:
-    return Interval(
-        *(math.nan if d[k] is None else d[k] for k in ("mean", "low", "high")), n=d["n"]
-    )
 
 
 def _fmt(x: float) -> str:

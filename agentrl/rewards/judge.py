@@ -118,10 +118,6 @@ class Judge:
             self._start_flush(delay_s=self.batch_window_s)
         return await future
 
-    async def score_many(self, items: list[tuple[str, str]]) -> list[JudgeScore]:
-        """Verdicts for (prompt, answer) pairs, in order, sent as batches."""
-        return list(await asyncio.gather(*(self.score(p, a) for p, a in items)))
-
     async def reward(self, prompt: str, answer: str, *, reference: str | None = None) -> float:
         return (await self.score(prompt, answer, reference=reference)).reward
 

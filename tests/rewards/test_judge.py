@@ -81,7 +81,7 @@ async def test_verdicts_are_weighted_and_cached_by_prompt_and_answer(stub):
 async def test_concurrent_calls_are_batched_deduplicated_and_bounded(stub):
     j = judge(RUBRIC, url=stub.url, max_concurrency=3)
     answers = ["42", "41", "42", "40", "39", "41"]
-    verdicts = await j.score_many([("q", a) for a in answers])
+    verdicts = await asyncio.gather(*(j.score("q", a) for a in answers))
     assert [v.scores["correct"] for v in verdicts] == [1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
     assert j.num_batches == 1 and len(stub.requests) == 4  # 4 distinct answers, one batch
     assert stub.peak == 3  # sent together, never more than max_concurrency at once
