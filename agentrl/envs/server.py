@@ -65,12 +65,8 @@ class SessionStore:
             raise ValueError(f"max_sessions={max_sessions}: use an int >= 1")
         if ttl_s <= 0:
             raise ValueError(f"session_ttl_s={ttl_s}: use a number of seconds > 0")
-        self.env_factory, self.max_sessions, self.ttl_s, self.clock = (
-            env_factory,
-            max_sessions,
-            ttl_s,
-            clock,
-        )
+        self.env_factory, self.clock = env_factory, clock
+        self.max_sessions, self.ttl_s = max_sessions, ttl_s
         self.sessions: dict[str, _Session] = {}
 
     async def expire(self) -> list[str]:

@@ -22,12 +22,6 @@ SYSTEM_PROMPT = (
 NUM_TASKS = {"train": 1000, "test": 100}
 _SPLIT_SEEDS = {"train": 11, "test": 12}
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
-P99_Z = 2.3263  # the standard normal's 99th percentile: p99 / median = exp(P99_Z * sigma)
-
-
-def latency_quantile(median_s: float, sigma: float, z: float) -> float:
-    """The lognormal latency at standard-normal quantile `z` (z = P99_Z for the p99)."""
-    return median_s * math.exp(sigma * z)
 
 
 class SlowToolsEnv(AgentEnv):

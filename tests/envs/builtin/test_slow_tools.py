@@ -6,7 +6,7 @@ import asyncio
 import statistics
 
 from agentrl.envs import check_env, make
-from agentrl.envs.builtin.slow_tools import P99_Z, SlowToolsEnv, latency_quantile
+from agentrl.envs.builtin.slow_tools import SlowToolsEnv
 from agentrl.types import Message
 
 
@@ -19,7 +19,6 @@ def test_latency_is_long_tailed_p99_at_least_10x_the_median():
     draws = sorted(env._draw_latency() for _ in range(20_000))
     median, p99 = statistics.median(draws), draws[int(0.99 * len(draws))]
     assert p99 / median >= 10
-    assert latency_quantile(0.05, 1.0, P99_Z) / 0.05 >= 10
 
 
 def test_episode_runs_num_turns_and_scores_the_last():
