@@ -186,6 +186,16 @@ class TrainerBackend(ABC):
             )
         return value
 
+    def _counters(self, **extra: Any) -> dict[str, Any]:
+        """What a checkpoint's trainer_state.json holds: the step counters, the base model and
+        the backend's `extra`."""
+        return {"optimizer_step": self.optimizer_step, "num_train_steps": self.num_train_steps,
+                "base_model_path": self.model_path, **extra}  # fmt: skip
+
+    def _restore_counters(self, counters: dict[str, Any]) -> None:
+        self.optimizer_step = int(counters["optimizer_step"])
+        self.num_train_steps = int(counters["num_train_steps"])
+
     @property
     def is_state_offloaded(self) -> bool:
         return bool(self._offload)

@@ -125,11 +125,7 @@ class CausalLMLogprobs(torch.nn.Module):
             is_loss = torch.zeros_like(is_loss)
             is_loss[0, 0] = True
         head = self.model.get_output_embeddings()
-        if head is None:
-            raise ValueError(
-                f"{type(self.model).__name__} has no output embeddings (lm_head); load the model "
-                "with AutoModelForCausalLM"
-            )
+        assert head is not None  # the lm_head of the AutoModelForCausalLM the backend loads
         logprobs, entropy = chunked_logprobs(
             hidden[is_loss],  # [M, H]: only trained positions reach the vocab projection
             head.weight,

@@ -209,21 +209,14 @@ class TorchBackend(TrainerBackend):
         sharded_checkpoint.save_sharded(out, model, optimizer)
         is_writer = dp_rank() == 0
         sharded_checkpoint.save_hf_copy(
-            out,
-            model,
-            unique_named_tensors(model),
-            source_dir=self.model_path,
-            is_writer=is_writer,
+            out, model, unique_named_tensors(model), source_dir=self.model_path, is_writer=is_writer
         )
         if is_writer:
-            counters = {
-                "optimizer_step": self.optimizer_step,
-                "num_train_steps": self.num_train_steps,
-                "base_model_path": self.model_path,
-                "dp_size": self.dp_size,
-            }
+            counters = self._counters(dp_size=self.dp_size)
             sharded_checkpoint.write_counters(out, self._ready(self.scheduler), counters)
-        _barrier()  # no rank returns (and no caller renames the directory) before rank 0 wrote
+        # No rank returns (and no caller renames the directory) before rank 0 wrote.
+        if self.dp_size > 1:
+            torch.distributed.barrier()
 
     def load(self, directory: str | Path) -> None:
         """Collective. Restore weights, optimizer, scheduler and counters written by `save`, on
@@ -231,11 +224,4 @@ class TorchBackend(TrainerBackend):
         src = Path(directory)
         sharded_checkpoint.load_sharded(src, self.model, self._ready(self.optimizer))
         self._offload.forget()  # the loaded state replaced it, on the parameters' device
-        state = sharded_checkpoint.read_counters(src, self._ready(self.scheduler))
-        self.optimizer_step = int(state["optimizer_step"])
-        self.num_train_steps = int(state["num_train_steps"])
-
-
-def _barrier() -> None:
-    if dp_world_size() > 1:
-        torch.distributed.barrier()
+        self._restore_counters(sharded_checkpoint.read_counters(src, self._ready(self.scheduler)))

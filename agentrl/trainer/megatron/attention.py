@@ -8,16 +8,15 @@ import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from agentrl.trainer.packing import packed_causal_attention
 
 
 class PackedCoreAttention(torch.nn.Module):
-    """Drop-in for megatron.core's DotProductAttention (same constructor and forward arguments).
-    Packed input: query [T, H/tp, D] -> [T, H/tp * D]. Unpacked: [S, B, H/tp, D], one causal
-    sequence per row -> [S, B, H/tp * D]."""
+    """Drop-in for megatron.core's DotProductAttention (same constructor and forward arguments)
+    on packed input, which is all the Megatron backend feeds it: query [T, H/tp, D] ->
+    [T, H/tp * D]."""
 
     def __init__(
         self,
@@ -45,17 +44,10 @@ class PackedCoreAttention(torch.nn.Module):
         packed_seq_params: Any = None,
         **_: Any,
     ) -> Tensor:
-        if attention_bias is not None:
-            raise ValueError("PackedCoreAttention takes no attention_bias")
-        if packed_seq_params is not None:
-            out = packed_causal_attention(
-                query, key, value, packed_seq_params.cu_seqlens_q,
-                int(packed_seq_params.max_seqlen_q), self.scale,
-            )  # fmt: skip
-            return out.reshape(out.shape[0], -1)
-        seq, batch = query.shape[:2]
-        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [B, H, S, D]
-        out = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, scale=self.scale, enable_gqa=True
-        )
-        return out.permute(2, 0, 1, 3).reshape(seq, batch, -1)
+        if attention_bias is not None or packed_seq_params is None:
+            raise ValueError("PackedCoreAttention takes packed_seq_params and no attention_bias")
+        out = packed_causal_attention(
+            query, key, value, packed_seq_params.cu_seqlens_q,
+            int(packed_seq_params.max_seqlen_q), self.scale,
+        )  # fmt: skip
+        return out.reshape(out.shape[0], -1)

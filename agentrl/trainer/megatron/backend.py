@@ -111,10 +111,10 @@ class MegatronBackend(TrainerBackend):
         check_parallel_fit(self.shape, self.train_cfg)
         self.use_te = gpt.has_transformer_engine()
         is_cuda = self.device.type == "cuda"
-        installed = patches.install_all(self.device)
+        has_wgrad_fusion = patches.install_all(self.device)
         self.tf_config = gpt.transformer_config(
             self.shape, self.train_cfg, self.param_dtype, use_swiglu_fusion=is_cuda,
-            use_wgrad_fusion=is_cuda and installed.has_wgrad_fusion,
+            use_wgrad_fusion=is_cuda and has_wgrad_fusion,
         )  # fmt: skip
         with torch.enable_grad():  # DDP hooks each parameter's grad accumulator
             self._build_models()

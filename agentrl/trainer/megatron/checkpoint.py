@@ -75,13 +75,8 @@ def save(backend: Any, out: Path) -> None:
         out, _hf_source(backend), tensors, source_dir=backend.model_path, is_writer=is_writer
     )
     if is_writer:
-        write_json(out / STATE_FILE, {
-            "optimizer_step": backend.optimizer_step,
-            "num_train_steps": backend.num_train_steps,
-            "base_model_path": backend.model_path,
-            "backend": "megatron",
-            "has_optimizer_state": has_state,
-        })  # fmt: skip
+        counters = backend._counters(backend="megatron", has_optimizer_state=has_state)
+        write_json(out / STATE_FILE, counters)
     dist.barrier()
 
 
@@ -103,5 +98,4 @@ def load(backend: Any, src: Path) -> None:
         backend.optimizer.load_state_dict(state["optimizer"])
     else:
         _make_optimizer_fresh(backend)
-    backend.optimizer_step = int(counters["optimizer_step"])
-    backend.num_train_steps = int(counters["num_train_steps"])
+    backend._restore_counters(counters)

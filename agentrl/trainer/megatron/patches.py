@@ -13,7 +13,6 @@ Not patches: `attention.PackedCoreAttention` fills a slot of megatron-core's lay
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import torch
 
@@ -22,14 +21,9 @@ from agentrl.trainer.megatron import multi_tensor, rope, saver_compat, wgrad
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Installed:
-    patched: tuple[str, ...]  # what now runs agentrl's code, one line each
-    has_wgrad_fusion: bool  # megatron's gradient_accumulation_fusion can be on (Apex's or ours)
-
-
-def install_all(device: torch.device) -> Installed:
-    """Install every patch (each is idempotent) for a model on `device`; log what is patched."""
+def install_all(device: torch.device) -> bool:
+    """Install every patch (each is idempotent) for a model on `device`; log what is patched.
+    Whether megatron's gradient_accumulation_fusion can be on (Apex's or ours)."""
     patched: list[str] = []
     if saver_compat.was_needed:
         patched.append("torch_memory_saver.hook_mode: megatron.core imported past the initialised "
@@ -44,4 +38,4 @@ def install_all(device: torch.device) -> Installed:
                        "torch.addmm into fp32 main_grad (wgrad.py)")  # fmt: skip
     for line in patched:
         logger.info("patched %s", line)
-    return Installed(tuple(patched), has_wgrad_fusion)
+    return has_wgrad_fusion

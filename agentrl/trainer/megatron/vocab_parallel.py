@@ -51,9 +51,8 @@ class _VocabParallelLogprobs(torch.autograd.Function):
             picked = torch.where(is_here, grad_logprobs, torch.zeros_like(grad_logprobs))
             grad.scatter_add_(1, local_ids.clamp(0, grad.shape[-1] - 1)[:, None], picked[:, None])
         if grad_entropy is not None:  # dH / dx_j = -p_j (log p_j + H)
-            grad -= (torch.special.xlogy(probs, probs) + probs * entropy[:, None]) * grad_entropy[
-                :, None
-            ]
+            d_entropy = torch.special.xlogy(probs, probs) + probs * entropy[:, None]
+            grad -= d_entropy * grad_entropy[:, None]
         return grad, None, None, None, None
 
 

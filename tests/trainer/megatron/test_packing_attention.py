@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -57,5 +58,8 @@ def test_core_attention_module_takes_megatrons_arguments():
     )
     packed = module(q, k, v, None, packed_seq_params=params)
     assert packed.shape == (6, 4 * 8)
-    rows = module(q[:4, None], k[:4, None], v[:4, None], None)  # [S, B=1, H, D]
-    torch.testing.assert_close(rows[:, 0], packed[:4])
+    torch.testing.assert_close(
+        packed.view(6, 4, 8), packed_causal_attention(q, k, v, params.cu_seqlens_q, 4, 1 / 8**0.5)
+    )
+    with pytest.raises(ValueError, match="takes packed_seq_params"):
+        module(q[:4, None], k[:4, None], v[:4, None], None)  # [S, B=1, H, D]: not packed
