@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from agentrl.config import RunConfig
 from agentrl.config_checks import trainer_uses_cuda
 from agentrl.engine.base import Engine
+from agentrl.engine.sglang.protocol import resolve_api_key
 
 if TYPE_CHECKING:
     from agentrl.engine.sglang import SGLangEngine
@@ -29,7 +30,6 @@ def make_engine(cfg: RunConfig, *, model_path: str | None = None, reserve_bytes:
         return sglang_client(cfg, cfg.engine.url)
     if kind == "sglang":
         from agentrl.engine.sglang.launcher import launch_servers
-        from agentrl.engine.sglang.protocol import resolve_api_key
         from agentrl.model_store import resolve_model_path
 
         cluster = launch_servers(
@@ -48,7 +48,6 @@ def make_engine(cfg: RunConfig, *, model_path: str | None = None, reserve_bytes:
 def sglang_client(cfg: RunConfig, url: str) -> SGLangEngine:
     """A client of the SGLang-API server at `url`, as the run's engine section says."""
     from agentrl.engine.sglang import SGLangEngine
-    from agentrl.engine.sglang.protocol import resolve_api_key
 
     return SGLangEngine(
         url,

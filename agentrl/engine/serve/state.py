@@ -56,9 +56,8 @@ class ServerState:
     served_model_name: str
     is_running: asyncio.Event = field(default_factory=asyncio.Event)  # cleared by pause_generation
     requests: dict[str, asyncio.Future[Any]] = field(default_factory=dict)
-    waiters: set[asyncio.Future[Any]] = field(
-        default_factory=set
-    )  # requests held by pause_generation
+    # requests held by pause_generation
+    waiters: set[asyncio.Future[Any]] = field(default_factory=set)
     ended_waiters: set[asyncio.Future[Any]] = field(default_factory=set)  # by abort_all
     released_tags: set[str] = field(default_factory=set)
     groups: dict[str, Any] = field(default_factory=dict)
@@ -84,11 +83,9 @@ class ServerState:
         return self.engine.weight_version
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = False) -> str:
-        return (
-            self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
-            if self.tokenizer
-            else ""
-        )
+        if not self.tokenizer:
+            return ""
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     async def generate(
         self,
@@ -215,9 +212,7 @@ async def cancel_on_disconnect(request: Any, work: asyncio.Future[T] | Any) -> T
         watcher.cancel()
     if not task.done():
         task.cancel()
-        await asyncio.gather(
-            task, return_exceptions=True
-        )  # the engine has ended it when this returns
+        await asyncio.gather(task, return_exceptions=True)  # the engine has ended it by then
         raise ClientDisconnectedError
     return task.result()
 
