@@ -20,6 +20,7 @@ from agentrl.rollout.codec import ChatCodec
 from agentrl.rollout.codec_check import check_codec
 from agentrl.rollout.episode import episode_sampling, error_trajectory, run_episode
 from agentrl.rollout.trajectory import Trajectory
+from agentrl.tools.tool import ConcurrencyLimit
 from agentrl.types import Task
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ class RolloutRunner:
         """An `async def run(task, client)` agent playing each episode instead of the engine
         loop; its episodes may give several trajectories (segments), all in the group."""
         self._agent_endpoint: AgentEndpoint | None = None
-        self._semaphores: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+        self._limit = ConcurrencyLimit(cfg.max_concurrent_episodes)
         self._is_checked = False
         self._num_groups = 0
         self.num_episodes_in_flight = 0
@@ -147,13 +148,6 @@ class RolloutRunner:
             report.num_tokens,
         )
 
-    def _limit(self) -> asyncio.Semaphore:
-        """The global episode limit, one semaphore per event loop (asyncio primitives bind to one)."""
-        loop = asyncio.get_running_loop()
-        if loop not in self._semaphores:
-            self._semaphores = {loop: asyncio.Semaphore(self.cfg.max_concurrent_episodes)}
-        return self._semaphores[loop]
-
     async def _run_one(
         self,
         task: Task,
@@ -165,7 +159,7 @@ class RolloutRunner:
     ) -> list[Trajectory]:
         episode_id = f"{group_id}/{index}"
         sampling = self.sampling(temperature=temperature, seed=episode_seed(seed, task.id, index))
-        async with self._limit():
+        async with self._limit.held():  # the global episode limit
             self.num_episodes_in_flight += 1
             try:
                 env = self.env_factory()

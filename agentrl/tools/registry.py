@@ -4,7 +4,6 @@ tool message the model reads instead of an exception."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import json
 import time
@@ -123,8 +122,7 @@ class ToolRegistry:
     async def _invoke(
         self, t: Tool, call: ToolCall, kwargs: dict[str, Any], start: float
     ) -> ToolResult:
-        sem = t.limit.semaphore()
-        async with sem if sem is not None else contextlib.nullcontext():
+        async with t.limit.held():
             try:
                 outcome = await asyncio.wait_for(_guarded(t, kwargs), timeout=t.timeout_s)
             except asyncio.TimeoutError:

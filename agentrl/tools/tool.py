@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib
 import inspect
@@ -27,7 +28,8 @@ from agentrl.tools.schema import (
 
 
 class ConcurrencyLimit:
-    """At most `max_concurrency` calls at once, shared by every registry holding the tool.
+    """At most `max_concurrency` calls at once (of a tool, shared by every registry holding it;
+    of a runner's episodes).
 
     asyncio semaphores belong to one event loop, so one is made per loop (tests and Ray
     workers run several loops over the life of a process).
@@ -45,9 +47,10 @@ class ConcurrencyLimit:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["max_concurrency"])
 
-    def semaphore(self) -> asyncio.Semaphore | None:
+    def held(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """One of the slots, for an `async with` block (at once where there is no limit)."""
         if self.max_concurrency is None:
-            return None
+            return contextlib.nullcontext()
         loop = asyncio.get_running_loop()
         sem = self._by_loop.get(loop)
         if sem is None:
