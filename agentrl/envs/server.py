@@ -211,7 +211,6 @@ def serve_env(
     env_kwargs: dict[str, Any] | None = None,
     max_sessions: int = 64,
     session_ttl_s: float = 600.0,
-    log_level: str = "warning",
 ) -> None:
     """Blocking: serve the registered env `env_id` until interrupted."""
     import functools
@@ -229,4 +228,4 @@ def serve_env(
         max_sessions=max_sessions,
         session_ttl_s=session_ttl_s,
     )
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -132,8 +132,7 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95) -> Interval:
     mean = math.fsum(values) / n
     if n == 1:
         return Interval(mean, mean, mean, 1)
-    var = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
-    half = t_critical(n - 1, confidence) * math.sqrt(var / n)
+    half = t_critical(n - 1, confidence) * statistics.stdev(values) / math.sqrt(n)
     return Interval(mean, mean - half, mean + half, n)
 
 
