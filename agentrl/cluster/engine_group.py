@@ -98,43 +98,27 @@ def server_env(spec: ServerSpec) -> dict[str, str]:
     return env
 
 
-class EngineServer:
-    """Ray actor body: owns one server process on its bundle's node."""
+class EngineServer(ManagedProcess):
+    """Ray actor body: one server process on its bundle's node, on a fresh port at each start."""
 
     def __init__(self, spec: ServerSpec) -> None:
+        log_path = Path(spec.log_dir) / f"engine-{spec.index}.log"
+        super().__init__(
+            f"engine-{spec.index}", "", [], log_path, server_env(spec), die_with_parent=True
+        )
         self.spec = spec
-        self.process: ManagedProcess | None = None
 
     def start(self) -> str:
         """Launch (or relaunch on a fresh port) and wait for `/health_generate`; returns the URL."""
-        if self.process is not None:
-            self.process.stop()
+        self.stop()
         (port,) = free_ports(1, self.spec.host)
-        self.process = ManagedProcess(
-            f"engine-{self.spec.index}",
-            f"http://{self.spec.host}:{port}",
-            server_cmd(self.spec, port),
-            Path(self.spec.log_dir) / f"engine-{self.spec.index}.log",
-            server_env(self.spec),
-            die_with_parent=True,
-        )
-        self.process.start()
-        wait_healthy(self.process, timeout_s=self.spec.health_timeout_s)
-        return self.process.url
-
-    def is_alive(self) -> bool:
-        return self.process is not None and self.process.is_alive()
+        self.url, self.cmd = f"http://{self.spec.host}:{port}", server_cmd(self.spec, port)
+        super().start()
+        wait_healthy(self, timeout_s=self.spec.health_timeout_s)
+        return self.url
 
     def pid(self) -> int | None:
-        proc = self.process.proc if self.process is not None else None
-        return proc.pid if proc is not None else None
-
-    def report(self) -> str:
-        return self.process.report() if self.process is not None else "never started"
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop()
+        return self.proc.pid if self.proc is not None else None
 
 
 class ServedEngineGroup(RoutedEngine):
