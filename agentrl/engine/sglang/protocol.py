@@ -1,5 +1,5 @@
 """SGLang's native HTTP shapes on the client side: the `/generate` request body, `meta_info` ->
-`Completion` (finish-reason mapping included), and request counts from `/v1/loads` or `/get_load`."""
+`Completion` (finish-reason mapping included), and request counts from `/v1/loads`."""
 
 from __future__ import annotations
 
@@ -82,21 +82,15 @@ def aborted_completion(weight_version: str) -> Completion:
 
 
 def num_requests_from_load(load: Any) -> int:
-    """Running + waiting requests from `/v1/loads` or `/get_load` (shapes differ across SGLang
-    versions; same tolerance as slime's server_control.num_requests_from_load)."""
-    if isinstance(load, list):
-        return sum(num_requests_from_load(item) for item in load)
-    if not isinstance(load, dict):
+    """Running + waiting requests over the DP ranks of a `/v1/loads` answer (`{"loads": [...]}`,
+    the same in every SGLang of the window and `agentrl serve`); 0 from any other shape."""
+    ranks = load.get("loads") if isinstance(load, dict) else None
+    if not isinstance(ranks, list):
         return 0
-    if "loads" in load:
-        return num_requests_from_load(load["loads"])
-    for key in ("num_reqs", "num_total_reqs", "total_reqs"):
-        if isinstance(load.get(key), int):
-            return load[key]
-    running = load.get("num_running_reqs", load.get("total_running_reqs"))
-    waiting = load.get("num_waiting_reqs", load.get("total_waiting_reqs"))
-    return (running if isinstance(running, int) else 0) + (
-        waiting if isinstance(waiting, int) else 0
+    return sum(
+        int(r.get("num_running_reqs") or 0) + int(r.get("num_waiting_reqs") or 0)
+        for r in ranks
+        if isinstance(r, dict)
     )
 
 

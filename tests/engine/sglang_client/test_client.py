@@ -123,9 +123,9 @@ def test_response_without_logprobs_is_an_error_that_names_the_fix() -> None:
         completion_from_sglang({"text": "", "meta_info": {"finish_reason": {"type": "stop"}}})
 
 
-def test_load_shapes_of_every_sglang_version_count_requests() -> None:
-    assert num_requests_from_load({"loads": [{"num_running_reqs": 2, "num_waiting_reqs": 3}]}) == 5
-    assert num_requests_from_load([{"num_reqs": 4}, {"num_reqs": 1}]) == 5
+def test_v1_loads_counts_running_and_waiting_requests_over_the_dp_ranks() -> None:
+    ranks = [{"num_running_reqs": 2, "num_waiting_reqs": 3}, {"num_running_reqs": 1}]
+    assert num_requests_from_load({"loads": ranks}) == 6
     assert num_requests_from_load({"load": 7}) == 0
 
 
