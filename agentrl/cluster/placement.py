@@ -121,22 +121,13 @@ def create_placement_group(
             f"{timeout_s:g}s (cluster resources: {ray.cluster_resources()}); lower the placement "
             "flags or add nodes"
         )
-    infos = ray.get([_probe(pg, i, placement.use_gpu) for i in range(placement.num_bundles)])
+    probe, gpus = ray.remote(_bundle_info), 0.01 if placement.use_gpu else 0
+    infos = ray.get([
+        probe.options(num_cpus=0.01, num_gpus=gpus, scheduling_strategy=bundle_strategy(pg, i))
+        .remote(i, placement.use_gpu)
+        for i in range(placement.num_bundles)
+    ])  # fmt: skip
     return pg, sorted(infos, key=lambda b: (b.node_ip, b.device_id, b.index))
-
-
-def _probe(pg: Any, index: int, use_gpu: bool) -> Any:
-    import ray
-
-    return (
-        ray.remote(_bundle_info)
-        .options(
-            num_cpus=0.01,
-            num_gpus=0.01 if use_gpu else 0,
-            scheduling_strategy=bundle_strategy(pg, index),
-        )
-        .remote(index, use_gpu)
-    )
 
 
 def _bundle_info(index: int, use_gpu: bool) -> BundleInfo:
