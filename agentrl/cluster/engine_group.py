@@ -219,15 +219,12 @@ def start_engine_actors(
     trainer rank on its GPU."""
     import ray
 
-    from agentrl.engine.sglang.launcher import require_module
-
+    # engine_server=sglang: RayCluster.start found the package before anything started
     use_sglang = cfg.cluster.engine_server == "sglang" or (
         cfg.cluster.engine_server == "auto"
         and placement.use_gpu
         and importlib.util.find_spec("sglang") is not None
     )
-    if use_sglang:
-        require_module("sglang")
     log_dir = Path(cfg.checkpoint.save) / "engine_logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     actor_cls = ray.remote(EngineServer)

@@ -23,7 +23,7 @@ from agentrl.cluster.placement import (
     plan_placement,
 )
 from agentrl.config import ConfigError, RunConfig
-from agentrl.engine.sglang.launcher import free_ports, require_module
+from agentrl.engine.sglang.launcher import choose_router, free_ports, require_module
 
 log = logging.getLogger(__name__)
 
@@ -189,8 +189,8 @@ def _require_asked_packages(cfg: RunConfig) -> None:
         )
     if cfg.cluster.engine_server == "sglang":
         require_module("sglang")
-    if cfg.cluster.use_sglang_router and importlib.util.find_spec("smg") is None:
-        require_module("sglang_router", hint="smg (or sglang_router)")
+    if cfg.cluster.use_sglang_router:
+        choose_router()  # smg, else sglang_router
 
 
 def _free_port() -> int:
