@@ -4,13 +4,12 @@ scheduler and counters, and an HF copy at the top level that transformers loads 
 
 from __future__ import annotations
 
-import json
 import shutil
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -27,7 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
 from agentrl.trainer.fsdp import dp_world_size
 
 if TYPE_CHECKING:
-    from transformers import PretrainedConfig
+    from transformers import GenerationConfig, PretrainedConfig
 
 SHARDED_DIR = "sharded"  # DCP's files: one .distcp per rank and a .metadata
 SCHEDULER_FILE = "scheduler.pt"
@@ -140,24 +139,18 @@ def _check_is_checkpoint(src: Path) -> None:
     )
 
 
-class HFConfigSource(Protocol):
-    """What `save_hf_copy` reads of a model besides its tensors: a transformers model's `config`
-    (and its `generation_config`, when it has one)."""
-
-    @property
-    def config(self) -> PretrainedConfig: ...
-
-
 def save_hf_copy(
     out: Path,
-    model: HFConfigSource,
+    config: PretrainedConfig,
+    generation_config: GenerationConfig | None,
     named_tensors: Iterable[tuple[str, Tensor]],
     *,
     source_dir: str,
     is_writer: bool,
 ) -> None:
-    """config.json, model.safetensors and the source's tokenizer files, written by the writer
-    rank. Every rank iterates `named_tensors` (the whole tensors, gathered one by one)."""
+    """config.json, model.safetensors, the generation config (else the source's) and the
+    source's tokenizer files, written by the writer rank. Every rank iterates `named_tensors`
+    (the whole tensors, gathered one by one)."""
     weights = {}
     for name, tensor in named_tensors:
         if is_writer:
@@ -167,21 +160,10 @@ def save_hf_copy(
     from safetensors.torch import save_file
 
     save_file(weights, str(out / HF_WEIGHTS_FILE), metadata={"format": "pt"})
-    model.config.save_pretrained(str(out))
-    generation_config = getattr(model, "generation_config", None)
+    config.save_pretrained(str(out))
     if generation_config is not None:
         generation_config.save_pretrained(str(out))
     for name in TOKENIZER_FILES:
         src = Path(source_dir) / name
         if src.is_file() and not (out / name).exists():
             shutil.copyfile(src, out / name)
-
-
-def write_counters(out: Path, scheduler: Any, counters: dict[str, Any]) -> None:
-    torch.save(scheduler.state_dict(), out / SCHEDULER_FILE)
-    (out / STATE_FILE).write_text(json.dumps(counters, indent=2))
-
-
-def read_counters(src: Path, scheduler: Any) -> dict[str, Any]:
-    scheduler.load_state_dict(torch.load(src / SCHEDULER_FILE))
-    return json.loads((src / STATE_FILE).read_text())

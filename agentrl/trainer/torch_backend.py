@@ -16,11 +16,13 @@ from torch import Tensor
 from agentrl.trainer import sharded_checkpoint
 from agentrl.trainer.base import TrainerBackend, reduce_metrics
 from agentrl.trainer.batch import MicroBatch, StepBatch, TrainBatch
+from agentrl.trainer.checkpoint import read_json, write_json
 from agentrl.trainer.fsdp import apply_fsdp, decoder_layers, dp_rank, dp_world_size
 from agentrl.trainer.logprobs import CausalLMLogprobs
 from agentrl.trainer.losses import combine_metrics
 from agentrl.trainer.lr_schedule import lr_scheduler
 from agentrl.trainer.packing import use_packed_attention
+from agentrl.trainer.sharded_checkpoint import SCHEDULER_FILE, STATE_FILE
 from agentrl.trainer.weights import full_tensor, unique_named_tensors
 
 if TYPE_CHECKING:
@@ -209,11 +211,12 @@ class TorchBackend(TrainerBackend):
         sharded_checkpoint.save_sharded(out, model, optimizer)
         is_writer = dp_rank() == 0
         sharded_checkpoint.save_hf_copy(
-            out, model, unique_named_tensors(model), source_dir=self.model_path, is_writer=is_writer
-        )
+            out, model.config, getattr(model, "generation_config", None),
+            unique_named_tensors(model), source_dir=self.model_path, is_writer=is_writer,
+        )  # fmt: skip
         if is_writer:
-            counters = self._counters(dp_size=self.dp_size)
-            sharded_checkpoint.write_counters(out, self._ready(self.scheduler), counters)
+            torch.save(self._ready(self.scheduler).state_dict(), out / SCHEDULER_FILE)
+            write_json(out / STATE_FILE, self._counters(dp_size=self.dp_size))
         # No rank returns (and no caller renames the directory) before rank 0 wrote.
         if self.dp_size > 1:
             torch.distributed.barrier()
@@ -224,4 +227,5 @@ class TorchBackend(TrainerBackend):
         src = Path(directory)
         sharded_checkpoint.load_sharded(src, self.model, self._ready(self.optimizer))
         self._offload.forget()  # the loaded state replaced it, on the parameters' device
-        self._restore_counters(sharded_checkpoint.read_counters(src, self._ready(self.scheduler)))
+        self._ready(self.scheduler).load_state_dict(torch.load(src / SCHEDULER_FILE))
+        self._restore_counters(read_json(src / STATE_FILE))

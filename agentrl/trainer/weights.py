@@ -7,11 +7,7 @@ from collections.abc import Iterator
 
 import torch
 from torch import Tensor
-
-try:  # a DTensor is what FSDP2 leaves in place of each parameter
-    from torch.distributed.tensor import DTensor
-except ImportError:  # torch built without distributed
-    DTensor = ()  # type: ignore[assignment,misc]
+from torch.distributed.tensor import DTensor  # what FSDP2 leaves in place of each parameter
 
 DEFAULT_BUCKET_SIZE_BYTES = 2 * 2**30  # cluster.update_weight_buffer_size (slime: 512 MiB)
 

@@ -6,7 +6,6 @@ publishes the directory atomically (trainer/checkpoint.py)."""
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, cast
 
 import agentrl.trainer.megatron.saver_compat  # noqa: F401  (before megatron.core: see there)
@@ -19,9 +18,9 @@ from agentrl.trainer import sharded_checkpoint
 from agentrl.trainer.checkpoint import read_json, write_json
 from agentrl.trainer.megatron.model import export_hf_tensors
 from agentrl.trainer.megatron.optimizers import torch_optimizers
+from agentrl.trainer.sharded_checkpoint import STATE_FILE
 
 MEGATRON_DIR = "megatron"  # dist_checkpointing's files
-STATE_FILE = "trainer_state.json"
 
 
 def _sharded_state(backend: Any, *, is_loading: bool, with_optimizer: bool) -> dict[str, Any]:
@@ -51,17 +50,6 @@ def _make_optimizer_fresh(backend: Any) -> None:
     backend._optimizer.reload_model_params()
 
 
-def _hf_source(backend: Any) -> Any:
-    """What save_hf_copy reads besides the tensors: the config and generation config."""
-    from transformers import GenerationConfig
-
-    try:
-        generation = GenerationConfig.from_pretrained(backend.model_path)
-    except OSError:
-        generation = None
-    return SimpleNamespace(config=backend.hf_config, generation_config=generation)
-
-
 def save(backend: Any, out: Path) -> None:
     """Collective, the same `out` on every rank."""
     out.mkdir(parents=True, exist_ok=True)
@@ -71,8 +59,8 @@ def save(backend: Any, out: Path) -> None:
     dist_checkpointing.save(state, str(out / MEGATRON_DIR))
     is_writer = dist.get_rank() == 0
     tensors = export_hf_tensors(backend.model.module, backend.wmap)
-    sharded_checkpoint.save_hf_copy(
-        out, _hf_source(backend), tensors, source_dir=backend.model_path, is_writer=is_writer
+    sharded_checkpoint.save_hf_copy(  # the source's generation_config.json copied as it is
+        out, backend.hf_config, None, tensors, source_dir=backend.model_path, is_writer=is_writer
     )
     if is_writer:
         counters = backend._counters(backend="megatron", has_optimizer_state=has_state)
