@@ -128,13 +128,9 @@ class GuardMiddleware:
 
 def _replay(body: bytes, receive: Any) -> Any:
     """A `receive` that yields the already-read body once, then the client's next messages."""
-    sent = False
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
 
     async def replayed() -> dict[str, Any]:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
+        return pending.pop() if pending else await receive()
 
     return replayed

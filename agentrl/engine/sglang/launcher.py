@@ -301,7 +301,8 @@ def launch_servers(
     if has_router:
         choose_router(router_policy)  # a missing router package fails before any server starts
     logs = Path(tempfile.mkdtemp(prefix="agentrl-sglang-"))
-    ports = _ports(engine_cfg.port, num_servers + has_router, host)
+    count, base = num_servers + has_router, engine_cfg.port
+    ports = [base + i for i in range(count)] if base else free_ports(count, host)
     servers = [
         ManagedProcess(
             f"sglang-server-{i}",
@@ -347,10 +348,6 @@ def launch_servers(
         "SGLang ready at %s (workers %s; logs in %s)", cluster.url, cluster.worker_urls, logs
     )
     return cluster
-
-
-def _ports(base_port: int, count: int, host: str) -> list[int]:
-    return [base_port + i for i in range(count)] if base_port else free_ports(count, host)
 
 
 # SGLang derives a gRPC port of --port + 10000 and refuses to start when that passes 65535
