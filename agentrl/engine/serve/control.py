@@ -129,25 +129,14 @@ async def resume_memory_occupation(s: State, obj: MemoryOccupationReqInput | Non
     return None
 
 
-def _memory_allocated(engine: Any) -> int:
-    """Accelerator memory the engine holds (0 on CPU): what a colocated release frees."""
-    if hasattr(engine, "device_memory_bytes"):
-        return int(engine.device_memory_bytes())
-    import torch
-
-    device = getattr(engine, "device", None)
-    if not torch.cuda.is_available() or str(device or "cuda").startswith("cpu"):
-        return 0
-    return int(torch.cuda.memory_allocated(device))
-
-
 def _internal_state(s: ServerState) -> dict[str, Any]:
     return {
         "num_running_reqs": s.num_running,
         "num_waiting_reqs": s.num_waiting,
         "weight_version": s.weight_version,
         "released_tags": sorted(s.released_tags),
-        "memory_allocated_bytes": _memory_allocated(s.engine),
+        # accelerator memory the engine holds (0 on CPU): what a colocated release frees
+        "memory_allocated_bytes": int(getattr(s.engine, "device_memory_bytes", lambda: 0)()),
         # release/resume unmap and map pages in place (torch_memory_saver) rather than freeing
         # and re-allocating
         "pausable_memory": bool(getattr(s.engine, "is_memory_pausable", False)),
