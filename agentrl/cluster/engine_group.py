@@ -49,7 +49,6 @@ class ServerSpec:
     sglang_args: list[str]
     log_dir: str
     health_timeout_s: float
-    keep_weights_on_release: bool = True
     reserve_bytes: int = 0  # colocated: the trainer's state to come, left out of the KV cache
     is_colocated: bool = False  # shares its GPUs with trainer ranks: releases memory per step
     api_key: str | None = None  # the server wants `Authorization: Bearer <key>`
@@ -76,7 +75,7 @@ def server_cmd(spec: ServerSpec, port: int) -> list[str]:
             "--reserve-gb", f"{spec.reserve_bytes / 2**30:.3f}",
             "--log-level", "warning",
             # Colocated: the trainer resends every weight after a release, no host copy needed.
-            "--weights-cpu-backup" if spec.keep_weights_on_release else "--no-weights-cpu-backup",
+            "--no-weights-cpu-backup" if spec.is_colocated else "--weights-cpu-backup",
             ]  # fmt: skip
 
 
@@ -247,7 +246,6 @@ def start_engine_actors(
             sglang_args=list(cfg.engine.sglang_args),
             log_dir=str(log_dir if is_local else tempfile.gettempdir()),
             health_timeout_s=cfg.cluster.engine_start_timeout_s,
-            keep_weights_on_release=not placement.is_colocated,
             reserve_bytes=reserve_for(placement, e, reserves),
             is_colocated=placement.is_colocated,
             api_key=resolve_api_key(cfg.engine),
