@@ -7,6 +7,7 @@ import math
 import traceback
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,23 +48,23 @@ def check_env(
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        problems, name, checked = asyncio.run(coro)
+        c = asyncio.run(coro)
     else:  # called from async code: run the check on a private loop in a thread
         with ThreadPoolExecutor(1, thread_name_prefix="check_env") as pool:
-            problems, name, checked = pool.submit(asyncio.run, coro).result()
-    if problems:
-        raise EnvCheckError(name, problems)
+            c = pool.submit(asyncio.run, coro).result()
+    if c.problems:
+        raise EnvCheckError(c.name, c.problems)
     if verbose:
-        lines = "".join(f"\n  ok  {line}" for line in checked)
-        print(f"check_env({name}): passed {len(checked)} checks{lines}")
-    return checked
+        lines = "".join(f"\n  ok  {line}" for line in c.checked)
+        print(f"check_env({c.name}): passed {len(c.checked)} checks{lines}")
+    return c.checked
 
 
+@dataclass
 class _Checker:
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.problems: list[str] = []
-        self.checked: list[str] = []
+    name: str
+    problems: list[str] = field(default_factory=list)
+    checked: list[str] = field(default_factory=list)
 
     def ran(self, what: str) -> None:
         self.checked.append(what)
@@ -97,16 +98,13 @@ def _is_own(filename: str) -> bool:
     ) or "asyncio" in path.parts
 
 
-async def _check(
-    env_or_id: AgentEnv | str, *, seed: int, task: Task | None
-) -> tuple[list[str], str, list[str]]:
-    name = repr(env_or_id) if isinstance(env_or_id, str) else type(env_or_id).__name__
-    c = _Checker(name)
+async def _check(env_or_id: AgentEnv | str, *, seed: int, task: Task | None) -> _Checker:
+    c = _Checker(repr(env_or_id) if isinstance(env_or_id, str) else type(env_or_id).__name__)
     try:
         await _run_checks(c, env_or_id, seed=seed, task=task)
     except Exception as e:  # an env odd enough to trip the checker itself is still a finding
         c.fail(f"check_env stopped early: {type(e).__name__}: {e}")
-    return c.problems, name, c.checked
+    return c
 
 
 async def _run_checks(
