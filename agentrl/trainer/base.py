@@ -33,9 +33,7 @@ from agentrl.trainer.weights import DEFAULT_BUCKET_SIZE_BYTES
 from agentrl.weight_buckets import bucket_by_dtype
 
 
-def check_backend_args(
-    train_cfg: TrainConfig, *, dtype: str, temperature: float, device: str = "auto"
-) -> None:
+def check_backend_args(*, dtype: str, temperature: float, device: str) -> None:
     """What every backend refuses before it looks at the machine or loads anything (a
     `ConfigError`: the command line prints it as one line)."""
     if dtype not in ("auto", "float32", "bfloat16"):
@@ -80,7 +78,7 @@ class TrainerBackend(ABC):
         temperature: float = 1.0,
         num_optimizer_steps: int | None = None,
     ) -> None:
-        check_backend_args(train_cfg, dtype=dtype, temperature=temperature, device=device)
+        check_backend_args(dtype=dtype, temperature=temperature, device=device)
         self._check_machine(train_cfg)
         self.model_path, self.train_cfg, self.algo_cfg = model_path, train_cfg, algo_cfg
         self.objective = build_objective(algo_cfg)

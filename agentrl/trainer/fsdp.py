@@ -12,10 +12,6 @@ def dp_world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def dp_rank() -> int:
-    return dist.get_rank() if dp_world_size() > 1 else 0
-
-
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The repeated blocks of a transformers model (its `_no_split_modules` classes)."""
     names = set(getattr(model, "_no_split_modules", None) or ())

@@ -17,7 +17,7 @@ from agentrl.trainer import sharded_checkpoint
 from agentrl.trainer.base import TrainerBackend, reduce_metrics
 from agentrl.trainer.batch import MicroBatch, StepBatch, TrainBatch
 from agentrl.trainer.checkpoint import read_json, write_json
-from agentrl.trainer.fsdp import apply_fsdp, decoder_layers, dp_rank, dp_world_size
+from agentrl.trainer.fsdp import apply_fsdp, decoder_layers, dp_world_size
 from agentrl.trainer.logprobs import CausalLMLogprobs
 from agentrl.trainer.losses import combine_metrics
 from agentrl.trainer.lr_schedule import lr_scheduler
@@ -209,7 +209,7 @@ class TorchBackend(TrainerBackend):
         out.mkdir(parents=True, exist_ok=True)
         model, optimizer = self.model, self._ready(self.optimizer)
         sharded_checkpoint.save_sharded(out, model, optimizer)
-        is_writer = dp_rank() == 0
+        is_writer = self.dp_size == 1 or torch.distributed.get_rank() == 0
         sharded_checkpoint.save_hf_copy(
             out, model.config, getattr(model, "generation_config", None),
             unique_named_tensors(model), source_dir=self.model_path, is_writer=is_writer,

@@ -40,6 +40,7 @@ from agentrl.trainer.megatron.parallel import (
 )
 from agentrl.trainer.megatron.requirements import check_megatron_usable
 from agentrl.trainer.megatron.vocab_parallel import vocab_parallel_logprobs
+from agentrl.trainer.megatron.weight_map import WeightMap
 from agentrl.trainer.packing import pack_tokens
 
 
@@ -120,7 +121,8 @@ class MegatronBackend(TrainerBackend):
             self._build_models()
 
     def _build_models(self) -> None:
-        self.wmap = gpt.weight_map(self.shape, self.use_te)
+        tp_size = ps.get_tensor_model_parallel_world_size()
+        self.wmap = WeightMap(self.shape, spec="te" if self.use_te else "local", tp_size=tp_size)
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True,
             use_distributed_optimizer=self.train_cfg.use_distributed_optimizer,

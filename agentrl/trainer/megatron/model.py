@@ -97,12 +97,6 @@ def build_gpt(shape: ModelShape, config: Any, use_te: bool) -> GPTModel:
     return model
 
 
-def weight_map(shape: ModelShape, use_te: bool) -> WeightMap:
-    return WeightMap(
-        shape, spec="te" if use_te else "local", tp_size=ps.get_tensor_model_parallel_world_size()
-    )
-
-
 def _offset(shape: ModelShape) -> int:
     return layer_offset(ps.get_pipeline_model_parallel_rank(), shape.num_layers,
                         ps.get_pipeline_model_parallel_world_size())  # fmt: skip
