@@ -122,7 +122,6 @@ class SGLangHTTP:
         *,
         json: Any = None,
         headers: dict[str, str] | None = None,
-        timeout_s: float | None = None,
         is_fresh_rid: bool = False,
     ) -> httpx.Response:
         """`is_fresh_rid`: every attempt sends `json` under a new `rid` (SGLang refuses a second
@@ -136,15 +135,7 @@ class SGLangHTTP:
             reraise=True,
         )
         try:
-            return await retrying(
-                self._attempt,
-                method,
-                url,
-                json,
-                headers,
-                timeout_s or self.request_timeout_s,
-                is_fresh_rid,
-            )
+            return await retrying(self._attempt, method, url, json, headers, is_fresh_rid)
         except _Retryable as e:
             error_cls = EngineUnavailable if e.is_unreachable else EngineError
             raise error_cls(
@@ -158,20 +149,17 @@ class SGLangHTTP:
         url: str,
         json: Any,
         headers: dict[str, str] | None,
-        timeout_s: float,
         is_fresh_rid: bool,
     ) -> httpx.Response:
         if is_fresh_rid:
             json["rid"] = uuid.uuid4().hex  # the caller's dict: a cancel aborts the live rid
         try:
-            response = await self._http().request(
-                method, url, json=json, headers=headers, timeout=httpx.Timeout(timeout_s)
-            )
+            response = await self._http().request(method, url, json=json, headers=headers)
         except _UNREACHABLE as e:
             raise _Retryable(f"{type(e).__name__}: {e}", is_unreachable=True) from e
         except httpx.TimeoutException as e:
             raise EngineError(
-                f"{method} {url} timed out after {timeout_s}s ({type(e).__name__}); "
+                f"{method} {url} timed out after {self.request_timeout_s}s ({type(e).__name__}); "
                 "raise engine.request_timeout_s if generations are legitimately this long"
             ) from e
         if response.status_code == HTTPStatus.INSUFFICIENT_STORAGE:  # agentrl serve: no room
@@ -191,16 +179,9 @@ class SGLangHTTP:
         return f"\n{report}" if report else ""
 
     async def _post(
-        self,
-        path: str,
-        payload: dict[str, Any] | None = None,
-        *,
-        url: str | None = None,
-        timeout_s: float | None = None,
+        self, path: str, payload: dict[str, Any] | None = None, *, url: str | None = None
     ) -> Any:
-        response = await self._request(
-            "POST", f"{url or self.base_url}{path}", json=payload or {}, timeout_s=timeout_s
-        )
+        response = await self._request("POST", f"{url or self.base_url}{path}", json=payload or {})
         if not response.content:
             return None
         try:
@@ -208,10 +189,8 @@ class SGLangHTTP:
         except ValueError:
             return response.text
 
-    async def _get(
-        self, path: str, *, url: str | None = None, timeout_s: float | None = None
-    ) -> Any:
-        response = await self._request("GET", f"{url or self.base_url}{path}", timeout_s=timeout_s)
+    async def _get(self, path: str, *, url: str | None = None) -> Any:
+        response = await self._request("GET", f"{url or self.base_url}{path}")
         return response.json() if response.content else None
 
     async def _post_checked(
