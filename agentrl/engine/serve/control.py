@@ -14,8 +14,7 @@ from agentrl.engine.base import EngineMemoryError
 from agentrl.engine.serve.auth import ADMIN
 from agentrl.engine.serve.protocol import AbortReq, MemoryOccupationReqInput, error_response
 from agentrl.engine.serve.state import ServerState, State
-
-MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
+from agentrl.engine.sglang.protocol import MEMORY_TAGS
 
 
 class PauseGenerationReqInput(BaseModel):

@@ -14,10 +14,7 @@ import httpx
 from agentrl.engine.base import EngineError
 from agentrl.engine.sglang.dialect import ServerDialect, dialect_from_info
 from agentrl.engine.sglang.plumbing import SGLangHTTP
-from agentrl.engine.sglang.protocol import num_requests_from_load
-
-MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
-"""SGLang's memory tags; a release or resume without tags means all of them."""
+from agentrl.engine.sglang.protocol import MEMORY_TAGS, num_requests_from_load
 
 
 class SGLangControl(SGLangHTTP):

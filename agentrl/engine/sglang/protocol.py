@@ -15,6 +15,9 @@ ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
 
 DEFAULT_WEIGHT_VERSION = "default"  # SGLang ServerArgs.weight_version before any update
 
+MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
+"""SGLang's memory tags; a release or resume without tags means all of them."""
+
 API_KEY_ENV = "AGENTRL_API_KEY"
 """Where the key of servers started with `--api-key` is read when no config names one (the same
 variable `agentrl serve --api-key` reads)."""
