@@ -136,12 +136,9 @@ class ServedEngineGroup(RoutedEngine):
             self.router_process = start_router(
                 urls, log_path=logs / "router.log", api_key=self.api_key, die_with_parent=True
             )
-        router = self._client(self.router_process.url) if self.router_process else None
-        super().__init__([self._client(u) for u in urls], router=router)
+        router = sglang_client(cfg, self.router_process.url) if self.router_process else None
+        super().__init__([sglang_client(cfg, u) for u in urls], router=router)
         self.engine = GatedEngine(self)
-
-    def _client(self, url: str) -> SGLangEngine:
-        return sglang_client(self.cfg, url)
 
     @classmethod
     async def start(cls, actors: list[Any], cfg: RunConfig, plan: BundlePlan) -> ServedEngineGroup:
@@ -193,7 +190,7 @@ class ServedEngineGroup(RoutedEngine):
         )
         for i in dead:
             await self.clients[i].close()
-            self.clients[i] = self._client(self.urls[i])
+            self.clients[i] = sglang_client(self.cfg, self.urls[i])
         return dead
 
     async def pids(self) -> list[int | None]:

@@ -40,13 +40,12 @@ class DistributedWeightSender:
         master_address: str = "127.0.0.1",
         master_port: int | None = None,
         backend: str | None = None,
-        group_name: str = "weight_update_group",
     ) -> None:
         self.engines = engines
         self.master_address = master_address
         self.master_port = master_port
         self.backend = backend
-        self.group_name = group_name
+        self.group_name = "weight_update_group"
         self._targets = [(e, u) for e in engines for u in e.worker_urls]
         self._pg: Any = None
 
