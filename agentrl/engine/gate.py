@@ -20,8 +20,10 @@ class GatedEngine:
 
     def __init__(self, engine: Engine, clock: Callable[[], float] = time.perf_counter) -> None:
         self.inner, self._clock = engine, clock
-        self._is_open: asyncio.Event | None = None
-        self._idle: asyncio.Event | None = None
+        # asyncio (3.10+) binds an Event to a loop at its first wait, not at its creation
+        self._is_open, self._idle = asyncio.Event(), asyncio.Event()
+        self._is_open.set()
+        self._idle.set()
         self.num_running = 0  # generate calls inside the engine now
         self.num_waiting = 0  # generate calls held at the closed gate
         self.num_turns_held = 0  # over the run: turns that waited for a weight update
@@ -32,58 +34,49 @@ class GatedEngine:
     def __getattr__(self, name: str) -> Any:  # tokenizer, weight_version, clients, ...
         return getattr(self.inner, name)
 
-    def _events(self) -> tuple[asyncio.Event, asyncio.Event]:
-        if self._is_open is None or self._idle is None:  # made on the loop that uses them
-            self._is_open, self._idle = asyncio.Event(), asyncio.Event()
-            self._is_open.set()
-            self._idle.set()
-        return self._is_open, self._idle
-
     async def generate(
         self, input_ids: list[int], sampling: SamplingParams, *, routing_key: str | None = None
     ) -> Completion:
-        is_open, idle = self._events()
-        if not is_open.is_set():
+        if not self._is_open.is_set():
             self.num_waiting += 1
             self.num_turns_held += 1
             try:
-                await is_open.wait()
+                await self._is_open.wait()
             finally:
                 self.num_waiting -= 1
-        self._enter(idle)
+        self._enter()
         try:
             return await self.inner.generate(input_ids, sampling, routing_key=routing_key)
         finally:
-            self._leave(idle)
+            self._leave()
 
-    def _enter(self, idle: asyncio.Event) -> None:
+    def _enter(self) -> None:
         if self.num_running == 0:
             self._busy_since = self._clock()
         self.num_running += 1
-        idle.clear()
+        self._idle.clear()
 
-    def _leave(self, idle: asyncio.Event) -> None:
+    def _leave(self) -> None:
         self.num_running -= 1
         if self.num_running == 0:
             if self._busy_since is not None:
                 self._busy_s += self._clock() - self._busy_since
             self._busy_since = None
-            idle.set()
+            self._idle.set()
 
     @contextlib.asynccontextmanager
     async def paused(self) -> AsyncIterator[None]:
         """Close the gate, wait for the running turns to finish, run the body (the weight
         update), open the gate: held turns then generate on the new weights."""
-        is_open, idle = self._events()
         self._num_pauses += 1
-        is_open.clear()
+        self._is_open.clear()
         try:
-            await idle.wait()
+            await self._idle.wait()
             yield
         finally:
             self._num_pauses -= 1
             if self._num_pauses == 0:
-                is_open.set()
+                self._is_open.set()
 
     def busy_seconds(self) -> float:
         """Total time with at least one generation running, up to now."""
