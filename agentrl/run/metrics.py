@@ -94,10 +94,8 @@ class MetricsLogger:
     ) -> None:
         """`log`: the run's log section (`config_checks.check_run` checked its extras are
         installed); `config`: the run config, shown in TensorBoard and wandb."""
-        log = log or LogConfig()
+        self.log_cfg = log or LogConfig()
         self.run_dir = Path(run_dir)
-        self.use_tensorboard, self.use_wandb = log.use_tensorboard, log.use_wandb
-        self.wandb_project = log.wandb_project
         self.config = dict(config or {})
         self._jsonl: TextIO | None = None
         self._tb: Any = None
@@ -112,7 +110,7 @@ class MetricsLogger:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # Append: a resumed run continues the file. It stays open across log() calls.
         self._jsonl = jsonl = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
-        if self.use_tensorboard:
+        if self.log_cfg.use_tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             # purge_step: TensorBoard hides the earlier files' events from that step on.
@@ -123,11 +121,11 @@ class MetricsLogger:
                 self._tb.add_text(
                     "config", "```\n" + json.dumps(self.config, indent=2, default=str) + "\n```"
                 )
-        if self.use_wandb:
+        if self.log_cfg.use_wandb:
             import wandb  # pyright: ignore[reportMissingImports]  (the wandb extra)
 
             self._wandb_run = wandb.init(
-                project=self.wandb_project, config=self.config, dir=str(self.run_dir)
+                project=self.log_cfg.wandb_project, config=self.config, dir=str(self.run_dir)
             )
         return jsonl
 
