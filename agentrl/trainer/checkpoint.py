@@ -29,10 +29,6 @@ ASIDE_PREFIX = ".prev_"  # `.prev_step_000123`: the old copy while the same step
 LATEST = "latest"
 
 
-def step_dir_name(step: int) -> str:
-    return f"step_{step:06d}"
-
-
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -98,7 +94,7 @@ def save_checkpoint(
 def _write_and_publish(
     root: Path, step: int, write_fn: Callable[[Path], None], needed: int, last_good: Path | None
 ) -> Path:
-    final = root / step_dir_name(step)
+    final = root / f"step_{step:06d}"  # what STEP_DIR matches
     tmp = root / f"{TMP_PREFIX}{step:06d}.{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)

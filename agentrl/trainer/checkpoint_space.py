@@ -66,16 +66,12 @@ def tree_bytes(path: Path | None) -> int:
     return total
 
 
-def free_bytes(path: Path) -> int:
-    return shutil.disk_usage(path).free
-
-
 def check_fits(root: Path, step: int, last_good: Path | None) -> int:
     """Refuse, before writing anything, a save that cannot fit: the next checkpoint is taken to
     be as large as the last (the same tensors), and both exist until the new one is published.
     Returns that size (0 when there is no earlier checkpoint to measure)."""
     needed = tree_bytes(last_good)
-    free = free_bytes(root)
+    free = shutil.disk_usage(root).free
     if needed > free:
         raise CheckpointSaveError(
             "not enough free space",
@@ -106,7 +102,7 @@ def save_failure(
         step=step,
         root=root,
         needed_bytes=needed_bytes,
-        free_bytes=free_bytes(root),
+        free_bytes=shutil.disk_usage(root).free,
         last_good=last_good,
     )
 
