@@ -7,7 +7,6 @@ Concurrent `/generate` calls are batched by the engine itself. Binds 127.0.0.1 u
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import Any
 
@@ -50,9 +49,9 @@ def create_app(
     model_path = model_path or str(getattr(engine, "model_path", ""))
     name = served_model_name or os.path.basename(model_path.rstrip("/")) or "agentrl"
     app = FastAPI(title="agentrl serve", exception_handlers={RequestValidationError: _bad_request})
-    app.state.sglang = None  # made on the first request (`state.server_state`), in the loop
-    app.state.make_server_state = functools.partial(
-        ServerState, engine, tokenizer, model_path, name, limits=limits, tool_parser=tool_parser
+    # asyncio (3.10+) binds its events and locks to a loop at their first wait, not at creation
+    app.state.sglang = ServerState(
+        engine, tokenizer, model_path, name, limits=limits, tool_parser=tool_parser
     )
     routers = [module.router for module in (generate, control, weights, openai)]
     for router in routers:

@@ -218,12 +218,8 @@ async def cancel_on_disconnect(request: Any, work: asyncio.Future[T] | Any) -> T
 
 
 def server_state(request: Request) -> ServerState:
-    """The routes' dependency: the app's `ServerState`, made on the first request because its
-    asyncio primitives must be made inside the serving loop (`create_app` leaves the maker)."""
-    app_state = request.app.state
-    if app_state.sglang is None:
-        app_state.sglang = app_state.make_server_state()
-    return app_state.sglang
+    """The routes' dependency: the app's `ServerState` (`create_app` made it)."""
+    return request.app.state.sglang
 
 
 State = Annotated[ServerState, Depends(server_state)]
