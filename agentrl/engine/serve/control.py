@@ -32,15 +32,12 @@ SERVER_VERSION = "agentrl-serve/0.1"
 router = APIRouter()
 
 
-def _names(s: ServerState) -> dict[str, Any]:
-    return {"model_path": s.model_path, "served_model_name": s.served_model_name}
-
-
 @router.get("/model_info")
 @router.get("/get_model_info", deprecated=True)  # SGLang 0.5.23's deprecated alias
 async def model_info(s: State) -> dict[str, Any]:
     return {
-        **_names(s),
+        "model_path": s.model_path,
+        "served_model_name": s.served_model_name,
         "tokenizer_path": s.model_path,
         "is_generation": True,
         "preferred_sampling_params": None,
@@ -52,7 +49,8 @@ async def model_info(s: State) -> dict[str, Any]:
 @router.get("/get_server_info", deprecated=True)  # SGLang 0.5.23's deprecated alias
 async def server_info(s: State) -> dict[str, Any]:
     return {
-        **_names(s),
+        "model_path": s.model_path,
+        "served_model_name": s.served_model_name,
         "tp_size": 1,
         "dp_size": 1,
         "context_length": s.context_len,

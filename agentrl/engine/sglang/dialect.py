@@ -37,7 +37,13 @@ def dialect_from_info(info: dict[str, Any], url: str) -> ServerDialect:
     version = str(info.get("version", ""))
     if version.startswith(AGENTRL_SERVE_PREFIX):
         return ServerDialect(version, is_agentrl_serve=True, uses_weight_sessions=None)
-    parsed = _parse(version, url)
+    try:
+        parsed = Version(version)
+    except InvalidVersion:
+        raise EngineError(
+            f"{url} reports version={version!r}, not an SGLang release; agentrl supports SGLang "
+            f"{SUPPORTED_RANGE} or `agentrl serve`"
+        ) from None
     if not MIN_SGLANG <= parsed < MAX_SGLANG:
         raise EngineError(
             f"{url} runs SGLang {version}; agentrl supports SGLang {SUPPORTED_RANGE} "
@@ -47,13 +53,3 @@ def dialect_from_info(info: dict[str, Any], url: str) -> ServerDialect:
     # window have no session routes (found out by the first update).
     sessions = True if parsed >= Version("0.5.23") else None
     return ServerDialect(version, is_agentrl_serve=False, uses_weight_sessions=sessions)
-
-
-def _parse(version: str, url: str) -> Version:
-    try:
-        return Version(version)
-    except InvalidVersion:
-        raise EngineError(
-            f"{url} reports version={version!r}, not an SGLang release; agentrl supports SGLang "
-            f"{SUPPORTED_RANGE} or `agentrl serve`"
-        ) from None
