@@ -169,10 +169,7 @@ class SGLangWeights(SGLangControl):
         """Push one bucket of weights (the trainer's exporter cuts the buckets; call once per
         bucket, `weight_version` takes effect with the call). Outside `weight_update()` the
         call is a session of its own."""
-        if self._is_updating:
-            await self._push(list(named_tensors), weight_version)
-            return
-        async with self.weight_update():
+        async with contextlib.nullcontext() if self._is_updating else self.weight_update():
             await self._push(list(named_tensors), weight_version)
 
     async def _push(self, named: list[tuple[str, torch.Tensor]], weight_version: str) -> None:
@@ -187,9 +184,8 @@ class SGLangWeights(SGLangControl):
                 [serialize_for_ipc(flat) for _ in range(tp_size)],
                 weight_version=weight_version if is_last else None,
             )
-        if not buckets:
+        if not buckets:  # the last bucket stamped the version; with none, stamp it alone
             await self.update_weight_version(weight_version)
-        self._weight_version = weight_version
 
 
 def _versioned(payload: dict[str, Any], weight_version: str | None) -> dict[str, Any]:
