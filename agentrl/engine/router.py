@@ -68,16 +68,12 @@ class RoutedEngine:
         self.ring = HashRing(len(self.clients))
         self.is_up = [True] * len(self.clients)
         self.num_requests = Counter[int]()
-        self._weight_version = weight_version
+        self.weight_version = weight_version
         self._round_robin = itertools.cycle(range(len(self.clients)))
-
-    @property
-    def weight_version(self) -> str:
-        return self._weight_version
 
     def set_weight_version(self, version: str) -> None:
         """What every server serves after a sync: answers stamped otherwise are stale."""
-        self._weight_version = version
+        self.weight_version = version
 
     def server_for(self, routing_key: str | None) -> int:
         if routing_key is None:
@@ -121,12 +117,12 @@ class RoutedEngine:
             if index >= 0:
                 self.mark_down(index)
             raise
-        if completion.weight_version != self._weight_version:
+        if completion.weight_version != self.weight_version:
             if index >= 0:
                 self.mark_down(index)
             raise EngineUnavailable(
                 f"{client.base_url} serves weight version "
-                f"{completion.weight_version!r}, the policy is at {self._weight_version!r} "
+                f"{completion.weight_version!r}, the policy is at {self.weight_version!r} "
                 "(restarted without a sync)"
             )
         return completion
@@ -141,7 +137,7 @@ class RoutedEngine:
     ) -> None:
         named = list(named_tensors)
         await self._all("update_weights", named, weight_version=weight_version)
-        self._weight_version = weight_version
+        self.weight_version = weight_version
 
     async def release_memory(self) -> None:
         await self._all("release_memory")

@@ -44,10 +44,6 @@ class SGLangEngine(SGLangWeights):
     supported window is refused there, in one line.
     """
 
-    @property
-    def weight_version(self) -> str:
-        return self._weight_version
-
     # -- generation
 
     async def generate(
@@ -56,7 +52,7 @@ class SGLangEngine(SGLangWeights):
         if not input_ids:
             raise ValueError("generate needs a non-empty input_ids")
         if self._is_aborting:
-            return aborted_completion(self._weight_version)
+            return aborted_completion(self.weight_version)
         payload = generate_payload(input_ids, sampling)
         headers = {ROUTING_KEY_HEADER: routing_key} if routing_key else None
         request = asyncio.ensure_future(
@@ -73,7 +69,7 @@ class SGLangEngine(SGLangWeights):
             response = await asyncio.shield(request)
         except asyncio.CancelledError:
             if request.cancelled():  # abort() cancelled it: the episode sees ABORT
-                return aborted_completion(self._weight_version)
+                return aborted_completion(self.weight_version)
             # Our caller was cancelled (an episode timeout): free the server's work too.
             request.cancel()
             cleanup = asyncio.ensure_future(self._abort_rid(payload["rid"]))
@@ -84,7 +80,7 @@ class SGLangEngine(SGLangWeights):
             self._pending.discard(request)
         completion = completion_from_sglang(response.json())
         completion.served_by = self.base_url
-        self._weight_version = completion.weight_version
+        self.weight_version = completion.weight_version
         return completion
 
     async def heal(self) -> list[int]:

@@ -100,7 +100,7 @@ class SGLangControl(SGLangHTTP):
     async def get_weight_version(self) -> str:
         """The weight version the first worker serves (`weight_version` of its model info)."""
         version = str((await self.get_model_info())["weight_version"])
-        self._weight_version = version
+        self.weight_version = version
         return version
 
     async def tp_size(self) -> int:

@@ -90,7 +90,7 @@ class SGLangHTTP:
         self._pending: set[asyncio.Future[Any]] = set()
         self._background: set[asyncio.Future[Any]] = set()
         self._is_aborting = False
-        self._weight_version = DEFAULT_WEIGHT_VERSION
+        self.weight_version = DEFAULT_WEIGHT_VERSION
         self._tp_size: int | None = None
         self._dialects: dict[str, ServerDialect] = {}
         self._released_tags: dict[str, set[str]] = {}  # per worker: what a resume may map again

@@ -102,7 +102,7 @@ class SGLangWeights(SGLangControl):
         `abort_all_requests` is true: it would abort them)."""
         body = {"new_version": weight_version, "abort_all_requests": False}
         await self._post_workers("/update_weight_version", body)
-        self._weight_version = weight_version
+        self.weight_version = weight_version
 
     async def init_weights_update_group(
         self,
@@ -159,7 +159,7 @@ class SGLangWeights(SGLangControl):
     def _stamp(self, weight_version: str | None) -> None:
         """The version this client reports, once a server took weights under it."""
         if weight_version is not None:
-            self._weight_version = weight_version
+            self.weight_version = weight_version
 
     # -- the Engine protocol
 
