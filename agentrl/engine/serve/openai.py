@@ -87,15 +87,6 @@ def _message_text(content: Any) -> str:
     return content or ""
 
 
-def _usage(prompt_lens: list[int], completions: list[Completion]) -> dict[str, int]:
-    num_prompt, num_completion = sum(prompt_lens), sum(len(c.ids) for c in completions)
-    return {
-        "prompt_tokens": num_prompt,
-        "completion_tokens": num_completion,
-        "total_tokens": num_prompt + num_completion,
-    }
-
-
 router = APIRouter()
 
 
@@ -184,13 +175,18 @@ def _response(
     prompt_lens: list[int],
     outs: list[Completion],
 ) -> dict[str, Any]:
+    num_prompt, num_completion = sum(prompt_lens), sum(len(c.ids) for c in outs)
     return {
         "id": f"{id_prefix}-{uuid.uuid4().hex}",
         "object": kind,
         "created": int(time.time()),
         "model": s.served_model_name,
         "choices": choices,
-        "usage": _usage(prompt_lens, list(outs)),
+        "usage": {
+            "prompt_tokens": num_prompt,
+            "completion_tokens": num_completion,
+            "total_tokens": num_prompt + num_completion,
+        },
         "metadata": {"weight_version": s.weight_version},
         "weight_version": s.weight_version,
     }

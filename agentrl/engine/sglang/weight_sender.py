@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from typing import TYPE_CHECKING, Any
 
 from agentrl.engine.base import EngineError
+from agentrl.engine.sglang.launcher import free_ports
 from agentrl.engine.weight_transport import destroy_process_group, init_weights_update_process_group
 
 if TYPE_CHECKING:
@@ -54,9 +54,7 @@ class DistributedWeightSender:
 
         backend = self.backend or ("nccl" if torch.cuda.is_available() else "gloo")
         if self.master_port is None:
-            with socket.socket() as sock:
-                sock.bind((self.master_address, 0))
-                self.master_port = sock.getsockname()[1]
+            (self.master_port,) = free_ports(1, self.master_address)
         tp_sizes = [
             int((await e.get_server_info(url=u)).get("tp_size", 1)) for e, u in self._targets
         ]
