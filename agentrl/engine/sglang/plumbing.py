@@ -138,9 +138,11 @@ class SGLangHTTP:
             return await retrying(self._attempt, method, url, json, headers, is_fresh_rid)
         except _Retryable as e:
             error_cls = EngineUnavailable if e.is_unreachable else EngineError
+            # a launched server that died explains the connection errors: say so, with its logs
+            report = self.cluster.failure_report() if self.cluster is not None else None
             raise error_cls(
                 f"{method} {url} failed after {attempts} attempt{'s' * (attempts > 1)}; "
-                f"last error: {e}" + self._cluster_note()
+                f"last error: {e}" + (f"\n{report}" if report else "")
             ) from None
 
     async def _attempt(
@@ -172,11 +174,6 @@ class SGLangHTTP:
                 f"{_error_message(response)}"
             )
         return response
-
-    def _cluster_note(self) -> str:
-        """A launched server that died explains the connection errors: say so, with its logs."""
-        report = self.cluster.failure_report() if self.cluster is not None else None
-        return f"\n{report}" if report else ""
 
     async def _post(
         self, path: str, payload: dict[str, Any] | None = None, *, url: str | None = None
