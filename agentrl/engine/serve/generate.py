@@ -4,6 +4,7 @@ text) and the `/health` / `/health_generate` probe."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 from typing import Any
@@ -88,16 +89,11 @@ async def generate(obj: GenerateReqInput, request: Request, s: State) -> Any:
         return Response(status_code=499)
     except Exception as e:  # the engine failed: a 5xx the client may retry
         return generate_error(f"{type(e).__name__}: {e}", status_code=500)
+    respond = functools.partial(
+        generate_response, s, return_logprob=obj.return_logprob, started=started
+    )
     outs = [
-        generate_response(
-            s,
-            g,
-            r,
-            prompt_len=len(ids),
-            return_logprob=obj.return_logprob,
-            skip_special_tokens=p.skip_special_tokens,
-            started=started,
-        )
+        respond(g, r, prompt_len=len(ids), skip_special_tokens=p.skip_special_tokens)
         for g, ids, p, r in zip(generations, batch, params, rids, strict=True)
     ]
     # JSONResponse directly: FastAPI's encoder walk over every logprob pair costs more than the
