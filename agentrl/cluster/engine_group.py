@@ -193,9 +193,6 @@ class ServedEngineGroup(RoutedEngine):
             self.clients[i] = sglang_client(self.cfg, self.urls[i])
         return dead
 
-    async def pids(self) -> list[int | None]:
-        return list(await asyncio.gather(*(a.pid.remote() for a in self.actors)))
-
     async def close(self) -> None:
         await super().close()
         if self.router_process is not None:

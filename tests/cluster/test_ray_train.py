@@ -35,6 +35,11 @@ def _our_children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True) if p.status() != "zombie"}
 
 
+async def _server_pids(runtime) -> list[int | None]:
+    """The pid of each engine server (its Ray actor's child process)."""
+    return [await a.pid.remote() for a in runtime.engines.actors]
+
+
 def _alive(pids: set[int]) -> set[int]:
     alive = set()
     for pid in pids:
@@ -123,7 +128,7 @@ def test_a_killed_engine_is_restarted_synced_and_its_tasks_rerun(tiny_model_path
             await runtime.sync_weights("1")
             runner = build_runner(cfg, runtime.engine)
             source = TaskSource(load_tasks(cfg.env, "train", spec(cfg.env.id).load_class()), seed=0)
-            (victim,) = [p for p in await runtime.engines.pids()][:1]
+            (victim,) = (await _server_pids(runtime))[:1]
             rollout = asyncio.ensure_future(
                 collect_groups(
                     runner,
@@ -142,7 +147,7 @@ def test_a_killed_engine_is_restarted_synced_and_its_tasks_rerun(tiny_model_path
             assert len(collected.groups) == 4
             statuses = {t.status for g in collected.groups for t in g}
             assert EpisodeStatus.ABORTED not in statuses
-            new_pid = (await runtime.engines.pids())[0]
+            new_pid = (await _server_pids(runtime))[0]
             assert new_pid != victim and runtime.engines.num_restarts == [1, 0]
             # The restarted server was brought to the policy's weights and version.
             assert await runtime.served_weights_gap("1") < 1e-4
@@ -166,7 +171,7 @@ async def main():
     try:
         await runtime.sync_weights("1")
         gap = await runtime.served_weights_gap("1")
-        pids = await runtime.engines.pids()
+        pids = [await a.pid.remote() for a in runtime.engines.actors]
     finally:
         await runtime.close()
     print(json.dumps({"gap": gap, "pids": pids, "connected": ray.is_initialized()}))
