@@ -4,6 +4,7 @@ values a real second process (rank 0, the trainer's side) broadcasts to this one
 
 from __future__ import annotations
 
+import gc
 import socket
 import subprocess
 import sys
@@ -89,12 +90,14 @@ dist.broadcast(torch.cat([flatten_into([a, b]), flatten_into([c])]), 0, group=pg
 for t in (torch.tensor([7, 8, 9]), torch.full((2, 2), -1.25, dtype=torch.float16)):
     dist.broadcast(t, 0, group=pg)
 destroy_process_group(pg)
+sys.stdin.read()  # rank 0 hosts the store: it exits after rank 1 has let go of it (else ~1 run in
+# 8 aborted at exit, "terminate called without an active exception", its store still connected)
 """
 
 
 def test_a_second_process_broadcasts_the_values_this_one_receives() -> None:
     port = _free_port()
-    sender = subprocess.Popen([sys.executable, "-c", _SENDER, str(port)])
+    sender = subprocess.Popen([sys.executable, "-c", _SENDER, str(port)], stdin=subprocess.PIPE)
     try:
         pg = init_weights_update_process_group(
             backend="gloo", master_address="127.0.0.1", master_port=port, world_size=2, rank=1,
@@ -106,7 +109,11 @@ def test_a_second_process_broadcasts_the_values_this_one_receives() -> None:
         )  # fmt: skip
         tensors = receive_broadcast(pg, ["x", "y"], ["int64", "float16"], [[3], [2, 2]])
         destroy_process_group(pg)
+        del pg  # and with it this rank's connection to the sender's store
+        gc.collect()
     finally:
+        assert sender.stdin is not None
+        sender.stdin.close()
         assert sender.wait(timeout=60) == 0
     got = {name: t.float().tolist() for name, t in (*bucket, *tensors)}
     assert got == {
