@@ -63,26 +63,6 @@ class TensorSender:
         return None
 
 
-class BroadcastSender(TensorSender):
-    """Rank 0 of one torch.distributed group with every engine rank (NCCL on GPU, gloo on CPU):
-    each bucket is broadcast while each server is told what to receive. Works across hosts."""
-
-    def __init__(self, targets: list[Any], master_address: str) -> None:
-        from agentrl.engine.sglang.weight_sender import DistributedWeightSender
-
-        super().__init__(targets)
-        self.group = DistributedWeightSender(targets, master_address=master_address)
-
-    async def connect(self) -> None:
-        await self.group.connect()
-
-    async def send(self, bucket: Bucket, version: str | None) -> None:
-        await self.group.send(bucket, weight_version=version)
-
-    async def close(self) -> None:
-        await self.group.close()
-
-
 _MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                 "special_tokens_map.json", "chat_template.jinja")  # fmt: skip
 
@@ -134,7 +114,11 @@ async def make_sender(
     if transport == "disk":
         return DiskSender(targets, model_path)
     if transport == "distributed":
-        sender = BroadcastSender(targets, master_address)
+        # Rank 0 of one torch.distributed group with every engine rank (NCCL on GPU, gloo on
+        # CPU): each bucket is broadcast while each server is told what to receive; across hosts.
+        from agentrl.engine.sglang.weight_sender import DistributedWeightSender
+
+        sender = DistributedWeightSender(targets, master_address=master_address)
         await sender.connect()
         return sender
     return TensorSender(targets)

@@ -4,7 +4,8 @@ broadcasting the bucket. Same protocol as slime's `connect_rollout_engines_from_
 `update_weights_from_distributed`; a one-dtype bucket travels as SGLang's `flattened_bucket`
 (one broadcast per bucket instead of one per tensor), as bytes: SGLang's receiver allocates the
 bucket as uint8 (`FlattenedTensorBucket.empty`), and NCCL wants the same count and type on
-every rank. The caller wraps the buckets of one update in the engines' weight-update session."""
+every rank. `begin`/`end` wrap the buckets of one update in the engines' weight-update session
+(the run's `WeightSender` protocol)."""
 
 from __future__ import annotations
 
@@ -84,22 +85,23 @@ class DistributedWeightSender:
         self._pg, *_ = await asyncio.gather(join, *posts)
         self.backend = backend
 
-    async def send(
-        self, named_tensors: list[tuple[str, torch.Tensor]], *, weight_version: str | None
-    ) -> None:
-        """Broadcast one bucket; `weight_version` (pass it with the last bucket) takes effect on
+    async def begin(self) -> None:
+        await asyncio.gather(*(e.begin_weight_update() for e in self.engines))
+
+    async def send(self, bucket: list[tuple[str, torch.Tensor]], version: str | None) -> None:
+        """Broadcast one bucket; `version` (pass it with the last bucket) takes effect on
         the engines with this call. A bucket of one dtype goes as one flat tensor."""
         if self._pg is None:
             raise EngineError("DistributedWeightSender.send before connect()")
-        tensors = [t for _, t in named_tensors]
+        tensors = [t for _, t in bucket]
         is_flat = len({t.dtype for t in tensors}) == 1
         posts = [
             e.update_weights_from_distributed(
-                names=[n for n, _ in named_tensors],
+                names=[n for n, _ in bucket],
                 dtypes=[str(t.dtype).removeprefix("torch.") for t in tensors],
                 shapes=[list(t.shape) for t in tensors],
                 group_name=self.group_name,
-                weight_version=weight_version,
+                weight_version=version,
                 load_format="flattened_bucket" if is_flat else None,
                 url=u,
             )
@@ -107,6 +109,9 @@ class DistributedWeightSender:
         ]
         payload = [flatten_into(tensors)] if is_flat else tensors
         await asyncio.gather(asyncio.to_thread(self._broadcast, payload), *posts)
+
+    async def end(self, version: str) -> None:
+        await asyncio.gather(*(e.end_weight_update() for e in self.engines))
 
     def _broadcast(self, tensors: list[torch.Tensor]) -> None:
         import torch.distributed as dist

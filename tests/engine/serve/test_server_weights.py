@@ -70,9 +70,9 @@ async def test_distributed_weight_update_into_agentrl_serve_subprocess(
             await sender.connect()
             async with httpx.AsyncClient(base_url=url) as raw:  # SGLang 0.5.23's session
                 assert (await raw.post("/begin_weight_update", json={})).status_code == 200
-                await sender.send(named[:half], weight_version=None)
+                await sender.send(named[:half], None)
                 assert await http.get_weight_version() != "dist-1"
-                await sender.send(mixed, weight_version="dist-1")
+                await sender.send(mixed, "dist-1")
                 assert (await raw.post("/end_weight_update", json={})).status_code == 200
             await sender.close()
             await local.update_weights(named, weight_version="dist-1")
@@ -109,7 +109,7 @@ async def test_gpu_weight_update_paths_into_a_cuda_server(tiny_model_path, tmp_p
                 sender = DistributedWeightSender([http], backend=path)
                 await sender.connect()
                 async with http.weight_update():  # SGLang 0.5.23: broadcasts only in a session
-                    await sender.send(named, weight_version=path)
+                    await sender.send(named, path)
                 await sender.close()
             await local.update_weights(named, weight_version=path)
             greedy = SamplingParams(temperature=0.0, max_new_tokens=16)

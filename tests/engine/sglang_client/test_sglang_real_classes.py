@@ -254,7 +254,7 @@ async def test_sglangs_receiver_joins_our_broadcast_over_gloo(
     sender = DistributedWeightSender([_Member()], master_port=port, backend="gloo")  # type: ignore[list-item]
     try:
         await sender.connect()
-        await sender.send(NAMED, weight_version="1")
+        await sender.send(NAMED, "1")
         assert receiver.wait(timeout=300) == 0
     finally:
         await sender.close()

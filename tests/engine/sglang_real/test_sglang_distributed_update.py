@@ -1,5 +1,5 @@
-"""Broadcast weight updates: the run's `BroadcastSender` (trainer rank 0, through
-`DistributedWeightSender`) and SGLang's receiver in one gloo group made by SGLang's `init_custom_process_group`, the bucket received as
+"""Broadcast weight updates: the run's `DistributedWeightSender` (trainer rank 0) and SGLang's
+receiver in one gloo group made by SGLang's `init_custom_process_group`, the bucket received as
 SGLang receives it (`FlattenedTensorBucket`), inside a session, the prefix cache flushed after."""
 
 from __future__ import annotations
