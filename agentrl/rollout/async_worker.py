@@ -149,10 +149,6 @@ class RolloutWorker:
         self._changed.set()
         return group
 
-    def data_state(self) -> dict[str, Any] | None:
-        """The data state to checkpoint now (see `DrawLedger`)."""
-        return self.ledger.state()
-
     async def stop(self) -> None:
         """Cancel the worker and every group in flight (their episodes end ABORTED)."""
         jobs = [j for j in (self._main, *self.running) if j is not None]

@@ -122,7 +122,7 @@ class FullAsyncSchedule(SyncSchedule):
         )
         # Not the source's cursor, which ran ahead: the tasks still in flight or queued are
         # drawn again on resume, and the ones taken after them are not.
-        return Rollout(collected, self.worker.data_state(), time.perf_counter() - t0)
+        return Rollout(collected, self.worker.ledger.state(), time.perf_counter() - t0)
 
     def queue_depth(self) -> int:
         return self.worker.queue_depth
