@@ -32,12 +32,7 @@ from agentrl.engine.local.kv_arena import KVArena
 from agentrl.engine.local.scheduler import Scheduler
 from agentrl.engine.local.stepper import EngineStats, StepOptions, Stepper
 from agentrl.engine.local.worker import Command, check_request, resolve
-from agentrl.model_store import (
-    eos_token_ids,
-    load_model_and_tokenizer,
-    resolve_device,
-    resolve_model_path,
-)
+from agentrl.model_store import eos_token_ids, load_model_and_tokenizer, resolve_model_path
 
 if TYPE_CHECKING:
     from agentrl.config import EngineConfig, ModelConfig
@@ -190,9 +185,7 @@ class LocalEngine:
         """Load the checkpoint (or the bundled model's name) at `model_path` onto `device` and
         start an engine on it; `options` are the constructor's."""
         path = resolve_model_path(model_path)
-        model, tokenizer = load_model_and_tokenizer(
-            path, device=resolve_device(device), dtype=dtype
-        )
+        model, tokenizer = load_model_and_tokenizer(path, device=device, dtype=dtype)
         return cls(model, tokenizer, model_path=path, **options)
 
     @classmethod
