@@ -5,6 +5,7 @@ API) -- health-waited at start, restarted when it dies, and reached through one 
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 import logging
 import os
@@ -136,8 +137,9 @@ class ServedEngineGroup(RoutedEngine):
             self.router_process = start_router(
                 urls, log_path=logs / "router.log", api_key=self.api_key, die_with_parent=True
             )
-        router = sglang_client(cfg, self.router_process.url) if self.router_process else None
-        super().__init__([sglang_client(cfg, u) for u in urls], router=router)
+        client = functools.partial(sglang_client, cfg.engine, cfg.rollout)
+        router = client(self.router_process.url) if self.router_process else None
+        super().__init__([client(u) for u in urls], router=router)
         self.engine = GatedEngine(self)
 
     @classmethod
@@ -190,7 +192,7 @@ class ServedEngineGroup(RoutedEngine):
         )
         for i in dead:
             await self.clients[i].close()
-            self.clients[i] = sglang_client(self.cfg, self.urls[i])
+            self.clients[i] = sglang_client(self.cfg.engine, self.cfg.rollout, self.urls[i])
         return dead
 
     async def close(self) -> None:

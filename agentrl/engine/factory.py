@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from agentrl.config import RunConfig
+from agentrl.config import EngineConfig, RolloutConfig, RunConfig
 from agentrl.config_checks import trainer_uses_cuda
 from agentrl.engine.base import Engine
 from agentrl.engine.sglang.protocol import resolve_api_key
@@ -27,7 +27,7 @@ def make_engine(cfg: RunConfig, *, model_path: str | None = None, reserve_bytes:
         return LocalEngine.from_config(model, cfg.engine, reserve_bytes=reserve_bytes)
     if kind == "http":
         assert cfg.engine.url, "config_checks.check_run refuses engine.kind=http without a url"
-        return sglang_client(cfg, cfg.engine.url)
+        return sglang_client(cfg.engine, cfg.rollout, cfg.engine.url)
     if kind == "sglang":
         from agentrl.engine.sglang.launcher import launch_servers
         from agentrl.model_store import resolve_model_path
@@ -39,20 +39,20 @@ def make_engine(cfg: RunConfig, *, model_path: str | None = None, reserve_bytes:
             # the in-process trainer steps on the servers' GPU while they release their memory
             enable_memory_saver=trainer_uses_cuda(cfg.model.device),
         )
-        engine = sglang_client(cfg, cluster.url)
+        engine = sglang_client(cfg.engine, cfg.rollout, cluster.url)
         engine.cluster = cluster  # shut down with the engine
         return engine
     raise ValueError(f"engine.kind={kind!r} is not one of: local, http, sglang")
 
 
-def sglang_client(cfg: RunConfig, url: str) -> SGLangEngine:
+def sglang_client(engine: EngineConfig, rollout: RolloutConfig, url: str) -> SGLangEngine:
     """A client of the SGLang-API server at `url`, as the run's engine section says."""
     from agentrl.engine.sglang import SGLangEngine
 
     return SGLangEngine(
         url,
-        request_timeout_s=cfg.engine.request_timeout_s,
-        max_retries=cfg.engine.max_retries,
-        max_connections=max(1, cfg.rollout.max_concurrent_episodes),  # one connection per episode
-        api_key=resolve_api_key(cfg.engine),
+        request_timeout_s=engine.request_timeout_s,
+        max_retries=engine.max_retries,
+        max_connections=max(1, rollout.max_concurrent_episodes),  # one connection per episode
+        api_key=resolve_api_key(engine),
     )
