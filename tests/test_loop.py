@@ -12,24 +12,12 @@ import pytest
 from agentrl.config import recipe_for_env
 from agentrl.rollout.trajectory import read_jsonl
 from agentrl.run import train
+from tests.support.configs import tiny_train_config
 
 
 def _config(model_path: str, save: Path):
-    cfg = recipe_for_env("calculator")
-    cfg.model.path = model_path
-    cfg.checkpoint.save = str(save)
-    cfg.checkpoint.save_interval = 1
+    cfg = tiny_train_config(model_path, save, entropy_coef=0.0)  # reward alone: ties are skipped
     cfg.checkpoint.keep_last = 3
-    cfg.train.num_rollout = 2
-    cfg.train.lr = 1e-3
-    cfg.rollout.rollout_batch_size = 2
-    cfg.rollout.n_samples_per_prompt = 2
-    cfg.rollout.rollout_max_response_len = 12
-    cfg.rollout.max_turns = 2
-    cfg.eval.num_eval_tasks = 2
-    cfg.eval.eval_at_start = False
-    cfg.log.progress = False
-    cfg.log.use_tensorboard = False
     return cfg
 
 
