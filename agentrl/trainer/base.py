@@ -272,7 +272,7 @@ class TrainerBackend(ABC):
         zeros = torch.zeros(1, n)
         mb = MicroBatch(ids[:, :-1], torch.arange(n)[None], ids[:, 1:], mask, zeros, zeros,
                         torch.zeros(1, n, dtype=torch.long), mask.sum(-1), [0])  # fmt: skip
-        self.compute_logprobs(TrainBatch([StepBatch([mb], n, 1)], is_packed=False), ref=False)
+        self.compute_logprobs(TrainBatch([StepBatch([mb], n, 1)]), ref=False)
         assert mb.old_logprobs is not None  # compute_logprobs filled it
         return mb.old_logprobs[0, start - 1 :].tolist()
 

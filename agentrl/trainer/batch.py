@@ -74,7 +74,6 @@ class StepBatch:
 @dataclass
 class TrainBatch:
     steps: list[StepBatch]
-    is_packed: bool
     metrics: dict[str, float] = field(default_factory=dict)
     max_abs_advantage: float = math.inf
     """Over every rank's sequences (so all ranks agree): 0 means no policy-gradient signal, as
@@ -182,19 +181,16 @@ def _make_sample(index: int, traj: Any, advantage: float, pad_id: int) -> _Sampl
 
 
 def pack_first_fit_decreasing(
-    lengths: list[int], budget: int, *, is_packed: bool, max_seqs: int | None = None
+    lengths: list[int], budget: int, *, max_seqs: int | None = None
 ) -> list[list[int]]:
-    """Indices grouped into micro-batches of at most `budget` tokens (a longer sequence sits alone)
-    and at most `max_seqs` sequences (None = no bound).
-
-    Packed: the sum of lengths counts. Padded: rows x the longest row counts."""
+    """Indices grouped into micro-batches of at most `budget` tokens in all (a longer sequence
+    sits alone) and at most `max_seqs` sequences (None = no bound)."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     bins: list[list[int]] = []
     used: list[int] = []
     for i in order:
         for b, members in enumerate(bins):
-            cost = used[b] + lengths[i] if is_packed else (len(members) + 1) * lengths[members[0]]
-            if cost <= budget and (max_seqs is None or len(members) < max_seqs):
+            if used[b] + lengths[i] <= budget and (max_seqs is None or len(members) < max_seqs):
                 members.append(i)
                 used[b] += lengths[i]
                 break
@@ -204,25 +200,20 @@ def pack_first_fit_decreasing(
     return bins
 
 
-def _rows_for(samples: list[_Sample], is_packed: bool, pad_id: int) -> MicroBatch:
-    """Concatenate samples into one packed row, or stack them as right-padded rows."""
-    rows = [list(enumerate(samples))] if is_packed else [[pair] for pair in enumerate(samples)]
-    width = max(sum(s.length for _, s in row) for row in rows)
+def _packed_row(samples: list[_Sample]) -> MicroBatch:
+    """Concatenate samples into one packed row."""
 
-    def stack(values: Callable[[int, _Sample], list[Any]], pad: Any, dtype: torch.dtype) -> Tensor:
-        cells = [[x for k, s in row for x in values(k, s)] for row in rows]
-        return torch.tensor([c + [pad] * (width - len(c)) for c in cells], dtype=dtype)
+    def row(values: Callable[[int, _Sample], list[Any]], dtype: torch.dtype) -> Tensor:
+        return torch.tensor([[x for k, s in enumerate(samples) for x in values(k, s)]], dtype=dtype)
 
-    positions = [[p for _, s in row for p in range(s.length)] for row in rows]
     return MicroBatch(
-        input_ids=stack(lambda k, s: s.input_ids, pad_id, torch.long),
-        # Right padding continues the positions, so it never looks like a new packed sequence.
-        position_ids=torch.tensor([p + list(range(len(p), width)) for p in positions]),
-        target_ids=stack(lambda k, s: s.target_ids, pad_id, torch.long),
-        loss_mask=stack(lambda k, s: s.loss_mask, 0.0, torch.float32),
-        advantages=stack(lambda k, s: [s.advantage * m for m in s.loss_mask], 0.0, torch.float32),
-        rollout_logprobs=stack(lambda k, s: s.rollout_logprobs, 0.0, torch.float32),
-        seq_index=stack(lambda k, s: [k] * s.length, 0, torch.long),
+        input_ids=row(lambda k, s: s.input_ids, torch.long),
+        position_ids=row(lambda k, s: list(range(s.length)), torch.long),
+        target_ids=row(lambda k, s: s.target_ids, torch.long),
+        loss_mask=row(lambda k, s: s.loss_mask, torch.float32),
+        advantages=row(lambda k, s: [s.advantage * m for m in s.loss_mask], torch.float32),
+        rollout_logprobs=row(lambda k, s: s.rollout_logprobs, torch.float32),
+        seq_index=row(lambda k, s: [k] * s.length, torch.long),
         seq_num_tokens=torch.tensor([sum(s.loss_mask) for s in samples], dtype=torch.float32),
         sample_indices=[s.index for s in samples],
     )
@@ -233,7 +224,7 @@ def _empty_micro_batch(pad_id: int) -> MicroBatch:
     forward/backward collectives, and adds exactly zero to the loss and the gradients. It is
     one empty sequence (seq_num_tokens [0]), so seq_index 0 stays in range."""
     pad = _Sample(-1, [pad_id], [pad_id], loss_mask=[0.0], rollout_logprobs=[0.0], advantage=0.0)
-    return replace(_rows_for([pad], True, pad_id), sample_indices=[])
+    return replace(_packed_row([pad]), sample_indices=[])
 
 
 def split_balanced(lengths: list[int], num_parts: int) -> list[list[int]]:
@@ -251,7 +242,6 @@ def split_balanced(lengths: list[int], num_parts: int) -> list[list[int]]:
 def _step_batches(
     samples: list[_Sample],
     budget: int,
-    is_packed: bool,
     pad_id: int,
     dp_size: int,
     max_seqs: int | None,
@@ -268,12 +258,8 @@ def _step_batches(
     per_rank: list[list[MicroBatch]] = []
     for part in split_balanced([s.length for s in trained], dp_size):
         mine = [trained[i] for i in part]
-        bins = pack_first_fit_decreasing(
-            [s.length for s in mine], budget, is_packed=is_packed, max_seqs=max_seqs
-        )
-        per_rank.append(
-            [_rows_for([mine[i] for i in members], is_packed, pad_id) for members in bins]
-        )
+        bins = pack_first_fit_decreasing([s.length for s in mine], budget, max_seqs=max_seqs)
+        per_rank.append([_packed_row([mine[i] for i in members]) for members in bins])
     num_micro = max((len(mbs) for mbs in per_rank), default=0)
     num_loss_tokens = int(sum(sum(s.loss_mask) for s in samples))
     return [
@@ -296,7 +282,6 @@ def build_train_batches(
     max_tokens_per_micro_batch: int,
     pad_id: int,
     global_batch_size: int | None = None,
-    is_packed: bool = True,
     dp_size: int = 1,
     micro_batch_size: int | None = None,
 ) -> list[TrainBatch]:
@@ -326,7 +311,6 @@ def build_train_batches(
         _step_batches(
             samples[i : i + step_size],
             max_tokens_per_micro_batch,
-            is_packed,
             pad_id,
             dp_size,
             micro_batch_size,
@@ -342,7 +326,6 @@ def build_train_batches(
     return [
         TrainBatch(
             steps=[step[rank] for step in steps],
-            is_packed=is_packed,
             metrics=metrics,
             max_abs_advantage=max_abs_advantage,
         )
@@ -362,10 +345,9 @@ def build_train_batch(
     max_tokens_per_micro_batch: int,
     pad_id: int,
     global_batch_size: int | None = None,
-    is_packed: bool = True,
 ) -> TrainBatch:
     """The batch of a single trainer rank: `build_train_batches(..., dp_size=1)[0]`."""
-    (batch,) = build_train_batches(groups, algo_cfg, pad_id=pad_id, is_packed=is_packed,
+    (batch,) = build_train_batches(groups, algo_cfg, pad_id=pad_id,
                                    max_tokens_per_micro_batch=max_tokens_per_micro_batch,
                                    global_batch_size=global_batch_size)  # fmt: skip
     return batch

@@ -112,18 +112,6 @@ def test_packing_respects_the_token_budget(groups_factory):
     assert indices == list(range(16))
 
 
-def test_padded_rows_mode(groups_factory):
-    groups = groups_factory(num_groups=2, group_size=4, seed=2)
-    batch = build_train_batch(
-        groups, AlgoConfig(), max_tokens_per_micro_batch=40, pad_id=0, is_packed=False
-    )
-    for mb in batch.micro_batches():
-        rows, width = mb.input_ids.shape
-        assert rows * width <= 40 or rows == 1
-        assert mb.position_ids.tolist() == [list(range(width))] * rows  # right padding: no packing
-        assert rows == len(mb.sample_indices)
-
-
 def test_global_batch_size_splits_optimizer_steps_with_their_own_denominators(groups_factory):
     groups = groups_factory(num_groups=3, group_size=4, seed=3)
     batch = build_train_batch(
@@ -135,9 +123,8 @@ def test_global_batch_size_splits_optimizer_steps_with_their_own_denominators(gr
 
 
 def test_first_fit_decreasing():
-    bins = pack_first_fit_decreasing([5, 9, 3, 7, 1, 12], 12, is_packed=True)
+    bins = pack_first_fit_decreasing([5, 9, 3, 7, 1, 12], 12)
     assert bins == [[5], [1, 2], [3, 0], [4]]  # 12 | 9+3 | 7+5 | 1
-    assert pack_first_fit_decreasing([4, 4, 4], 9, is_packed=False) == [[0, 1], [2]]
 
 
 def test_inconsistent_trajectory_is_named(traj):
@@ -244,4 +231,4 @@ def test_micro_batch_size_caps_the_sequences_per_micro_batch(groups_factory):
     (capped,) = build_train_batches(groups, AlgoConfig(), micro_batch_size=3, **kw)
     assert [len(mb.sample_indices) for mb in unbounded.micro_batches()] == [8]
     assert [len(mb.sample_indices) for mb in capped.micro_batches()] == [3, 3, 2]
-    assert pack_first_fit_decreasing([1, 1, 1], 100, is_packed=False, max_seqs=2) == [[0, 1], [2]]
+    assert pack_first_fit_decreasing([1, 1, 1], 100, max_seqs=2) == [[0, 1], [2]]

@@ -35,18 +35,19 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def test_packed_rows_give_the_same_logprobs_as_padded_rows(tiny_llama_path, groups_factory):
+def test_packed_rows_give_the_same_logprobs_as_sequences_alone(tiny_llama_path, groups_factory):
     groups = groups_factory(num_groups=3, group_size=4, seed=0)
     backend = _backend(tiny_llama_path)
     packed = backend.compute_logprobs(
         build_train_batch(groups, AlgoConfig(), max_tokens_per_micro_batch=40, pad_id=0)
     )
-    padded = backend.compute_logprobs(
-        build_train_batch(
-            groups, AlgoConfig(), max_tokens_per_micro_batch=40, pad_id=0, is_packed=False
-        )
+    # A budget of one token: every sequence alone in its micro-batch, nothing packed beside it.
+    alone = backend.compute_logprobs(
+        build_train_batch(groups, AlgoConfig(), max_tokens_per_micro_batch=1, pad_id=0)
     )
-    a, b = _per_sample_logprobs(packed), _per_sample_logprobs(padded)
+    assert all(len(mb.sample_indices) == 1 for mb in alone.micro_batches())
+    assert any(len(mb.sample_indices) > 1 for mb in packed.micro_batches())
+    a, b = _per_sample_logprobs(packed), _per_sample_logprobs(alone)
     assert sorted(a) == sorted(b) == list(range(12))
     for i in a:
         assert torch.allclose(a[i], b[i], atol=1e-5), i
@@ -69,10 +70,8 @@ def test_loss_and_gradients_do_not_depend_on_the_micro_batch_split(
     groups = groups_factory(num_groups=2, group_size=4, seed=5)
     backend = _backend(tiny_llama_path, algo, lr=0.0, clip_grad=0.0)  # lr 0: weights stay put
     results = []
-    for budget, is_packed in [(10_000, True), (12, True), (30, False)]:
-        batch = build_train_batch(
-            groups, algo, max_tokens_per_micro_batch=budget, pad_id=0, is_packed=is_packed
-        )
+    for budget in (10_000, 12, 1):
+        batch = build_train_batch(groups, algo, max_tokens_per_micro_batch=budget, pad_id=0)
         metrics = backend.train_step(batch)
         results.append(
             (batch.metrics["batch/num_micro_batches"], metrics["loss"], _grads(backend.model))
