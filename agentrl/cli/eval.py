@@ -4,7 +4,6 @@ report.json / report.md / report.png; a rerun into the same --out resumes."""
 from __future__ import annotations
 
 import asyncio
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -207,23 +206,17 @@ async def _run(
 def print_report(console: Any, report: EvalReport, out_dir: Path) -> None:
     from rich.table import Table
 
+    from agentrl.eval.report import format_value as fmt
+
     table = Table(title=f"{report.meta.get('env', '')} · {report.num_tasks} tasks × k={report.k}")
     for column in ("metric", "value", "95% CI", "n"):
         table.add_column(column, justify="left" if column == "metric" else "right")
-    rows = [("reward", report.reward), ("pass rate", report.pass_rate)]
-    rows += [(f"pass@{j}", iv) for j, iv in report.pass_at_k.items()]
-    rows.append((f"maj@{report.k}", report.maj_at_k))
-    rows += [(f"{name} (component)", iv) for name, iv in report.components.items()]
-    for name, iv in rows:
-        table.add_row(name, _fmt(iv.mean), f"[{_fmt(iv.low)}, {_fmt(iv.high)}]", str(iv.n))
+    for name, iv in report.rows():
+        table.add_row(name, fmt(iv.mean), f"[{fmt(iv.low)}, {fmt(iv.high)}]", str(iv.n))
     console.print(table)
     mix = ", ".join(f"{s} {frac:.1%}" for s, frac in report.status_mix.items() if frac > 0)
     console.print(
-        f"status: {mix or 'no episodes'} · turns {_fmt(report.turns_mean)} · tool calls "
-        f"{_fmt(report.tool_calls_per_episode)} · tool errors {_fmt(report.tool_errors_per_episode)} per episode"
+        f"status: {mix or 'no episodes'} · turns {fmt(report.turns_mean)} · tool calls "
+        f"{fmt(report.tool_calls_per_episode)} · tool errors {fmt(report.tool_errors_per_episode)} per episode"
     )
     console.print(f"wrote {out_dir}/report.json, report.md, report.png and eval_trajectories.jsonl")
-
-
-def _fmt(x: float) -> str:
-    return "n/a" if math.isnan(x) else f"{x:.3f}"

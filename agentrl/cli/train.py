@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -10,53 +11,17 @@ import typer
 if TYPE_CHECKING:
     from agentrl.config import RunConfig
 
-# slime flag -> config key. Each is a typed option below, so an unknown flag is an error
-# that names it (typer: "No such option: --x").
-SLIME_FLAGS: dict[str, str] = {
-    "agent": "rollout.agent",
+# slime's flags set the config field of their own name (`--eps-clip`: algo.eps_clip), but for
+# these. Each is a typed option below, so an unknown flag is an error that names it (typer: "No
+# such option: --x").
+RENAMED_FLAGS = {
     "model": "model.path",
-    "save": "checkpoint.save",
-    "num_rollout": "train.num_rollout",
-    "rollout_batch_size": "rollout.rollout_batch_size",
-    "n_samples_per_prompt": "rollout.n_samples_per_prompt",
-    "global_batch_size": "train.global_batch_size",
-    "advantage_estimator": "algo.advantage_estimator",
-    "use_kl_loss": "algo.use_kl_loss",
-    "kl_loss_coef": "algo.kl_loss_coef",
-    "eps_clip": "algo.eps_clip",
-    "eps_clip_high": "algo.eps_clip_high",
-    "rollout_temperature": "rollout.rollout_temperature",
-    "rollout_max_response_len": "rollout.rollout_max_response_len",
-    "save_interval": "checkpoint.save_interval",
-    "save_interval_minutes": "checkpoint.save_interval_minutes",
-    "eval_interval": "eval.eval_interval",
-    "prompt_data": "env.prompt_data",
-    "input_key": "env.input_key",
-    "label_key": "env.label_key",
-    "lr": "train.lr",
-    "ray_address": "cluster.ray_address",
-    "actor_num_nodes": "cluster.actor_num_nodes",
-    "actor_num_gpus_per_node": "cluster.actor_num_gpus_per_node",
-    "rollout_num_gpus": "cluster.rollout_num_gpus",
-    "rollout_num_gpus_per_engine": "cluster.rollout_num_gpus_per_engine",
-    "colocate": "cluster.colocate",
-    "offload_train": "cluster.offload_train",
-    "update_weight_transport": "cluster.update_weight_transport",
-    "update_weight_buffer_size": "cluster.update_weight_buffer_size",
     "async_": "train.use_async",
-    "update_weights_interval": "train.update_weights_interval",
-    "async_mode": "train.async_mode",
-    "max_staleness": "train.max_staleness",
-    "num_episodes_in_flight": "train.num_episodes_in_flight",
     "train_backend": "train.backend",
-    "tensor_model_parallel_size": "train.tensor_model_parallel_size",
-    "pipeline_model_parallel_size": "train.pipeline_model_parallel_size",
-    "sequence_parallel": "train.sequence_parallel",
-    "recompute_granularity": "train.recompute_granularity",
     "max_tokens_per_gpu": "train.max_tokens_per_micro_batch",
-    "micro_batch_size": "train.micro_batch_size",
-    "use_distributed_optimizer": "train.use_distributed_optimizer",
 }
+COMMAND_FLAGS = ("env", "resume", "override", "overwrite", "set_", "show_config")
+"""`agentrl train`'s own flags; every other one sets a config field."""
 PLACEMENT = "Placement (Ray; any of these runs trainer and engines as Ray actors)"
 TRAINER = "Trainer backend (Megatron flags need --train-backend megatron)"
 
@@ -76,7 +41,7 @@ def build_config(
     from agentrl.run.run_dir import RunDirError, config_diff, saved_config
 
     saved = saved_config(resume) if resume else None
-    values = {"env.id": env, **{SLIME_FLAGS[name]: value for name, value in flags.items()}}
+    values = {"env.id": env, **{config_key(name): value for name, value in flags.items()}}
     if flags.get("async_mode") is not None and flags.get("async_") is None:
         values["train.use_async"] = True  # --async-mode full says --async too
     base = RunConfig.from_dict(saved) if saved is not None else env or "calculator"
@@ -94,6 +59,15 @@ def build_config(
             "add --override to apply them, or drop them to continue as saved"
         )
     return cfg, changed
+
+
+def config_key(flag: str) -> str:
+    """The config field a slime-named flag sets: the one field named so, else `RENAMED_FLAGS`'s."""
+    from agentrl.config import RunConfig
+
+    sections = typing.get_type_hints(RunConfig).items()
+    keys = [f"{name}.{flag}" for name, section in sections if flag in section.__dataclass_fields__]
+    return RENAMED_FLAGS.get(flag) or keys[0]
 
 
 def train_command(
@@ -237,6 +211,7 @@ def train_command(
     show_config: bool = typer.Option(False, help="Print the resolved config and exit."),
 ) -> None:
     """Train a policy on an env with GRPO-family RL; runs on CPU with the embedded defaults."""
+    flags = {k: v for k, v in locals().items() if k not in COMMAND_FLAGS}  # before other locals
     import errno
     import json
     import logging
@@ -245,7 +220,6 @@ def train_command(
 
     from agentrl.cli import fail, quiet_libraries, user_errors
 
-    flags = {k: v for k, v in locals().items() if k in SLIME_FLAGS}
     console = Console()
     with user_errors():
         cfg, changed = build_config(env, flags, set_, resume, is_override=override)

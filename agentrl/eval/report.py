@@ -90,14 +90,20 @@ class EvalReport:
         out.update({f"status/{s}": frac for s, frac in self.status_mix.items()})
         return {prefix + k: float(v) for k, v in out.items()}
 
+    def rows(self, *, components: bool = True) -> list[tuple[str, Interval]]:
+        """(name, interval) of each number the tables (and, components aside, the plot) show."""
+        rows = [("reward", self.reward), ("pass rate", self.pass_rate)]
+        rows += [(f"pass@{k}", v) for k, v in self.pass_at_k.items()]
+        rows.append((f"maj@{self.k}", self.maj_at_k))
+        if components:
+            rows += [(f"{name} (component)", v) for name, v in self.components.items()]
+        return rows
+
     def to_markdown(self) -> str:
         title = " · ".join(
             f"{k} {v}" for k, v in self.meta.items() if k in ("env", "split", "model", "step")
         )
-        rows = [("reward (mean)", self.reward), ("pass rate", self.pass_rate)]
-        rows += [(f"pass@{k}", v) for k, v in self.pass_at_k.items()]
-        rows.append((f"maj@{self.k}", self.maj_at_k))
-        rows += [(f"{name} (component)", v) for name, v in self.components.items()]
+        rows = [("reward (mean)", self.reward), *self.rows()[1:]]
         lines = [
             f"# Evaluation{': ' + title if title else ''}",
             "",
@@ -108,7 +114,8 @@ class EvalReport:
             "|---|---|---|---|",
         ]
         lines += [
-            f"| {name} | {_fmt(iv.mean)} | [{_fmt(iv.low)}, {_fmt(iv.high)}] | {iv.n} |"
+            f"| {name} | {format_value(iv.mean)} | [{format_value(iv.low)}, "
+            f"{format_value(iv.high)}] | {iv.n} |"
             for name, iv in rows
         ]
         lines += ["", "| status | episodes | fraction |", "|---|---|---|"]
@@ -121,10 +128,10 @@ class EvalReport:
             "",
             "| episode statistic | mean |",
             "|---|---|",
-            f"| turns | {_fmt(self.turns_mean)} |",
-            f"| tool calls | {_fmt(self.tool_calls_per_episode)} |",
-            f"| tool errors | {_fmt(self.tool_errors_per_episode)} |",
-            f"| response tokens | {_fmt(self.response_len_mean)} |",
+            f"| turns | {format_value(self.turns_mean)} |",
+            f"| tool calls | {format_value(self.tool_calls_per_episode)} |",
+            f"| tool errors | {format_value(self.tool_errors_per_episode)} |",
+            f"| response tokens | {format_value(self.response_len_mean)} |",
             "",
             "Reward and pass@k CIs: Student t over per-task means (Wilson when every task scores "
             "0 or 1). Pass rate: Wilson over scored episodes. maj@k: Wilson over tasks. "
@@ -222,7 +229,7 @@ def _value(x: Any) -> str:
     return getattr(x, "value", str(x))
 
 
-def _fmt(x: float) -> str:
+def format_value(x: float) -> str:
     return "n/a" if x is None or math.isnan(x) else f"{x:.3f}"
 
 
@@ -261,10 +268,8 @@ def _pyplot():
 def plot_report(report: EvalReport, path: str | Path) -> None:
     """Bars for mean reward, pass rate, pass@k and maj@k with their 95% CI error bars."""
     plt = _pyplot()
-    items = [("reward", report.reward), ("pass rate", report.pass_rate)]
-    items += [(f"pass@{k}", v) for k, v in report.pass_at_k.items()]
-    items.append((f"maj@{report.k}", report.maj_at_k))
-    names = [f"{name}\n{_fmt(iv.mean)}" for name, iv in items]
+    items = report.rows(components=False)
+    names = [f"{name}\n{format_value(iv.mean)}" for name, iv in items]
     means = [0.0 if math.isnan(iv.mean) else iv.mean for _, iv in items]
     errors = [
         [0.0 if math.isnan(iv.low) else iv.mean - iv.low for _, iv in items],

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 
 import pytest
@@ -48,6 +50,23 @@ def test_slime_flags_map_to_config():
     assert cfg["train"]["lr"] == 2e-6
     assert cfg["checkpoint"]["save"] == "/tmp/x"
     assert cfg["rollout"]["max_turns"] == 2
+
+
+def test_every_slime_flag_names_one_config_field():
+    """A flag sets the field of its name: a name two sections share would be ambiguous."""
+    from agentrl.cli.train import COMMAND_FLAGS, RENAMED_FLAGS, config_key, train_command
+    from agentrl.config import RunConfig
+
+    cfg = RunConfig()
+    sections = [f.name for f in dataclasses.fields(cfg)]
+    for flag in inspect.signature(train_command).parameters:
+        if flag in COMMAND_FLAGS:
+            continue
+        owners = [s for s in sections if hasattr(getattr(cfg, s), flag)]
+        assert flag in RENAMED_FLAGS or len(owners) == 1, (flag, owners)
+        section, name = config_key(flag).split(".")
+        assert hasattr(getattr(cfg, section), name), flag
+    assert config_key("eps_clip") == "algo.eps_clip" and config_key("model") == "model.path"
 
 
 def test_unsupported_slime_flag_is_named():
