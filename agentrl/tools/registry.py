@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrl.tools.output import TextTokenizer, format_output, truncate_middle
-from agentrl.tools.tool import ArgumentError, Tool, make_tool
+from agentrl.tools.tool import ArgumentError, Tool, tool
 from agentrl.types import Message, ToolCall
 
 
@@ -67,7 +67,7 @@ class ToolRegistry:
 
     def register(self, fn_or_tool: Tool | Callable[..., Any]) -> Tool:
         """Add a Tool, or a plain function made into one with default limits."""
-        t = make_tool(fn_or_tool)
+        t = tool(fn_or_tool)
         if t.name in self._tools and self._tools[t.name] is not t:
             raise ValueError(
                 f"a tool named {t.name!r} is already registered; pass @tool(name=...) to rename one"

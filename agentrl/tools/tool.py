@@ -190,27 +190,16 @@ def tool(
     The docstring's text before the first section is the tool's description; an `Args:`
     (Google) or `Parameters` (numpy) section describes each parameter. Usable bare
     (`@tool`) or with limits (`@tool(timeout_s=5, max_concurrency=4)`), on functions,
-    async functions and methods.
+    async functions and methods. A Tool is returned as it is.
     """
-
-    limits = functools.partial(
-        make_tool,
-        name=name,
-        timeout_s=timeout_s,
-        max_concurrency=max_concurrency,
-        max_output_tokens=max_output_tokens,
-    )
-    return limits(fn) if fn is not None else limits
-
-
-def make_tool(
-    fn: Callable[..., Any],
-    *,
-    name: str | None = None,
-    timeout_s: float | None = 30.0,
-    max_concurrency: int | None = None,
-    max_output_tokens: int | None = None,
-) -> Tool:
+    if fn is None:  # @tool(...): the decorator (pyright cannot type a partial of an overload)
+        return functools.partial(  # pyright: ignore[reportReturnType]
+            tool,
+            name=name,
+            timeout_s=timeout_s,
+            max_concurrency=max_concurrency,
+            max_output_tokens=max_output_tokens,
+        )
     if isinstance(fn, Tool):
         return fn
     if max_concurrency is not None and max_concurrency < 1:
@@ -276,4 +265,4 @@ def _signature_model(
     return model, tuple(fills_none), accepts_extra
 
 
-__all__ = ["ArgumentError", "Tool", "make_tool", "tool"]
+__all__ = ["ArgumentError", "Tool", "tool"]
