@@ -85,15 +85,15 @@ def _loopback_node_ip() -> Iterator[None]:
 
 class RayCluster:
     """This run's share of Ray: the placement group from the flags and the actors on it.
-    `await RayCluster.start(cfg)`, then `start_actors` (trainer ranks, then engine servers);
+    `RayCluster.start(cfg)`, then `start_ranks` and `start_engines` (trainer ranks, then servers);
     `release()` ends them all, and Ray itself when this run started it."""
 
-    def __init__(self, cfg: RunConfig, owns_ray: bool) -> None:
+    def __init__(
+        self, cfg: RunConfig, owns_ray: bool, plan: BundlePlan, pg: Any, bundles: list[BundleInfo]
+    ) -> None:
         self.cfg, self.owns_ray = cfg, owns_ray
+        self.plan, self.pg, self.bundles = plan, pg, bundles
         self.actors: list[Any] = []
-        self.pg: Any = None
-        self.plan: BundlePlan | None = None
-        self.bundles: list[BundleInfo] = []
 
     @classmethod
     def start(cls, cfg: RunConfig) -> RayCluster:
@@ -103,26 +103,25 @@ class RayCluster:
         _require_asked_packages(cfg)  # before anything starts
         address = cfg.cluster.ray_address or os.environ.get("RAY_ADDRESS")
         guess = plan_placement(cfg.cluster, use_gpu=torch.cuda.is_available() and not address)
-        cluster = cls(cfg, init_ray(cfg, guess.num_bundles))
+        owns_ray = init_ray(cfg, guess.num_bundles)
         try:
             use_gpu = ray.cluster_resources().get("GPU", 0) > 0
             plan = plan_placement(cfg.cluster, use_gpu=use_gpu)
             unit = "GPU" if use_gpu else "CPU"
             available = ray.available_resources().get(unit, 0) - (0 if use_gpu else 1)
             check_capacity(plan, cfg.cluster, available)
-            cluster.pg, cluster.bundles = create_placement_group(plan)
-            cluster.plan = plan
+            pg, bundles = create_placement_group(plan)
         except BaseException:
-            cluster.release_now()
+            if owns_ray:
+                ray.shutdown()
             raise
-        return cluster
+        return cls(cfg, owns_ray, plan, pg, bundles)
 
     async def rank_slots(self) -> list[dict[str, Any]]:
         """Where each trainer rank runs: its rank, device, process group address and port."""
         import ray
 
         plan, bundles = self.plan, self.bundles
-        assert plan is not None, "RayCluster.rank_slots before start()"
         first = bundles[plan.trainer_bundles[0]]
         master_port = (
             await ray.remote(_free_port)
@@ -141,7 +140,6 @@ class RayCluster:
         import ray
 
         plan = self.plan
-        assert plan is not None, "RayCluster.start_ranks before start()"
         actor_cls = ray.remote(worker_cls)
         ranks = [
             actor_cls.options(
@@ -158,25 +156,21 @@ class RayCluster:
     async def start_engines(self, model_path: str, reserves: list[int]) -> ServedEngineGroup:
         """The engine servers, healthy, and their group; `reserves[rank]`: what a colocated
         engine leaves for the trainer rank on its GPU."""
-        plan = self.plan
-        assert plan is not None, "RayCluster.start_engines before start()"
-        servers = start_engine_actors(self.cfg, plan, self.pg, self.bundles, model_path, reserves)
+        servers = start_engine_actors(
+            self.cfg, self.plan, self.pg, self.bundles, model_path, reserves
+        )
         self.actors.extend(servers)
-        return await ServedEngineGroup.start(servers, self.cfg, plan)
+        return await ServedEngineGroup.start(servers, self.cfg, self.plan)
 
-    async def release(self) -> None:
-        self.release_now()
-
-    def release_now(self) -> None:
+    def release(self) -> None:
         import ray
         from ray.util.placement_group import remove_placement_group
 
         for actor in self.actors:
             with contextlib.suppress(Exception):
                 ray.kill(actor)
-        if self.pg is not None:
-            with contextlib.suppress(Exception):
-                remove_placement_group(self.pg)
+        with contextlib.suppress(Exception):
+            remove_placement_group(self.pg)
         if self.owns_ray:
             ray.shutdown()
 

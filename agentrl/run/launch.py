@@ -68,7 +68,6 @@ async def start_on_ray(cfg: RunConfig, model_path: str, num_optimizer_steps: int
     cluster = RayCluster.start(cfg)
     try:
         plan = cluster.plan
-        assert plan is not None
         specs = [
             worker_spec(cfg, model_path, num_optimizer_steps, shares_gpu=plan.is_colocated,
                         api_key=resolve_api_key(cfg.engine), **slot)
@@ -89,7 +88,7 @@ async def start_on_ray(cfg: RunConfig, model_path: str, num_optimizer_steps: int
         )
         await runtime.start()
     except BaseException:
-        await cluster.release()
+        cluster.release()
         raise
     log.info(
         "Ray runtime: %d trainer ranks, %d engines (%s, weights by %s) at %s",

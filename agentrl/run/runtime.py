@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -63,7 +63,7 @@ class Runtime:
         *,
         temperature: float,
         check_weight_sync: bool,
-        on_close: Callable[[], Awaitable[None]] | None = None,
+        on_close: Callable[[], None] | None = None,
     ) -> None:
         self.placement, self.trainer, self.engines = placement, trainer, engines
         # A `GatedEngine` (the Engine protocol by delegation): a weight update drains turns.
@@ -198,7 +198,7 @@ class Runtime:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.trainer.all("shutdown"), timeout=60)
         if self.on_close is not None:
-            await self.on_close()
+            self.on_close()
 
 
 def batches_per_rank(batches: list[Any], dp_ranks: list[int]) -> list[Any]:
