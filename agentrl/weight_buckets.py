@@ -23,11 +23,6 @@ def bucket_by_dtype(
     """Buckets that each hold one dtype and at most `bucket_size_bytes` (a larger tensor alone;
     unbounded: one per dtype), dtypes and names in first-seen order. Lazy: a bucket is yielded
     once the next tensor of its dtype would overflow it, so one open bucket per dtype is alive."""
-    if bucket_size_bytes < 1:
-        raise ValueError(
-            f"bucket_size_bytes={bucket_size_bytes} must be >= 1 "
-            "(cluster.update_weight_buffer_size; the default is 2 GiB, slime's 512 MiB)"
-        )
     open_buckets: dict[Any, tuple[NamedTensors, int]] = {}
     for name, tensor in named_tensors:
         bucket, size = open_buckets.get(tensor.dtype, ([], 0))

@@ -57,6 +57,7 @@ def test_dict_and_list_fields():
         ("rollout.rollout_top_p=1.5", "rollout_top_p='1.5' is out of range: it must be less than"),
         ("algo.eps_clip_c=0.9", "eps_clip_c='0.9' is out of range: it must be greater than 1"),
         ("train.max_staleness=-1", "max_staleness='-1' is out of range"),
+        ("cluster.update_weight_buffer_size=0", "update_weight_buffer_size='0' is out of range"),
     ],
 )
 def test_bad_override_names_field_and_value(override, fragment):

@@ -8,7 +8,6 @@ import asyncio
 import bisect
 import hashlib
 import itertools
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -67,7 +66,6 @@ class RoutedEngine:
         self.router = router
         self.ring = HashRing(len(self.clients))
         self.is_up = [True] * len(self.clients)
-        self.num_requests = Counter[int]()
         self.weight_version = weight_version
         self._round_robin = itertools.cycle(range(len(self.clients)))
 
@@ -108,7 +106,6 @@ class RoutedEngine:
         else:
             index = self.server_for(routing_key)
             client = self.clients[index]
-        self.num_requests[index] += 1
         try:
             completion = await client.generate(input_ids, sampling, routing_key=routing_key)
             if index < 0:  # sglang_router does not say which worker answered

@@ -73,11 +73,6 @@ class SGLangHTTP:
             raise ValueError(
                 f"SGLangEngine base_url={base_url!r} must start with http:// or https://"
             )
-        if max_connections < 1 or max_retries < 0 or request_timeout_s <= 0:
-            raise ValueError(
-                f"SGLangEngine needs max_connections >= 1, max_retries >= 0, request_timeout_s > 0; got "
-                f"{max_connections}, {max_retries}, {request_timeout_s}"
-            )
         self.base_url = base_url.rstrip("/")
         self.max_connections = max_connections
         self.request_timeout_s = request_timeout_s
