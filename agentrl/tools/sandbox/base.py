@@ -6,6 +6,9 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from pydantic import PositiveFloat, PositiveInt
+from pydantic.dataclasses import dataclass as checked_dataclass
+
 
 class SandboxStatus(str, enum.Enum):
     """How a run ended. SANDBOX_ERROR is the sandbox's own failure, never the program's."""
@@ -62,33 +65,22 @@ class Program:
         return files
 
 
-@dataclass
+@checked_dataclass
 class Limits:
-    """Per-run limits. Every backend enforces all of them (network is always off)."""
+    """Per-run limits. Every backend enforces all of them (network is always off); a value
+    <= 0 is refused at construction (pydantic's ValidationError, a ValueError)."""
 
-    timeout_s: float = 10.0
+    timeout_s: PositiveFloat = 10.0
     """Wall clock: the only limit a sleeping program hits."""
     cpu_s: float | None = None
     """CPU seconds (RLIMIT_CPU); None = timeout_s rounded up."""
-    memory_mb: int = 512
-    max_processes: int = 64
-    max_file_size_mb: int = 64
+    memory_mb: PositiveInt = 512
+    max_processes: PositiveInt = 64
+    max_file_size_mb: PositiveInt = 64
     """Largest file a program may write (RLIMIT_FSIZE), also the size of the work dir."""
-    max_open_files: int = 256
-    max_output_bytes: int = 1 << 20
+    max_open_files: PositiveInt = 256
+    max_output_bytes: PositiveInt = 1 << 20
     """stdout + stderr bytes kept; one more byte kills the run (OUTPUT_LIMIT)."""
-
-    def __post_init__(self) -> None:
-        for name in (
-            "timeout_s",
-            "memory_mb",
-            "max_processes",
-            "max_file_size_mb",
-            "max_open_files",
-            "max_output_bytes",
-        ):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"Limits.{name}={getattr(self, name)!r} must be > 0")
 
     @property
     def cpu_limit_s(self) -> int:
