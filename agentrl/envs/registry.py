@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import importlib
 import inspect
 import os
+import pkgutil
 import sys
 import threading
 import warnings
@@ -92,20 +92,14 @@ def _import_object(entry_point: str, env_id: str) -> Any:
             f"env {env_id!r}: entry point {entry_point!r} must look like 'package.module:ClassName'"
         )
     try:
-        obj: Any = importlib.import_module(module_name)
+        return pkgutil.resolve_name(entry_point)
     except ImportError as e:
         raise EnvLoadError(
             f"env {env_id!r}: cannot import {module_name!r} (entry point {entry_point!r}): "
             f"{type(e).__name__}: {e}"
         ) from e
-    for attr in attr_path.split("."):
-        try:
-            obj = getattr(obj, attr)
-        except AttributeError:
-            raise EnvLoadError(
-                f"env {env_id!r}: module {module_name!r} has no attribute {attr_path!r}"
-            ) from None
-    return obj
+    except AttributeError as e:
+        raise EnvLoadError(f"env {env_id!r}: entry point {entry_point!r}: {e}") from None
 
 
 _specs: dict[str, EnvSpec] = {}

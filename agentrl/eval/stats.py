@@ -82,43 +82,27 @@ def pass_at_k_levels(k: int) -> list[int]:
 # ---------------------------------------------------------------- intervals
 
 
-def _t_two_sided_mass(t: float, df: int) -> float:
-    """P(|T| < t) for Student's t with integer df (Abramowitz & Stegun 26.7.3-4, exact)."""
-    theta = math.atan(t / math.sqrt(df))
-    cos2 = math.cos(theta) ** 2
-    if df % 2 == 1:
-        term, total = math.cos(theta), 0.0
-        for j in range(3, df + 1, 2):  # cos + 2/3 cos^3 + (2*4)/(3*5) cos^5 + ...
-            total += term
-            term *= cos2 * (j - 1) / j
-        return (
-            2.0 / math.pi * (theta + math.sin(theta) * total) if df > 1 else 2.0 * theta / math.pi
-        )
-    term, total = 1.0, 0.0
-    for j in range(2, df + 1, 2):  # 1 + 1/2 cos^2 + (1*3)/(2*4) cos^4 + ...
-        total += term
-        term *= cos2 * (j - 1) / j
-    return math.sin(theta) * total
-
-
 def t_critical(df: int, confidence: float = 0.95) -> float:
     """The two-sided Student-t critical value, e.g. t_critical(10) = 2.228.
 
-    Bisection on the exact integer-df CDF, so no scipy is needed.
+    P(|T| >= t) is the regularized incomplete beta I_x(df/2, 1/2) at x = df / (df + t^2):
+    mpmath (a dependency of torch's sympy) solves it for x.
     """
+    import mpmath
+
     if df < 1:
         raise ValueError(f"t_critical: df={df} must be at least 1")
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence={confidence} must be in (0, 1), e.g. 0.95")
     if df > 1000:  # the t distribution is normal to 4 decimals here
         return NormalDist().inv_cdf(0.5 + confidence / 2)
-    low, high = 0.0, 1.0
-    while _t_two_sided_mass(high, df) < confidence:
-        high *= 2.0
-    for _ in range(100):
-        mid = (low + high) / 2
-        low, high = (mid, high) if _t_two_sided_mass(mid, df) < confidence else (low, mid)
-    return (low + high) / 2
+
+    def excess_tail(x: float) -> Any:
+        return mpmath.betainc(df / 2, 0.5, 0, x, regularized=True) - (1 - confidence)
+
+    # illinois keeps the root bracketed in (0, 1), where the tail grows with x
+    x = mpmath.findroot(excess_tail, (0, 1), solver="illinois", verify=False)
+    return math.sqrt(df * (1 - x) / x)
 
 
 def mean_ci(values: Sequence[float], confidence: float = 0.95) -> Interval:
