@@ -1,7 +1,8 @@
 """Attention over the KV arena, registered with transformers' `AttentionInterface` as
 "agentrl_arena": each layer writes the step's new K/V into the arena in place, then attends over
 each sequence's slot, with FlashAttention-2 as bundled in torch (varlen, `seqused_k`) on CUDA in
-bf16/fp16 and SDPA elsewhere. A forward without an `arena_step` (a plain call of the model, as
+bf16/fp16 (a step where every sequence decodes one token: the Triton split-K kernel of
+`decode_attention.py`, where triton is installed) and SDPA elsewhere. A forward without an `arena_step` (a plain call of the model, as
 `generate()` or a teacher-forced check makes) is transformers' own SDPA attention.
 """
 
@@ -37,6 +38,8 @@ class ArenaStep:
     cu_q: torch.Tensor | None = None  # [B + 1] int32
     cu_k: torch.Tensor | None = None  # [B + 1] int32 (the last entry is not read)
     seqused_k: torch.Tensor | None = None  # [B] int32
+    split_k: bool = False
+    """FlashAttention's layout, every sequence one query: run the split-K decode kernel instead."""
     # SDPA: queries padded to [B, max_q], keys gathered to [B, max_k] under a causal mask.
     gather_index: torch.Tensor | None = None  # [B * max_k] buffer rows
     slot_rows: tuple[int, int, int] | None = None
@@ -67,9 +70,11 @@ class ArenaStep:
         cu_q: list[int],
         device: torch.device | str,
         use_flash: bool,
+        split_k: bool = False,
     ) -> ArenaStep:
         step = cls(arena.keys, arena.values, write_index, use_flash, max(q_lens), max(kv_lens))
         if use_flash:
+            step.split_k = split_k and step.max_q == 1
             int32: dict[str, Any] = dict(dtype=torch.int32, device=device)
             step.cu_q = torch.tensor(cu_q, **int32)
             step.cu_k = torch.tensor(kv_starts + [kv_starts[-1]], **int32)
@@ -131,6 +136,12 @@ class ArenaStep:
                     0, packed, group.attend_packed(layer, gq, gk, gv, scale, written=True)
                 )
             return out
+        if self.split_k:
+            assert self.cu_k is not None and self.seqused_k is not None
+            from agentrl.engine.local.decode_attention import num_splits, split_k_decode
+
+            splits = num_splits(q.shape[0], q.shape[1], _num_sms(q.device))
+            return split_k_decode(q, keys, values, self.cu_k[:-1], self.seqused_k, scale, splits)
         if self.use_flash:
             # Each row reads only its own seqused_k keys: the slot's unwritten tail is never read.
             return torch.ops.aten._flash_attention_forward(
@@ -277,6 +288,23 @@ def use_arena_attention(model: Any) -> None:
 def flash_attention_supported(device: torch.device | str, dtype: torch.dtype) -> bool:
     """torch's bundled FlashAttention-2 runs on CUDA in half precision only."""
     return torch.device(device).type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+
+
+@functools.cache
+def split_k_supported(device: str) -> bool:
+    """Whether the split-K decode kernel runs here: CUDA, with triton installed."""
+    if torch.device(device).type != "cuda":
+        return False
+    try:
+        import agentrl.engine.local.decode_attention  # noqa: F401  (compiles nothing yet)
+    except ImportError:
+        return False
+    return True
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 @functools.cache

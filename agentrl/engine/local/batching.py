@@ -113,7 +113,12 @@ class PackedStep:
 
 
 def pack_step(
-    sequences: list[Sequence], arena: KVArena, device: torch.device | str, *, use_flash: bool
+    sequences: list[Sequence],
+    arena: KVArena,
+    device: torch.device | str,
+    *,
+    use_flash: bool,
+    split_k: bool = False,
 ) -> PackedStep:
     """Lay out each sequence's uncached tokens after one another in a single row."""
     ids, positions, writes, q_lens, kv_lens, starts, cu_q = [], [], [], [], [], [], [0]
@@ -136,6 +141,7 @@ def pack_step(
         cu_q=cu_q,
         device=device,
         use_flash=use_flash,
+        split_k=split_k,
     )
     return PackedStep(
         input_ids=_long(ids, device)[None],

@@ -72,6 +72,7 @@ class DecodeGraphs:
         self._sample: Callable[..., tuple[torch.Tensor, torch.Tensor]] = sample
         self._terms: torch.Tensor | None = None  # the noise's per-id terms, made at capture
         self._eager_sampling: set[bool] = set()  # filter variants whose compiled sampler failed
+        self.split_k = False  # attention through the split-K decode kernel
 
     @classmethod
     def capture(
@@ -83,9 +84,12 @@ class DecodeGraphs:
         num_vocab: int,
         *,
         compile_sampler: bool = False,
+        split_k: bool = False,
     ) -> DecodeGraphs:
-        """`forward(input_ids, position_ids, arena_step, last_index)` -> logits [B, V]."""
+        """`forward(input_ids, position_ids, arena_step, last_index)` -> logits [B, V];
+        `split_k`: attention through the split-K decode kernel."""
         self = cls(arena, device, max_batch_size)
+        self.split_k = split_k
         self._sample = torch.compile(sample, fullgraph=True) if compile_sampler else sample
         self._terms = vocab_terms(num_vocab, device)
         self._fill_padding(0, max_batch_size, num_vocab)
@@ -99,8 +103,17 @@ class DecodeGraphs:
                         self._forward(forward, b, use_filter)
                 torch.cuda.current_stream(device).wait_stream(side)
                 graph = torch.cuda.CUDAGraph()
+                # cuBLAS keeps one workspace per stream, and every capture runs on torch's one
+                # capture stream: uncleared, this graph would bake in the workspace an earlier
+                # capture (another engine's, since closed) took from its own pool, and a replay
+                # after that pool was freed (a release clears workspaces and empties the cache)
+                # wrote into memory given back to the driver: an illegal memory access. Cleared
+                # before, the workspace comes from this engine's pool, which lives as long as its
+                # graphs; cleared after, no matmul outside them uses it (as inductor does).
+                torch._C._cuda_clearCublasWorkspaces()
                 with torch.cuda.graph(graph, pool=pool):
                     self._forward(forward, b, use_filter)
+                torch._C._cuda_clearCublasWorkspaces()
                 self.graphs[b, use_filter] = graph
         torch.cuda.synchronize(device)
         return self
@@ -112,6 +125,7 @@ class DecodeGraphs:
             self.arena.keys, self.arena.values, row["write_index"][:b], use_flash=True,
             max_q=1, max_k=self.arena.max_len,
             cu_q=self.cu_q[: b + 1], cu_k=self.kv[0, : b + 1], seqused_k=self.kv[1, :b],
+            split_k=self.split_k,
         )  # fmt: skip
         logits = forward(row["input_ids"][None, :b], row["positions"][None, :b], step, None)
         rows = SamplingRows(

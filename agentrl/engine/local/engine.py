@@ -22,6 +22,7 @@ from agentrl.engine.base import Completion, EngineError, FinishReason, SamplingP
 from agentrl.engine.local.attention import (
     flash_attention_supported,
     forward_over_arena,
+    split_k_supported,
     use_arena_attention,
 )
 from agentrl.engine.local.batching import Sequence, StopChecker
@@ -66,6 +67,9 @@ class LocalEngine:
     - `compile_decode`: on CUDA, compile the fused forward's pieces and the sampler with
       `torch.compile` and capture the compiled kernels in the decode graphs (falls back to eager
       where compilation fails).
+    - `split_k_decode`: on CUDA with triton, attend in decode steps through the split-K kernel of
+      `decode_attention.py` instead of FlashAttention (which runs a 128-row query block for
+      each decoding sequence's one query).
     """
 
     def __init__(
@@ -89,6 +93,7 @@ class LocalEngine:
         pack_cpu_linears: bool = True,
         fuse_projections: bool | None = None,
         compile_decode: bool = True,
+        split_k_decode: bool = True,
     ) -> None:
         """An engine around a loaded transformers `model` (on its device) and its `tokenizer`;
         `LocalEngine.load` reads them from a checkpoint. `weights_cpu_backup=False`:
@@ -139,7 +144,7 @@ class LocalEngine:
             min(self._max_positions(), self.arena.max_len),
         )
         self._vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
-        self._stepper = self._make_stepper(use_cuda_graphs, compile_decode)
+        self._stepper = self._make_stepper(use_cuda_graphs, compile_decode, split_k_decode)
         self.stats: EngineStats = self._stepper.stats
         # HF name -> the Parameter (or buffer) itself; release and resume swap `.data`, never the
         # objects, so the map stays valid (a state_dict() per weight update costs milliseconds).
@@ -159,12 +164,13 @@ class LocalEngine:
             raise ValueError(f"fuse_projections=True: {reason}; pass fuse_projections=False")
         return FusedDecoder(self.model)
 
-    def _make_stepper(self, use_cuda_graphs: bool, compile_decode: bool) -> Stepper:
+    def _make_stepper(self, use_cuda_graphs: bool, compile_decode: bool, split_k: bool) -> Stepper:
         use_flash = flash_attention_supported(self.device, self.model.dtype)
         options = StepOptions(
             device=self.device, vocab_size=self._vocab_size, max_batch_size=self.max_batch_size,
             use_flash=use_flash, use_graphs=use_cuda_graphs and use_flash,
             compile_graphs=compile_decode and use_flash,
+            split_k=split_k and use_flash and split_k_supported(self.device),
         )  # fmt: skip
         forward = (self.fused.forward if self.fused is not None
                    else functools.partial(forward_over_arena, self.model))  # fmt: skip

@@ -43,8 +43,9 @@ class EngineStats:
 
 @dataclass
 class StepOptions:
-    """How steps run: `use_flash` (FlashAttention over the arena), `use_graphs` (decode under CUDA
-    graphs), `compile_graphs` (their forward and sampler through torch.compile)."""
+    """How steps run: `use_flash` (FlashAttention over the arena), `split_k` (decode-only steps
+    through the split-K kernel instead), `use_graphs` (decode under CUDA graphs), `compile_graphs`
+    (their forward and sampler through torch.compile)."""
 
     device: str
     vocab_size: int
@@ -52,6 +53,7 @@ class StepOptions:
     use_flash: bool
     use_graphs: bool
     compile_graphs: bool = False
+    split_k: bool = False
 
 
 class Stepper:
@@ -164,7 +166,7 @@ class Stepper:
             try:
                 return DecodeGraphs.capture(
                     self.forward, arena, o.device, o.max_batch_size, o.vocab_size,
-                    compile_sampler=compiled,
+                    compile_sampler=compiled, split_k=o.split_k,
                 )  # fmt: skip
             except Exception:  # eager graphs, or eager decode, stay correct, only slower
                 what = "compiled" if compiled else "eager"
@@ -177,7 +179,8 @@ class Stepper:
     @torch.inference_mode()
     def _forward_eager(self, batch: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
         arena = self.scheduler.arena
-        step = pack_step(batch, arena, self.options.device, use_flash=self.options.use_flash)
+        o = self.options
+        step = pack_step(batch, arena, o.device, use_flash=o.use_flash, split_k=o.split_k)
         if not self.options.use_flash:
             for seq in batch:
                 assert seq.slot is not None

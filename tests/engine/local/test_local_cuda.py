@@ -5,6 +5,7 @@ copy (run by `pytest -m gpu` on the GPU machine)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 import torch
@@ -85,6 +86,33 @@ async def test_cuda_graph_decode_bf16_matches_teacher_forcing_across_release_and
     state = eng.model.state_dict()
     await eng.update_weights([(n, t * 1.05) for n, t in state.items()], weight_version="2")
     assert await run_and_check() != first  # the graphs read the new weights in place
+    await eng.close()
+
+
+@pytest.mark.gpu
+async def test_pausable_engine_after_a_closed_one_replays_its_graphs_across_release(
+    tiny_model_path: str,
+) -> None:
+    """cuBLAS keeps one workspace for torch's capture stream: graphs that baked in the one an
+    earlier engine's capture took from its pool read freed memory once a release cleared it (the
+    closed engine's pool then goes back to the driver), an illegal memory access on the first
+    replay after resume. Each capture takes its own."""
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=12)
+    first = LocalEngine.load(tiny_model_path, device="cuda", dtype="bfloat16", max_batch_size=4)
+    await asyncio.gather(*[first.generate(p, sampling) for p in PROMPTS[:3]])
+    assert first.stats.num_graph_replays > 0
+    await first.close()
+    del first
+    gc.collect()  # the closed engine's graphs, and with them its pool
+    eng = LocalEngine.load(tiny_model_path, device="cuda", dtype="bfloat16", max_batch_size=4)
+    before = await eng.generate(PROMPTS[0], sampling)
+    await eng.release_memory()
+    await eng.resume_memory()
+    replays = eng.stats.num_graph_replays
+    after = await eng.generate(PROMPTS[0], sampling)
+    torch.cuda.synchronize()
+    assert eng.stats.num_graph_replays > replays
+    assert after.ids == before.ids
     await eng.close()
 
 
