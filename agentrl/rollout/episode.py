@@ -132,7 +132,7 @@ async def run_episode(
         # The runner cancels episodes on shutdown or a weight-update drain: keep what was sampled.
         ending = (EpisodeStatus.ABORTED, StatusReason.CANCELLED)
     finally:
-        await _close(env, rec)
+        await close_env(env, rec.info, rec.episode_id)
     rec.info["elapsed_s"] = time.perf_counter() - start
     return rec.finish(ending)
 
@@ -240,9 +240,10 @@ def _step_ending(result: StepResult, *, is_last_turn: bool) -> _Ending | None:
     return None
 
 
-async def _close(env: AgentEnv, rec: EpisodeRecord) -> None:
+async def close_env(env: AgentEnv, info: dict[str, Any], episode_id: str) -> None:
+    """`env.close()`, whose exception goes into `info` (and the log), never further."""
     try:
         await env.close()
     except Exception:
-        rec.info["close_error"] = traceback.format_exc()
-        logger.warning("episode %s: env.close raised\n%s", rec.episode_id, rec.info["close_error"])
+        info["close_error"] = traceback.format_exc()
+        logger.warning("episode %s: env.close raised\n%s", episode_id, info["close_error"])

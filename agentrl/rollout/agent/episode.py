@@ -7,7 +7,6 @@ import asyncio
 import importlib
 import inspect
 import time
-import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +18,7 @@ from agentrl.rollout.agent.capture import EpisodeCapture
 from agentrl.rollout.agent.chat import CallLimits
 from agentrl.rollout.agent.endpoint import AgentEndpoint
 from agentrl.rollout.codec import ChatCodec
-from agentrl.rollout.episode import EpisodeRecord, record_error
+from agentrl.rollout.episode import EpisodeRecord, close_env, record_error
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.types import EpisodeStatus, Message, StatusReason, Task
 
@@ -92,7 +91,7 @@ async def run_agent_episode(
     finally:
         setup.endpoint.close(base_url)
         await client.close()
-        await _close(env, capture)
+        await close_env(env, capture.info, capture.episode_id)
     capture.info["elapsed_s"] = time.perf_counter() - start
     trajectories = capture.trajectories(reward, *ending)
     return trajectories or [_empty(capture, *ending)]
@@ -154,10 +153,3 @@ def _empty(capture: EpisodeCapture, status: EpisodeStatus, reason: StatusReason)
     return EpisodeRecord(capture.task, capture.group_id, capture.episode_id, info=info).finish(
         (status, reason)
     )
-
-
-async def _close(env: AgentEnv, capture: EpisodeCapture) -> None:
-    try:
-        await env.close()
-    except Exception:
-        capture.info["close_error"] = traceback.format_exc()
