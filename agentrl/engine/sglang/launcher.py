@@ -61,13 +61,12 @@ def server_command(
     mem_fraction_static: float,
     base_gpu_id: int = 0,
     extra_args: list[str] | None = None,
-    python: str = sys.executable,
     enable_memory_saver: bool = False,
     api_key: str | None = None,
 ) -> list[str]:
     """`enable_memory_saver`: a server sharing its GPUs with the trainer (colocated) -- without
     it SGLang's release/resume of memory silently frees nothing."""
-    cmd = [python, "-m", "sglang.launch_server", "--model-path", model_path, "--host", host,
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--host", host,
            "--port", str(port), "--tp-size", str(tp_size),
            "--mem-fraction-static", str(mem_fraction_static)]  # fmt: skip
     if base_gpu_id:
@@ -104,16 +103,14 @@ def router_command(
     host: str,
     port: int,
     policy: str,
-    python: str = sys.executable,
     module: str = "smg",
     api_key: str | None = None,
-    metrics_port: int | None = None,
 ) -> list[str]:
     """`api_key`: the key the router sends to the workers (their --api-key). Its Prometheus
     server binds where the router binds, on a free port: by default both routers put it on
     0.0.0.0:29000 (every interface, and a second router on the machine fails to start)."""
-    metrics_port = metrics_port or free_ports(1, host)[0]
-    cmd = [python, "-m", f"{module}.launch_router", "--worker-urls", *worker_urls,
+    (metrics_port,) = free_ports(1, host)
+    cmd = [sys.executable, "-m", f"{module}.launch_router", "--worker-urls", *worker_urls,
            "--policy", policy, "--host", host, "--port", str(port),
            "--prometheus-host", host, "--prometheus-port", str(metrics_port)]  # fmt: skip
     return cmd + (["--api-key", api_key] if api_key else [])
