@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from agentrl.config import AlgoConfig, ConfigError, TrainConfig
+from agentrl.model_store import resolve_device
 from agentrl.trainer.batch import (
     MicroBatch,
     StepBatch,
@@ -33,20 +34,17 @@ from agentrl.trainer.weights import DEFAULT_BUCKET_SIZE_BYTES
 from agentrl.weight_buckets import bucket_by_dtype
 
 
-def check_backend_args(*, dtype: str, temperature: float, device: str) -> None:
+def check_backend_args(*, dtype: str, temperature: float, device: str) -> torch.device:
     """What every backend refuses before it looks at the machine or loads anything (a
-    `ConfigError`: the command line prints it as one line)."""
+    `ConfigError`: the command line prints it as one line); the device, auto resolved."""
     if dtype not in ("auto", "float32", "bfloat16"):
         raise ConfigError(f"dtype={dtype!r} is not supported; use auto, float32 or bfloat16")
     if temperature <= 0:
         raise ConfigError(f"temperature={temperature} must be > 0 (use 1.0 for greedy rollouts)")
-    if device != "auto":
-        try:
-            torch.device(device)
-        except RuntimeError:
-            raise ConfigError(
-                f"model.device={device!r} is not a torch device; use auto, cpu, cuda or cuda:N"
-            ) from None
+    try:
+        return torch.device(resolve_device(device))
+    except ValueError as e:  # it names the value; the field is model.device
+        raise ConfigError(f"model.{e}") from None
 
 
 T = TypeVar("T")
@@ -78,12 +76,10 @@ class TrainerBackend(ABC):
         temperature: float = 1.0,
         num_optimizer_steps: int | None = None,
     ) -> None:
-        check_backend_args(dtype=dtype, temperature=temperature, device=device)
+        self.device = check_backend_args(dtype=dtype, temperature=temperature, device=device)
         self._check_machine(train_cfg)
         self.model_path, self.train_cfg, self.algo_cfg = model_path, train_cfg, algo_cfg
         self.objective = build_objective(algo_cfg)
-        is_cuda = torch.cuda.is_available()
-        self.device = torch.device(device if device != "auto" else "cuda" if is_cuda else "cpu")
         self.param_dtype: torch.dtype = (
             getattr(torch, dtype) if dtype != "auto" else self.auto_dtype
         )
