@@ -195,13 +195,10 @@ async def _run_pending(
 def _progress_bar(
     num_episodes: int, progress: bool | RunProgress, work: Any, max_work: float | None
 ) -> Iterator[Any]:
-    """Yields `advance()`: the "eval" phase of `progress` (a run's display), of a display of
-    its own when True, or nothing when False."""
-    if progress is False:
-        yield lambda: None
-        return
-    display = progress if isinstance(progress, RunProgress) else RunProgress()
-    owned = contextlib.nullcontext(display) if display is progress else display
+    """Yields `advance()`: the "eval" phase of `progress` (a run's display), or of a display of
+    its own, shown when `progress` is True."""
+    display = progress if isinstance(progress, RunProgress) else RunProgress(enabled=progress)
+    owned = contextlib.nullcontext() if display is progress else display
     phase_cm = display.phase("eval", num_episodes, "episodes", work=work, max_work=max_work)
     with owned, phase_cm as phase:
         yield phase.advance

@@ -1,6 +1,6 @@
 """`judge(rubric, ...)`: LLM-as-judge rewards through an agentrl engine or any OpenAI-compatible
-URL. Concurrent `score` calls are collected into batches, deduplicated and sent together (up
-to `max_concurrency` at once); verdicts are cached by (prompt, answer). A judge that cannot
+URL. Concurrent `score` calls for one answer share one request, at most `max_concurrency`
+requests are out at once, and verdicts are cached by (prompt, answer). A judge that cannot
 answer raises `JudgeError`: raised inside `env.step` (or an agent) it ends the episode ERROR,
 an infrastructure outcome kept out of the loss, never a reward of 0."""
 
@@ -10,7 +10,6 @@ import asyncio
 import hashlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from agentrl.rewards.rubric import JudgeScore, Rubric
@@ -67,15 +66,6 @@ def engine_backend(engine: Any, codec: Any, *, max_tokens: int = 256) -> Backend
     return complete
 
 
-@dataclass
-class _Pending:
-    key: str
-    prompt: str
-    answer: str
-    reference: str | None
-    future: asyncio.Future[JudgeScore]
-
-
 class Judge:
     """Scores answers against a rubric; one instance serves a whole run (its cache with it)."""
 
@@ -85,83 +75,52 @@ class Judge:
         backend: Backend,
         *,
         max_concurrency: int = 8,
-        max_batch_size: int = 32,
-        batch_window_s: float = 0.005,
         cache_size: int = 100_000,
         max_attempts: int = 2,
     ) -> None:
-        for name, value in (("max_concurrency", max_concurrency), ("max_batch_size", max_batch_size),
-                            ("max_attempts", max_attempts)):  # fmt: skip
+        for name, value in (("max_concurrency", max_concurrency), ("max_attempts", max_attempts)):
             if value < 1:
                 raise ValueError(f"judge {name}={value}: use an int >= 1")
         self.rubric, self.backend = rubric, backend
-        self.max_concurrency, self.max_batch_size = max_concurrency, max_batch_size
-        self.batch_window_s, self.cache_size = batch_window_s, cache_size
+        self.max_concurrency, self.cache_size = max_concurrency, cache_size
         self.max_attempts = max_attempts
         self.cache: OrderedDict[str, JudgeScore] = OrderedDict()
         self.num_requests = 0
-        self.num_batches = 0
-        self._queue: list[_Pending] = []
-        self._flusher: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._limit = asyncio.Semaphore(max_concurrency)
+        self._in_flight: dict[str, asyncio.Task[JudgeScore]] = {}
 
     async def score(self, prompt: str, answer: str, *, reference: str | None = None) -> JudgeScore:
-        """The verdict on one answer; concurrent calls share batches. Raises JudgeError."""
+        """The verdict on one answer; concurrent calls for it share one request. Raises JudgeError."""
         key = _key(prompt, answer, reference)
         if key in self.cache:
             self.cache.move_to_end(key)
             return self.cache[key]
-        future: asyncio.Future[JudgeScore] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Pending(key, prompt, answer, reference, future))
-        if len(self._queue) >= self.max_batch_size:
-            self._start_flush(delay_s=0.0)
-        elif self._flusher is None or self._flusher.done() or self._is_other_loop(self._flusher):
-            self._start_flush(delay_s=self.batch_window_s)
-        return await future
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # a Judge outlives event loops (eval runs its own)
+            self._loop, self._in_flight = loop, {}
+            self._limit = asyncio.Semaphore(self.max_concurrency)
+        if key not in self._in_flight:
+            messages = self.rubric.messages(prompt, answer, reference)
+            self._in_flight[key] = loop.create_task(self._judge(key, messages))
+        # shielded: a caller that is cancelled leaves the request to the others waiting on it
+        return await asyncio.shield(self._in_flight[key])
 
     async def reward(self, prompt: str, answer: str, *, reference: str | None = None) -> float:
         return (await self.score(prompt, answer, reference=reference)).reward
 
-    @staticmethod
-    def _is_other_loop(task: asyncio.Task[None]) -> bool:
-        # A Judge outlives event loops (eval runs its own): a flush of a closed loop never runs.
-        return task.get_loop() is not asyncio.get_running_loop()
+    async def _judge(self, key: str, messages: list[Message]) -> JudgeScore:
+        try:
+            async with self._limit:
+                verdict = await self._ask(messages)
+        finally:
+            self._in_flight.pop(key, None)
+        self.cache[key] = verdict
+        while len(self.cache) > self.cache_size:
+            self.cache.popitem(last=False)
+        return verdict
 
-    def _start_flush(self, *, delay_s: float) -> None:
-        self._flusher = asyncio.ensure_future(self._flush_after(delay_s))
-
-    async def _flush_after(self, delay_s: float) -> None:
-        await asyncio.sleep(delay_s)  # let the callers of this moment join the batch
-        while self._queue:
-            batch = self._queue[: self.max_batch_size]
-            del self._queue[: self.max_batch_size]
-            await self._send(batch)
-
-    async def _send(self, batch: list[_Pending]) -> None:
-        """One batch: each distinct (prompt, answer) judged once, up to max_concurrency at once."""
-        self.num_batches += 1
-        by_key: dict[str, list[_Pending]] = {}
-        for item in batch:
-            by_key.setdefault(item.key, []).append(item)
-        limit = asyncio.Semaphore(self.max_concurrency)
-
-        async def judge_one(items: list[_Pending]) -> None:
-            async with limit:
-                try:
-                    verdict: JudgeScore | BaseException = await self._judge(items[0])
-                except Exception as e:  # every waiter of this key gets the same failure
-                    verdict = e
-            for item in items:
-                if item.future.done():
-                    continue
-                if isinstance(verdict, BaseException):
-                    item.future.set_exception(verdict)
-                else:
-                    item.future.set_result(verdict)
-
-        await asyncio.gather(*(judge_one(items) for items in by_key.values()))
-
-    async def _judge(self, item: _Pending) -> JudgeScore:
-        messages = self.rubric.messages(item.prompt, item.answer, item.reference)
+    async def _ask(self, messages: list[Message]) -> JudgeScore:
         problem = ""
         for _ in range(self.max_attempts):
             self.num_requests += 1
@@ -173,15 +132,8 @@ class Judge:
                 continue
             except Exception as e:
                 raise JudgeError(f"judge failed: {type(e).__name__}: {e}") from e
-            verdict = JudgeScore(self.rubric.reward(scores), scores, text)
-            self._remember(item.key, verdict)
-            return verdict
+            return JudgeScore(self.rubric.reward(scores), scores, text)
         raise JudgeError(f"judge gave no usable verdict in {self.max_attempts} attempts: {problem}")
-
-    def _remember(self, key: str, verdict: JudgeScore) -> None:
-        self.cache[key] = verdict
-        while len(self.cache) > self.cache_size:
-            self.cache.popitem(last=False)
 
 
 def _key(prompt: str, answer: str, reference: str | None) -> str:

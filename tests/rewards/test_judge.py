@@ -1,5 +1,5 @@
 """`agentrl.rewards.judge` against a stub judge server over real HTTP: verdicts cached by
-(prompt, answer), concurrent calls batched and deduplicated, failures raised as JudgeError and
+(prompt, answer), concurrent calls deduplicated and bounded, failures raised as JudgeError and
 recorded as ERROR episodes (masked), never as reward 0."""
 
 from __future__ import annotations
@@ -78,12 +78,12 @@ async def test_verdicts_are_weighted_and_cached_by_prompt_and_answer(stub):
     assert '"correct"' in stub.requests[0]["messages"][0]["content"]
 
 
-async def test_concurrent_calls_are_batched_deduplicated_and_bounded(stub):
+async def test_concurrent_calls_are_deduplicated_and_bounded(stub):
     j = judge(RUBRIC, url=stub.url, max_concurrency=3)
     answers = ["42", "41", "42", "40", "39", "41"]
     verdicts = await asyncio.gather(*(j.score("q", a) for a in answers))
     assert [v.scores["correct"] for v in verdicts] == [1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
-    assert j.num_batches == 1 and len(stub.requests) == 4  # 4 distinct answers, one batch
+    assert j.num_requests == len(stub.requests) == 4  # 4 distinct answers, one request each
     assert stub.peak == 3  # sent together, never more than max_concurrency at once
 
 
