@@ -94,10 +94,14 @@ def split_k_decode(
     kv_len: torch.Tensor,
     scale: float,
     splits: int,
+    *,
+    block_n: int = BLOCK_N,
+    num_warps: int = 4,
 ) -> torch.Tensor:
     """`q` [B, H, D] (one query a sequence), `keys`/`values` [rows, KVH, D] in the arena's layout
     (row or head major; unit last stride), sequence b's keys at rows kv_start[b] ..
-    kv_start[b] + kv_len[b] (int32, [B], kv_len[b] >= 1). Returns [B, H, D] in q's dtype."""
+    kv_start[b] + kv_len[b] (int32, [B], kv_len[b] >= 1). Returns [B, H, D] in q's dtype.
+    `block_n`, `num_warps`: the tiling (benchmarks/engine_gpu/split_k_decode.py sweeps them)."""
     batch, heads, dim = q.shape
     mid_o = torch.empty(batch, heads, splits, dim, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(batch, heads, splits, dtype=torch.float32, device=q.device)
@@ -105,7 +109,8 @@ def split_k_decode(
         q, keys, values, kv_start, kv_len, mid_o, mid_lse,
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), values.stride(0),
         values.stride(1), scale,
-        HEADS=heads, GROUP=heads // keys.shape[1], SPLITS=splits, D=dim, BLOCK=BLOCK_N,
+        HEADS=heads, GROUP=heads // keys.shape[1], SPLITS=splits, D=dim, BLOCK=block_n,
+        num_warps=num_warps,
     )  # fmt: skip
     out = torch.empty_like(q)
     cast(Any, _combine_kernel)[(batch, heads)](
