@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
+
+import pydantic
 
 from agentrl.types import EpisodeStatus, StatusReason
 
@@ -83,20 +85,15 @@ class Trajectory:
                 raise ValueError(f"turn at {turn.start} does not match loss_mask")
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["status"] = self.status.value
-        d["status_reason"] = self.status_reason.value
-        d["num_turns"] = self.num_turns
-        return d
+        """The JSON form (enums as their values), with `num_turns` for readers of the file."""
+        return {**_JSON.dump_python(self, mode="json"), "num_turns": self.num_turns}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Trajectory:
-        d = dict(d)
-        d.pop("num_turns", None)
-        d["status"] = EpisodeStatus(d["status"])
-        d["status_reason"] = StatusReason(d["status_reason"])
-        d["turns"] = [Turn(**t) for t in d.get("turns", [])]
-        return cls(**d)
+        return _JSON.validate_python(d)  # `num_turns`, derived, is ignored
+
+
+_JSON = pydantic.TypeAdapter(Trajectory)
 
 
 def write_jsonl(path: str, trajectories: list[Trajectory], *, append: bool = False) -> None:
