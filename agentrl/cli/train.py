@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typing
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -70,86 +70,79 @@ def config_key(flag: str) -> str:
     return RENAMED_FLAGS.get(flag) or keys[0]
 
 
+def _flag(help: str | None = None, panel: str | None = None) -> Any:
+    """A slime-named flag, None unless given (the recipe's or saved run's value stands)."""
+    return typer.Option(None, help=help, rich_help_panel=panel)
+
+
+def _placement(help: str) -> Any:
+    return _flag(help, PLACEMENT)
+
+
+def _trainer(help: str | None = None) -> Any:
+    return _flag(help, TRAINER)
+
+
 def train_command(
-    env: str | None = typer.Option(
-        None,
-        help="Registered env id (agentrl env list), or module:Class importable from the working "
-        "directory (default: calculator; with --resume, the run's own).",
+    env: str | None = _flag(
+        "Registered env id (agentrl env list), or module:Class importable from the working "
+        "directory (default: calculator; with --resume, the run's own)."
     ),
-    agent: str | None = typer.Option(
-        None,
-        help="An agent to train instead of the env's own loop: module:function, an `async def "
-        "run(task, client)` that talks to the policy through an OpenAI client.",
+    agent: str | None = _flag(
+        "An agent to train instead of the env's own loop: module:function, an `async def "
+        "run(task, client)` that talks to the policy through an OpenAI client."
     ),
-    model: str | None = typer.Option(
-        None, help="Transformers checkpoint dir (default: bundled SmolLM2-135M)."
+    model: str | None = _flag("Transformers checkpoint dir (default: bundled SmolLM2-135M)."),
+    save: str | None = _flag("Run directory for checkpoints, metrics and evals."),
+    num_rollout: int | None = _flag("Train steps."),
+    rollout_batch_size: int | None = _flag("Tasks per train step."),
+    n_samples_per_prompt: int | None = _flag("Episodes per task (group size)."),
+    global_batch_size: int | None = _flag("Trajectories per optimizer step."),
+    advantage_estimator: str | None = _flag(
+        "grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline"
     ),
-    save: str | None = typer.Option(None, help="Run directory for checkpoints, metrics and evals."),
-    num_rollout: int | None = typer.Option(None, help="Train steps."),
-    rollout_batch_size: int | None = typer.Option(None, help="Tasks per train step."),
-    n_samples_per_prompt: int | None = typer.Option(None, help="Episodes per task (group size)."),
-    global_batch_size: int | None = typer.Option(None, help="Trajectories per optimizer step."),
-    advantage_estimator: str | None = typer.Option(
-        None, help="grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline"
+    use_kl_loss: bool | None = _flag("Add KL to the reference policy."),
+    kl_loss_coef: float | None = _flag(),
+    eps_clip: float | None = _flag(),
+    eps_clip_high: float | None = _flag(),
+    rollout_temperature: float | None = _flag(),
+    rollout_max_response_len: int | None = _flag("Most new tokens per turn."),
+    save_interval: int | None = _flag("Save a checkpoint every N steps."),
+    save_interval_minutes: float | None = _flag(
+        "Also save when N minutes have passed since the last save (preemptible jobs)."
     ),
-    use_kl_loss: bool | None = typer.Option(None, help="Add KL to the reference policy."),
-    kl_loss_coef: float | None = typer.Option(None),
-    eps_clip: float | None = typer.Option(None),
-    eps_clip_high: float | None = typer.Option(None),
-    rollout_temperature: float | None = typer.Option(None),
-    rollout_max_response_len: int | None = typer.Option(None, help="Most new tokens per turn."),
-    save_interval: int | None = typer.Option(None, help="Save a checkpoint every N steps."),
-    save_interval_minutes: float | None = typer.Option(
-        None, help="Also save when N minutes have passed since the last save (preemptible jobs)."
+    eval_interval: int | None = _flag(),
+    prompt_data: str | None = _flag(
+        "JSONL/parquet training tasks (default: the env's train split)."
     ),
-    eval_interval: int | None = typer.Option(None),
-    prompt_data: str | None = typer.Option(
-        None, help="JSONL/parquet training tasks (default: the env's train split)."
+    input_key: str | None = _flag(),
+    label_key: str | None = _flag(),
+    lr: float | None = _flag(),
+    ray_address: str | None = _placement(
+        "Join this Ray cluster (default: RAY_ADDRESS, else start a local Ray)."
     ),
-    input_key: str | None = typer.Option(None),
-    label_key: str | None = typer.Option(None),
-    lr: float | None = typer.Option(None),
-    ray_address: str | None = typer.Option(
-        None,
-        help="Join this Ray cluster (default: RAY_ADDRESS, else start a local Ray).",
-        rich_help_panel=PLACEMENT,
+    actor_num_nodes: int | None = _placement("Nodes for the trainer ranks."),
+    actor_num_gpus_per_node: int | None = _placement(
+        "Trainer ranks per node, one GPU each (FSDP2 data parallel)."
     ),
-    actor_num_nodes: int | None = typer.Option(
-        None, help="Nodes for the trainer ranks.", rich_help_panel=PLACEMENT
+    rollout_num_gpus: int | None = _placement(
+        "GPUs for all engine servers (default: the trainer's when colocated, else 1)."
     ),
-    actor_num_gpus_per_node: int | None = typer.Option(
-        None,
-        help="Trainer ranks per node, one GPU each (FSDP2 data parallel).",
-        rich_help_panel=PLACEMENT,
+    rollout_num_gpus_per_engine: int | None = _placement(
+        "GPUs of one engine server (its TP size)."
     ),
-    rollout_num_gpus: int | None = typer.Option(
-        None,
-        help="GPUs for all engine servers (default: the trainer's when colocated, else 1).",
-        rich_help_panel=PLACEMENT,
+    colocate: bool | None = _placement(
+        "Engines share the trainer's GPUs, releasing memory while it steps."
     ),
-    rollout_num_gpus_per_engine: int | None = typer.Option(
-        None, help="GPUs of one engine server (its TP size).", rich_help_panel=PLACEMENT
+    offload_train: bool | None = _placement(
+        "Colocated on CUDA: keep the trainer's optimizer state in host memory between steps, "
+        "so the engine's KV cache gets its room."
     ),
-    colocate: bool | None = typer.Option(
-        None,
-        help="Engines share the trainer's GPUs, releasing memory while it steps.",
-        rich_help_panel=PLACEMENT,
+    update_weight_transport: str | None = _placement(
+        "auto | tensor (CUDA IPC, same host) | distributed (NCCL broadcast) | disk"
     ),
-    offload_train: bool | None = typer.Option(
-        None,
-        help="Colocated on CUDA: keep the trainer's optimizer state in host memory between steps, "
-        "so the engine's KV cache gets its room.",
-        rich_help_panel=PLACEMENT,
-    ),
-    update_weight_transport: str | None = typer.Option(
-        None,
-        help="auto | tensor (CUDA IPC, same host) | distributed (NCCL broadcast) | disk",
-        rich_help_panel=PLACEMENT,
-    ),
-    update_weight_buffer_size: int | None = typer.Option(
-        None,
-        help="Bytes per weight bucket sent to the engines (default 2 GiB; slime's 512 MiB).",
-        rich_help_panel=PLACEMENT,
+    update_weight_buffer_size: int | None = _placement(
+        "Bytes per weight bucket sent to the engines (default 2 GiB; slime's 512 MiB)."
     ),
     async_: bool | None = typer.Option(
         None,
@@ -158,47 +151,29 @@ def train_command(
         "off-policy, as slime's train_async.py).",
         rich_help_panel=PLACEMENT,
     ),
-    update_weights_interval: int | None = typer.Option(
-        None, help="With --async: push weights every N steps.", rich_help_panel=PLACEMENT
+    update_weights_interval: int | None = _placement("With --async: push weights every N steps."),
+    async_mode: str | None = _placement(
+        "one_step (slime's train_async.py) | full (a rollout worker keeps episodes in "
+        "flight across steps; the trainer takes groups as they finish). Implies --async."
     ),
-    async_mode: str | None = typer.Option(
-        None,
-        help="one_step (slime's train_async.py) | full (a rollout worker keeps episodes in "
-        "flight across steps; the trainer takes groups as they finish). Implies --async.",
-        rich_help_panel=PLACEMENT,
+    max_staleness: str | None = _placement(
+        "Drop trajectories whose oldest turn is more than K policy versions behind the "
+        "trainer (default 2; none = no bound)."
     ),
-    max_staleness: str | None = typer.Option(
-        None,
-        help="Drop trajectories whose oldest turn is more than K policy versions behind the "
-        "trainer (default 2; none = no bound).",
-        rich_help_panel=PLACEMENT,
+    num_episodes_in_flight: int | None = _placement(
+        "--async-mode full: episodes kept running (default: one rollout batch)."
     ),
-    num_episodes_in_flight: int | None = typer.Option(
-        None,
-        help="--async-mode full: episodes kept running (default: one rollout batch).",
-        rich_help_panel=PLACEMENT,
+    train_backend: str | None = _trainer("torch (FSDP2) | megatron (the megatron extra, CUDA)."),
+    tensor_model_parallel_size: int | None = _trainer(),
+    pipeline_model_parallel_size: int | None = _trainer(),
+    sequence_parallel: bool | None = _trainer(),
+    recompute_granularity: str | None = _trainer("full | selective activation recompute."),
+    max_tokens_per_gpu: int | None = _trainer("Token budget of one packed micro-batch per GPU."),
+    micro_batch_size: int | None = _trainer(
+        "Sequences per micro-batch at most (default: as many as fit)."
     ),
-    train_backend: str | None = typer.Option(
-        None, help="torch (FSDP2) | megatron (the megatron extra, CUDA).", rich_help_panel=TRAINER
-    ),
-    tensor_model_parallel_size: int | None = typer.Option(None, rich_help_panel=TRAINER),
-    pipeline_model_parallel_size: int | None = typer.Option(None, rich_help_panel=TRAINER),
-    sequence_parallel: bool | None = typer.Option(None, rich_help_panel=TRAINER),
-    recompute_granularity: str | None = typer.Option(
-        None, help="full | selective activation recompute.", rich_help_panel=TRAINER
-    ),
-    max_tokens_per_gpu: int | None = typer.Option(
-        None, help="Token budget of one packed micro-batch per GPU.", rich_help_panel=TRAINER
-    ),
-    micro_batch_size: int | None = typer.Option(
-        None,
-        help="Sequences per micro-batch at most (default: as many as fit).",
-        rich_help_panel=TRAINER,
-    ),
-    use_distributed_optimizer: bool | None = typer.Option(None, rich_help_panel=TRAINER),
-    resume: str | None = typer.Option(
-        None, help="Continue the run saved in this directory, with its saved config."
-    ),
+    use_distributed_optimizer: bool | None = _trainer(),
+    resume: str | None = _flag("Continue the run saved in this directory, with its saved config."),
     override: bool = typer.Option(
         False, help="With --resume: apply flags that change the saved config (shown as a diff)."
     ),

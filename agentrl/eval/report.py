@@ -320,35 +320,29 @@ def plot_eval_history(history: list[dict[str, Any]], path: str | Path) -> None:
     plt.close(fig)
 
 
+_MEAN_KEYS = {
+    "reward": ("reward_mean",),
+    "pass_rate": ("pass_rate",),
+    "tool_calls": ("tool_calls_mean", "tool_calls_per_episode"),  # older histories: the latter
+}
+"""The keys a `summary()` entry holds each curve's mean under, first found wins."""
+
+
 def _band(entry: dict[str, Any], name: str) -> tuple[float, float, float]:
     """(mean, low, high) of one curve; NaN where the entry lacks it (old histories: no band)."""
-    if name == "reward":
-        return _reward_band(entry)
     if isinstance(entry.get(name), dict):  # a full report.to_dict()
         values = (entry[name]["mean"], entry[name]["low"], entry[name]["high"])
     else:
-        mean_key = name
-        if name == "tool_calls" and "tool_calls_mean" not in entry:
-            mean_key = "tool_calls_per_episode"  # older histories: no per-task mean
-        elif name == "tool_calls":
-            mean_key = "tool_calls_mean"
-        values = (entry.get(mean_key), entry.get(f"{name}_ci_low"), entry.get(f"{name}_ci_high"))
+        mean = next((entry[key] for key in _MEAN_KEYS[name] if key in entry), None)
+        if name == "reward" and mean is None:
+            raise ValueError(
+                f"eval history entry at step {entry.get('step')} has no reward_mean or reward "
+                "dict; append {'step': step, **report.summary()}"
+            )
+        values = (mean, entry.get(f"{name}_ci_low"), entry.get(f"{name}_ci_high"))
         if name == "pass_rate" and values[1] is None and entry.get("num_episodes"):
             # histories written before the interval was logged: Wilson from the count
             n = int(entry["num_episodes"])
             iv = stats.wilson_ci(round(float(entry["pass_rate"]) * n), n)
             values = (iv.mean, iv.low, iv.high)
-    return tuple(math.nan if v is None else float(v) for v in values)  # type: ignore[return-value]
-
-
-def _reward_band(entry: dict[str, Any]) -> tuple[float, float, float]:
-    if "reward_mean" in entry:
-        values = (entry["reward_mean"], entry.get("reward_ci_low"), entry.get("reward_ci_high"))
-    elif isinstance(entry.get("reward"), dict):
-        values = (entry["reward"]["mean"], entry["reward"]["low"], entry["reward"]["high"])
-    else:
-        raise ValueError(
-            f"eval history entry at step {entry.get('step')} has no reward_mean or reward dict; "
-            "append {'step': step, **report.summary()}"
-        )
     return tuple(math.nan if v is None else float(v) for v in values)  # type: ignore[return-value]
