@@ -127,11 +127,6 @@ class Segments:
         return (values * self.loss_mask).sum() / max(self.num_tokens, 1.0)
 
 
-def token_mean(values: Tensor, seg: Segments) -> Tensor:
-    """sum over all loss tokens / global loss tokens."""
-    return seg.token_mean(values)
-
-
 def seq_mean_token_mean(values: Tensor, seg: Segments) -> Tensor:
     """mean over sequences (global count) of each sequence's token mean."""
     per_seq = seg.seq_sum(values) / seg.seq_num_tokens.clamp_min(1)
@@ -145,7 +140,7 @@ def seq_mean_token_sum(values: Tensor, seg: Segments) -> Tensor:
 
 AggregateFn = Callable[[Tensor, Segments], Tensor]
 AGGREGATORS: dict[str, AggregateFn] = {
-    "token_mean": token_mean,
+    "token_mean": lambda values, seg: seg.token_mean(values),
     "seq_mean_token_mean": seq_mean_token_mean,
     "seq_mean_token_sum": seq_mean_token_sum,
 }
