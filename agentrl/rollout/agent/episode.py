@@ -4,8 +4,8 @@ completions captured token for token, ended with the status DESIGN §3 gives it.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
+import pkgutil
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -46,10 +46,8 @@ def load_agent(path: str) -> AgentFn:
         )
     try:
         with cwd_importable():
-            obj: Any = importlib.import_module(module_name)
-            for part in attr.split("."):
-                obj = getattr(obj, part)
-    except (ImportError, AttributeError) as e:
+            obj: Any = pkgutil.resolve_name(path)
+    except (ImportError, AttributeError, ValueError) as e:
         raise ValueError(f"rollout.agent={path!r}: cannot load it: {type(e).__name__}: {e}") from e
     if not inspect.iscoroutinefunction(obj):
         raise ValueError(
