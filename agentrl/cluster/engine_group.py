@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.cluster.placement import BundleInfo, BundlePlan, bundle_strategy
-from agentrl.config import RunConfig
+from agentrl.config import EngineConfig, RunConfig
 from agentrl.engine.factory import sglang_client
 from agentrl.engine.gate import GatedEngine
 from agentrl.engine.router import RoutedEngine
@@ -45,9 +45,7 @@ class ServerSpec:
     use_sglang: bool
     host: str
     dtype: str
-    max_batch_size: int
-    mem_fraction_static: float
-    sglang_args: list[str]
+    engine: EngineConfig  # the KV fraction, agentrl serve's batch size, SGLang's own flags
     log_dir: str
     health_timeout_s: float
     reserve_bytes: int = 0  # colocated: the trainer's state to come, left out of the KV cache
@@ -62,17 +60,17 @@ def server_cmd(spec: ServerSpec, port: int) -> list[str]:
             host=spec.host,
             port=port,
             tp_size=len(spec.device_ids),
-            mem_fraction_static=spec.mem_fraction_static,
+            mem_fraction_static=spec.engine.mem_fraction_static,
             base_gpu_id=spec.device_ids[0] if spec.use_gpu else 0,
-            extra_args=spec.sglang_args,
+            extra_args=spec.engine.sglang_args,
             enable_memory_saver=spec.is_colocated,
             api_key=spec.api_key,
         )
     device = f"cuda:{spec.device_ids[0]}" if spec.use_gpu else "cpu"
     return [sys.executable, "-m", "agentrl.cli", "serve", "--model", spec.model_path,
             "--host", spec.host, "--port", str(port), "--device", device,
-            "--dtype", spec.dtype, "--max-batch-size", str(spec.max_batch_size),
-            "--mem-fraction-static", str(spec.mem_fraction_static),
+            "--dtype", spec.dtype, "--max-batch-size", str(spec.engine.max_batch_size),
+            "--mem-fraction-static", str(spec.engine.mem_fraction_static),
             "--reserve-gb", f"{spec.reserve_bytes / 2**30:.3f}",
             "--log-level", "warning",
             # Colocated: the trainer resends every weight after a release, no host copy needed.
@@ -237,9 +235,7 @@ def start_engine_actors(
             # On the driver's node: loopback only. Elsewhere: the node's address, for the driver.
             host="127.0.0.1" if is_local else first.node_ip,
             dtype=cfg.model.dtype,
-            max_batch_size=cfg.engine.max_batch_size,
-            mem_fraction_static=cfg.engine.mem_fraction_static,
-            sglang_args=list(cfg.engine.sglang_args),
+            engine=cfg.engine,
             log_dir=str(log_dir if is_local else tempfile.gettempdir()),
             health_timeout_s=cfg.cluster.engine_start_timeout_s,
             reserve_bytes=reserve_for(placement, e, reserves),

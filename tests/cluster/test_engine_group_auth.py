@@ -8,15 +8,16 @@ import httpx
 import pytest
 
 from agentrl.cluster.engine_group import EngineServer, ServerSpec, server_cmd, server_env
+from agentrl.config import EngineConfig
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.sglang import SGLangEngine
 
 
 def _spec(model_path: str, log_dir: str, **kw) -> ServerSpec:
     return ServerSpec(index=0, model_path=model_path, device_ids=[0], use_gpu=False,
-                      use_sglang=False, host="127.0.0.1", dtype="float32", max_batch_size=4,
-                      mem_fraction_static=0.5, sglang_args=[], log_dir=log_dir,
-                      health_timeout_s=120, **kw)  # fmt: skip
+                      use_sglang=False, host="127.0.0.1", dtype="float32",
+                      engine=EngineConfig(max_batch_size=4, mem_fraction_static=0.5),
+                      log_dir=log_dir, health_timeout_s=120, **kw)  # fmt: skip
 
 
 def test_the_key_goes_to_each_kind_of_server_and_nowhere_else(monkeypatch, tmp_path):

@@ -28,11 +28,11 @@ def test_agentrl_serve_gets_the_kv_fraction_and_the_trainers_reserve():
     tests/cluster/test_ray_train.py launch `agentrl serve` with these flags.)"""
     from agentrl.cluster.engine_group import ServerSpec, reserve_for, server_cmd
     from agentrl.cluster.placement import BundlePlan
+    from agentrl.config import EngineConfig
 
     spec = ServerSpec(index=0, model_path="m", device_ids=[1], use_gpu=True, use_sglang=False,
-                      host="127.0.0.1", dtype="bfloat16", max_batch_size=8,
-                      mem_fraction_static=0.65, sglang_args=[], log_dir=".", health_timeout_s=1,
-                      reserve_bytes=3 * 2**30)  # fmt: skip
+                      host="127.0.0.1", dtype="bfloat16", engine=EngineConfig(mem_fraction_static=0.65),
+                      log_dir=".", health_timeout_s=1, reserve_bytes=3 * 2**30)  # fmt: skip
     cmd = server_cmd(spec, port=1234)
     assert cmd[cmd.index("--mem-fraction-static") + 1] == "0.65"
     assert cmd[cmd.index("--reserve-gb") + 1] == "3.000"

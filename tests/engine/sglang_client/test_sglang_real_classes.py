@@ -69,6 +69,7 @@ def test_server_args_parse_the_launch_commands(sglang: ModuleType) -> None:
     from sglang.srt.server_args import ServerArgs
 
     from agentrl.cluster.engine_group import ServerSpec, server_cmd
+    from agentrl.config import EngineConfig
     from agentrl.engine.sglang.launcher import server_command
 
     parser = argparse.ArgumentParser()
@@ -83,9 +84,8 @@ def test_server_args_parse_the_launch_commands(sglang: ModuleType) -> None:
 
     def spec(is_colocated: bool) -> ServerSpec:
         return ServerSpec(index=0, model_path="/m", device_ids=[1], use_gpu=True, use_sglang=True,
-                          host="127.0.0.1", dtype="bfloat16", max_batch_size=8,
-                          mem_fraction_static=0.6, sglang_args=[], log_dir=".",
-                          health_timeout_s=1, is_colocated=is_colocated)  # fmt: skip
+                          host="127.0.0.1", dtype="bfloat16", engine=EngineConfig(),
+                          log_dir=".", health_timeout_s=1, is_colocated=is_colocated)  # fmt: skip
 
     # Colocated, release/resume must free memory: SGLang does so only with its memory saver.
     colocated = parser.parse_args(server_cmd(spec(True), 30002)[3:])

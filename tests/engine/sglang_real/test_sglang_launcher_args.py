@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from agentrl.cluster.engine_group import ServerSpec, server_cmd
+from agentrl.config import EngineConfig
 from agentrl.engine.sglang.launcher import free_ports, server_command
 from tests.support.sglang_real import REPO_ROOT
 
@@ -34,8 +35,8 @@ def parsed_by_sglang(cmd: list[str]) -> dict[str, Any]:
 def spec(model_path: str, **overrides: Any) -> ServerSpec:
     fields: dict[str, Any] = dict(
         index=1, model_path=model_path, device_ids=[2, 3], use_gpu=True, use_sglang=True,
-        host="127.0.0.1", dtype="bfloat16", max_batch_size=64, mem_fraction_static=0.55,
-        sglang_args=["--context-length", "4096"], log_dir="/tmp", health_timeout_s=60.0,
+        host="127.0.0.1", dtype="bfloat16", log_dir="/tmp", health_timeout_s=60.0,
+        engine=EngineConfig(mem_fraction_static=0.55, sglang_args=["--context-length", "4096"]),
     )  # fmt: skip
     fields.update(overrides)
     return ServerSpec(**fields)
