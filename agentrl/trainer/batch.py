@@ -364,7 +364,6 @@ def _batch_metrics(
     statuses = [EpisodeStatus(t.status) for t in trajs]
     all_micro = [mb for step in steps for rank in step for mb in rank.micro_batches]
     micro = [mb for mb in all_micro if mb.sample_indices]
-    num_slots = sum(mb.num_tokens for mb in micro)
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float64)
     return {
         "batch/num_trajectories": float(len(trajs)),
@@ -378,9 +377,6 @@ def _batch_metrics(
         "batch/num_empty_micro_batches": float(len(all_micro) - len(micro)),
         "batch/num_optimizer_steps": float(len(steps)),
         "batch/num_oversized": float(sum(s.length > budget for s in samples)),
-        "batch/pad_fraction": 1.0 - sum(s.length for s in samples) / num_slots
-        if num_slots
-        else 0.0,
         "batch/advantage_mean": float(adv.mean()) if len(samples) else 0.0,
         "batch/advantage_abs_mean": float(adv.abs().mean()) if len(samples) else 0.0,
     }

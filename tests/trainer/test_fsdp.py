@@ -126,7 +126,7 @@ def _assert_same_weights(got: dict, want: dict, max_rel_diff: float = MAX_REL_DI
 
 
 # How the batch was cut, which depends on the rank count by design.
-LAYOUT_METRICS = ("num_micro_batches", "num_empty_micro_batches", "pad_fraction")
+LAYOUT_METRICS = ("num_micro_batches", "num_empty_micro_batches")
 
 
 def _assert_same_metrics(got: dict, want: dict, *, rel: float = 1e-5, abs: float = 1e-7) -> None:
