@@ -106,8 +106,9 @@ class TrainerBackend(ABC):
         `ref_logprobs` (`ref`)."""
 
     @property
-    @abstractmethod
-    def has_ref_model(self) -> bool: ...
+    def has_ref_model(self) -> bool:
+        """A KL term is trained: `setup()` loads the reference model its logprobs come from."""
+        return self.objective.kl is not None
 
     @abstractmethod
     def _lr(self) -> float: ...

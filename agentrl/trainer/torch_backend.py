@@ -66,10 +66,6 @@ class TorchBackend(TrainerBackend):
     def model(self) -> PreTrainedModel:
         return self._ready(self._model)
 
-    @property
-    def has_ref_model(self) -> bool:
-        return self.objective.kl is not None
-
     def _load(self, path: str) -> PreTrainedModel:
         from transformers import AutoModelForCausalLM
 

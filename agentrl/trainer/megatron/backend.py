@@ -79,10 +79,6 @@ class MegatronBackend(TrainerBackend):
         return self._ready(self._ddp)
 
     @property
-    def has_ref_model(self) -> bool:
-        return self._ref is not None
-
-    @property
     def dp_size(self) -> int:
         self.model  # noqa: B018 (the groups exist once set up)
         return ps.get_data_parallel_world_size()
@@ -128,7 +124,7 @@ class MegatronBackend(TrainerBackend):
             use_distributed_optimizer=self.train_cfg.use_distributed_optimizer,
         )
         self._ddp = DistributedDataParallel(self.tf_config, ddp_config, self._build(True))
-        if self.objective.kl is not None:
+        if self.has_ref_model:
             self._ref = self._build(False)
         self.tf_config.no_sync_func = self._ddp.no_sync
         # Sum, never average: the losses already carry the step's global denominators.
