@@ -142,7 +142,7 @@ class RoutedEngine:
     async def resume_memory(self, tags: Iterable[str] | None = None) -> None:
         await self._all("resume_memory", tags)
 
-    async def pause_generation(self, mode: str | None = None) -> None:
+    async def pause_generation(self, mode: str = "abort") -> None:
         await self._all("pause_generation", mode)
 
     async def continue_generation(self) -> None:

@@ -32,7 +32,6 @@ def create_app(
     *,
     tokenizer: Any = None,
     model_path: str = "",
-    served_model_name: str | None = None,
     api_key: str | None = None,
     admin_api_key: str | None = None,
     limits: ServerLimits | None = None,
@@ -47,7 +46,7 @@ def create_app(
     limits = limits or ServerLimits()
     tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
     model_path = model_path or str(getattr(engine, "model_path", ""))
-    name = served_model_name or os.path.basename(model_path.rstrip("/")) or "agentrl"
+    name = os.path.basename(model_path.rstrip("/")) or "agentrl"
     app = FastAPI(title="agentrl serve", exception_handlers={RequestValidationError: _bad_request})
     # asyncio (3.10+) binds its events and locks to a loop at their first wait, not at creation
     app.state.sglang = ServerState(

@@ -134,12 +134,11 @@ class SGLangControl(SGLangHTTP):
                     ) from None
             await asyncio.sleep(poll_interval_s)
 
-    async def pause_generation(self, mode: str | None = None) -> None:
+    async def pause_generation(self, mode: str = "abort") -> None:
         """Hold generation on every worker. SGLang's modes: abort (running requests return
         ABORT; its default), retract (running requests go back to the queue and are recomputed
-        on the new weights after `continue_generation`), in_place (they stay where they are).
-        None sends no mode (servers older than the modes)."""
-        await self._post_workers("/pause_generation", None if mode is None else {"mode": mode})
+        on the new weights after `continue_generation`), in_place (they stay where they are)."""
+        await self._post_workers("/pause_generation", {"mode": mode})
 
     async def continue_generation(self) -> None:
         await self._post_workers("/continue_generation")
