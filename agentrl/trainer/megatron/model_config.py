@@ -133,8 +133,9 @@ def transformer_config_kwargs(
     shape: ModelShape, train_cfg: TrainConfig, *, params_dtype: Any
 ) -> dict[str, Any]:
     """Arguments of megatron.core's TransformerConfig for this model and these parallel sizes,
-    the activation given by name ("silu"; model.py passes the function). Fusions that need
-    TransformerEngine or apex kernels are off, so the local layer spec runs without them."""
+    but the SwiGLU activation and the two fusions model.py turns on where it can. The other
+    fusions need TransformerEngine or apex kernels: off, so the local layer spec runs without
+    them."""
     return dict(
         num_layers=shape.num_layers,
         hidden_size=shape.hidden_size,
@@ -145,7 +146,6 @@ def transformer_config_kwargs(
         layernorm_epsilon=shape.norm_eps,
         normalization="RMSNorm",
         gated_linear_unit=True,
-        activation_func="silu",
         add_bias_linear=False,
         add_qkv_bias=shape.has_qkv_bias,
         qk_layernorm=shape.has_qk_norm,
@@ -159,11 +159,9 @@ def transformer_config_kwargs(
         variable_seq_lengths=True,  # packed micro-batches differ in length
         moe_token_dispatcher_type="alltoall",  # dense models; the default refuses variable lengths
         masked_softmax_fusion=False,
-        bias_activation_fusion=False,
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
         persist_layer_norm=False,
-        gradient_accumulation_fusion=False,
         **recompute_kwargs(train_cfg.recompute_granularity),
     )
 
