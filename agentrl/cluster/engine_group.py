@@ -57,12 +57,11 @@ def server_cmd(spec: ServerSpec, port: int) -> list[str]:
     if spec.use_sglang:
         return server_command(
             spec.model_path,
+            spec.engine,
             host=spec.host,
             port=port,
             tp_size=len(spec.device_ids),
-            mem_fraction_static=spec.engine.mem_fraction_static,
             base_gpu_id=spec.device_ids[0] if spec.use_gpu else 0,
-            extra_args=spec.engine.sglang_args,
             enable_memory_saver=spec.is_colocated,
             api_key=spec.api_key,
         )

@@ -54,28 +54,28 @@ def require_module(module: str, *, hint: str | None = None) -> None:
 
 def server_command(
     model_path: str,
+    engine: EngineConfig,
     *,
     host: str,
     port: int,
     tp_size: int,
-    mem_fraction_static: float,
     base_gpu_id: int = 0,
-    extra_args: list[str] | None = None,
     enable_memory_saver: bool = False,
     api_key: str | None = None,
 ) -> list[str]:
-    """`enable_memory_saver`: a server sharing its GPUs with the trainer (colocated) -- without
-    it SGLang's release/resume of memory silently frees nothing."""
+    """`engine`: its KV fraction and SGLang's own flags (`sglang_args`, last). `enable_memory_saver`:
+    a server sharing its GPUs with the trainer (colocated) -- without it SGLang's release/resume
+    of memory silently frees nothing."""
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--host", host,
            "--port", str(port), "--tp-size", str(tp_size),
-           "--mem-fraction-static", str(mem_fraction_static)]  # fmt: skip
+           "--mem-fraction-static", str(engine.mem_fraction_static)]  # fmt: skip
     if base_gpu_id:
         cmd += ["--base-gpu-id", str(base_gpu_id)]  # servers on one host take disjoint GPUs
     if enable_memory_saver:
         cmd.append("--enable-memory-saver")
     if api_key:
         cmd += ["--api-key", api_key]
-    return cmd + list(extra_args or [])
+    return cmd + list(engine.sglang_args)
 
 
 @dataclass(frozen=True)
@@ -306,12 +306,11 @@ def launch_servers(
             f"http://{host}:{port}",
             server_command(
                 model_path,
+                engine_cfg,
                 host=host,
                 port=port,
                 tp_size=engine_cfg.tp_size,
-                mem_fraction_static=engine_cfg.mem_fraction_static,
                 base_gpu_id=i * engine_cfg.tp_size,
-                extra_args=engine_cfg.sglang_args,
                 enable_memory_saver=enable_memory_saver,
                 api_key=api_key,
             ),

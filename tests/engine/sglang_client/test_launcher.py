@@ -64,12 +64,11 @@ def test_several_servers_need_sglang_router(fake_sglang: dict[str, str]) -> None
 def test_commands_use_sglang_and_router_flag_names() -> None:
     cmd = server_command(
         "/m",
+        EngineConfig(mem_fraction_static=0.7, sglang_args=["--context-length", "8192"]),
         host="127.0.0.1",
         port=30001,
         tp_size=2,
-        mem_fraction_static=0.7,
         base_gpu_id=2,
-        extra_args=["--context-length", "8192"],
     )
     assert cmd == [
         sys.executable,

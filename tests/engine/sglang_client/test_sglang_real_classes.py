@@ -74,8 +74,8 @@ def test_server_args_parse_the_launch_commands(sglang: ModuleType) -> None:
 
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
-    cmd = server_command("/m", host="127.0.0.1", port=30001, tp_size=2, mem_fraction_static=0.7,
-                         base_gpu_id=2, extra_args=["--context-length", "512"],
+    engine = EngineConfig(mem_fraction_static=0.7, sglang_args=["--context-length", "512"])
+    cmd = server_command("/m", engine, host="127.0.0.1", port=30001, tp_size=2, base_gpu_id=2,
                          enable_memory_saver=True, api_key="k")  # fmt: skip
     args = parser.parse_args(cmd[3:])
     assert (args.model_path, args.port, args.tp_size, args.base_gpu_id) == ("/m", 30001, 2, 2)

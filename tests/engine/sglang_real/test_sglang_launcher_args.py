@@ -58,8 +58,8 @@ def test_the_engine_groups_command_line(is_colocated: bool, smollm2_path: str) -
 
 def test_the_launchers_command_line(smollm2_path: str) -> None:
     cmd = server_command(
-        smollm2_path, host="127.0.0.1", port=30000, tp_size=1, mem_fraction_static=0.8,
-        base_gpu_id=0, enable_memory_saver=True, extra_args=["--dtype", "bfloat16"],
+        smollm2_path, EngineConfig(sglang_args=["--dtype", "bfloat16"]), host="127.0.0.1",
+        port=30000, tp_size=1, base_gpu_id=0, enable_memory_saver=True,
     )  # fmt: skip
     args = parsed_by_sglang(cmd)
     assert (args["port"], args["tp_size"], args["base_gpu_id"]) == (30000, 1, 0)
