@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -17,6 +16,7 @@ from agentrl.rollout.collect import Collected
 
 if TYPE_CHECKING:
     from agentrl.data import TaskSource
+    from agentrl.engine.gate import GatedEngine
     from agentrl.rollout import RolloutRunner
     from agentrl.run.runtime import Runtime
 
@@ -144,30 +144,24 @@ class Pace:
     """Per-step pace metrics: wall time, the trainer's and the engines' idle fractions (time
     with no work / step time), episodes in flight and the queue of finished groups."""
 
-    def __init__(self, engine: Any, runner: Any) -> None:
+    def __init__(self, engine: GatedEngine, runner: Any) -> None:
         self.engine, self.runner = engine, runner
-        self.last_end = time.perf_counter()
-        self.last_busy = self._engine_busy()
+        self.restart()
 
     def restart(self) -> None:
         """Start the next step's clock now (what happened since belongs to no train step)."""
-        self.last_end, self.last_busy = time.perf_counter(), self._engine_busy()
-
-    def _engine_busy(self) -> float | None:
-        busy: Callable[[], float] | None = getattr(self.engine, "busy_seconds", None)
-        return busy() if callable(busy) else None
+        self.last_end, self.last_busy = time.perf_counter(), self.engine.busy_seconds()
 
     def step_metrics(self, trainer_busy_s: float, queue_depth: int) -> dict[str, float]:
-        now, busy = time.perf_counter(), self._engine_busy()
+        now, busy = time.perf_counter(), self.engine.busy_seconds()
         step_s = max(now - self.last_end, 1e-9)
         out = {
             "time/step_s": step_s,
             "perf/trainer_idle_frac": max(0.0, 1.0 - trainer_busy_s / step_s),
+            "perf/engine_idle_frac": max(0.0, 1.0 - (busy - self.last_busy) / step_s),
             "rollout/episodes_in_flight": float(self.runner.num_episodes_in_flight),
             "rollout/queue_depth": float(queue_depth),
+            "rollout/turns_held_by_weight_update": float(self.engine.num_turns_held),
         }
-        if busy is not None and self.last_busy is not None:
-            out["perf/engine_idle_frac"] = max(0.0, 1.0 - (busy - self.last_busy) / step_s)
-            out["rollout/turns_held_by_weight_update"] = float(self.engine.num_turns_held)
         self.last_end, self.last_busy = now, busy
         return out
