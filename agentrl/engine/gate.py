@@ -25,7 +25,6 @@ class GatedEngine:
         self._is_open.set()
         self._idle.set()
         self.num_running = 0  # generate calls inside the engine now
-        self.num_waiting = 0  # generate calls held at the closed gate
         self.num_turns_held = 0  # over the run: turns that waited for a weight update
         self._busy_s = 0.0
         self._busy_since: float | None = None
@@ -38,12 +37,8 @@ class GatedEngine:
         self, input_ids: list[int], sampling: SamplingParams, *, routing_key: str | None = None
     ) -> Completion:
         if not self._is_open.is_set():
-            self.num_waiting += 1
             self.num_turns_held += 1
-            try:
-                await self._is_open.wait()
-            finally:
-                self.num_waiting -= 1
+            await self._is_open.wait()
         self._enter()
         try:
             return await self.inner.generate(input_ids, sampling, routing_key=routing_key)
