@@ -4,18 +4,17 @@ else a plain temp dir. Files go in before the run and come out without following
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import os
 import shutil
-import stat
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from agentrl.tools.sandbox.base import Limits, Program, SandboxResult
+from agentrl.tools.sandbox.docker_boot import read_files
 from agentrl.tools.sandbox.leases import Leases
 from agentrl.tools.sandbox.process import RawRun, sandbox_error, to_result
 
@@ -48,24 +47,6 @@ class WorkDir:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
             target.chmod(0o666)
-
-    def read_files(self, names: list[str], max_bytes: int) -> dict[str, bytes]:
-        """Regular files only, never through a symlink the program left (it could point at a
-        host file); a missing or odd file is simply absent from the result."""
-        out: dict[str, bytes] = {}
-        root = os.path.realpath(self.path)
-        for name in names:
-            path = os.path.join(root, name)
-            if os.path.realpath(path) != os.path.normpath(path):
-                continue  # some component is a symlink
-            with contextlib.suppress(OSError):
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-                try:
-                    if stat.S_ISREG(os.fstat(fd).st_mode):
-                        out[name] = os.read(fd, max_bytes)
-                finally:
-                    os.close(fd)
-        return out
 
     def remove(self) -> None:
         if self.is_tmpfs:
@@ -112,7 +93,7 @@ class HostSandbox:
         try:
             work.write_files(program.all_files())
             raw, is_oom = await self._execute(program, limits, work)
-            files = work.read_files(program.fetch_files, limits.max_file_size_bytes)
+            files = read_files(work.path, program.fetch_files, limits.max_file_size_bytes)
             return to_result(raw, backend=self.name, is_oom=is_oom, files=files)
         except StartError as e:
             return sandbox_error(self.name, str(e), time.monotonic() - start)
