@@ -77,7 +77,6 @@ class Tool:
     """Most simultaneous calls of this tool, across every env instance in the process."""
     max_output_tokens: int | None = None
     """Overrides the registry's output cap for this tool."""
-    accepts_extra: bool = False
     is_method: bool = False
     """Defined in a class body with `self` first: bound to the instance on attribute access."""
     limit: ConcurrencyLimit = field(default_factory=lambda: ConcurrencyLimit(None), repr=False)
@@ -222,7 +221,6 @@ def tool(
         timeout_s=timeout_s,
         max_concurrency=max_concurrency,
         max_output_tokens=max_output_tokens,
-        accepts_extra=accepts_extra,
         is_method=_is_unbound_method(fn),
     )
 
