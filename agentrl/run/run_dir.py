@@ -4,13 +4,13 @@ and the saved config a `--resume` restores."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from filelock import FileLock, Timeout
 
 from agentrl.config import ConfigError
 
@@ -70,26 +70,23 @@ def check_writable(run_dir: Path, *, is_resume: bool, is_overwrite: bool) -> Non
 def hold_lock(run_dir: Path) -> Iterator[None]:
     """Exclusive flock on `run_dir/.agentrl.lock` while the run writes; the kernel drops it when
     the process dies, so a crashed run never leaves a stale lock."""
+    lock = FileLock(run_dir / LOCK_NAME)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(run_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise RunDirError(
+            f"--save {run_dir}: another agentrl run is writing to this directory (it holds "
+            f"{run_dir / LOCK_NAME}); wait for it to finish, or choose another --save"
+        ) from None
     except OSError as e:
         raise RunDirError(
             f"--save {run_dir}: cannot create it ({e.strerror}); pass a writable directory"
         ) from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise RunDirError(
-            f"--save {run_dir}: another agentrl run is writing to this directory (it holds "
-            f"{run_dir / LOCK_NAME}); wait for it to finish, or choose another --save"
-        ) from None
-    try:
         yield
     finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+        lock.release()
 
 
 def clear(run_dir: Path) -> None:
