@@ -170,15 +170,14 @@ class MegatronBackend(TrainerBackend):
                        bool(is_loss.numel()))  # fmt: skip
 
     def _forward_step(
-        self, model: Any, data_iterator: Iterator[_Staged], model_arg: Any, *, mode: str,
-        step=None,
-    ):  # fmt: skip
+        self, model: Any, data_iterator: Iterator[_Staged], model_arg: Any, *, step=None
+    ):
         staged = next(data_iterator)
         output = model(
             staged.input_ids, staged.position_ids,
             attention_mask=None, packed_seq_params=staged.params,
         )  # fmt: skip
-        return output, partial(self._loss, staged, mode, step)
+        return output, partial(self._loss, staged, step)
 
     def _token_logprobs(self, logits: Tensor, staged: _Staged, entropy_grad: bool):
         """[1, N, V/tp] logits -> logprobs and entropy [R, T] (0 off the loss mask)."""
@@ -195,12 +194,12 @@ class MegatronBackend(TrainerBackend):
         place = lambda v: zeros.index_put((is_loss,), v).view(mb.loss_mask.shape)  # noqa: E731
         return place(lp), place(ent)
 
-    def _loss(self, staged: _Staged, mode: str, step: StepBatch | None, logits: Tensor):
+    def _loss(self, staged: _Staged, step: StepBatch | None, logits: Tensor):
+        """A training step's loss; without a step, the logprobs alone (forward only)."""
         one = torch.ones((), dtype=torch.int, device=logits.device)
-        if mode != "train":
+        if step is None:
             lp, _ = self._token_logprobs(logits, staged, False)
             return logits.sum() * 0.0, one, {"logprobs": lp.detach()}
-        assert step is not None
         mb = staged.mb
         lp, ent = self._token_logprobs(logits, staged, bool(self.objective.entropy_coef))
         old = mb.old_logprobs if mb.old_logprobs is not None else lp.detach()
@@ -211,20 +210,18 @@ class MegatronBackend(TrainerBackend):
             loss = loss + logits.sum() * 0.0
         return loss, one, metrics
 
-    def _run(
-        self, model: Any, mbs: list[MicroBatch], mode: str, step: StepBatch | None = None
-    ) -> list:
-        """Megatron's schedule (1F1B under PP) over `mbs`; the loss functions' outputs, on the
-        last pipeline stage (empty elsewhere)."""
+    def _run(self, model: Any, mbs: list[MicroBatch], step: StepBatch | None = None) -> list:
+        """Megatron's schedule (1F1B under PP) over `mbs`, training `step` (None: forward only,
+        for logprobs); the loss functions' outputs, on the last pipeline stage (empty elsewhere)."""
         try:
             return get_forward_backward_func()(
-                forward_step_func=partial(self._forward_step, model, mode=mode, step=step),
+                forward_step_func=partial(self._forward_step, model, step=step),
                 data_iterator=iter([self._stage(mb) for mb in mbs]),
                 model=[model],
                 num_microbatches=len(mbs),
                 seq_length=max(mb.num_tokens for mb in mbs),
                 micro_batch_size=1,
-                forward_only=mode != "train",
+                forward_only=step is None,
             )
         finally:
             rope.forget_angles()  # the last micro-batch's RoPE angles: not kept past the schedule
@@ -245,7 +242,7 @@ class MegatronBackend(TrainerBackend):
             if not wanted or stage is None:
                 continue
             stage.eval()
-            results = self._run(stage, mbs, "logprobs")  # every stage runs the schedule
+            results = self._run(stage, mbs)  # every stage runs the schedule
             outputs = (
                 [o["logprobs"].cpu() for o in results] if ps.is_pipeline_last_stage() else None
             )
@@ -265,7 +262,7 @@ class MegatronBackend(TrainerBackend):
         model.train()
         model.zero_grad_buffer()
         optimizer.zero_grad()
-        outputs = self._run(model, step.micro_batches, "train", step)
+        outputs = self._run(model, step.micro_batches, step)
         is_ok, grad_norm, _ = optimizer.step()
         metrics = combine_metrics(outputs)
         metrics = (
