@@ -212,10 +212,11 @@ class _RecordingState:
     def __init__(self, cfg, *, interrupt_at: int | None = None) -> None:
         from types import SimpleNamespace
 
+        from agentrl.engine.gate import GatedEngine
         from agentrl.progress import RunProgress
 
         self.cfg, self.run_dir, self.step, self.interrupt_at = cfg, Path("unused"), 0, interrupt_at
-        self.runtime = SimpleNamespace(engine=None)
+        self.runtime = SimpleNamespace(engine=GatedEngine(None))  # type: ignore[arg-type]
         self.runner = SimpleNamespace(num_episodes_in_flight=0)
         self.logger = SimpleNamespace(log=lambda step, metrics: None)
         self.progress = RunProgress(enabled=False)
