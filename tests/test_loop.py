@@ -276,3 +276,27 @@ async def test_interrupt_saves_the_last_completed_step_and_stops():
     with pytest.raises(KeyboardInterrupt):
         await _run(state, 0)  # type: ignore[arg-type]
     assert state.saves == [3, 4] and state.evals == []
+
+
+async def test_an_eval_of_errored_episodes_is_null_in_the_eval_history(tmp_path, monkeypatch):
+    """Every episode of an eval errored: its means are NaN, written as null (valid JSON)."""
+    from types import SimpleNamespace
+
+    import agentrl.run.state as run_state
+
+    async def evaluate(*args, **kwargs):
+        return SimpleNamespace(summary=lambda: {"reward_mean": float("nan"), "pass_rate": 0.5})
+
+    async def heal_engines() -> int:
+        return 0
+
+    monkeypatch.setattr(run_state, "evaluate", evaluate)
+    monkeypatch.setattr(run_state, "plot_eval_history", lambda evals, path: None)
+    logger = SimpleNamespace(log=lambda step, metrics: None)
+    state = run_state.RunState(
+        _config("unused", tmp_path), tmp_path, SimpleNamespace(heal_engines=heal_engines),  # type: ignore[arg-type]
+        None, SimpleNamespace(state=lambda: None), [], logger, [],  # type: ignore[arg-type]
+    )  # fmt: skip
+    await state.run_eval(step=0)
+    history = json.loads((tmp_path / "eval_history.json").read_text())
+    assert history == [{"step": 0, "reward_mean": None, "pass_rate": 0.5}]

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from pathlib import Path
 from typing import Any
+
+import pydantic_core
 
 from agentrl.config import RunConfig
 from agentrl.data import TaskSource
@@ -170,7 +171,9 @@ class RunState:
         self.logger.log(
             step, {f"eval/{k}": v for k, v in summary.items() if isinstance(v, (int, float))}
         )
-        (self.run_dir / "eval_history.json").write_text(json.dumps(_finite(self.evals), indent=2))
+        # NaN (every episode of an eval errored) as null, so the JSON stays valid
+        history = pydantic_core.to_json(self.evals, indent=2, inf_nan_mode="null")
+        (self.run_dir / "eval_history.json").write_bytes(history)
         plot_eval_history(self.evals, self.run_dir / "eval_history.png")
         return summary
 
@@ -203,17 +206,6 @@ def _step_metrics(
 def _prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:
     keep = ("time/", "weight_sync/", "engine/")  # the runtime's own, already named
     return {k if k.startswith(keep) else prefix + k: v for k, v in metrics.items()}
-
-
-def _finite(value: Any) -> Any:
-    """NaN (every episode of an eval errored) as null, so the JSON stays valid."""
-    if isinstance(value, float) and value != value:
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
 
 
 def _rollout_seed(seed: int, step: int, round_index: int) -> int:
