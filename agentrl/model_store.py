@@ -21,11 +21,6 @@ SMOLLM2_EOS = "<|im_end|>"
 _COMPLETE_MARKERS = ("config.json", "model.safetensors")
 
 
-def default_cache_dir() -> str:
-    """`$AGENTRL_CACHE`, else `~/.cache/agentrl`."""
-    return os.environ.get("AGENTRL_CACHE") or str(Path("~/.cache/agentrl").expanduser())
-
-
 class ModelPathError(ValueError):
     """`--model` names neither a checkpoint directory nor a bundled model."""
 
@@ -40,8 +35,9 @@ def resolve_model_path(path_or_name: str, cache_dir: str | None = None) -> str:
                 "checkpoint directory; pass the directory that holds config.json and the weights"
             )
         return path
-    if path_or_name in MODEL_ALIASES:
-        return _ensure_smollm2(Path(cache_dir or default_cache_dir()))
+    if path_or_name in MODEL_ALIASES:  # cached in `cache_dir`, else $AGENTRL_CACHE, else ~/.cache
+        default = os.environ.get("AGENTRL_CACHE") or Path.home() / ".cache" / "agentrl"
+        return _ensure_smollm2(Path(cache_dir or default))
     raise ModelPathError(
         f"model path {path_or_name!r} is neither an existing directory nor a known model name; "
         f"use a transformers checkpoint directory or one of: {', '.join(MODEL_ALIASES)}"
