@@ -97,10 +97,10 @@ class RayCluster:
 
     @classmethod
     def start(cls, cfg: RunConfig) -> RayCluster:
+        _require_asked_packages(cfg)  # before anything starts (or is imported)
         import ray
         import torch
 
-        _require_asked_packages(cfg)  # before anything starts
         address = cfg.cluster.ray_address or os.environ.get("RAY_ADDRESS")
         guess = plan_placement(cfg.cluster, use_gpu=torch.cuda.is_available() and not address)
         owns_ray = init_ray(cfg, guess.num_bundles)

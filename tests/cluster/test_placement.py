@@ -72,3 +72,22 @@ async def test_asking_for_sglang_router_without_it_fails_before_anything_starts(
     ):
         await start_on_ray(cfg, str(tmp_path), num_optimizer_steps=1)
     assert not ray.is_initialized()
+
+
+async def test_placement_flags_without_ray_installed_name_the_extra(tmp_path, monkeypatch):
+    import importlib.util
+    import sys
+
+    from agentrl.config import ConfigError, RunConfig
+    from agentrl.run.launch import start_on_ray
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails, as without the extra
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a)
+    )
+    cfg = RunConfig()
+    cfg.cluster.colocate = True
+    cfg.checkpoint.save = str(tmp_path)
+    with pytest.raises(ConfigError, match="not installed: pip install 'agentrl\\[ray\\]'"):
+        await start_on_ray(cfg, str(tmp_path), num_optimizer_steps=1)
