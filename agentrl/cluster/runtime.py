@@ -34,16 +34,15 @@ _WORKER_ENV = {
 }
 
 
-def init_ray(cfg: RunConfig, num_bundles: int) -> bool:
-    """Join `cluster.ray_address` / RAY_ADDRESS, else start a local Ray for this run (on
-    127.0.0.1 only, and reaped if this process dies without `ray.shutdown()`). Returns whether
-    this call connected (so `ray.shutdown()` at the end: it stops a Ray started here and only
-    disconnects from a cluster that was joined)."""
+def init_ray(address: str | None, num_bundles: int) -> bool:
+    """Join `address` (`cluster.ray_address`, else RAY_ADDRESS), else start a local Ray for this
+    run (on 127.0.0.1 only, and reaped if this process dies without `ray.shutdown()`). Returns
+    whether this call connected (so `ray.shutdown()` at the end: it stops a Ray started here and
+    only disconnects from a cluster that was joined)."""
     import ray
 
     if ray.is_initialized():
         return False
-    address = cfg.cluster.ray_address or os.environ.get("RAY_ADDRESS")
     runtime_env = {"env_vars": _WORKER_ENV}
     if address:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
@@ -103,7 +102,7 @@ class RayCluster:
 
         address = cfg.cluster.ray_address or os.environ.get("RAY_ADDRESS")
         guess = plan_placement(cfg.cluster, use_gpu=torch.cuda.is_available() and not address)
-        owns_ray = init_ray(cfg, guess.num_bundles)
+        owns_ray = init_ray(address, guess.num_bundles)
         try:
             use_gpu = ray.cluster_resources().get("GPU", 0) > 0
             plan = plan_placement(cfg.cluster, use_gpu=use_gpu)

@@ -22,9 +22,8 @@ _DRIVER = """
 import sys, time
 import ray
 from agentrl.cluster.runtime import init_ray
-from agentrl.config import RunConfig
 
-assert init_ray(RunConfig(), num_bundles=1)
+assert init_ray(None, num_bundles=1)
 actor = ray.remote(type("Pinger", (), {"ping": lambda self: 1})).remote()
 assert ray.get(actor.ping.remote()) == 1  # a worker process too
 print("ready", flush=True)
