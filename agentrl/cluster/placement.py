@@ -38,10 +38,6 @@ class BundlePlan:
         return len(self.trainer_bundles)
 
     @property
-    def num_engines(self) -> int:
-        return len(self.engine_bundles)
-
-    @property
     def trainer_share(self) -> float:
         return TRAINER_SHARE_COLOCATED if self.is_colocated else 1.0
 

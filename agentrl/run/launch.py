@@ -92,7 +92,7 @@ async def start_on_ray(cfg: RunConfig, model_path: str, num_optimizer_steps: int
         raise
     log.info(
         "Ray runtime: %d trainer ranks, %d engines (%s, weights by %s) at %s",
-        plan.num_trainer_ranks, plan.num_engines, placement.kind, placement.transport, engines.urls,
+        plan.num_trainer_ranks, len(engines.urls), placement.kind, placement.transport, engines.urls,
     )  # fmt: skip
     return runtime
 
