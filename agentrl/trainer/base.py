@@ -8,7 +8,6 @@ names; a module of its own so the backends import this one without a cycle)."""
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from functools import cached_property
@@ -28,7 +27,7 @@ from agentrl.trainer.batch import (
     has_advantage_free_term,
     pad_id_for,
 )
-from agentrl.trainer.losses import MAX_METRICS, MIN_METRICS, build_objective
+from agentrl.trainer.losses import build_objective, combine_metrics
 from agentrl.trainer.offload import StateOffload
 from agentrl.trainer.weights import DEFAULT_BUCKET_SIZE_BYTES
 from agentrl.weight_buckets import bucket_by_dtype
@@ -285,28 +284,15 @@ class TrainerBackend(ABC):
         return bucket_by_dtype(self._hf_tensors(dtype), bucket_size_bytes)
 
 
-def reduce_metrics(metrics: dict[str, float], device: torch.device, group: Any = None) -> dict:
+def reduce_metrics(metrics: dict[str, float], group: Any = None) -> dict[str, float]:
     """One optimizer step's per-rank metrics (shares of global means) combined over the ranks of
-    `group` (None: all): sums, and max/min for extremes. Every rank passes the same keys."""
+    `group` (None: all) as over micro-batches (`combine_metrics`: sums, max/min for extremes; a
+    rank whose micro-batches are all empty has no extremes). Every rank gets the same values."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
         return metrics
-    # A rank whose micro-batches are all empty has no extremes: it sends the neutral values.
-    metrics = {**{n: -math.inf for n in MAX_METRICS}, **{n: math.inf for n in MIN_METRICS},
-               **metrics}  # fmt: skip
-    names = sorted(metrics)
-    sign = torch.tensor([-1.0 if n in MIN_METRICS else 1.0 for n in names], dtype=torch.float64,
-                        device=device)  # fmt: skip
-    values = torch.tensor([metrics[n] for n in names], dtype=torch.float64, device=device)
-    summed, maxed = values.clone(), values * sign  # max and min in one collective: -max(-x)
-    dist.all_reduce(summed, group=group)
-    dist.all_reduce(maxed, op=dist.ReduceOp.MAX, group=group)
-    out = {}
-    for k, name in enumerate(names):
-        is_extreme = name in MAX_METRICS or name in MIN_METRICS
-        value = float(maxed[k] * sign[k]) if is_extreme else float(summed[k])
-        if math.isfinite(value) or not is_extreme:
-            out[name] = value
-    return out
+    ranks: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(ranks, metrics, group=group)  # on NCCL: torch.cuda.current_device()
+    return combine_metrics(ranks)
 
 
 def _mean(values: list[float]) -> float:

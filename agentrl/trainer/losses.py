@@ -7,7 +7,7 @@ once. Token tensors are [B, T]; a packed row holds several sequences, told apart
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -363,8 +363,9 @@ def loss_agg_mode(cfg: AlgoConfig) -> str:
     return cfg.loss_agg_mode
 
 
-def combine_metrics(parts: list[dict[str, Tensor]]) -> dict[str, float]:
-    """Reduce per-micro-batch metric shares to step values (sum, or max/min for extremes)."""
+def combine_metrics(parts: Sequence[Mapping[str, Tensor | float]]) -> dict[str, float]:
+    """Reduce per-micro-batch (or per-rank) metric shares to step values (sum, or max/min for
+    extremes), in order: every rank that combines the same parts gets the same floats."""
     out: dict[str, float] = {}
     for part in parts:
         for name, value in part.items():

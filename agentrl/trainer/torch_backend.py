@@ -178,7 +178,7 @@ class TorchBackend(TrainerBackend):
         is_finite = math.isfinite(grad_norm)
         if is_finite:
             optimizer.step()
-        metrics = reduce_metrics(combine_metrics(parts), self.device)
+        metrics = reduce_metrics(combine_metrics(parts))
         metrics.update(grad_norm=grad_norm, skipped_nonfinite_grad=float(not is_finite))
         return metrics
 

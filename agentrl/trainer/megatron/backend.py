@@ -265,9 +265,7 @@ class MegatronBackend(TrainerBackend):
         outputs = self._run(model, step.micro_batches, step)
         is_ok, grad_norm, _ = optimizer.step()
         metrics = combine_metrics(outputs)
-        metrics = (
-            reduce_metrics(metrics, self.device, dp_group()) if ps.is_pipeline_last_stage() else {}
-        )
+        metrics = reduce_metrics(metrics, dp_group()) if ps.is_pipeline_last_stage() else {}
         metrics = dict(broadcast_from_last_stage(metrics))
         metrics.update(grad_norm=float(grad_norm or 0.0), skipped_nonfinite_grad=float(not is_ok))
         return metrics
