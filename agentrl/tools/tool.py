@@ -5,10 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import importlib
 import inspect
 import json
-import sys
+import pkgutil
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -101,10 +100,10 @@ class Tool:
     def __reduce__(self) -> Any:
         """A module-level tool pickles by reference (its name now points at the Tool, not the
         function), so a process that unpickles an env shares that module's limits."""
-        module = sys.modules.get(getattr(self.fn, "__module__", None) or "")
-        qualname = getattr(self.fn, "__qualname__", "")
-        if module is not None and _lookup(module.__name__, qualname) is self:
-            return _lookup, (module.__name__, qualname)
+        name = f"{getattr(self.fn, '__module__', None)}:{getattr(self.fn, '__qualname__', '')}"
+        with contextlib.suppress(ImportError, AttributeError, ValueError):  # no name reaches it
+            if pkgutil.resolve_name(name) is self:
+                return pkgutil.resolve_name, (name,)
         owner, attr = getattr(self.fn, "__self__", None), getattr(self.fn, "__name__", "")
         if owner is not None and isinstance(inspect.getattr_static(type(owner), attr, None), Tool):
             return getattr, (owner, attr)  # `@tool` on a method: re-bind on the unpickled owner
@@ -154,13 +153,6 @@ class Tool:
         if inspect.isawaitable(result):  # a plain def that returns a coroutine
             result = await result
         return result
-
-
-def _lookup(module_name: str, qualname: str) -> Any:
-    obj: Any = importlib.import_module(module_name)
-    for part in qualname.split("."):
-        obj = getattr(obj, part, None)
-    return obj
 
 
 @overload
