@@ -135,21 +135,15 @@ def _recover(root: Path) -> None:
     """What a killed writer left: its temp dir is deleted (its space counts before the next
     save); an aside copy whose step dir never came back (a kill mid-`_publish`) is put back,
     one whose replacement was published is deleted."""
-    _remove_dead_temp_dirs(root)
-    for p in root.iterdir():
-        if not p.name.startswith(ASIDE_PREFIX):
-            continue
-        final = root / p.name.removeprefix(ASIDE_PREFIX)
-        if final.exists():
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            os.rename(p, final)
-
-
-def _remove_dead_temp_dirs(root: Path) -> None:
-    for p in root.iterdir():
+    for p in list(root.iterdir()):
         if p.name.startswith(TMP_PREFIX) and not p.name.endswith(f".{os.getpid()}"):
             shutil.rmtree(p, ignore_errors=True)
+        elif p.name.startswith(ASIDE_PREFIX):
+            final = root / p.name.removeprefix(ASIDE_PREFIX)
+            if final.exists():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                os.rename(p, final)
 
 
 def _step_dirs(root: Path) -> list[tuple[int, Path]]:
@@ -164,11 +158,11 @@ def _step_dirs(root: Path) -> list[tuple[int, Path]]:
 
 
 def _prune(root: Path, keep_last: int, *, keep: Path) -> None:
-    """Delete all but the newest `keep_last` step dirs, and temp dirs of crashed writers."""
+    """Delete all but the newest `keep_last` step dirs (`_recover` took the crashed writers'
+    temp dirs when this save began)."""
     for _, path in _step_dirs(root)[:-keep_last]:
         if path != keep:
             shutil.rmtree(path, ignore_errors=True)
-    _remove_dead_temp_dirs(root)
 
 
 def find_latest(root: str | Path) -> Path | None:
