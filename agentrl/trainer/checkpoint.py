@@ -166,21 +166,17 @@ def _prune(root: Path, keep_last: int, *, keep: Path) -> None:
 
 
 def find_latest(root: str | Path) -> Path | None:
-    """The newest complete checkpoint under `root` (or `root` itself if it is one); None if none.
-    Temp dirs of interrupted saves are never returned."""
+    """The checkpoint `root/latest` names, else the newest complete one under `root` (or `root`
+    itself if it is one); None if none. Temp dirs of interrupted saves are never returned."""
     root = Path(root)
     if STEP_DIR.match(root.name) and root.is_dir():
         return root
+    dirs = dict(_step_dirs(root))
     pointer = root / LATEST
-    if pointer.is_file():
-        named = root / pointer.read_text().strip()
-        if STEP_DIR.match(named.name) and named.is_dir():
-            return named
-        aside = named.with_name(ASIDE_PREFIX + named.name)
-        if STEP_DIR.match(named.name) and aside.is_dir():  # killed while re-saving that step
-            return aside
-    dirs = _step_dirs(root)
-    return dirs[-1][1] if dirs else None
+    named = STEP_DIR.match(pointer.read_text().strip()) if pointer.is_file() else None
+    if named and int(named.group(1)) in dirs:  # its aside copy if killed while re-saving it
+        return dirs[int(named.group(1))]
+    return dirs[max(dirs)] if dirs else None
 
 
 def checkpoint_step(path: str | Path) -> int:
