@@ -148,10 +148,9 @@ class RunCgroup:
                     await asyncio.sleep(0.01)
 
 
-def reap_stale() -> int:
-    """Remove run cgroups left by agentrl processes that no longer exist; returns how many."""
+def reap_stale() -> None:
+    """Remove run cgroups left by agentrl processes that no longer exist."""
     parents = _parents() or []
-    removed = 0
     for parent in parents:
         for d in parent.iterdir() if parent.exists() else []:
             owner = d.name.split("-", 1)[0]
@@ -161,8 +160,6 @@ def reap_stale() -> int:
                         os.kill(int(pid), signal.SIGKILL)
                 with contextlib.suppress(OSError):
                     d.rmdir()
-                    removed += 1
-    return removed
 
 
 def live_run_cgroups() -> list[Path]:

@@ -331,10 +331,9 @@ def _oom_kills(container_id: str) -> int | None:
     return None
 
 
-def reap_stale(client: Any) -> int:
+def reap_stale(client: Any) -> None:
     """Remove sandbox containers whose owning process on this host is gone."""
     host = socket.gethostname()
-    removed = 0
     for c in client.containers.list(all=True, filters={"label": LABEL}):
         owner = c.labels.get(f"{LABEL}.owner", "")
         owner_host, _, rest = owner.partition(":")
@@ -342,8 +341,6 @@ def reap_stale(client: Any) -> int:
         if owner_host == host and pid.isdigit() and not Path(f"/proc/{pid}").exists():
             with contextlib.suppress(Exception):
                 c.remove(force=True)
-                removed += 1
-    return removed
 
 
 def is_available() -> tuple[bool, str]:

@@ -54,15 +54,12 @@ class WorkDir:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-def reap_stale() -> int:
+def reap_stale() -> None:
     """Remove work dirs (and their tmpfs mounts) left by agentrl processes that died hard."""
-    removed = 0
     for path in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):
         owner = path.name[len(PREFIX) :].split("-", 1)[0]
         if owner.isdigit() and not Path(f"/proc/{owner}").exists():
             WorkDir(path, is_tmpfs=os.path.ismount(path)).remove()
-            removed += 1
-    return removed
 
 
 class StartError(Exception):
