@@ -24,8 +24,8 @@ BLOCK_N = 64  # keys a program reads per iteration
 
 @triton.jit
 def _split_kernel(
-    q_ptr, k_ptr, v_ptr, start_ptr, len_ptr, mid_o_ptr, mid_lse_ptr,
-    stride_qb, stride_qh, stride_kr, stride_kh, stride_vr, stride_vh, scale,
+    q_ptr, k_ptr, v_ptr, start_ptr, len_ptr, o_ptr, mid_o_ptr, mid_lse_ptr,
+    stride_qb, stride_qh, stride_kr, stride_kh, stride_vr, stride_vh, stride_ob, stride_oh, scale,
     HEADS: tl.constexpr, GROUP: tl.constexpr, SPLITS: tl.constexpr, D: tl.constexpr,
     BLOCK: tl.constexpr,
 ):  # fmt: skip
@@ -46,20 +46,25 @@ def _split_kernel(
         n = n0 + tl.arange(0, BLOCK)
         live = n < hi
         rows = (start + n)[:, None]
+        # both reads issued before any arithmetic on them: both are in flight at once
         k = tl.load(k_ptr + rows * stride_kr + kv_head * stride_kh + d[None, :],
+                    mask=live[:, None], other=0.0).to(tl.float32)  # fmt: skip
+        v = tl.load(v_ptr + rows * stride_vr + kv_head * stride_vh + d[None, :],
                     mask=live[:, None], other=0.0).to(tl.float32)  # fmt: skip
         scores = tl.where(live, tl.sum(k * q[None, :], axis=1), float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=0))
         p = tl.exp(scores - m_new)
         alpha = tl.exp(m - m_new)
-        v = tl.load(v_ptr + rows * stride_vr + kv_head * stride_vh + d[None, :],
-                    mask=live[:, None], other=0.0).to(tl.float32)  # fmt: skip
         acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
         total = total * alpha + tl.sum(p, axis=0)
         m = m_new
-    at = (b * HEADS + h) * SPLITS + s
-    tl.store(mid_o_ptr + at * D + d, tl.where(total > 0, acc / total, 0.0))
-    tl.store(mid_lse_ptr + at, tl.where(total > 0, m + tl.log(total), float("-inf")))
+    if SPLITS == 1:  # the whole sequence: the output itself, no combining pass
+        out = (acc / total).to(o_ptr.dtype.element_ty)
+        tl.store(o_ptr + b * stride_ob + h * stride_oh + d, out)
+    else:
+        at = (b * HEADS + h) * SPLITS + s
+        tl.store(mid_o_ptr + at * D + d, tl.where(total > 0, acc / total, 0.0))
+        tl.store(mid_lse_ptr + at, tl.where(total > 0, m + tl.log(total), float("-inf")))
 
 
 @triton.jit
@@ -103,17 +108,18 @@ def split_k_decode(
     kv_start[b] + kv_len[b] (int32, [B], kv_len[b] >= 1). Returns [B, H, D] in q's dtype.
     `block_n`, `num_warps`: the tiling (benchmarks/engine_gpu/split_k_decode.py sweeps them)."""
     batch, heads, dim = q.shape
+    out = torch.empty_like(q)
     mid_o = torch.empty(batch, heads, splits, dim, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(batch, heads, splits, dtype=torch.float32, device=q.device)
     cast(Any, _split_kernel)[(batch, heads, splits)](
-        q, keys, values, kv_start, kv_len, mid_o, mid_lse,
+        q, keys, values, kv_start, kv_len, out, mid_o, mid_lse,
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), values.stride(0),
-        values.stride(1), scale,
+        values.stride(1), out.stride(0), out.stride(1), scale,
         HEADS=heads, GROUP=heads // keys.shape[1], SPLITS=splits, D=dim, BLOCK=block_n,
         num_warps=num_warps,
     )  # fmt: skip
-    out = torch.empty_like(q)
-    cast(Any, _combine_kernel)[(batch, heads)](
-        mid_o, mid_lse, out, out.stride(0), out.stride(1), HEADS=heads, SPLITS=splits, D=dim
-    )
+    if splits > 1:
+        cast(Any, _combine_kernel)[(batch, heads)](
+            mid_o, mid_lse, out, out.stride(0), out.stride(1), HEADS=heads, SPLITS=splits, D=dim
+        )
     return out
