@@ -1,6 +1,6 @@
 """The engine's split-K decode attention (`agentrl/engine/local/decode_attention.py`) on one layer
 of a decode step, against torch's FlashAttention-2 varlen call as the engine made it before, on
-the same head-major arena: time per call (CUDA events over 200 calls after 10) and the KV bytes
+the same head-major arena: time per call (inside a CUDA graph: 10 replays of 20 calls) and the KV bytes
 read per second, for a sweep of tilings (keys per block, warps) and split counts.
 
     python benchmarks/engine_gpu/split_k_decode.py                 # 1.7B shape: 32 heads, D 64
@@ -19,12 +19,23 @@ from agentrl.engine.local.decode_attention import num_splits, split_k_decode
 
 
 def timed(fn) -> float:
-    for _ in range(10):
-        fn()
+    """Seconds per call inside a CUDA graph of 20 calls, as the engine's decode graphs run it
+    (outside a graph, Python's launch cost hides the kernel at these sizes)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):  # compiles, allocates
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(20):
+            fn()
+    graph.replay()
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     begin.record()
-    for _ in range(200):
-        fn()
+    for _ in range(10):
+        graph.replay()
     end.record()
     torch.cuda.synchronize()
     return begin.elapsed_time(end) / 200 * 1e-3
