@@ -138,7 +138,7 @@ def test_a_killed_engine_is_restarted_synced_and_its_tasks_rerun(tiny_model_path
                     heal=runtime.heal_engines,
                 )  # fmt: skip
             )
-            while not runtime.engine.num_requests:  # episodes are in flight
+            while not runtime.engine.num_running:  # episodes are in flight
                 await asyncio.sleep(0.01)
             os.kill(victim, signal.SIGKILL)
             collected = await rollout
