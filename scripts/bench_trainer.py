@@ -225,16 +225,16 @@ def main(argv: list[str] | None = None) -> dict:
     from transformers import AutoConfig
 
     from agentrl.config import AlgoConfig
-    from agentrl.trainer.batch import build_train_batch, pad_id_for
+    from agentrl.trainer.batch import build_train_batches, pad_id_for
 
     use_gpu = torch.cuda.is_available()
     dtype_name = "bfloat16" if use_gpu else "float32"
     log(f"building a random {args.shape} model ({dtype_name})")
     model_path = build_model(args, use_gpu)
     hf_config = AutoConfig.from_pretrained(model_path)
-    batch = build_train_batch(make_groups(hf_config.vocab_size, args), AlgoConfig(),
-                              max_tokens_per_micro_batch=args.row_tokens,
-                              pad_id=pad_id_for(hf_config))  # fmt: skip
+    (batch,) = build_train_batches(make_groups(hf_config.vocab_size, args), AlgoConfig(),
+                                   max_tokens_per_micro_batch=args.row_tokens,
+                                   pad_id=pad_id_for(hf_config))  # fmt: skip
     tokens = sum(mb.num_tokens for mb in batch.micro_batches())
     flops = step_flops(hf_config, batch)
     peak = peak_tflops(args, use_gpu)

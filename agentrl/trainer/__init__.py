@@ -7,7 +7,6 @@ from agentrl.trainer.batch import (
     MicroBatch,
     StepBatch,
     TrainBatch,
-    build_train_batch,
     build_train_batches,
     compute_advantages,
 )
@@ -22,7 +21,6 @@ __all__ = [
     "TrainBatch",
     "TrainerBackend",
     "build_objective",
-    "build_train_batch",
     "build_train_batches",
     "compute_advantages",
     "find_latest",

@@ -338,21 +338,6 @@ def has_advantage_free_term(algo_cfg: AlgoConfig) -> bool:
     return (algo_cfg.use_kl_loss and algo_cfg.kl_loss_coef > 0) or bool(algo_cfg.entropy_coef)
 
 
-def build_train_batch(
-    groups: Sequence[Group],
-    algo_cfg: AlgoConfig,
-    *,
-    max_tokens_per_micro_batch: int,
-    pad_id: int,
-    global_batch_size: int | None = None,
-) -> TrainBatch:
-    """The batch of a single trainer rank: `build_train_batches(..., dp_size=1)[0]`."""
-    (batch,) = build_train_batches(groups, algo_cfg, pad_id=pad_id,
-                                   max_tokens_per_micro_batch=max_tokens_per_micro_batch,
-                                   global_batch_size=global_batch_size)  # fmt: skip
-    return batch
-
-
 def _batch_metrics(
     trajs: list[Any],
     samples: list[_Sample],

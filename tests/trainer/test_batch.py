@@ -6,7 +6,6 @@ import pytest
 
 from agentrl.config import AlgoConfig
 from agentrl.trainer.batch import (
-    build_train_batch,
     build_train_batches,
     compute_advantages,
     pack_first_fit_decreasing,
@@ -65,7 +64,7 @@ def test_excluded_trajectories_are_counted_and_never_trained(traj):
             traj([(5, 0)], status=ABORTED, seed=4),
         ]
     ]
-    batch = build_train_batch(groups, AlgoConfig(), max_tokens_per_micro_batch=64, pad_id=0)
+    batch = build_train_batches(groups, AlgoConfig(), max_tokens_per_micro_batch=64, pad_id=0)[0]
     assert batch.metrics["batch/num_excluded_error"] == 1.0
     assert batch.metrics["batch/num_excluded_aborted"] == 1.0
     assert batch.metrics["batch/num_trained_sequences"] == 2.0
@@ -76,12 +75,12 @@ def test_excluded_trajectories_are_counted_and_never_trained(traj):
 def test_tensors_are_shifted_so_position_t_predicts_token_t_plus_1(traj):
     t0 = traj([(2, 2), (1, 3)], reward=1.0, prompt_len=3, seed=7)
     t1 = traj([(1, 0)], reward=0.0, prompt_len=2, seed=8)
-    batch = build_train_batch(
+    batch = build_train_batches(
         [[t0, t1]],
         AlgoConfig(normalize_advantage_std=False),
         max_tokens_per_micro_batch=1000,
         pad_id=0,
-    )
+    )[0]
     (mb,) = batch.steps[0].micro_batches
     # FFD places the longer t0 first; t0 is cut after its last sampled token (index 7).
     n0 = 8
@@ -101,7 +100,7 @@ def test_tensors_are_shifted_so_position_t_predicts_token_t_plus_1(traj):
 
 def test_packing_respects_the_token_budget(groups_factory):
     groups = groups_factory(num_groups=4, group_size=4, seed=1)
-    batch = build_train_batch(groups, AlgoConfig(), max_tokens_per_micro_batch=24, pad_id=0)
+    batch = build_train_batches(groups, AlgoConfig(), max_tokens_per_micro_batch=24, pad_id=0)[0]
     lengths = []
     for mb in batch.micro_batches():
         assert mb.input_ids.shape[0] == 1
@@ -114,9 +113,9 @@ def test_packing_respects_the_token_budget(groups_factory):
 
 def test_global_batch_size_splits_optimizer_steps_with_their_own_denominators(groups_factory):
     groups = groups_factory(num_groups=3, group_size=4, seed=3)
-    batch = build_train_batch(
+    batch = build_train_batches(
         groups, AlgoConfig(), max_tokens_per_micro_batch=30, pad_id=0, global_batch_size=5
-    )
+    )[0]
     assert [s.num_seqs for s in batch.steps] == [5, 5, 2]
     for step in batch.steps:
         assert step.num_loss_tokens == sum(int(mb.loss_mask.sum()) for mb in step.micro_batches)
@@ -131,16 +130,16 @@ def test_inconsistent_trajectory_is_named(traj):
     bad = traj([(2, 0)], reward=1.0, seed=1)
     bad.logprobs = bad.logprobs[:1]
     with pytest.raises(ValueError, match="2 trained tokens but 1 logprobs"):
-        build_train_batch(
+        build_train_batches(
             [[bad, traj([(1, 0)], seed=2)]], AlgoConfig(), max_tokens_per_micro_batch=64, pad_id=0
-        )
+        )[0]
 
 
 def test_status_may_arrive_as_a_string(traj):
     t = traj([(1, 0)], reward=1.0)
     t.status = "error"
     assert compute_advantages([[t]], AlgoConfig()) == [[None]]
-    batch = build_train_batch([[t]], AlgoConfig(), max_tokens_per_micro_batch=8, pad_id=0)
+    batch = build_train_batches([[t]], AlgoConfig(), max_tokens_per_micro_batch=8, pad_id=0)[0]
     assert batch.steps == [] and batch.metrics["batch/num_excluded_error"] == 1.0
 
 
@@ -150,17 +149,6 @@ def _sequence_lengths(step) -> list[int]:
         for mb in step.micro_batches
         for k in range(len(mb.sample_indices))
     ]
-
-
-def test_one_rank_of_build_train_batches_is_build_train_batch(groups_factory):
-    groups = groups_factory(num_groups=3, group_size=4, seed=4)
-    kw = dict(max_tokens_per_micro_batch=30, pad_id=0, global_batch_size=5)
-    (many,) = build_train_batches(groups, AlgoConfig(), dp_size=1, **kw)
-    one = build_train_batch(groups, AlgoConfig(), **kw)
-    assert many.metrics == one.metrics and len(many.steps) == len(one.steps)
-    for a, b in zip(many.micro_batches(), one.micro_batches(), strict=True):
-        assert a.sample_indices == b.sample_indices
-        assert a.input_ids.equal(b.input_ids) and a.loss_mask.equal(b.loss_mask)
 
 
 def test_ranks_split_each_step_by_tokens_and_keep_its_global_denominators(groups_factory):

@@ -186,7 +186,7 @@ def test_a_save_before_the_first_update_changes_no_later_step(
     """Saving (and resuming from) a checkpoint taken before the optimizer ever stepped gives the
     same weights, bit for bit, as never saving: the save creates no AdamW state (whose `step`
     of 1 would shrink the first real update), and the load leaves the optimizer fresh."""
-    from agentrl.trainer.batch import build_train_batch
+    from agentrl.trainer.batch import build_train_batches
 
     groups = groups_factory(num_groups=2, group_size=4, seed=3)
     kw = dict(lr=1e-2, weight_decay=0.1, num_rollout=4)
@@ -199,7 +199,9 @@ def test_a_save_before_the_first_update_changes_no_later_step(
     def two_steps(b: TorchBackend) -> list[torch.Tensor]:
         for _ in range(2):
             b.train_step(
-                build_train_batch(groups, AlgoConfig(), max_tokens_per_micro_batch=64, pad_id=0)
+                build_train_batches(groups, AlgoConfig(), max_tokens_per_micro_batch=64, pad_id=0)[
+                    0
+                ]
             )
         return [p.detach().clone() for p in b.model.parameters()]
 

@@ -10,7 +10,7 @@ import torch
 
 from agentrl.config import AlgoConfig, TrainConfig
 from agentrl.trainer.backend import TrainerBackend, make_trainer_backend
-from agentrl.trainer.batch import TrainBatch, build_train_batch
+from agentrl.trainer.batch import TrainBatch, build_train_batches
 from agentrl.trainer.torch_backend import TorchBackend
 
 
@@ -39,11 +39,11 @@ def test_packed_rows_give_the_same_logprobs_as_sequences_alone(tiny_llama_path, 
     groups = groups_factory(num_groups=3, group_size=4, seed=0)
     backend = _backend(tiny_llama_path)
     packed = backend.compute_logprobs(
-        build_train_batch(groups, AlgoConfig(), max_tokens_per_micro_batch=40, pad_id=0)
+        build_train_batches(groups, AlgoConfig(), max_tokens_per_micro_batch=40, pad_id=0)[0]
     )
     # A budget of one token: every sequence alone in its micro-batch, nothing packed beside it.
     alone = backend.compute_logprobs(
-        build_train_batch(groups, AlgoConfig(), max_tokens_per_micro_batch=1, pad_id=0)
+        build_train_batches(groups, AlgoConfig(), max_tokens_per_micro_batch=1, pad_id=0)[0]
     )
     assert all(len(mb.sample_indices) == 1 for mb in alone.micro_batches())
     assert any(len(mb.sample_indices) > 1 for mb in packed.micro_batches())
@@ -71,7 +71,7 @@ def test_loss_and_gradients_do_not_depend_on_the_micro_batch_split(
     backend = _backend(tiny_llama_path, algo, lr=0.0, clip_grad=0.0)  # lr 0: weights stay put
     results = []
     for budget in (10_000, 12, 1):
-        batch = build_train_batch(groups, algo, max_tokens_per_micro_batch=budget, pad_id=0)
+        batch = build_train_batches(groups, algo, max_tokens_per_micro_batch=budget, pad_id=0)[0]
         metrics = backend.train_step(batch)
         results.append(
             (batch.metrics["batch/num_micro_batches"], metrics["loss"], _grads(backend.model))
@@ -92,7 +92,9 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_llama_path, groups
         backend = _backend(
             tiny_llama_path, lr=0.0, clip_grad=0.0, gradient_checkpointing=use_checkpointing
         )
-        batch = build_train_batch(groups, AlgoConfig(), max_tokens_per_micro_batch=30, pad_id=0)
+        batch = build_train_batches(groups, AlgoConfig(), max_tokens_per_micro_batch=30, pad_id=0)[
+            0
+        ]
         backend.train_step(batch)
         model = backend.model
         name = "is_activation_checkpointing"  # transformers >= 5; before: is_gradient_checkpointing
@@ -106,7 +108,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_llama_path, groups
 def test_train_step_lowers_the_loss_on_a_repeated_batch(tiny_llama_path, groups_factory):
     groups = groups_factory(num_groups=2, group_size=4, seed=1)
     backend = _backend(tiny_llama_path, lr=1e-2)
-    batch = build_train_batch(groups, AlgoConfig(), max_tokens_per_micro_batch=64, pad_id=0)
+    batch = build_train_batches(groups, AlgoConfig(), max_tokens_per_micro_batch=64, pad_id=0)[0]
     backend.compute_logprobs(batch)  # fix the old policy, so the surrogate can move
     losses = [backend.train_step(batch)["loss"] for _ in range(4)]
     assert losses[-1] < losses[0] - 0.05
@@ -118,9 +120,9 @@ def test_global_batch_size_takes_several_optimizer_steps_from_one_old_policy(
 ):
     groups = groups_factory(num_groups=3, group_size=4, seed=2)
     backend = _backend(tiny_llama_path, lr=1e-2)
-    batch = build_train_batch(
+    batch = build_train_batches(
         groups, AlgoConfig(), max_tokens_per_micro_batch=64, pad_id=0, global_batch_size=5
-    )
+    )[0]
     metrics = backend.train_step(batch)
     assert metrics["num_optimizer_steps"] == 3.0 and backend.optimizer_step == 3
     assert all(mb.old_logprobs is not None for mb in batch.micro_batches())
@@ -136,15 +138,15 @@ def test_reference_model_only_with_a_positive_kl_coefficient(tiny_llama_path, gr
     assert off.ref_model is None
     algo = AlgoConfig(use_kl_loss=True, kl_loss_coef=0.1)
     on = _backend(tiny_llama_path, algo, lr=1e-2)
-    batch = build_train_batch(
+    batch = build_train_batches(
         groups_factory(2, 4, seed=3), algo, max_tokens_per_micro_batch=64, pad_id=0
-    )
+    )[0]
     first = on.train_step(batch)
     assert on.ref_model is not None
     assert first["kl_loss"] == pytest.approx(0.0, abs=1e-6)  # same weights as the reference
-    batch = build_train_batch(
+    batch = build_train_batches(
         groups_factory(2, 4, seed=4), algo, max_tokens_per_micro_batch=64, pad_id=0
-    )
+    )[0]
     assert on.train_step(batch)["kl_loss"] > 0.0
 
 
@@ -156,7 +158,7 @@ def test_save_load_round_trip_restores_weights_optimizer_and_counters(
     groups = groups_factory(num_groups=2, group_size=4, seed=6)
 
     def batch() -> TrainBatch:
-        return build_train_batch(groups, AlgoConfig(), max_tokens_per_micro_batch=64, pad_id=0)
+        return build_train_batches(groups, AlgoConfig(), max_tokens_per_micro_batch=64, pad_id=0)[0]
 
     kw = dict(lr=1e-2, lr_warmup_steps=2, lr_decay_style="cosine", num_rollout=5, weight_decay=0.1)
     a = _backend(tiny_llama_path, **kw)
@@ -219,8 +221,8 @@ def test_setup_loads_once_and_nothing_runs_before_it(tiny_llama_path, groups_fac
     """An explicit `setup()` (collective under FSDP) instead of a load on first use: a method
     called before it names the fix; the factory returns a backend already set up."""
     backend = TorchBackend(tiny_llama_path, TrainConfig(), AlgoConfig(), device="cpu")
-    batch = build_train_batch(groups_factory(num_groups=1, group_size=2), AlgoConfig(),
-                              max_tokens_per_micro_batch=64, pad_id=0)  # fmt: skip
+    batch = build_train_batches(groups_factory(num_groups=1, group_size=2), AlgoConfig(),
+                              max_tokens_per_micro_batch=64, pad_id=0)[0]  # fmt: skip
     for call in (lambda: backend.train_step(batch), backend.pending_state_bytes,
                  lambda: backend.compute_logprobs(batch)):  # fmt: skip
         with pytest.raises(RuntimeError, match=r"TorchBackend.setup\(\) has not run: call it once"):
@@ -290,7 +292,7 @@ def test_cuda_bf16_autocast_matches_cpu_and_learns(tiny_llama_path, groups_facto
     groups = groups_factory(num_groups=2, group_size=4, seed=7)
 
     def batch() -> TrainBatch:
-        return build_train_batch(groups, AlgoConfig(), max_tokens_per_micro_batch=64, pad_id=0)
+        return build_train_batches(groups, AlgoConfig(), max_tokens_per_micro_batch=64, pad_id=0)[0]
 
     cpu = _per_sample_logprobs(_backend(tiny_llama_path).compute_logprobs(batch()))
     gpu = TorchBackend(tiny_llama_path, TrainConfig(lr=1e-2), AlgoConfig(), device="cuda")
@@ -307,8 +309,8 @@ def test_cuda_bf16_autocast_matches_cpu_and_learns(tiny_llama_path, groups_facto
 def test_free_step_memory_hands_back_the_gradients(tiny_llama_path, groups_factory):
     """What a colocated rank calls after each step: the engine's KV cache resumes into it."""
     backend = _backend(tiny_llama_path, lr=1e-3)
-    batch = build_train_batch(groups_factory(num_groups=1, group_size=4, seed=2), AlgoConfig(),
-                              max_tokens_per_micro_batch=64, pad_id=0)  # fmt: skip
+    batch = build_train_batches(groups_factory(num_groups=1, group_size=4, seed=2), AlgoConfig(),
+                              max_tokens_per_micro_batch=64, pad_id=0)[0]  # fmt: skip
     backend.train_step(batch)
     assert any(p.grad is not None for p in backend.model.parameters())
     backend.free_step_memory()
@@ -321,8 +323,8 @@ def test_pending_state_bytes_are_what_the_first_step_allocates(tiny_llama_path, 
     backend = _backend(tiny_llama_path, lr=1e-3)
     pending = backend.pending_state_bytes()
     assert pending > 0
-    batch = build_train_batch(groups_factory(num_groups=1, group_size=4, seed=3), AlgoConfig(),
-                              max_tokens_per_micro_batch=64, pad_id=0)  # fmt: skip
+    batch = build_train_batches(groups_factory(num_groups=1, group_size=4, seed=3), AlgoConfig(),
+                              max_tokens_per_micro_batch=64, pad_id=0)[0]  # fmt: skip
     backend.train_step(batch)
     assert backend.optimizer is not None
     moments = sum(
@@ -340,8 +342,8 @@ def _state_tensors(optimizer) -> list[torch.Tensor]:
 
 def test_offload_state_on_cpu_moves_nothing(tiny_llama_path, groups_factory):
     backend = _backend(tiny_llama_path, lr=1e-3)
-    batch = build_train_batch(groups_factory(num_groups=1, group_size=4, seed=4), AlgoConfig(),
-                              max_tokens_per_micro_batch=64, pad_id=0)  # fmt: skip
+    batch = build_train_batches(groups_factory(num_groups=1, group_size=4, seed=4), AlgoConfig(),
+                              max_tokens_per_micro_batch=64, pad_id=0)[0]  # fmt: skip
     backend.train_step(batch)
     assert backend.optimizer is not None
     before = [t.data_ptr() for t in _state_tensors(backend.optimizer)]
@@ -361,7 +363,7 @@ def test_cuda_offloaded_state_frees_its_memory_and_changes_no_step(
     groups = groups_factory(num_groups=2, group_size=4, seed=8)
 
     def batch() -> TrainBatch:
-        return build_train_batch(groups, AlgoConfig(), max_tokens_per_micro_batch=64, pad_id=0)
+        return build_train_batches(groups, AlgoConfig(), max_tokens_per_micro_batch=64, pad_id=0)[0]
 
     def backend() -> TorchBackend:
         b = TorchBackend(tiny_llama_path, TrainConfig(lr=1e-2), AlgoConfig(), device="cuda")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from agentrl.config import AlgoConfig, TrainConfig
-from agentrl.trainer.batch import build_train_batch
+from agentrl.trainer.batch import build_train_batches
 from agentrl.trainer.torch_backend import TorchBackend
 from agentrl.types import EpisodeStatus
 
@@ -40,13 +40,13 @@ def test_one_step_batch_takes_no_old_logprob_forward(tiny_llama_path, groups_fac
     for global_batch_size, passes_per_micro_batch in [(None, 1), (5, 2)]:
         backend = _backend(tiny_llama_path, lr=1e-3)
         calls = _count_forwards(backend)
-        batch = build_train_batch(
+        batch = build_train_batches(
             groups,
             AlgoConfig(),
             max_tokens_per_micro_batch=40,
             pad_id=0,
             global_batch_size=global_batch_size,
-        )
+        )[0]
         num_micro = batch.metrics["batch/num_micro_batches"]
         assert num_micro > 1
         backend.train_step(batch)
@@ -66,7 +66,7 @@ def test_one_step_loss_and_gradients_equal_the_old_logprob_pass(
     results = []
     for is_old_pass in (False, True):
         backend = _backend(tiny_llama_path, algo, lr=0.0, clip_grad=0.0)
-        batch = build_train_batch(groups, algo, max_tokens_per_micro_batch=40, pad_id=0)
+        batch = build_train_batches(groups, algo, max_tokens_per_micro_batch=40, pad_id=0)[0]
         if is_old_pass:
             backend.compute_logprobs(batch)  # what every step did before: a separate forward
         results.append((backend.train_step(batch), _grads(backend.model)))
@@ -107,7 +107,7 @@ def test_zero_variance_batch_costs_no_forward_nor_backward(tiny_llama_path, traj
     backend = _backend(tiny_llama_path, lr=1e-2)
     calls = _count_forwards(backend)
     before = {n: p.detach().clone() for n, p in backend.model.named_parameters()}
-    batch = build_train_batch(groups, AlgoConfig(), max_tokens_per_micro_batch=40, pad_id=0)
+    batch = build_train_batches(groups, AlgoConfig(), max_tokens_per_micro_batch=40, pad_id=0)[0]
     assert batch.max_abs_advantage == 0.0 and batch.metrics["batch/num_trained_sequences"] == 8
     metrics = backend.train_step(batch)
     assert calls[0] == 0
@@ -124,7 +124,7 @@ def test_batch_with_no_trainable_sequence_is_skipped(tiny_llama_path, traj):
     groups = [[traj([(3, 0)], status=EpisodeStatus.ERROR, seed=i) for i in range(4)]]
     backend = _backend(tiny_llama_path)
     calls = _count_forwards(backend)
-    batch = build_train_batch(groups, AlgoConfig(), max_tokens_per_micro_batch=40, pad_id=0)
+    batch = build_train_batches(groups, AlgoConfig(), max_tokens_per_micro_batch=40, pad_id=0)[0]
     assert batch.steps == []
     metrics = backend.train_step(batch)
     assert calls[0] == 0 and metrics["skipped_no_signal"] == 1.0
@@ -139,15 +139,17 @@ def test_batch_with_no_trainable_sequence_is_skipped(tiny_llama_path, traj):
 def test_zero_advantages_still_train_a_kl_or_entropy_term(tiny_llama_path, traj, algo):
     backend = _backend(tiny_llama_path, algo)
     calls = _count_forwards(backend)
-    batch = build_train_batch(_flat_groups(traj), algo, max_tokens_per_micro_batch=400, pad_id=0)
+    batch = build_train_batches(_flat_groups(traj), algo, max_tokens_per_micro_batch=400, pad_id=0)[
+        0
+    ]
     metrics = backend.train_step(batch)
     assert metrics["skipped_no_signal"] == 0.0 and "loss" in metrics and calls[0] > 0
 
 
 def test_a_batch_with_signal_says_it_was_not_skipped(tiny_llama_path, groups_factory):
-    batch = build_train_batch(
+    batch = build_train_batches(
         groups_factory(2, 4, seed=1), AlgoConfig(), max_tokens_per_micro_batch=64, pad_id=0
-    )
+    )[0]
     assert batch.max_abs_advantage > 0
     assert _backend(tiny_llama_path).train_step(batch)["skipped_no_signal"] == 0.0
 
@@ -160,8 +162,8 @@ def test_zero_variance_groups_are_not_packed_and_the_update_is_unchanged(
     entropy term, which makes every sequence count)."""
     groups = groups_factory(num_groups=2, group_size=4, seed=3) + _flat_groups(traj)
     algo, packs_all = AlgoConfig(), AlgoConfig(entropy_coef=1e-30)
-    batch = build_train_batch(groups, algo, max_tokens_per_micro_batch=400, pad_id=0)
-    full = build_train_batch(groups, packs_all, max_tokens_per_micro_batch=400, pad_id=0)
+    batch = build_train_batches(groups, algo, max_tokens_per_micro_batch=400, pad_id=0)[0]
+    full = build_train_batches(groups, packs_all, max_tokens_per_micro_batch=400, pad_id=0)[0]
     assert batch.metrics["batch/num_zero_advantage_skipped"] == 8.0
     assert full.metrics["batch/num_zero_advantage_skipped"] == 0.0
     lengths = [mb.num_tokens for mb in full.steps[0].micro_batches]  # one packed row each

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from agentrl.config import AlgoConfig, TrainConfig
-from agentrl.trainer.batch import build_train_batch
+from agentrl.trainer.batch import build_train_batches
 
 pytestmark = pytest.mark.usefixtures("megatron_on_cpu")
 
@@ -51,7 +51,9 @@ def _megatron(path, dtype: str = "float32", **train):
 
 
 def _batch(groups, pad_id: int):
-    return build_train_batch(groups, AlgoConfig(), max_tokens_per_micro_batch=64, pad_id=pad_id)
+    return build_train_batches(groups, AlgoConfig(), max_tokens_per_micro_batch=64, pad_id=pad_id)[
+        0
+    ]
 
 
 def test_packed_logprobs_equal_transformers(hf_config, tmp_path):
@@ -174,8 +176,8 @@ def test_a_step_without_packed_sequences_moves_the_schedule(configs, tmp_path):
     groups = _groups(100)
     for t in groups[1]:
         t.reward = 1.0
-    batch = build_train_batch(groups, AlgoConfig(), max_tokens_per_micro_batch=64,
-                              pad_id=backend.pad_id, global_batch_size=4)  # fmt: skip
+    batch = build_train_batches(groups, AlgoConfig(), max_tokens_per_micro_batch=64,
+                              pad_id=backend.pad_id, global_batch_size=4)[0]  # fmt: skip
     assert [bool(step.micro_batches) for step in batch.steps] == [True, False]
     metrics = backend.train_step(batch)
     assert metrics["skipped_no_signal"] == 0.0 and metrics["lr"] == pytest.approx(1e-3 / 4)
