@@ -42,7 +42,9 @@ async def test_an_update_drains_running_turns_and_holds_new_ones():
 
     async def update() -> None:
         async with gated.paused():
-            events.append(f"update starts, {gated.num_running} running, {gated.num_turns_held} held")
+            events.append(
+                f"update starts, {gated.num_running} running, {gated.num_turns_held} held"
+            )
             await gated.update_weights([], weight_version="1")
 
     # tasks start in the order they were made: the update closes the gate before the turn
