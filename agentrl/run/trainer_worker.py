@@ -76,8 +76,8 @@ class TrainerWorker:
     def __init__(self, spec: WorkerSpec, loop: asyncio.AbstractEventLoop | None = None) -> None:
         """`loop`: where the sends run (the driver's, in process); None = a loop of its own
         (an actor: Ray may already run a loop on the calling thread)."""
+        from agentrl.model_store import resolve_dtype
         from agentrl.trainer.backend import make_trainer_backend
-        from agentrl.trainer.weights import serving_dtype
 
         self.spec = spec
         device = _join_group(spec) if spec.master_port else spec.device
@@ -93,7 +93,8 @@ class TrainerWorker:
         self.is_cuda = self.backend.device.type == "cuda"
         self.is_state_offloaded = spec.shares_gpu and self.is_cuda and spec.offload_train
         """Between steps the optimizer state waits in host memory (--offload-train)."""
-        self._dtype = serving_dtype(spec.dtype, self.is_cuda)
+        # weight sync sends the engines' dtype: a bf16 engine never receives fp32 master weights
+        self._dtype = resolve_dtype(spec.dtype, self.backend.device.type)
         if loop is None:
             loop = asyncio.new_event_loop()
             threading.Thread(target=loop.run_forever, name="weight-sync", daemon=True).start()

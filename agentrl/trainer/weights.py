@@ -1,5 +1,5 @@
 """Weight export: a model's HF-named tensors, gathered whole from their shards one at a time (the
-exporters cut them into buckets with `agentrl.weight_buckets`), and the dtype engines serve in."""
+exporters cut them into buckets with `agentrl.weight_buckets`)."""
 
 from __future__ import annotations
 
@@ -32,11 +32,3 @@ def unique_named_tensors(
         if dtype is not None and tensor.is_floating_point():
             tensor = tensor.to(dtype)  # before the gather: fewer bytes on the wire
         yield name, full_tensor(tensor)
-
-
-def serving_dtype(dtype: str, is_cuda: bool) -> torch.dtype:
-    """The dtype engines hold weights in (`model.dtype`; auto = bf16 on CUDA, fp32 on CPU):
-    what weight sync sends, so a bf16 engine never receives fp32 master weights."""
-    if dtype == "auto":
-        return torch.bfloat16 if is_cuda else torch.float32
-    return getattr(torch, dtype)
