@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from agentrl.config import ConfigError, RunConfig
+from agentrl.config import RunConfig
 from agentrl.config_checks import trainer_uses_cuda, uses_ray
 from agentrl.engine.sglang.protocol import resolve_api_key
 from agentrl.run.engines import InProcessEngines
@@ -22,13 +22,10 @@ def check_megatron(cfg: RunConfig) -> None:
     sequence parallel."""
     if cfg.train.backend != "megatron":
         return
-    from agentrl.trainer.megatron import MegatronUnavailable, check_megatron_usable
+    from agentrl.trainer.megatron import check_megatron_usable
 
     gpus = cfg.cluster.actor_num_nodes * cfg.cluster.actor_num_gpus_per_node
-    try:
-        check_megatron_usable(cfg.train, gpus)
-    except MegatronUnavailable as e:
-        raise ConfigError(str(e)) from None
+    check_megatron_usable(cfg.train, gpus)
 
 
 def shares_trainer_gpu(cfg: RunConfig) -> bool:

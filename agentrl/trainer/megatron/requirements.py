@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from agentrl.config import TrainConfig
+from agentrl.config import ConfigError, TrainConfig
 
 INSTALL_HINT = (
     "pip install 'agentrl[megatron]' (megatron-core; 0.19 needs Python >= 3.12, 0.16 installs "
@@ -13,7 +13,7 @@ INSTALL_HINT = (
 )
 
 
-class MegatronUnavailable(RuntimeError):
+class MegatronUnavailable(ConfigError):
     """`train.backend=megatron` cannot run on this machine; the message says what to do."""
 
 
