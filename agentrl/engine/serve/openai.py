@@ -124,7 +124,7 @@ async def completions(req: CompletionRequest, request: Request, s: State) -> Any
         for index, ((prompt, _), c) in enumerate(zip(jobs, outs, strict=False))
     ]
     response = _response(s, "cmpl", "text_completion", choices, [len(p) for p, _ in jobs], outs)
-    return _streamed(response, completion_chunks) if req.stream else response
+    return streamed(response, completion_chunks) if req.stream else response
 
 
 @router.post("/v1/chat/completions")
@@ -153,7 +153,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request, s: Stat
     response = _response(s, "chatcmpl", "chat.completion", choices, [len(prompt)] * len(outs), outs)
     if req.return_token_ids:
         response["prompt_token_ids"] = list(prompt)
-    return _streamed(response, chat_chunks) if req.stream else response
+    return streamed(response, chat_chunks) if req.stream else response
 
 
 async def _sample(
@@ -255,7 +255,9 @@ def _with_tool_calls(choice: dict[str, Any], parsed: Any) -> None:
             choice["finish_reason"] = "tool_calls"
 
 
-def _streamed(response: dict[str, Any], chunks: Any) -> StreamingResponse:
+def streamed(response: dict[str, Any], chunks: Any) -> StreamingResponse:
+    """`response` as server-sent events: `chunks(response)`'s events, then `[DONE]`."""
+
     async def events() -> AsyncIterator[str]:
         for chunk in chunks(response):
             yield f"data: {json.dumps(chunk)}\n\n"

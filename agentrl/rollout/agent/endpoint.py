@@ -9,19 +9,17 @@ loop stay apart); each call is handed to the run's loop, where the engine and ca
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import threading
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from agentrl.engine.base import Engine, SamplingParams
-from agentrl.engine.serve.openai import chat_chunks
+from agentrl.engine.serve.openai import chat_chunks, streamed
 from agentrl.rollout.agent.anthropic import MessagesRequest, to_chat_request, to_messages_response
 from agentrl.rollout.agent.capture import EpisodeCapture
 from agentrl.rollout.agent.chat import CallLimits, ChatError, ChatRequest, complete
@@ -124,7 +122,7 @@ class AgentEndpoint:
             except ChatError as e:
                 return _error(e.status, str(e))
             if body.stream:
-                return StreamingResponse(_sse(response), media_type="text/event-stream")
+                return streamed(response, chat_chunks)
             return response
 
         @app.post("/episodes/{token}/v1/messages")
@@ -147,9 +145,3 @@ class AgentEndpoint:
         call = complete(episode.capture, self.engine, episode.sampling, episode.limits, body)
         future = asyncio.run_coroutine_threadsafe(call, self._loop)
         return await asyncio.wrap_future(future)  # a cancelled request cancels its sampling
-
-
-async def _sse(response: dict[str, Any]) -> AsyncIterator[str]:
-    for chunk in chat_chunks(response):
-        yield f"data: {json.dumps(chunk)}\n\n"
-    yield "data: [DONE]\n\n"
