@@ -88,25 +88,22 @@ async def update_weights_from_tensor(
 
 @router.post("/begin_weight_update")
 async def begin_weight_update(obj: WeightUpdateSessionReqInput, s: State) -> JSONResponse:
-    return _session(s, is_opening=True)
+    """Open SGLang 0.5.23's weight-update session; twice in a row is refused."""
+    if s.weight_session:
+        return _weight_result(
+            False, "a weight-update session is already open; call end_weight_update() first"
+        )
+    s.weight_session = True
+    return _weight_result(True, "Success")
 
 
 @router.post("/end_weight_update")
 async def end_weight_update(obj: WeightUpdateSessionReqInput, s: State) -> JSONResponse:
-    return _session(s, is_opening=False)
-
-
-_SESSION_REFUSALS = {
-    True: "a weight-update session is already open; call end_weight_update() first",
-    False: "no weight-update session is open; call begin_weight_update() first",
-}
-
-
-def _session(s: ServerState, *, is_opening: bool) -> JSONResponse:
-    """Open or close SGLang 0.5.23's weight-update session; twice in a row is refused."""
-    if s.weight_session is is_opening:
-        return _weight_result(False, _SESSION_REFUSALS[is_opening])
-    s.weight_session = is_opening
+    if not s.weight_session:
+        return _weight_result(
+            False, "no weight-update session is open; call begin_weight_update() first"
+        )
+    s.weight_session = False
     return _weight_result(True, "Success")
 
 

@@ -29,14 +29,17 @@ class ServerDialect:
     version: str
     is_agentrl_serve: bool
     uses_weight_sessions: bool | None
+    tp_size: int = 1  # tensor-parallel ranks: one serialization (or group rank) each
 
 
 def dialect_from_info(info: dict[str, Any], url: str) -> ServerDialect:
     """The dialect of the server at `url` whose `/server_info` answered `info`. A release outside
     `SUPPORTED_RANGE` is refused in one line."""
-    version = str(info.get("version", ""))
+    version, tp_size = str(info.get("version", "")), int(info.get("tp_size", 1))
     if version.startswith(AGENTRL_SERVE_PREFIX):
-        return ServerDialect(version, is_agentrl_serve=True, uses_weight_sessions=None)
+        return ServerDialect(
+            version, is_agentrl_serve=True, uses_weight_sessions=None, tp_size=tp_size
+        )
     try:
         parsed = Version(version)
     except InvalidVersion:
@@ -52,4 +55,6 @@ def dialect_from_info(info: dict[str, Any], url: str) -> ServerDialect:
     # 0.5.23 refuses tensor and broadcast updates outside a session; older releases in the
     # window have no session routes (found out by the first update).
     sessions = True if parsed >= Version("0.5.23") else None
-    return ServerDialect(version, is_agentrl_serve=False, uses_weight_sessions=sessions)
+    return ServerDialect(
+        version, is_agentrl_serve=False, uses_weight_sessions=sessions, tp_size=tp_size
+    )

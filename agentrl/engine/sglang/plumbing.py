@@ -86,7 +86,6 @@ class SGLangHTTP:
         self._background: set[asyncio.Future[Any]] = set()
         self._is_aborting = False
         self.weight_version = DEFAULT_WEIGHT_VERSION
-        self._tp_size: int | None = None
         self._dialects: dict[str, ServerDialect] = {}
         self._released_tags: dict[str, set[str]] = {}  # per worker: what a resume may map again
         self._is_updating = False  # inside a weight-update session opened by the caller

@@ -56,9 +56,7 @@ class DistributedWeightSender:
         backend = self.backend or ("nccl" if torch.cuda.is_available() else "gloo")
         if self.master_port is None:
             (self.master_port,) = free_ports(1, self.master_address)
-        tp_sizes = [
-            int((await e.get_server_info(url=u)).get("tp_size", 1)) for e, u in self._targets
-        ]
+        tp_sizes = [await e.tp_size(u) for e, u in self._targets]
         offsets = [1 + sum(tp_sizes[:i]) for i in range(len(tp_sizes))]
         world_size = 1 + sum(tp_sizes)
         join = asyncio.to_thread(

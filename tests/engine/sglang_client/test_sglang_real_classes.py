@@ -224,8 +224,8 @@ class _Member:
 
     worker_urls = ["http://engine"]
 
-    async def get_server_info(self, *, url: str | None = None) -> dict[str, Any]:
-        return {"tp_size": 1}
+    async def tp_size(self, url: str | None = None) -> int:
+        return 1
 
     async def init_weights_update_group(self, **kw: Any) -> None: ...
 
