@@ -75,6 +75,7 @@ def test_rollout_metrics_on_constructed_groups() -> None:
     assert m["rollout/num_sampled_tokens"] == 20.0
     assert m["rollout/turns_mean"] == 1.0
     assert m["rollout/zero_std_group_fraction"] == pytest.approx(1 / 2)  # group 2: 0.5, 0.5
+    assert m["rollout/num_zero_variance_groups"] == 1.0
     assert (
         m["rollout/num_groups"],
         m["rollout/num_episodes"],

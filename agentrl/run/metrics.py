@@ -9,8 +9,11 @@ import os
 import time
 from collections import Counter
 from collections.abc import Sequence
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO
+
+import pydantic_core
 
 from agentrl.config import LogConfig
 from agentrl.eval import stats
@@ -30,8 +33,10 @@ def rollout_metrics(groups: Sequence[Sequence[Any]]) -> dict[str, float]:
     status_counts = Counter(EpisodeStatus(t.status) for t in episodes)
     total = max(1, len(episodes))
     response_lens = [t.response_len for t in episodes]
-    num_compared = sum(sum(map(stats.is_scored, g)) > 1 for g in groups)  # one alone cannot tie
-    zero_std = num_tied_groups(groups) / num_compared if num_compared else math.nan
+    group_rewards = [[t.reward for t in g if stats.is_scored(t)] for g in groups]
+    num_compared = sum(len(r) > 1 for r in group_rewards)  # one alone cannot tie
+    # groups whose scored rewards all match: GRPO gives them advantage 0, no signal
+    num_tied = sum(len(r) > 1 and max(r) == min(r) for r in group_rewards)
     out = {
         "num_groups": float(len(groups)),
         "num_episodes": float(len(episodes)),
@@ -39,7 +44,8 @@ def rollout_metrics(groups: Sequence[Sequence[Any]]) -> dict[str, float]:
         "reward_mean": _mean(rewards),
         "reward_std": stats.std(rewards),
         "pass_rate": _mean([float(stats.is_correct(t)) for t in scored]),
-        "zero_std_group_fraction": zero_std,
+        "zero_std_group_fraction": num_tied / num_compared if num_compared else math.nan,
+        "num_zero_variance_groups": float(num_tied),
         "truncated_ratio": status_counts[EpisodeStatus.TRUNCATED] / total,
         "turns_mean": _mean([t.num_turns for t in episodes]),
         "tool_calls_per_episode": _mean([stats.num_tool_calls(t) for t in episodes]),
@@ -71,12 +77,6 @@ def _mean(values: Sequence[float]) -> float:
     return math.fsum(values) / len(values) if values else math.nan
 
 
-def num_tied_groups(groups: Sequence[Sequence[Any]]) -> int:
-    """Groups whose scored rewards all match: GRPO gives them advantage 0, no signal."""
-    rewards = [[t.reward for t in g if stats.is_scored(t)] for g in groups]
-    return sum(len(r) > 1 and max(r) == min(r) for r in rewards)
-
-
 class MetricsLogger:
     """`log(step, metrics)` appends one JSON line to `run_dir/metrics.jsonl` (flushed), and
     writes numeric values as TensorBoard scalars and to wandb when asked. A resumed run calls
@@ -96,20 +96,18 @@ class MetricsLogger:
         installed); `config`: the run config, shown in TensorBoard and wandb."""
         self.log_cfg = log or LogConfig()
         self.run_dir = Path(run_dir)
+        self.path = self.run_dir / "metrics.jsonl"
         self.config = dict(config or {})
-        self._jsonl: TextIO | None = None
+        self._jsonl: BinaryIO | None = None
         self._tb: Any = None
         self._wandb_run: Any = None
         self._purge_step: int | None = None
+        self._opened = ExitStack()  # what _open opened, for close
 
-    @property
-    def path(self) -> Path:
-        return self.run_dir / "metrics.jsonl"
-
-    def _open(self) -> TextIO:
+    def _open(self) -> BinaryIO:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # Append: a resumed run continues the file. It stays open across log() calls.
-        self._jsonl = jsonl = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+        self._jsonl = jsonl = self._opened.enter_context(open(self.path, "ab"))  # noqa: SIM115
         if self.log_cfg.use_tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -117,6 +115,7 @@ class MetricsLogger:
             self._tb = SummaryWriter(
                 log_dir=str(self.run_dir / "tensorboard"), purge_step=self._purge_step
             )
+            self._opened.callback(self._tb.close)
             if self.config:
                 self._tb.add_text(
                     "config", "```\n" + json.dumps(self.config, indent=2, default=str) + "\n```"
@@ -127,6 +126,7 @@ class MetricsLogger:
             self._wandb_run = wandb.init(
                 project=self.log_cfg.wandb_project, config=self.config, dir=str(self.run_dir)
             )
+            self._opened.callback(self._wandb_run.finish)
         return jsonl
 
     def truncate_after(self, step: int) -> None:
@@ -134,7 +134,7 @@ class MetricsLogger:
         interrupted run wrote for them are dropped, so each step appears once — metrics.jsonl is
         rewritten (a line cut short by a crash goes too) and TensorBoard, reading the new event
         file's `purge_step`, hides the old files' events past `step`. Call before `log`."""
-        if self._jsonl is not None or self._tb is not None:
+        if self._jsonl is not None:
             raise RuntimeError("MetricsLogger.truncate_after must come before the first log()")
         self._purge_step = step + 1
         if not self.path.is_file():
@@ -146,12 +146,9 @@ class MetricsLogger:
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         jsonl = self._jsonl if self._jsonl is not None else self._open()
-        record = {
-            "step": step,
-            "time": time.time(),
-            **{k: _jsonable(v) for k, v in metrics.items()},
-        }
-        jsonl.write(json.dumps(record, default=str) + "\n")
+        record = {"step": step, "time": time.time(), **metrics}
+        # NaN and inf as null, so every line is strict JSON
+        jsonl.write(pydantic_core.to_json(record, inf_nan_mode="null", fallback=str) + b"\n")
         jsonl.flush()
         scalars = {k: float(v) for k, v in metrics.items() if _is_number(v)}
         if self._tb is not None:
@@ -162,15 +159,8 @@ class MetricsLogger:
             self._wandb_run.log(scalars, step=step)
 
     def close(self) -> None:
-        if self._jsonl is not None:
-            self._jsonl.close()
-            self._jsonl = None
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
-        if self._wandb_run is not None:
-            self._wandb_run.finish()
-            self._wandb_run = None
+        self._opened.close()
+        self._jsonl = self._tb = self._wandb_run = None
 
     def __enter__(self) -> MetricsLogger:
         return self
@@ -182,28 +172,11 @@ class MetricsLogger:
 def _is_kept(line: str, max_step: int) -> bool:
     """Whether a metrics.jsonl line is a whole record of a step up to `max_step`."""
     try:
-        record = json.loads(line)
-    except json.JSONDecodeError:
+        step = json.loads(line)["step"]
+    except (json.JSONDecodeError, TypeError, KeyError):  # cut short, or not a step's record
         return False
-    return (
-        isinstance(record, dict)
-        and isinstance(record.get("step"), int)
-        and (record["step"] <= max_step)
-    )
+    return isinstance(step, int) and step <= max_step
 
 
 def _is_number(v: Any) -> bool:
-    return (isinstance(v, int | float) and not isinstance(v, bool)) or _is_tensor_scalar(v)
-
-
-def _is_tensor_scalar(v: Any) -> bool:
-    return hasattr(v, "item") and getattr(v, "ndim", None) == 0
-
-
-def _jsonable(v: Any) -> Any:
-    """Tensor scalars become floats; NaN/inf become null so every line is strict JSON."""
-    if _is_tensor_scalar(v):
-        v = v.item()
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
+    return isinstance(v, int | float) and not isinstance(v, bool)

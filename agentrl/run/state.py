@@ -20,7 +20,7 @@ from agentrl.rollout.collect import collect_groups
 from agentrl.rollout.staleness import drop_stale, lag_gap_metrics, probe_sample, staleness_metrics
 from agentrl.rollout.trajectory import write_jsonl
 from agentrl.run.checkpoint import save_run
-from agentrl.run.metrics import MetricsLogger, num_tied_groups, rollout_metrics
+from agentrl.run.metrics import MetricsLogger, rollout_metrics
 from agentrl.run.runtime import Runtime
 from agentrl.run.schedules import Rollout
 from agentrl.trainer.batch import build_train_batches
@@ -193,7 +193,6 @@ def _step_metrics(
         **rollout_metrics(groups),
         **_prefixed("train/", trained),
         **staleness_metrics(groups, step),
-        "rollout/num_zero_variance_groups": float(num_tied_groups(groups)),
         "rollout/num_zero_variance_groups_dropped": float(collected.num_zero_variance_dropped),
         "rollout/num_stale_dropped": float(collected.num_stale_dropped + num_stale),
         "rollout/num_engine_reruns": float(collected.num_engine_reruns),
