@@ -28,21 +28,19 @@ def make_engine(cfg: RunConfig, *, model_path: str | None = None, reserve_bytes:
     if kind == "http":
         assert cfg.engine.url, "config_checks.check_run refuses engine.kind=http without a url"
         return sglang_client(cfg.engine, cfg.rollout, cfg.engine.url)
-    if kind == "sglang":
-        from agentrl.engine.sglang.launcher import launch_servers
-        from agentrl.model_store import resolve_model_path
+    from agentrl.engine.sglang.launcher import launch_servers  # sglang: the config's last kind
+    from agentrl.model_store import resolve_model_path
 
-        cluster = launch_servers(
-            model_path or resolve_model_path(model.path, model.cache_dir),
-            cfg.engine,
-            api_key=resolve_api_key(cfg.engine),
-            # the in-process trainer steps on the servers' GPU while they release their memory
-            enable_memory_saver=trainer_uses_cuda(cfg.model.device),
-        )
-        engine = sglang_client(cfg.engine, cfg.rollout, cluster.url)
-        engine.cluster = cluster  # shut down with the engine
-        return engine
-    raise ValueError(f"engine.kind={kind!r} is not one of: local, http, sglang")
+    cluster = launch_servers(
+        model_path or resolve_model_path(model.path, model.cache_dir),
+        cfg.engine,
+        api_key=resolve_api_key(cfg.engine),
+        # the in-process trainer steps on the servers' GPU while they release their memory
+        enable_memory_saver=trainer_uses_cuda(cfg.model.device),
+    )
+    engine = sglang_client(cfg.engine, cfg.rollout, cluster.url)
+    engine.cluster = cluster  # shut down with the engine
+    return engine
 
 
 def sglang_client(engine: EngineConfig, rollout: RolloutConfig, url: str) -> SGLangEngine:
