@@ -61,13 +61,12 @@ def build_args_model(
         ) from None
 
 
-def json_schema(model: type[pydantic.BaseModel], *, accepts_extra: bool) -> dict[str, Any]:
+def json_schema(model: type[pydantic.BaseModel]) -> dict[str, Any]:
     """OpenAI's function-calling subset: no titles, no $ref, `X | None` as X (not required)."""
     schema = model.model_json_schema(schema_generator=_ToolSchema)
     schema = _inline(schema, schema.pop("$defs", {}), ())
-    schema.pop("additionalProperties", None)
-    if accepts_extra:
-        schema["additionalProperties"] = True
+    if not schema.get("additionalProperties"):  # said only where **kwargs takes extra ones
+        schema.pop("additionalProperties", None)
     return schema
 
 

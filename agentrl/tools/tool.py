@@ -202,12 +202,12 @@ def tool(
     if not tool_name or tool_name == "<lambda>":
         raise ValueError(f"cannot name the tool {fn!r}: pass @tool(name=...)")
     description = parse_docstring(inspect.getdoc(target) or "")[0]
-    model, fills_none, accepts_extra = _signature_model(fn, tool_name)
+    model, fills_none = _signature_model(fn, tool_name)
     return Tool(
         fn=fn,
         name=tool_name,
         description=description or tool_name,
-        parameters=json_schema(model, accepts_extra=accepts_extra),
+        parameters=json_schema(model),
         args_model=model,
         fills_none=fills_none,
         timeout_s=timeout_s,
@@ -227,9 +227,9 @@ def _is_unbound_method(fn: Callable[..., Any]) -> bool:
 
 def _signature_model(
     fn: Callable[..., Any], tool_name: str
-) -> tuple[type[pydantic.BaseModel], tuple[str, ...], bool]:
-    """The arguments model of `fn`, its `x: T | None` parameters without a default, and
-    whether it takes `**kwargs` (extra arguments pass unchecked)."""
+) -> tuple[type[pydantic.BaseModel], tuple[str, ...]]:
+    """The arguments model of `fn` (`**kwargs`: extra arguments pass unchecked) and its
+    `x: T | None` parameters without a default."""
     target = fn.func if isinstance(fn, functools.partial) else fn
     hints = resolve_hints(target) if inspect.isfunction(target) or inspect.ismethod(target) else {}
     docs = parse_docstring(inspect.getdoc(target) or "")[1]
@@ -252,7 +252,7 @@ def _signature_model(
                 fills_none.append(p.name)
         params.append((p.name, annotation, default, docs.get(p.name)))
     model = build_args_model(tool_name, params, accepts_extra=accepts_extra)
-    return model, tuple(fills_none), accepts_extra
+    return model, tuple(fills_none)
 
 
 __all__ = ["ArgumentError", "Tool", "tool"]
