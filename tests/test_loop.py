@@ -121,7 +121,7 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tiny_model_path, tmp_path):
     import subprocess
     import time
 
-    from agentrl.trainer.checkpoint import checkpoint_step, find_latest
+    from agentrl.trainer.checkpoint import find_latest
 
     run = tmp_path / "run"
     cmd = _train_cli(
@@ -142,7 +142,7 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tiny_model_path, tmp_path):
     assert proc.returncode != 0
     ckpt = find_latest(run / "checkpoints")
     assert ckpt is not None, out
-    step = checkpoint_step(ckpt)
+    step = int(ckpt.name.removeprefix("step_"))
     assert step >= 1 and (ckpt / "loop_state.pt").exists()
     # said at once, then what is saved, then where it is and how to go on
     said, saving = out.index("Ctrl-C: finishing the current step…"), out.index("saving step ")
@@ -167,7 +167,7 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tiny_model_path, tmp_path):
     )  # fmt: skip
     done = subprocess.run(resume, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert checkpoint_step(find_latest(run / "checkpoints")) == step + 1
+    assert find_latest(run / "checkpoints") == run / "checkpoints" / f"step_{step + 1:06d}"
     assert "train/loss" in _metrics(run)[step + 1]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "train/loss" in r] == list(range(1, step + 2))  # once each

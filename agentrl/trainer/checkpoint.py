@@ -179,13 +179,6 @@ def find_latest(root: str | Path) -> Path | None:
     return dirs[max(dirs)] if dirs else None
 
 
-def checkpoint_step(path: str | Path) -> int:
-    m = STEP_DIR.match(Path(path).name.removeprefix(ASIDE_PREFIX))
-    if not m:
-        raise ValueError(f"{path} is not a checkpoint directory (expected a name like step_000123)")
-    return int(m.group(1))
-
-
 # ---------------------------------------------------------------- extra state
 
 

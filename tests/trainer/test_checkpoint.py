@@ -17,7 +17,6 @@ from agentrl.config import AlgoConfig, TrainConfig
 from agentrl.trainer.checkpoint import (
     CheckpointSaveError,
     capture_rng_state,
-    checkpoint_step,
     find_latest,
     read_json,
     restore_rng_state,
@@ -40,7 +39,7 @@ def test_save_publishes_step_dirs_and_keeps_the_last_k(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step_000003", "step_000004"]
     latest = find_latest(tmp_path)
     assert latest is not None and read_json(latest / "state.json") == {"step": 4}
-    assert checkpoint_step(latest) == 4
+    assert latest.name == "step_000004"
     # A checkpoint directory is its own latest.
     assert find_latest(tmp_path / "step_000003") == tmp_path / "step_000003"
 
@@ -93,7 +92,7 @@ def test_a_kill_while_resaving_a_step_leaves_the_old_copy_found_and_restored(tmp
     os.rename(tmp_path / "step_000003", tmp_path / ".prev_step_000003")
     found = find_latest(tmp_path)
     assert found is not None and read_json(found / "state.json") == {"v": 1}
-    assert checkpoint_step(found) == 3
+    assert found.name == ".prev_step_000003"
     (tmp_path / "latest").unlink()  # without the pointer, the scan finds it too
     assert find_latest(tmp_path) == found
     seen = []
