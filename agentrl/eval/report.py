@@ -8,9 +8,11 @@ import math
 import os
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import pydantic_core
 
 from agentrl.eval import stats
 from agentrl.eval.stats import Interval
@@ -57,11 +59,9 @@ class EvalReport:
     # ------------------------------------------------------------ serialisation
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["pass_at_k"] = {str(k): v.to_dict() for k, v in self.pass_at_k.items()}
-        out["components"] = {k: v.to_dict() for k, v in self.components.items()}
-        out["status_mix"] = self.status_mix
-        return _finite(out)
+        """Strict JSON values (pydantic's serializer): NaN and inf become null, keys text."""
+        out = pydantic_core.to_jsonable_python(self, inf_nan_mode="null", fallback=str)
+        return {**out, "status_mix": self.status_mix}
 
     def summary(self, prefix: str = "") -> dict[str, float]:
         """Flat scalars for a metrics logger or an eval history (see `plot_eval_history`)."""
@@ -143,9 +143,7 @@ class EvalReport:
         """report.json, report.md and report.png in `out_dir`, each replaced atomically."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        _atomic_write_text(
-            out / "report.json", json.dumps(self.to_dict(), indent=2, default=str) + "\n"
-        )
+        _atomic_write_text(out / "report.json", json.dumps(self.to_dict(), indent=2) + "\n")
         _atomic_write_text(out / "report.md", self.to_markdown())
         plot_report(self, out / "report.png")
 
@@ -231,17 +229,6 @@ def _value(x: Any) -> str:
 
 def format_value(x: float) -> str:
     return "n/a" if x is None or math.isnan(x) else f"{x:.3f}"
-
-
-def _finite(obj: Any) -> Any:
-    """NaN/inf become null so report.json stays strict JSON."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
