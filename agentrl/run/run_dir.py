@@ -73,7 +73,7 @@ def hold_lock(run_dir: Path) -> Iterator[None]:
     lock = FileLock(run_dir / LOCK_NAME)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        lock.acquire(timeout=0)
+        held = lock.acquire(timeout=0)
     except Timeout:
         raise RunDirError(
             f"--save {run_dir}: another agentrl run is writing to this directory (it holds "
@@ -83,10 +83,8 @@ def hold_lock(run_dir: Path) -> Iterator[None]:
         raise RunDirError(
             f"--save {run_dir}: cannot create it ({e.strerror}); pass a writable directory"
         ) from None
-    try:
+    with held:
         yield
-    finally:
-        lock.release()
 
 
 def clear(run_dir: Path) -> None:
