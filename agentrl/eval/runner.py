@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -78,13 +79,10 @@ async def evaluate(
 
 
 def _check_unique_ids(tasks: Sequence[Task]) -> None:
-    seen: set[str] = set()
-    for task in tasks:
-        if task.id in seen:
-            raise ValueError(
-                f"task id {task.id!r} appears twice; eval resumption keys on Task.id, so ids must be unique"
-            )
-        seen.add(task.id)
+    if twice := [task_id for task_id, n in Counter(t.id for t in tasks).items() if n > 1]:
+        raise ValueError(
+            f"task id {twice[0]!r} appears twice; eval resumption keys on Task.id, so ids must be unique"
+        )
 
 
 # ---------------------------------------------------------------- resumption
@@ -183,8 +181,6 @@ async def _run_pending(
         groups = await runner.run_groups(
             tasks, k, temperature=temperature, seed=seed, on_episode=on_episode
         )
-    if len(groups) != len(tasks):
-        raise RuntimeError(f"run_groups returned {len(groups)} groups for {len(tasks)} tasks")
     for task, group in zip(tasks, groups, strict=True):
         if task.id not in written:
             save(task.id, list(group))
