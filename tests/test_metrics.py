@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+from contextlib import closing
 
 import pytest
 
@@ -89,7 +90,7 @@ def test_rollout_metrics_error_only_batch_has_no_reward() -> None:
 
 
 def test_metrics_logger_writes_jsonl_and_tensorboard(tmp_path) -> None:
-    with MetricsLogger(tmp_path, config={"train": {"lr": 1e-6}}) as logger:
+    with closing(MetricsLogger(tmp_path, config={"train": {"lr": 1e-6}})) as logger:
         assert not (tmp_path / "metrics.jsonl").exists()  # nothing opens before the first log
         logger.log(1, {"rollout/reward_mean": 0.25, "train/kl": float("nan"), "note": "warmup"})
         logger.log(2, {"rollout/reward_mean": 0.75})
@@ -123,12 +124,12 @@ def test_a_resumed_logger_drops_the_redone_steps_from_jsonl_and_tensorboard(tmp_
     3, and each step is there once, with the redone values (a line cut short goes too)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    with MetricsLogger(tmp_path) as crashed:
+    with closing(MetricsLogger(tmp_path)) as crashed:
         for step in (1, 2, 3):
             crashed.log(step, {"x": float(step)})
     with open(tmp_path / "metrics.jsonl", "a") as f:
         f.write('{"step": 4, "x"')  # the crash cut this line short
-    with MetricsLogger(tmp_path) as resumed:
+    with closing(MetricsLogger(tmp_path)) as resumed:
         resumed.truncate_after(1)
         assert [json.loads(line)["step"] for line in _lines(tmp_path)] == [1]
         for step in (2, 3):

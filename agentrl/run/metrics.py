@@ -162,12 +162,6 @@ class MetricsLogger:
         self._opened.close()
         self._jsonl = self._tb = self._wandb_run = None
 
-    def __enter__(self) -> MetricsLogger:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 def _is_kept(line: str, max_step: int) -> bool:
     """Whether a metrics.jsonl line is a whole record of a step up to `max_step`."""
