@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from agentrl.config import AlgoConfig, ConfigError, TrainConfig
+from agentrl.config import AlgoConfig, ClusterConfig, ConfigError, TrainConfig
 from agentrl.model_store import resolve_device
 from agentrl.trainer.batch import (
     MicroBatch,
@@ -29,7 +29,6 @@ from agentrl.trainer.batch import (
 )
 from agentrl.trainer.losses import build_objective, combine_metrics
 from agentrl.trainer.offload import StateOffload
-from agentrl.trainer.weights import DEFAULT_BUCKET_SIZE_BYTES
 from agentrl.weight_buckets import bucket_by_dtype
 
 
@@ -274,7 +273,7 @@ class TrainerBackend(ABC):
 
     def export_weights(
         self,
-        bucket_size_bytes: int = DEFAULT_BUCKET_SIZE_BYTES,
+        bucket_size_bytes: int = ClusterConfig.update_weight_buffer_size,
         *,
         dtype: torch.dtype | None = None,
     ) -> Iterator[list[tuple[str, Tensor]]]:

@@ -9,8 +9,6 @@ import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor  # what FSDP2 leaves in place of each parameter
 
-DEFAULT_BUCKET_SIZE_BYTES = 2 * 2**30  # cluster.update_weight_buffer_size (slime: 512 MiB)
-
 
 def full_tensor(tensor: Tensor) -> Tensor:
     """The whole tensor: gathered from every rank if it is a DTensor (collective), else itself."""
