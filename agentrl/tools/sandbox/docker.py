@@ -17,7 +17,6 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,17 +46,6 @@ while True:
     except ChildProcessError:
         pass
 """
-
-
-@dataclass
-class _Pump:
-    stdout: bytearray
-    stderr: bytearray
-    stdout_truncated: bool = False
-    stderr_truncated: bool = False
-    is_timeout: bool = False
-    is_output_limit: bool = False
-    is_cancelled: bool = False
 
 
 class DockerSandbox:
@@ -129,35 +117,26 @@ class DockerSandbox:
         ooms_before = _oom_kills(container.id)
         try:
             payload = self._run_payload(program, limits)
-            exec_id, pump = self._exec(container, payload, limits, cancel)
-            is_killed = pump.is_timeout or pump.is_output_limit or pump.is_cancelled
+            exec_id, raw = self._exec(container, payload, limits, cancel)
+            is_killed = raw.is_timeout or raw.is_output_limit or cancel.is_set()
             # A run we had to stop may still be forking or writing: its container is removed
             # (that kills everything in it at once) rather than reset.
-            returncode = None if is_killed else self._exit_code(exec_id)
+            raw.returncode = None if is_killed else self._exit_code(exec_id)
             files = (
                 self._fetch(container, program.fetch_files)
                 if program.fetch_files and not is_killed
                 else {}
             )
             container.reload()
+            raw.wall_s = time.monotonic() - start
             # 137: the bootstrap itself was SIGKILLed (OOM, or the program killed it), so it may
             # not have swept the run's processes: retire the container.
-            is_healthy = container.status == "running" and not is_killed and returncode != 137
-            raw = RawRun(
-                returncode,
-                bytes(pump.stdout),
-                bytes(pump.stderr),
-                pump.stdout_truncated,
-                pump.stderr_truncated,
-                pump.is_timeout,
-                pump.is_output_limit,
-                time.monotonic() - start,
-            )
+            is_healthy = container.status == "running" and not is_killed and raw.returncode != 137
             ooms_after = _oom_kills(container.id)
             if ooms_before is not None and ooms_after is not None:
                 is_oom = ooms_after > ooms_before
             else:  # cgroup not readable from here: 137 without our kill is most likely the OOM killer
-                is_oom = returncode == 137 and not is_killed
+                is_oom = raw.returncode == 137 and not is_killed
             is_oom = is_oom or container.attrs["State"].get("OOMKilled", False)
             return to_result(raw, backend=self.name, is_oom=is_oom, files=files)
         except Exception as e:
@@ -177,7 +156,7 @@ class DockerSandbox:
 
     def _exec(
         self, container: Any, payload: dict[str, Any], limits: Limits, cancel: threading.Event
-    ) -> tuple[str, _Pump]:
+    ) -> tuple[str, RawRun]:
         body = json.dumps(payload).encode()
         exec_id = self.api.exec_create(
             container.id,
@@ -190,13 +169,13 @@ class DockerSandbox:
             environment={},
         )["Id"]
         sock = self.api.exec_start(exec_id, socket=True)
-        raw: Any = getattr(sock, "_sock", sock)  # the socket under docker-py's wrapper
+        conn: Any = getattr(sock, "_sock", sock)  # the socket under docker-py's wrapper
         try:
-            raw.sendall(b"%d\n" % len(body) + body)
-            return exec_id, _pump_frames(raw, limits, cancel)
+            conn.sendall(b"%d\n" % len(body) + body)
+            return exec_id, _pump_frames(conn, limits, cancel)
         finally:
             with contextlib.suppress(OSError):
-                raw.close()
+                conn.close()
             with contextlib.suppress(OSError):
                 sock.close()
 
@@ -210,10 +189,10 @@ class DockerSandbox:
 
     def _fetch(self, container: Any, names: list[str]) -> dict[str, bytes]:
         limits = Limits(timeout_s=30, max_output_bytes=1 << 28)
-        _, pump = self._exec(
+        _, raw = self._exec(
             container, {"op": "fetch", "fetch_files": names}, limits, threading.Event()
         )
-        return {k: base64.b64decode(v) for k, v in json.loads(bytes(pump.stdout) or b"{}").items()}
+        return {k: base64.b64decode(v) for k, v in json.loads(raw.stdout or b"{}").items()}
 
     # -- the pool -------------------------------------------------------------------------------
 
@@ -276,44 +255,39 @@ class DockerSandbox:
                 c.remove(force=True)
 
 
-def _pump_frames(raw: socket.socket, limits: Limits, cancel: threading.Event) -> _Pump:
+def _pump_frames(conn: socket.socket, limits: Limits, cancel: threading.Event) -> RawRun:
     """Demultiplex Docker's attach stream (8-byte headers: stream id, 3 zero bytes, big-endian
-    length) under the wall clock and the shared output budget."""
-    pump = _Pump(bytearray(), bytearray())
+    length) under the wall clock and the shared output budget, until EOF, a limit or `cancel`.
+    The exit code and wall time are the caller's to fill in."""
+    sinks = {1: bytearray(), 2: bytearray()}  # stdout, stderr
+    run = RawRun(None, b"", b"")
     deadline = time.monotonic() + limits.timeout_s
     left = limits.max_output_bytes
     buf = b""
-    while True:
-        if cancel.is_set():
-            pump.is_cancelled = True
-            return pump
+    while not cancel.is_set() and not run.is_output_limit:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            pump.is_timeout = True
-            return pump
-        raw.settimeout(min(_POLL_S, remaining))
+            run.is_timeout = True
+            break
+        conn.settimeout(min(_POLL_S, remaining))
         try:
-            chunk = raw.recv(1 << 16)
+            chunk = conn.recv(1 << 16)
         except TimeoutError:
             continue
         if not chunk:
-            return pump
+            break
         buf += chunk
         while len(buf) >= 8 and len(buf) >= 8 + int.from_bytes(buf[4:8], "big"):
             size = int.from_bytes(buf[4:8], "big")
-            stream, data, buf = buf[0], buf[8 : 8 + size], buf[8 + size :]
-            sink, flag = (
-                (pump.stderr, "stderr_truncated")
-                if stream == 2
-                else (pump.stdout, "stdout_truncated")
-            )
+            stream, data, buf = 2 if buf[0] == 2 else 1, buf[8 : 8 + size], buf[8 + size :]
+            sinks[stream] += data[:left]
             if len(data) > left:
-                sink += data[:left]
-                setattr(pump, flag, True)
-                pump.is_output_limit = True
-                return pump
-            sink += data
+                setattr(run, "stderr_truncated" if stream == 2 else "stdout_truncated", True)
+                run.is_output_limit = True
+                break
             left -= len(data)
+    run.stdout, run.stderr = bytes(sinks[1]), bytes(sinks[2])
+    return run
 
 
 def _oom_kills(container_id: str) -> int | None:

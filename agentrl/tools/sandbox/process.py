@@ -30,11 +30,11 @@ class RawRun:
     returncode: int | None
     stdout: bytes
     stderr: bytes
-    stdout_truncated: bool
-    stderr_truncated: bool
-    is_timeout: bool
-    is_output_limit: bool
-    wall_s: float
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    is_timeout: bool = False
+    is_output_limit: bool = False
+    wall_s: float = 0.0
 
 
 class _OutputBudget:
