@@ -21,6 +21,7 @@ ObservationFormat = Literal["chat", "raw"]
 # A dummy assistant turn that observation deltas are rendered after (the SkyRL/verl trick):
 # whatever the template writes between this marker and the next generation prompt is the delta.
 _MARKER = "agentrl-codec-marker-7f3a"
+_MARKED_TURN = ({"role": "user", "content": "hi"}, {"role": "assistant", "content": _MARKER})
 
 # Templates that ignore `tools` (SmolLM2's) get the Hermes instructions in the system message,
 # worded as Qwen2.5's template words them, so the model still sees the schemas.
@@ -196,9 +197,7 @@ class ChatCodec:
     @functools.cached_property
     def end_of_turn_text(self) -> str:
         """What the template writes after an assistant message's content (`<|im_end|>\\n`)."""
-        text = self._render_dicts(
-            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _MARKER}]
-        )
+        text = self._render_dicts(list(_MARKED_TURN))
         return text[text.rindex(_MARKER) + len(_MARKER) :]
 
     def _pending_end_of_turn(self, sampled_ids: list[int]) -> str:
@@ -219,9 +218,8 @@ class ChatCodec:
         return eot_ids, rests
 
     def _observation_text(self, messages: list[Message]) -> str:
-        prefix = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _MARKER}]
         text = self._render_dicts(
-            prefix + [_template_dict(m) for m in messages], add_generation_prompt=True
+            [*_MARKED_TURN, *(_template_dict(m) for m in messages)], add_generation_prompt=True
         )
         anchor = _MARKER + self.end_of_turn_text
         if anchor not in text:
