@@ -10,18 +10,15 @@ import ctypes
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from agentrl.run.weight_sync import TensorSender, Transport, WeightSender, make_sender
 from agentrl.weight_buckets import nbytes
 
 if TYPE_CHECKING:
     from agentrl.config import AlgoConfig, TrainConfig
-
-T = TypeVar("T")
 
 
 @dataclass
@@ -44,19 +41,6 @@ class WorkerSpec:
     master_port: int = 0  # 0: no process group (one worker in this process)
     device_id: int = 0  # LOCAL_RANK: the GPU id on its node (a CPU rank: its bundle's index)
     api_key: str | None = None  # the engines' --api-key (read on the driver)
-
-
-def with_last(items: Iterable[T]) -> Iterator[tuple[T, bool]]:
-    """Each item with whether it is the last: the weight version goes with the last bucket."""
-    it = iter(items)
-    try:
-        prev = next(it)
-    except StopIteration:
-        return
-    for item in it:
-        yield prev, False
-        prev = item
-    yield prev, True
 
 
 def _return_free_heap() -> None:
@@ -175,9 +159,12 @@ class TrainerWorker:
 
         timed(self._sender.begin())
         buckets = self.backend.export_weights(self.spec.bucket_bytes, dtype=self._dtype)
-        for bucket, is_last in with_last(buckets):
+        bucket = next(buckets, None)
+        while bucket is not None:  # one ahead: the weight version goes with the last bucket
+            following = next(buckets, None)
             num_bytes += sum(nbytes(t) for _, t in bucket)
-            timed(self._sender.send(bucket, version if is_last else None))
+            timed(self._sender.send(bucket, version if following is None else None))
+            bucket = following
         timed(self._sender.end(version))
         if self.spec.shares_gpu and self.is_cuda:  # the buckets' blocks: the KV cache resumes next
             self.backend.free_step_memory()
