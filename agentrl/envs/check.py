@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import math
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,10 +73,12 @@ class _Checker:
     def fail(self, text: str) -> None:
         self.problems.append(text)
 
-    async def attempt(self, what: str, fn: Callable[[], Awaitable[Any]]) -> Any:
-        """Await fn(); an exception becomes a problem naming `what` and the raising line."""
+    async def attempt(self, what: str, fn: Callable[[], Any]) -> Any:
+        """fn(), awaited when it gives an awaitable; an exception becomes a problem naming
+        `what` and the raising line."""
         try:
-            return await fn()
+            result = fn()
+            return await result if inspect.isawaitable(result) else result
         except Exception as e:
             self.fail(f"{what} raised {type(e).__name__}: {e}{_where(e)}")
             return _FAILED
@@ -112,7 +115,7 @@ async def _run_checks(
 ) -> None:
     env = env_or_id
     if isinstance(env_or_id, str):
-        env = await c.attempt(f"make({env_or_id!r})", lambda: _async(make, env_or_id))
+        env = await c.attempt(f"make({env_or_id!r})", lambda: make(env_or_id))
         if env is _FAILED:
             return
     if not isinstance(env, AgentEnv):
@@ -127,10 +130,6 @@ async def _run_checks(
         await _check_max_turns(c, env, seed, options)
     finally:
         await c.attempt("close()", env.close)
-
-
-async def _async(fn: Callable[..., Any], *args: Any) -> Any:
-    return fn(*args)
 
 
 def _check_attributes(c: _Checker, env: AgentEnv) -> None:
@@ -181,9 +180,7 @@ async def _check_tasks(c: _Checker, env: AgentEnv) -> list[Task]:
         return []
     found: list[Task] = []
     for split in ("train", "test"):
-        tasks = await c.attempt(
-            f"load_tasks({split!r})", lambda split=split: _async(cls.load_tasks, split)
-        )
+        tasks = await c.attempt(f"load_tasks({split!r})", lambda split=split: cls.load_tasks(split))
         if tasks is _FAILED:
             continue
         if not isinstance(tasks, list) or not tasks or not all(isinstance(t, Task) for t in tasks):
