@@ -31,6 +31,11 @@ class Rollout:
     seconds: float
 
 
+def rollout_seed(seed: int, step: int, index: int) -> int:
+    """The sampling seed of a step's round (sync) or of the worker's i-th group (full async)."""
+    return (seed * 1_000_003 + step * 101 + index) % (2**31)
+
+
 class RunState(Protocol):
     """What a schedule uses of the loop's run state."""
 
@@ -106,7 +111,7 @@ class FullAsyncSchedule(SyncSchedule):
             n=n,
             num_groups_in_flight=math.ceil(in_flight / n),
             max_queued=cfg.rollout.rollout_batch_size,
-            seed_for_group=lambda i: (cfg.rollout.seed * 1_000_003 + start_step * 101 + i) % 2**31,
+            seed_for_group=lambda i: rollout_seed(cfg.rollout.seed, start_step, i),
             heal=state.runtime.heal_engines,
         )
         self.worker.start()

@@ -22,7 +22,7 @@ from agentrl.rollout.trajectory import write_jsonl
 from agentrl.run.checkpoint import save_run
 from agentrl.run.metrics import MetricsLogger, rollout_metrics
 from agentrl.run.runtime import Runtime
-from agentrl.run.schedules import Rollout
+from agentrl.run.schedules import Rollout, rollout_seed
 from agentrl.trainer.batch import build_train_batches
 
 
@@ -74,7 +74,7 @@ class RunState:
                 self.runner,
                 self.source,
                 cfg.rollout,
-                seed_for_round=lambda r: _rollout_seed(cfg.rollout.seed, step, r),
+                seed_for_round=lambda r: rollout_seed(cfg.rollout.seed, step, r),
                 max_rerun_rounds=cfg.cluster.max_rerun_rounds,
                 heal=self.runtime.heal_engines,
                 on_episode=None if phase is None else lambda _: phase.advance(),
@@ -205,7 +205,3 @@ def _step_metrics(
 def _prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:
     keep = ("time/", "weight_sync/", "engine/")  # the runtime's own, already named
     return {k if k.startswith(keep) else prefix + k: v for k, v in metrics.items()}
-
-
-def _rollout_seed(seed: int, step: int, round_index: int) -> int:
-    return (seed * 1_000_003 + step * 101 + round_index) % (2**31)
