@@ -92,10 +92,14 @@ class SGLangControl(SGLangHTTP):
         await self.dialect(url)  # refuses an unsupported server
         return await self._get("/server_info", url=url)
 
+    async def get_model_info(self, *, url: str | None = None) -> dict[str, Any]:
+        url = url or self.worker_urls[0]
+        await self.dialect(url)
+        return await self._get("/model_info", url=url)
+
     async def get_weight_version(self) -> str:
         """The weight version the first worker serves (`weight_version` of its model info)."""
-        await self.dialect()
-        version = str((await self._get("/model_info", url=self.worker_urls[0]))["weight_version"])
+        version = str((await self.get_model_info())["weight_version"])
         self.weight_version = version
         return version
 
