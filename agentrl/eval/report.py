@@ -143,8 +143,8 @@ class EvalReport:
         """report.json, report.md and report.png in `out_dir`, each replaced atomically."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        _atomic_write_text(out / "report.json", json.dumps(self.to_dict(), indent=2) + "\n")
-        _atomic_write_text(out / "report.md", self.to_markdown())
+        write_text_atomic(out / "report.json", json.dumps(self.to_dict(), indent=2) + "\n")
+        write_text_atomic(out / "report.md", self.to_markdown())
         plot_report(self, out / "report.png")
 
 
@@ -231,7 +231,8 @@ def format_value(x: float) -> str:
     return "n/a" if x is None or math.isnan(x) else f"{x:.3f}"
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
+def write_text_atomic(path: Path, text: str) -> None:
+    """`text` into `path` through a synced temp file, so a crash leaves the old file whole."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -13,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentrl.eval.report import EvalReport, build_report
+from agentrl.eval.report import EvalReport, build_report, write_text_atomic
 from agentrl.progress import RunProgress, sampled_tokens
 from agentrl.rollout.trajectory import Trajectory, write_jsonl
 from agentrl.types import EpisodeStatus, Task
@@ -99,7 +98,8 @@ def _prepare(
             _check_identity(json.loads(state_path.read_text()), identity, out)
         done = _complete_groups(path, k)
         # Rewrite without torn lines or partial groups, so appends start on a clean line.
-        _atomic_rewrite(path, [t for g in done.values() for t in g])
+        kept = [t for g in done.values() for t in g]
+        write_text_atomic(path, "".join(json.dumps(t.to_json()) + "\n" for t in kept))
     else:
         path.write_text("")
     state_path.write_text(json.dumps(identity, default=str) + "\n")
@@ -132,12 +132,6 @@ def _complete_groups(path: Path, k: int) -> dict[str, list[Trajectory]]:
         for task_id, group in groups.items()
         if len(group) >= k and all(t.status != EpisodeStatus.ABORTED for t in group[:k])
     }
-
-
-def _atomic_rewrite(path: Path, trajectories: list[Trajectory]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write_jsonl(str(tmp), trajectories)
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------- running
