@@ -10,7 +10,7 @@ from agentrl.tools.sandbox.base import (
     SandboxUnavailable,
 )
 from agentrl.tools.sandbox.factory import BACKENDS, backend_status, make_sandbox
-from agentrl.tools.sandbox.leases import Leases, default_leases, set_default_concurrency
+from agentrl.tools.sandbox.leases import Leases, default_leases
 
 __all__ = [
     "BACKENDS",
@@ -24,5 +24,4 @@ __all__ = [
     "backend_status",
     "default_leases",
     "make_sandbox",
-    "set_default_concurrency",
 ]

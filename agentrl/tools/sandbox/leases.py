@@ -88,11 +88,3 @@ def default_leases() -> Leases:
             size = int(os.environ.get("AGENTRL_SANDBOX_CONCURRENCY") or os.cpu_count() or 1)
             _default = Leases(size)
         return _default
-
-
-def set_default_concurrency(max_concurrency: int) -> Leases:
-    """Resize the shared cap (call before sandboxes start running)."""
-    global _default
-    with _default_lock:
-        _default = Leases(max_concurrency)
-        return _default
