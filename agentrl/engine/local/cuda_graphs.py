@@ -52,9 +52,12 @@ class DecodeGraphs:
     """Two CUDA graphs per bucket (with and without the top-k/top-p filter, whose sort costs a
     step's worth of small kernels), sharing a memory pool and the static buffers."""
 
-    def __init__(self, arena: KVArena, device: str, max_batch_size: int) -> None:
+    def __init__(
+        self, arena: KVArena, device: str, max_batch_size: int, split_k: bool = False
+    ) -> None:
         n = max_batch_size
         self.arena, self.max_batch_size = arena, max_batch_size
+        self.split_k = split_k  # attention through the split-K decode kernel
         self.buckets = buckets_up_to(max_batch_size)
         self.ints = torch.zeros(len(_INT_ROWS), n, dtype=torch.long, device=device)
         self.kv = torch.ones(2, n + 1, dtype=torch.int32, device=device)  # starts, lengths
@@ -72,7 +75,6 @@ class DecodeGraphs:
         self._sample: Callable[..., tuple[torch.Tensor, torch.Tensor]] = sample
         self._terms: torch.Tensor | None = None  # the noise's per-id terms, made at capture
         self._eager_sampling: set[bool] = set()  # filter variants whose compiled sampler failed
-        self.split_k = False  # attention through the split-K decode kernel
 
     @classmethod
     def capture(
@@ -88,8 +90,7 @@ class DecodeGraphs:
     ) -> DecodeGraphs:
         """`forward(input_ids, position_ids, arena_step, last_index)` -> logits [B, V];
         `split_k`: attention through the split-K decode kernel."""
-        self = cls(arena, device, max_batch_size)
-        self.split_k = split_k
+        self = cls(arena, device, max_batch_size, split_k)
         self._sample = torch.compile(sample, fullgraph=True) if compile_sampler else sample
         self._terms = vocab_terms(num_vocab, device)
         self._fill_padding(0, max_batch_size, num_vocab)
