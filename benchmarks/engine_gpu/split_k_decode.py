@@ -15,7 +15,7 @@ import json
 
 import torch
 
-from agentrl.engine.local.decode_attention import num_splits, split_k_decode
+from agentrl.engine.local.decode_attention import BLOCK_N, NUM_WARPS, num_splits, split_k_decode
 
 
 def timed(fn) -> float:
@@ -69,7 +69,7 @@ def bench(batch: int, context: int, heads: int, kv_heads: int, dim: int) -> list
                                block_n=block_n, num_warps=warps)  # fmt: skip
         torch.testing.assert_close(fn().float(), flash().float(), atol=2e-2, rtol=2e-2)
         rows.append({"kernel": f"split_k s{splits} n{block_n} w{warps}",
-                     "engine": (splits, block_n, warps) == (default, 64, 4), "s": timed(fn)})  # fmt: skip
+                     "engine": (splits, block_n, warps) == (default, BLOCK_N, NUM_WARPS), "s": timed(fn)})  # fmt: skip
     for row in rows:
         row.update(batch=batch, context=context, us=row["s"] * 1e6,
                    gb_s=kv_bytes / row["s"] / 1e9)  # fmt: skip
