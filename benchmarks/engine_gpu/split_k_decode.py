@@ -15,7 +15,7 @@ import json
 
 import torch
 
-from agentrl.engine.local.decode_attention import BLOCK_N, NUM_WARPS, num_splits, split_k_decode
+from agentrl.engine.local.decode_attention import NUM_WARPS, num_splits, split_k_decode
 
 
 def timed(fn) -> float:
@@ -61,7 +61,7 @@ def bench(batch: int, context: int, heads: int, kv_heads: int, dim: int) -> list
     kv_bytes = 2 * batch * context * kv_heads * dim * 2
     sms = torch.cuda.get_device_properties("cuda").multi_processor_count
     rows = [{"kernel": "fa2_varlen", "s": timed(flash)}]
-    default = num_splits(batch, heads, sms)
+    default, block = num_splits(batch, kv_heads, sms), max(16, min(64, 4096 // dim))
     split_counts = sorted({default, min(16, 2 * default), min(16, 4 * default)})
     tilings = [(s, n, w) for s in split_counts for n in (32, 64, 128, 256) for w in (2, 4, 8)]
     for splits, block_n, warps in tilings:
@@ -69,7 +69,7 @@ def bench(batch: int, context: int, heads: int, kv_heads: int, dim: int) -> list
                                block_n=block_n, num_warps=warps)  # fmt: skip
         torch.testing.assert_close(fn().float(), flash().float(), atol=2e-2, rtol=2e-2)
         rows.append({"kernel": f"split_k s{splits} n{block_n} w{warps}",
-                     "engine": (splits, block_n, warps) == (default, BLOCK_N, NUM_WARPS), "s": timed(fn)})  # fmt: skip
+                     "engine": (splits, block_n, warps) == (default, block, NUM_WARPS), "s": timed(fn)})  # fmt: skip
     for row in rows:
         row.update(batch=batch, context=context, us=row["s"] * 1e6,
                    gb_s=kv_bytes / row["s"] / 1e9)  # fmt: skip

@@ -140,7 +140,7 @@ class ArenaStep:
             assert self.cu_k is not None and self.seqused_k is not None
             from agentrl.engine.local.decode_attention import num_splits, split_k_decode
 
-            splits = num_splits(q.shape[0], q.shape[1], _num_sms(q.device))
+            splits = num_splits(q.shape[0], keys.shape[1], _num_sms(q.device))
             return split_k_decode(q, keys, values, self.cu_k[:-1], self.seqused_k, scale, splits)
         if self.use_flash:
             # Each row reads only its own seqused_k keys: the slot's unwritten tail is never read.
