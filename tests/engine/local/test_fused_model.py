@@ -187,7 +187,7 @@ async def test_head_major_arena_gives_the_row_major_results(
         engine = fused_engine(tiny_model_path)
         engine.fused.set_compiled(compiled)
         engine.arena.allocate("cpu", head_major=head_major)  # before any request holds a slot
-        keys = engine.arena.keys[0]
+        keys = engine.arena.keys[0].zero_()  # allocated empty: unwritten rows may hold NaN
         assert keys.shape[1:] == (engine.arena.num_kv_heads, engine.arena.head_dim)
         assert (keys.stride(1) > keys.stride(0)) == head_major
         results[head_major] = await generate_all(engine, SAMPLED)
