@@ -112,4 +112,5 @@ class StatusReason(str, enum.Enum):
     PARSE = "parse"
     ENV = "env"  # the env raised
     ENGINE = "engine"  # the inference engine failed
+    NON_FINITE_REWARD = "non_finite_reward"  # the env, agent or judge paid NaN, inf or no number
     CANCELLED = "cancelled"  # ABORTED: stopped by the runner (shutdown, weight update drain)

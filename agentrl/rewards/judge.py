@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from agentrl.rewards.rubric import JudgeScore, Rubric
+from agentrl.rewards.rubric import JudgeCall, JudgeScore, Rubric
 from agentrl.types import Message
 
 
@@ -101,18 +101,18 @@ class Judge:
             self._loop, self._in_flight = loop, {}
             self._limit = asyncio.Semaphore(self.max_concurrency)
         if key not in self._in_flight:
-            messages = self.rubric.messages(prompt, answer, reference)
-            self._in_flight[key] = loop.create_task(self._judge(key, messages))
+            call = self.rubric.request(prompt, answer, reference)
+            self._in_flight[key] = loop.create_task(self._judge(key, call))
         # shielded: a caller that is cancelled leaves the request to the others waiting on it
         return await asyncio.shield(self._in_flight[key])
 
     async def reward(self, prompt: str, answer: str, *, reference: str | None = None) -> float:
         return (await self.score(prompt, answer, reference=reference)).reward
 
-    async def _judge(self, key: str, messages: list[Message]) -> JudgeScore:
+    async def _judge(self, key: str, call: JudgeCall) -> JudgeScore:
         try:
             async with self._limit:
-                verdict = await self._ask(messages)
+                verdict = await self._ask(call)
         finally:
             self._in_flight.pop(key, None)
         self.cache[key] = verdict
@@ -120,13 +120,13 @@ class Judge:
             self.cache.popitem(last=False)
         return verdict
 
-    async def _ask(self, messages: list[Message]) -> JudgeScore:
+    async def _ask(self, call: JudgeCall) -> JudgeScore:
         problem = ""
         for _ in range(self.max_attempts):
             self.num_requests += 1
             try:
-                text = await self.backend(messages)
-                scores = self.rubric.parse(text)
+                text = await self.backend(call.messages)
+                scores = self.rubric.parse(text, nonce=call.nonce, quoted=call.quoted)
             except ValueError as e:  # an unreadable verdict: ask again
                 problem = str(e)
                 continue

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
 import traceback
 from typing import Any
@@ -89,6 +90,29 @@ def record_error(
         "episode %s: %s raised; status ERROR/%s\n%s", episode_id, where, reason.value, info["error"]
     )
     return EpisodeStatus.ERROR, reason
+
+
+def checked_reward(
+    value: Any, *, info: dict[str, Any], episode_id: str, where: str
+) -> float | None:
+    """`value` as a float when it is a finite number, else None: then `info` records the value
+    and where it came from, and one warning line names the episode, `where` and the value.
+    Every reward entering an episode passes here, so group statistics never see NaN or inf."""
+    try:
+        reward = float(value)
+    except (TypeError, ValueError, OverflowError):
+        reward = math.nan
+    if math.isfinite(reward):
+        return reward
+    info.update(error_where=where, non_finite_reward=repr(value))
+    logger.warning(
+        "episode %s: %s gave reward %r, not a finite number; status ERROR/%s",
+        episode_id,
+        where,
+        value,
+        StatusReason.NON_FINITE_REWARD.value,
+    )
+    return None
 
 
 def error_trajectory(task: Task, group_id: str, episode_id: str, where: str) -> Trajectory:
@@ -184,7 +208,8 @@ async def _play(
             result = await env.step(codec.parse(completion.ids, tools))
         except Exception:
             return rec.fail(StatusReason.ENV, "env.step")
-        _record_step(rec, turn, result)
+        if not _record_step(rec, env, turn, result):
+            return EpisodeStatus.ERROR, StatusReason.NON_FINITE_REWARD
         ending = _step_ending(result, is_last_turn=turn_index + 1 == limits.max_turns)
         if ending is not None:
             return ending
@@ -214,13 +239,24 @@ def _turn_sampling(base: SamplingParams, turn_index: int, room: int) -> Sampling
     return dataclasses.replace(base, max_new_tokens=min(base.max_new_tokens, room), seed=seed)
 
 
-def _record_step(rec: EpisodeRecord, turn: Turn, result: StepResult) -> None:
-    rec.reward += float(result.reward)
+def _record_step(rec: EpisodeRecord, env: AgentEnv, turn: Turn, result: StepResult) -> bool:
+    """Add the step's reward and info to `rec`; False when the reward is no finite number
+    (nor the episode's sum: finite rewards can overflow), which ends the episode ERROR."""
+    where = f"{type(env).__name__}.step on task {rec.task.id!r}"
+    reward = checked_reward(result.reward, info=rec.info, episode_id=rec.episode_id, where=where)
+    if reward is not None:
+        total = rec.reward + reward
+        reward = checked_reward(total, info=rec.info, episode_id=rec.episode_id, where=where)
+    if reward is None:
+        rec.reward = 0.0  # ERROR is never scored; the value is in info["non_finite_reward"]
+        return False
+    rec.reward = reward
     info = result.info or {}
     rec.info.update(info)
     num_calls = sum(m.role == "tool" for m in result.observation)
     turn.num_tool_calls = int(info.get("num_tool_calls", num_calls))
     turn.num_tool_errors = int(info.get("num_tool_errors", 0))
+    return True
 
 
 def _step_ending(result: StepResult, *, is_last_turn: bool) -> _Ending | None:
