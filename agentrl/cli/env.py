@@ -4,6 +4,16 @@ from __future__ import annotations
 
 import typer
 
+from agentrl.cli.serve_options import (
+    announce_api_key,
+    api_key_option,
+    generated_api_key,
+    host_option,
+    max_body_bytes,
+    max_body_mb_option,
+    port_option,
+)
+
 
 def register(app: typer.Typer) -> None:
     group = typer.Typer(
@@ -60,39 +70,54 @@ def register(app: typer.Typer) -> None:
     @group.command("serve")
     def serve_command(
         env_id: str = typer.Argument(..., help="A registered env id, or module:Class"),
-        host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default)"),
-        port: int = typer.Option(8100, help="TCP port"),
+        host: str = host_option(),
+        port: int = port_option(8100),
         kwargs: str = typer.Option("{}", help="Env constructor kwargs as JSON: '{\"a\": 1}'"),
-        max_sessions: int = typer.Option(64, help="Most live sessions (episodes)"),
+        api_key: str | None = api_key_option(note="; off the loopback a key is made if none"),
+        max_body_mb: float = max_body_mb_option(16.0),
+        max_sessions: int = typer.Option(128, help="Most live sessions (episodes), in all"),
+        max_sessions_per_client: int = typer.Option(
+            64,
+            help="Most live sessions one client address holds (the trainer's "
+            "rollout.max_concurrent_episodes fits; another client cannot take every session)",
+        ),
         session_ttl_s: float = typer.Option(
             600.0, help="An idle session is closed after this many seconds"
         ),
+        step_timeout_s: float = typer.Option(
+            300.0, help="A reset or step running longer ends its session with an error (504)"
+        ),
     ) -> None:
         """Serve the env over HTTP, one session per episode; train or evaluate against it with
-        `--env agentrl.envs.remote:RemoteEnv --set env.kwargs.url=http://HOST:PORT`."""
+        `--env http://HOST:PORT`."""
         import json
 
-        from agentrl.envs.server import serve_env
+        from agentrl.cli import fail, user_errors
+        from agentrl.envs.server import make_env_app, serve_env
 
         try:
             env_kwargs = json.loads(kwargs)
         except json.JSONDecodeError as e:
-            raise typer.BadParameter(f"--kwargs {kwargs!r} is not JSON: {e}") from e
+            fail(f"--kwargs {kwargs!r} is not JSON: {e}; e.g. --kwargs '{{\"difficulty\": 2}}'")
         if not isinstance(env_kwargs, dict):
-            raise typer.BadParameter(f"--kwargs {kwargs!r}: give a JSON object")
-        url = f"http://{host}:{port}"
+            fail(f"--kwargs {kwargs!r}: give a JSON object, e.g. '{{\"difficulty\": 2}}'")
+        options = dict(
+            max_sessions=max_sessions,
+            max_sessions_per_client=max_sessions_per_client,
+            session_ttl_s=session_ttl_s,
+            step_timeout_s=step_timeout_s,
+            max_body_bytes=max_body_bytes(max_body_mb),
+        )
+        generated_key = generated_api_key(host, api_key)
+        with user_errors(ValueError, TypeError):  # bad flags or env kwargs: one line
+            app = make_env_app(env_id, env_kwargs, api_key=api_key or generated_key, **options)
+        if generated_key is not None:
+            announce_api_key(host, generated_key, what="open sessions and step the env")
         typer.echo(
-            f"serving env {env_id} on {url}; train or evaluate against it with "
-            f"--env agentrl.envs.remote:RemoteEnv --set env.kwargs.url={url}",
+            f"serving env {env_id} on http://{host}:{port}; train or evaluate against it with "
+            f"--env http://{host}:{port}",
             err=True,
         )
-        serve_env(
-            env_id,
-            host=host,
-            port=port,
-            env_kwargs=env_kwargs,
-            max_sessions=max_sessions,
-            session_ttl_s=session_ttl_s,
-        )
+        serve_env(app, host=host, port=port)
 
     app.add_typer(group, name="env")

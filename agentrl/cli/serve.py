@@ -12,9 +12,10 @@ from agentrl.cli.serve_options import (
     admin_api_key_option,
     api_key_option,
     host_option,
+    max_body_bytes,
     max_body_mb_option,
     port_option,
-    warn_if_exposed,
+    server_api_key,
 )
 
 # uvicorn's names (uvicorn.config.LOG_LEVELS); anything else is a KeyError inside uvicorn.
@@ -75,16 +76,14 @@ def serve_command(
     from agentrl.engine.serve.requests import ServerLimits
 
     _check_before_loading(device, mem_fraction_static, reserve_gb)
-    if not math.isfinite(max_body_mb):
-        fail(f"--max-body-mb={max_body_mb:g} must be a finite number of MiB; e.g. 32")
-    warn_if_exposed(host, api_key, what="generate and replace weights")
     limits = ServerLimits(
-        max_body_bytes=int(max_body_mb * 2**20),
+        max_body_bytes=max_body_bytes(max_body_mb),
         max_prompts=max_prompts,
         max_n=max_n,
         context_len=context_length,
         group_timeout_s=weight_group_timeout_s,
     )
+    api_key = server_api_key(host, api_key, what="generate and replace weights")
     with user_errors(EngineMemoryError, ValueError):  # the user's values: one line
         engine = LocalEngine.load(
             model,

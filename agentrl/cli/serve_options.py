@@ -1,16 +1,21 @@
 """The flags of agentrl's server commands (`agentrl serve`; written for the bundled search_r1's
 `agentrl retriever serve` and `agentrl env serve` too), declared once: where a server binds, its
-API keys, the largest body it reads, and the warning for a server open to the network without
-a key.
+API keys, the largest body it reads, the key a server bound beyond loopback gets when given
+none (`server_api_key`), and the warning for a server open to the network without a key.
 
 Each `*_option` returns a fresh `typer.Option` for a command's signature, e.g.
 `port: int = port_option(8000)`; a command passes only what differs (its default port)."""
 
 from __future__ import annotations
 
+import ipaddress
+import math
+import secrets
 from typing import Any
 
 import typer
+
+from agentrl.cli import fail
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 API_KEY_ENV = "AGENTRL_API_KEY"  # the variable SGLangEngine reads for the same key
@@ -56,10 +61,51 @@ def max_body_mb_option(default: float, *, max_mb: float | None = None) -> Any:
     )
 
 
+def is_loopback(host: str) -> bool:
+    """Only this machine reaches `host` (127.0.0.0/8, ::1, localhost)."""
+    if host in LOOPBACK_HOSTS:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
+
+
+def max_body_bytes(max_body_mb: float) -> int:
+    """`--max-body-mb` in bytes; NaN and inf pass typer's bounds, so they are refused here."""
+    if not math.isfinite(max_body_mb):
+        fail(f"--max-body-mb={max_body_mb:g} must be a finite number of MiB; e.g. 32")
+    return int(max_body_mb * 2**20)
+
+
+def server_api_key(host: str, api_key: str | None, *, what: str) -> str | None:
+    """The key a server bound at `host` wants: `api_key` when given; none on loopback; else a
+    fresh key for this run (secure by default off the loopback), announced on stderr with the
+    variable its clients read it from (`what`: what the key guards)."""
+    generated = generated_api_key(host, api_key)
+    if generated is not None:
+        announce_api_key(host, generated, what=what)
+    return api_key or generated
+
+
+def generated_api_key(host: str, api_key: str | None) -> str | None:
+    """A fresh per-run key when a server binds beyond loopback without one; else None."""
+    return None if api_key or is_loopback(host) else secrets.token_urlsafe(32)
+
+
+def announce_api_key(host: str, key: str, *, what: str) -> None:
+    typer.secho(
+        f"binding {host} without --api-key: a key made for this run guards who can {what}; "
+        f"clients send it from {API_KEY_ENV}={key}",
+        fg=typer.colors.YELLOW,
+        err=True,
+    )
+
+
 def warn_if_exposed(host: str, api_key: str | None, *, what: str) -> None:
     """A server bound beyond loopback without a key is open to anyone who reaches it: say so
     (`what` it lets them do) on stderr, and serve anyway (a trusted network may want that)."""
-    if host in LOOPBACK_HOSTS or api_key:
+    if is_loopback(host) or api_key:
         return
     typer.secho(
         f"warning: binding {host} without --api-key: anyone who can reach it can {what}",

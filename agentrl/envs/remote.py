@@ -2,21 +2,36 @@
 
 Each instance holds one server session (one episode). A server that dies or answers with an
 error makes `reset`/`step` raise `RemoteEnvError`, which the rollout records as ERROR/env:
-an infrastructure failure, never a reward of 0."""
+an infrastructure failure, never a reward of 0. A server started with a key gets it from
+`AGENTRL_API_KEY` (`Authorization: Bearer`), never from the run's config."""
 
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 import httpx
 
 from agentrl.envs.base import AgentEnv, StepResult
+from agentrl.envs.registry import EnvLoadError
 from agentrl.types import Message, Task
+
+API_KEY_ENV = "AGENTRL_API_KEY"  # what `agentrl env serve --api-key` reads too
 
 
 class RemoteEnvError(RuntimeError):
     """The env server could not be reached or refused the call."""
+
+
+class EnvServerUnavailable(EnvLoadError):
+    """Before a run: the env server at `--env http://...` did not answer as one (a user's
+    error, said in one line)."""
+
+
+def _auth_headers() -> dict[str, str]:
+    key = os.environ.get(API_KEY_ENV)
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 class RemoteTools:
@@ -46,7 +61,9 @@ class RemoteEnv(AgentEnv):
 
     async def _call(self, method: str, path: str, body: Any = None) -> Any:
         if self._client is None:
-            self._client = httpx.AsyncClient(base_url=self.url, timeout=self.timeout_s)
+            self._client = httpx.AsyncClient(
+                base_url=self.url, timeout=self.timeout_s, headers=_auth_headers()
+            )
         try:
             response = await self._client.request(method, path, json=body)
         except httpx.HTTPError as e:
@@ -124,15 +141,34 @@ def server_info(url: str) -> dict[str, Any]:
 
 
 def _get(url: str, path: str, params: dict[str, Any] | None = None) -> Any:
+    """A GET a run makes before it starts (the server's info, its tasks): any failure is
+    `EnvServerUnavailable`, one line naming the URL and what answered."""
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"env.kwargs.url={url!r}: give the env server's http:// URL")
+    where = url.rstrip("/") + path
     try:
-        response = httpx.get(url.rstrip("/") + path, params=params, timeout=60)
+        response = httpx.get(where, params=params, timeout=60, headers=_auth_headers())
     except httpx.HTTPError as e:
-        raise RemoteEnvError(
-            f"env server {url}: {type(e).__name__}: {e} (is `agentrl env serve` running there?)"
-        ) from e
-    return _json_or_raise(response, url, path)
+        raise EnvServerUnavailable(
+            f"env server {url}: nothing answered GET {path} ({type(e).__name__}: "
+            f"{str(e) or 'no reply'}); start it with `agentrl env serve ENV_ID --host HOST "
+            "--port PORT`, or fix the URL"
+        ) from None
+    if response.status_code == 401:
+        raise EnvServerUnavailable(
+            f"env server {url} wants an API key (HTTP 401 on GET {path}); export "
+            f"{API_KEY_ENV}=<the key the server was started with>"
+        )
+    try:
+        return _json_or_raise(response, url, path)
+    except RemoteEnvError as e:
+        hint = "; is it an `agentrl env serve`?" if response.status_code == 404 else ""
+        raise EnvServerUnavailable(f"{e}{hint}") from None
+    except ValueError:  # a web server, but not one that speaks JSON
+        raise EnvServerUnavailable(
+            f"env server {url}: GET {path} answered HTTP {response.status_code}, not JSON; is it "
+            "an `agentrl env serve`?"
+        ) from None
 
 
 def _json_or_raise(response: httpx.Response, url: str, path: str) -> Any:
@@ -140,6 +176,8 @@ def _json_or_raise(response: httpx.Response, url: str, path: str) -> Any:
         try:
             message = response.json()["error"]["message"]
         except (ValueError, KeyError, TypeError):
-            message = response.text[:500]
+            message = " ".join(response.text.split())[:300]  # an HTML page, on one line
+        if response.status_code == 401:
+            message += f" (export {API_KEY_ENV}=<the key the env server was started with>)"
         raise RemoteEnvError(f"env server {url}{path}: HTTP {response.status_code}: {message}")
     return response.json()

@@ -121,7 +121,7 @@ class GuardMiddleware:
         got = f"{length} bytes" if length is not None else "more"
         return error_response(
             f"request body is {got}, over this server's limit of {self.max_body_bytes} bytes; "
-            "send less, or raise agentrl serve --max-body-mb",
+            "send less, or raise the server's --max-body-mb",
             status_code=413,
         )
 

@@ -106,8 +106,7 @@ class Problem:
 def generate_problem(rng: random.Random, difficulty: int = 1) -> Problem:
     """One word problem with one operation. difficulty 1: operands <= 50 (products of
     factors <= 12); each level up multiplies the operand range by 10."""
-    if difficulty < 1:
-        raise ValueError(f"difficulty={difficulty}: use an int >= 1")
+    check_difficulty(difficulty)
     op = rng.choice("+-*")
     scale = 10 ** (difficulty - 1)
     if op == "*":
@@ -120,6 +119,16 @@ def generate_problem(rng: random.Random, difficulty: int = 1) -> Problem:
     template = rng.choice(_TEMPLATES[op])
     question = template.format(name=rng.choice(_NAMES), item=rng.choice(_ITEMS), a=a, b=b)
     return Problem(question, answer)
+
+
+def check_difficulty(difficulty: Any) -> None:
+    """`--set env.kwargs.difficulty=abc` arrives as text: refuse it by name, not with a
+    comparison error from inside the generator."""
+    if isinstance(difficulty, bool) or not isinstance(difficulty, int) or difficulty < 1:
+        raise ValueError(
+            f"env.kwargs.difficulty={difficulty!r}: use an int >= 1 (1: operands up to 50, "
+            "2: up to 500, each level x10)"
+        )
 
 
 def generate_problems(
@@ -141,7 +150,9 @@ def generate_problems(
 
 # ---------------------------------------------------------------- answers and reward
 
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+# The tags alone, not `<answer>(.*?)</answer>`: that regex rescans to the end of the text from
+# every unclosed `<answer>`, and a 125 KiB action of them took 13 s (1 MiB: ~14 min).
+_ANSWER_TAG = re.compile(r"<(/?)answer>", re.IGNORECASE)
 _NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?")
 
 
@@ -156,10 +167,22 @@ def parse_answer(text: str) -> tuple[float | None, bool]:
     The last `<answer>` block wins; without one we fall back (leniently) to the last number
     in the message, so an early policy that answers in prose still gets a learning signal.
     """
-    tags = _ANSWER_TAG.findall(text)
-    if tags:
-        return last_number(tags[-1]), True
+    block = last_answer_block(text)
+    if block is not None:
+        return last_number(block), True
     return last_number(text), False
+
+
+def last_answer_block(text: str) -> str | None:
+    """The text of the last `<answer>...</answer>` block (case-insensitive; an `<answer>` inside
+    an open block is text, the first `</answer>` closes it), in one pass over the text."""
+    last, start = None, None
+    for tag in _ANSWER_TAG.finditer(text):
+        if tag.group(1) and start is not None:
+            last, start = text[start : tag.start()], None
+        elif not tag.group(1) and start is None:
+            start = tag.end()
+    return last
 
 
 def parse_label(value: Any, *, where: str) -> int | float:
@@ -192,7 +215,9 @@ def demonstration(instruction: str = CALL_FIRST) -> list[Message]:
 
 
 _EXPRESSION_FIELD = re.compile(r'"expression"\s*:\s*"([^"]*)"')
-_ARITHMETIC = re.compile(r"[-(\d][\d\s.+\-*/×÷^%()]*[\d)]")
+# A run of arithmetic characters, taken whole (possessive `*+`: no backtracking, so a block of
+# `((((` is read once, not once per `(`); `_arithmetic_in` trims it to its last digit or `)`.
+_ARITHMETIC_RUN = re.compile(r"[-(\d][\d\s.+\-*/×÷^%()]*+")
 _OPERATION = re.compile(r"[\d)]\s*(?:[-+*/×÷^%])")
 
 
@@ -221,8 +246,22 @@ def repair_call(call: ToolCall) -> ToolCall:
 def _expression_in(text: str) -> str | None:
     field = _EXPRESSION_FIELD.search(text)
     candidates = [field.group(1)] if field else []
-    candidates += [m.group(0) for m in _ARITHMETIC.finditer(text)]
+    candidates += _arithmetic_in(text)
     return next((c.strip() for c in candidates if _OPERATION.search(c)), None)
+
+
+def _arithmetic_in(text: str) -> list[str]:
+    """Each arithmetic stretch: a run from a digit, `-` or `(` to its last digit or `)`, two
+    characters at least."""
+    runs = (_up_to_last_ending(m.group(0)) for m in _ARITHMETIC_RUN.finditer(text))
+    return [run for run in runs if len(run) >= 2]
+
+
+def _up_to_last_ending(run: str) -> str:
+    for end in range(len(run) - 1, -1, -1):
+        if run[end].isdecimal() or run[end] == ")":  # `\d` is `isdecimal`
+            return run[: end + 1]
+    return ""
 
 
 def score(
@@ -275,6 +314,7 @@ class CalculatorEnv(AgentEnv):
             raise ValueError(
                 f"format_weight={format_weight}: use a value in [0, 1), below a right answer's 1.0"
             )
+        check_difficulty(difficulty)
         self.difficulty = difficulty
         self.use_demonstration = demonstration
         self.instruction = instruction
@@ -346,6 +386,7 @@ class CalculatorEnv(AgentEnv):
     ) -> list[Task]:
         """Generated splits: "train" (2000), "test" (200), "dev" (200); disjoint by problem text.
         The env's other kwargs (`env_kwargs`: prompt and reward settings) do not change tasks."""
+        check_difficulty(difficulty)
         if split not in _SPLIT_SEEDS:
             raise ValueError(f"calculator has splits {sorted(_SPLIT_SEEDS)}, not {split!r}")
         num = num_tasks or NUM_TASKS[split]
