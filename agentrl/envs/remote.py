@@ -176,7 +176,7 @@ def _json_or_raise(response: httpx.Response, url: str, path: str) -> Any:
         try:
             message = response.json()["error"]["message"]
         except (ValueError, KeyError, TypeError):
-            message = " ".join(response.text.split())[:300]  # an HTML page, on one line
+            message = " ".join(response.text.split())[:120]  # an HTML page, on one line
         if response.status_code == 401:
             message += f" (export {API_KEY_ENV}=<the key the env server was started with>)"
         raise RemoteEnvError(f"env server {url}{path}: HTTP {response.status_code}: {message}")

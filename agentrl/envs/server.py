@@ -209,7 +209,8 @@ class SessionStore:
         if session is None:
             return False
         session.runner.close_env(session.env)
-        self.draining.append(session.runner)
+        if session.lock.locked():  # a step still holds its thread: it counts until it returns
+            self.draining.append(session.runner)
         return True
 
 

@@ -105,22 +105,46 @@ def test_dtype_help_lists_every_accepted_name():
 
 
 @pytest.mark.parametrize(
-    ("flags", "warned"),
+    ("flags", "made"),
     [
         (["--host", "0.0.0.0"], True),
         (["--host", "0.0.0.0", "--api-key", "k"], False),
         (["--host", "::1"], False),
+        (["--host", "127.0.0.2"], False),
     ],
 )
-def test_binding_beyond_loopback_without_a_key_warns(monkeypatch, flags, warned):
-    """The shared server flags' warning (agentrl/cli/serve_options.py), before the model loads."""
+def test_binding_beyond_loopback_without_a_key_makes_one(monkeypatch, flags, made):
+    """Secure by default (issue 38): off the loopback without --api-key, `agentrl serve` makes a
+    key for the run, serves with it, and says where clients read it from; before the model loads."""
     from agentrl.engine.local import LocalEngine
 
     def load(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise ValueError("stopped before loading")
 
     monkeypatch.setattr(LocalEngine, "load", load)
-    result = runner.invoke(app, ["serve", *flags], env={"AGENTRL_API_KEY": ""})
+    result = runner.invoke(app, ["serve", *flags], env={"AGENTRL_API_KEY": "", "COLUMNS": "300"})
     assert result.exit_code == 2 and "error: stopped before loading" in result.output
-    warning = "warning: binding 0.0.0.0 without --api-key: anyone who can reach it can generate"
-    assert (warning in result.output) is warned, result.output
+    notice = "binding 0.0.0.0 without --api-key: a key made for this run guards who can generate"
+    assert (notice in result.output) is made, result.output
+    assert ("AGENTRL_API_KEY=" in result.output) is made
+
+
+def test_the_made_key_is_the_one_the_server_wants(monkeypatch):
+    import re
+
+    from agentrl.engine.local import LocalEngine
+    from agentrl.engine.serve import app as serve_app
+
+    served: dict = {}
+    engine = type("E", (), {"model_path": "m", "device": "cpu", "tokenizer": None})()
+    monkeypatch.setattr(LocalEngine, "load", lambda *a, **k: engine)
+    monkeypatch.setattr(
+        "agentrl.rollout.codec.ChatCodec", lambda tokenizer: type("C", (), {"parse": None})()
+    )
+    monkeypatch.setattr(serve_app, "serve", lambda engine, **kw: served.update(kw))
+    result = runner.invoke(
+        app, ["serve", "--host", "0.0.0.0"], env={"AGENTRL_API_KEY": "", "COLUMNS": "300"}
+    )
+    assert result.exit_code == 0, result.output
+    (key,) = re.findall(r"AGENTRL_API_KEY=(\S+)", result.output)
+    assert served["api_key"] == key and len(key) >= 32
