@@ -14,7 +14,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
@@ -52,8 +52,18 @@ class CompletionRequest(_OpenAIRequest):
     logprobs: int | None = None
 
 
+class ChatMessage(BaseModel):
+    """One request message: its role checked (SGLang's `ChatCompletionMessageParam` roles; any
+    other is a 400 naming it), its other fields passed to the chat template as sent."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: Any = None
+
+
 class ChatCompletionRequest(_OpenAIRequest):
-    messages: list[dict[str, Any]]
+    messages: list[ChatMessage]
     max_tokens: int | None = Field(default=None, ge=0)
     max_completion_tokens: int | None = Field(default=None, ge=0)
     logprobs: bool = False
@@ -131,7 +141,7 @@ async def completions(req: CompletionRequest, request: Request, s: State) -> Any
 async def chat_completions(req: ChatCompletionRequest, request: Request, s: State) -> Any:
     """With the server's `tool_parser`, replies to requests with `tools` carry OpenAI's
     `tool_calls` (finish_reason "tool_calls") instead of the raw call text."""
-    messages = [{**m, "content": _message_text(m.get("content"))} for m in req.messages]
+    messages = [{**m.model_dump(), "content": _message_text(m.content)} for m in req.messages]
     try:
         prompt = await asyncio.to_thread(_chat_prompt, s.tokenizer, messages, req.tools)
     except Exception as e:

@@ -43,13 +43,15 @@ class PendingCall:
 
 def normalize_messages(raw: list[dict[str, Any]]) -> list[Message]:
     """OpenAI request messages as `Message`s: content parts joined, `None` content as "",
-    tool-call arguments as compact JSON, so an echoed reply compares equal to what we sent."""
+    tool-call arguments as compact JSON, so an echoed reply compares equal to what we sent;
+    OpenAI's "developer" role is the chat template's "system"."""
     out = []
     for d in raw:
         content = d.get("content")
         if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
             content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        message = Message.from_dict({**d, "content": content or ""})
+        role = "system" if d.get("role") == "developer" else d.get("role")
+        message = Message.from_dict({**d, "role": role, "content": content or ""})
         for call in message.tool_calls:
             call.arguments = _canonical_json(call.arguments)
         out.append(message)

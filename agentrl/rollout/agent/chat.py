@@ -10,13 +10,23 @@ import time
 import traceback
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.engine.base import Completion, Engine, EngineUnavailable, FinishReason, SamplingParams
 from agentrl.rollout.agent.capture import EpisodeCapture, PendingCall, normalize_messages
 from agentrl.types import EpisodeStatus, Message, StatusReason, ToolCall
+
+
+class AgentMessage(BaseModel):
+    """A request message with a role the chat codec renders ("developer" is read as "system"):
+    any other role is a 400 naming it, as OpenAI and SGLang answer. Other fields pass as sent."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Any = None
 
 
 class ChatRequest(BaseModel):
@@ -26,7 +36,7 @@ class ChatRequest(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    messages: list[dict[str, Any]] = Field(min_length=1)
+    messages: list[AgentMessage] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
     n: int = Field(default=1, ge=1, le=16)
     max_tokens: int | None = Field(default=None, ge=1)
@@ -63,17 +73,19 @@ async def complete(
     if capture.num_calls >= limits.max_calls:
         capture.ending = (EpisodeStatus.TRUNCATED, StatusReason.MAX_TURNS)
         raise ChatError(400, f"this episode made its {limits.max_calls} calls (rollout.max_turns)")
+    # The turn is taken before the first await: calls made at once each see the ones before.
+    index = capture.num_calls
+    capture.num_calls += 1
     try:
-        messages = normalize_messages(body.messages)
+        messages = normalize_messages([m.model_dump() for m in body.messages])
         call = await asyncio.to_thread(capture.prepare, messages, body.tools)
     except Exception as e:
+        capture.num_calls -= 1  # refused before sampling: the turn was not played
         raise ChatError(400, f"messages: the chat template failed on them: {e}") from e
     room = limits.max_context_len - len(call.prompt_ids)
     if room <= 0:
         capture.ending = (EpisodeStatus.TRUNCATED, StatusReason.CONTEXT)
         raise ChatError(400, f"messages: {len(call.prompt_ids)} tokens fill the context window")
-    index = capture.num_calls
-    capture.num_calls += 1
     runs = [
         engine.generate(
             list(call.prompt_ids),

@@ -133,7 +133,11 @@ class AgentEndpoint:
             if body.stream:
                 return _error(400, "stream: the Messages route answers whole; pass stream=false")
             try:
-                response = await self._on_run_loop(episode, to_chat_request(body))
+                request = to_chat_request(body)
+            except ValueError as e:  # a malformed Messages body: the agent's to fix, not a 500
+                return _error(400, str(e).splitlines()[0])
+            try:
+                response = await self._on_run_loop(episode, request)
             except ChatError as e:
                 return _error(e.status, str(e))
             return to_messages_response(response, body.model)

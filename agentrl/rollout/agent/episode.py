@@ -18,7 +18,7 @@ from agentrl.rollout.agent.capture import EpisodeCapture
 from agentrl.rollout.agent.chat import CallLimits
 from agentrl.rollout.agent.endpoint import AgentEndpoint
 from agentrl.rollout.codec import ChatCodec
-from agentrl.rollout.episode import EpisodeRecord, close_env, record_error
+from agentrl.rollout.episode import EpisodeRecord, checked_reward, close_env, record_error
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.types import EpisodeStatus, Message, StatusReason, Task
 
@@ -33,6 +33,9 @@ class AgentResult:
     reward: float | None = None
     info: dict[str, Any] = field(default_factory=dict)
 
+
+CANCEL_GRACE_S = 5.0
+"""How long a timed-out agent gets to end once cancelled, before it is left running."""
 
 AgentFn = Callable[[Task, Any], Awaitable["float | AgentResult"]]
 
@@ -105,7 +108,7 @@ async def _play(
     client: Any,
 ) -> tuple[float, tuple[EpisodeStatus, StatusReason]]:
     try:
-        result = await asyncio.wait_for(agent(task, client), setup.timeout_s)
+        result = await _call_agent(agent(task, client), setup.timeout_s)
     except asyncio.TimeoutError:
         capture.info.update(error_where=f"agent (no result after {setup.timeout_s}s)")
         return 0.0, capture.ending or (EpisodeStatus.ERROR, StatusReason.ENV)
@@ -119,31 +122,61 @@ async def _play(
         capture.info["error_where"] = "agent (it made no chat completion)"
         return 0.0, (EpisodeStatus.ERROR, StatusReason.ENV)
     try:
-        reward = await _reward(result, env, task, sampling, capture)
+        value, where = await _reward(result, env, task, sampling, capture)
     except Exception:
         return 0.0, record_error(
             capture.info, capture.episode_id, StatusReason.ENV, "env (scoring the agent's answer)"
         )
-    ending = capture.ending or (EpisodeStatus.COMPLETED, StatusReason.DONE)
-    return reward, ending
+    where = f"{where} on task {task.id!r}"
+    reward = checked_reward(value, info=capture.info, episode_id=capture.episode_id, where=where)
+    if reward is None:
+        return 0.0, (EpisodeStatus.ERROR, StatusReason.NON_FINITE_REWARD)
+    return reward, capture.ending or (EpisodeStatus.COMPLETED, StatusReason.DONE)
+
+
+async def _call_agent(run: Awaitable[Any], timeout_s: float | None) -> Any:
+    """The agent's result, or TimeoutError once `timeout_s` passed, whatever the agent does
+    with its cancellation: `asyncio.wait_for` returns the result of an agent that swallows
+    `CancelledError` and returns, which would score a timed-out episode COMPLETED."""
+    task = asyncio.ensure_future(run)
+    task.add_done_callback(_retrieve)
+    is_timed_out = False
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout_s)
+        is_timed_out = not done
+    finally:  # also when this episode is cancelled: the agent goes with it
+        if not task.done():
+            task.cancel()
+            # One that ignores the cancellation runs on unawaited; its endpoint URL closes next.
+            await asyncio.wait({task}, timeout=CANCEL_GRACE_S)
+    if is_timed_out:
+        raise asyncio.TimeoutError
+    return task.result()
 
 
 async def _reward(
     result: Any, env: AgentEnv, task: Task, sampling: SamplingParams, capture: EpisodeCapture
-) -> float:
+) -> tuple[Any, str]:
+    """The agent's reward as given (checked by the caller), and who gave it."""
     if isinstance(result, (int, float)) and not isinstance(result, bool):
-        return float(result)
+        return result, "the agent's returned reward"
     if not isinstance(result, AgentResult):
         raise TypeError(
             f"the agent returned {type(result).__name__}: return a float or AgentResult"
         )
     capture.info.update(result.info)
     if result.reward is not None:
-        return float(result.reward)
+        return result.reward, "the agent's AgentResult.reward"
     await env.reset(seed=sampling.seed, options={"task": task})
     step = await env.step(Message(role="assistant", content=result.answer))
     capture.info.update(step.info or {})
-    return float(step.reward)
+    return step.reward, f"{type(env).__name__}.step (scoring the agent's answer)"
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark the agent's exception seen: its outcome is judged in `_play`, or it came too late."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _empty(capture: EpisodeCapture, status: EpisodeStatus, reason: StatusReason) -> Trajectory:

@@ -86,3 +86,22 @@ def test_a_tool_parser_turns_call_text_into_openai_tool_calls(smollm2_path):
         thread.stop()
     assert len(engine.calls) == 2  # the tool result went back; the model answered
     assert "<tool_response>\n5\n</tool_response>" in tokenizer.decode(engine.calls[1][0])
+
+
+@pytest.mark.parametrize(
+    ("messages", "named"),
+    [
+        ([{"role": "wizard", "content": "Obey."}], "messages.0.role"),
+        ([*MESSAGES, {"content": "no role"}], "messages.1.role"),
+    ],
+)
+def test_a_message_without_a_chat_role_is_a_400_naming_it(served, messages, named):
+    """OpenAI and SGLang refuse a role outside theirs; the template never sees it."""
+    client, _ = served
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="m", messages=messages, max_tokens=2)
+    message = refused.value.body["message"] if refused.value.body else str(refused.value)
+    assert named in message and "\n" not in message
+    client.chat.completions.create(
+        model="m", messages=[{"role": "developer", "content": "Be brief."}, *MESSAGES], max_tokens=2
+    )  # SGLang's other roles pass
