@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -15,10 +17,12 @@ from typing import TYPE_CHECKING, Any
 from agentrl.eval.report import EvalReport, build_report, write_text_atomic
 from agentrl.progress import RunProgress, sampled_tokens
 from agentrl.rollout.trajectory import Trajectory, write_jsonl
-from agentrl.types import EpisodeStatus, Task
+from agentrl.types import EpisodeStatus, StatusReason, Task
 
 if TYPE_CHECKING:
     from agentrl.rollout import RolloutRunner
+
+logger = logging.getLogger(__name__)
 
 TRAJECTORIES_FILE = "eval_trajectories.jsonl"
 STATE_FILE = "eval_state.json"
@@ -127,11 +131,31 @@ def _complete_groups(path: Path, k: int) -> dict[str, list[Trajectory]]:
             task_id = traj.task.get("id")
             if task_id is not None:
                 groups.setdefault(str(task_id), []).append(traj)
+    _repair_rewards(path, [t for group in groups.values() for t in group])
     return {
         task_id: group[:k]
         for task_id, group in groups.items()
         if len(group) >= k and all(t.status != EpisodeStatus.ABORTED for t in group[:k])
     }
+
+
+def _repair_rewards(path: Path, trajectories: list[Trajectory]) -> None:
+    """Stored episodes whose reward is no finite number (written before rewards were checked,
+    or by hand) become what the runner makes of them now: ERROR/non_finite_reward, reward 0."""
+    broken = [t for t in trajectories if not math.isfinite(t.reward)]
+    for traj in broken:
+        traj.info["non_finite_reward"] = repr(traj.reward)
+        traj.reward, traj.status = 0.0, EpisodeStatus.ERROR
+        traj.status_reason = StatusReason.NON_FINITE_REWARD
+    if broken:
+        logger.warning(
+            "%s: %d stored episodes have a reward that is no finite number (%s); they count as "
+            "ERROR/%s, never scored",
+            path,
+            len(broken),
+            broken[0].info["non_finite_reward"],
+            StatusReason.NON_FINITE_REWARD.value,
+        )
 
 
 # ---------------------------------------------------------------- running

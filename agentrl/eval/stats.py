@@ -161,8 +161,10 @@ def std(values: Sequence[float]) -> float:
 
 def is_scored(traj: Any) -> bool:
     """COMPLETED and TRUNCATED episodes are scored; ERROR and ABORTED are infrastructure
-    outcomes that never enter a reward mean (they are not a reward of 0)."""
-    return EpisodeStatus(traj.status).is_trainable
+    outcomes that never enter a reward mean (they are not a reward of 0). So is a reward that
+    is no finite number, in a file written before rewards were checked: one NaN would make
+    every mean and interval NaN (and `statistics.stdev` raise)."""
+    return EpisodeStatus(traj.status).is_trainable and math.isfinite(traj.reward)
 
 
 def is_correct(traj: Any) -> bool:

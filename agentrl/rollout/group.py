@@ -96,7 +96,8 @@ class RolloutRunner:
         on_episode: Callable[[Trajectory], Any] | None = None,
     ) -> list[list[Trajectory]]:
         """`run_group` for every task at once (the global limit still applies); results in task
-        order. `on_episode(trajectory)` is called as each episode ends (progress bars)."""
+        order. `on_episode(trajectory)` is called once as each episode ends, with its last
+        trajectory (progress bars count episodes, not an agent's segments)."""
         await self._prepare()
         groups = (
             self.run_group(t, n, temperature=temperature, seed=seed, on_episode=on_episode)
@@ -169,8 +170,9 @@ class RolloutRunner:
                 trajectories = await self._episode(env, task, sampling, group_id, episode_id)
             finally:
                 self.num_episodes_in_flight -= 1
-        for traj in trajectories:
-            _notify(on_episode, traj)
+        # An agent's episode may give several trajectories (segments): still one episode, told
+        # once, with its last (the conversation the agent ended on).
+        _notify(on_episode, trajectories[-1])
         return trajectories
 
     async def _episode(

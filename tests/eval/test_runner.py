@@ -167,3 +167,36 @@ async def test_evaluate_with_the_real_rollout_runner_resumes(tiny_model_path, tm
     assert report.num_episodes == 6
     assert sum(report.status_counts.values()) == 6
     assert report.status_counts.get("error", 0) == 0, [t.info.get("error") for t in saved]
+
+
+@pytest.mark.parametrize("stored", ["NaN", "Infinity", "-Infinity"])
+async def test_stored_episodes_with_a_non_finite_reward_are_repaired_as_error(
+    tmp_path, caplog, stored
+) -> None:
+    """A file written before rewards were checked: the rerun reports, never crashes."""
+    import logging
+
+    tasks = make_tasks(2)
+    await evaluate(FakeRunner(), tasks, k=2, temperature=1.0, out_dir=tmp_path, progress=False)
+    path = tmp_path / "eval_trajectories.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[1]["reward"] = float(stored.replace("Infinity", "inf"))  # t0's episode 1 paid 1.0
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert stored in path.read_text()
+
+    rerun = FakeRunner()
+    with caplog.at_level(logging.WARNING):
+        report = await evaluate(
+            rerun, tasks, k=2, temperature=1.0, out_dir=tmp_path, progress=False
+        )
+    assert rerun.calls == [] and report.num_episodes == 4
+    assert report.status_counts == {"completed": 3, "error": 1}
+    assert report.reward.mean == pytest.approx(0.25)  # the mean of t0's 0 and t1's (0 + 1) / 2
+    [line] = [r.getMessage() for r in caplog.records if "no finite number" in r.getMessage()]
+    assert "1 stored episodes" in line and "ERROR/non_finite_reward" in line
+    repaired = [json.loads(line, parse_constant=_refuse) for line in path.read_text().splitlines()]
+    assert repaired[1]["status_reason"] == "non_finite_reward" and repaired[1]["reward"] == 0.0
+
+
+def _refuse(constant: str) -> float:
+    raise AssertionError(f"{constant} is still in the file")

@@ -92,6 +92,9 @@ def test_is_scored_excludes_infrastructure_outcomes(make_traj) -> None:
     assert stats.is_scored(make_traj(status=EpisodeStatus.TRUNCATED))
     assert not stats.is_scored(make_traj(status=EpisodeStatus.ERROR))
     assert not stats.is_scored(make_traj(status=EpisodeStatus.ABORTED))
+    # a reward that is no finite number, read from an old file, would make every mean NaN
+    assert not stats.is_scored(make_traj(reward=math.nan))
+    assert not stats.is_scored(make_traj(reward=-math.inf, status=EpisodeStatus.TRUNCATED))
 
 
 @pytest.mark.parametrize(

@@ -146,3 +146,30 @@ async def test_an_env_factory_that_raises_gives_an_error_trajectory(smol_tokeniz
     assert all("no sandbox left" in t.info["error"] for t in group)
     assert [t.episode_id for t in group] == [f"{group[0].group_id}/{i}" for i in range(2)]
     assert group[0].token_ids == [] and not engine.calls
+
+
+async def two_conversations(task: Any, client: Any) -> float:
+    """Two calls, the second not extending the first: two segments (trajectories) per episode."""
+    for text in ("first", "second, afresh"):
+        await client.chat.completions.create(
+            model="p", messages=[{"role": "user", "content": text}]
+        )
+    return 1.0
+
+
+async def test_an_agents_episode_of_several_segments_is_told_once(smol_tokenizer: Any) -> None:
+    """Progress lines count episodes: 2 episodes of 2 segments each are 2, not 4."""
+    runner = RolloutRunner(
+        ScriptedEngine(smol_tokenizer, ["ok"]),
+        ToolEnv,
+        RolloutConfig(max_turns=3, rollout_max_response_len=16),
+        agent=two_conversations,
+    )
+    told: list[Any] = []
+    try:
+        group = await runner.run_group(TASKS[0], 2, on_episode=told.append)
+    finally:
+        await runner.close()
+    assert len(group) == 4 and {t.info["num_segments"] for t in group} == {2}
+    assert len(told) == 2 and {t.episode_id for t in told} == {t.episode_id for t in group}
+    assert all(t.info["segment"] == 1 for t in told)  # each episode's last conversation
