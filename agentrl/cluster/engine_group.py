@@ -5,10 +5,12 @@ API) -- health-waited at start, restarted when it dies, and reached through one 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import importlib.util
 import logging
 import os
+import secrets
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -117,16 +119,29 @@ class EngineServer(ManagedProcess):
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 
+    def api_key(self) -> str | None:
+        """The key this server wants (the group's clients send it)."""
+        return self.spec.api_key
+
 
 class ServedEngineGroup(RoutedEngine):
     """The run's `EngineGroup` on Ray: a `RoutedEngine` over the servers of the actors (the
     weight version they serve included), behind the weight-update gate for rollouts (`engine`)."""
 
     def __init__(
-        self, actors: list[Any], urls: list[str], cfg: RunConfig, plan: BundlePlan
+        self,
+        actors: list[Any],
+        urls: list[str],
+        cfg: RunConfig,
+        plan: BundlePlan,
+        *,
+        api_key: str | None = None,
     ) -> None:
+        """`api_key`: the key the servers want (`start` asks them), else the config's."""
         self.actors, self.urls, self.cfg, self.plan = actors, urls, cfg, plan
-        self.api_key = resolve_api_key(cfg.engine)
+        self.api_key = api_key or resolve_api_key(cfg.engine)
+        # the clients' copy of the engine section carries the key; the run's config does not
+        self.engine_cfg = dataclasses.replace(cfg.engine, api_key=self.api_key)
         self.num_restarts = [0] * len(actors)
         self.router_process: ManagedProcess | None = None
         if cfg.cluster.use_sglang_router:
@@ -134,7 +149,7 @@ class ServedEngineGroup(RoutedEngine):
             self.router_process = start_router(
                 urls, log_path=logs / "router.log", api_key=self.api_key, die_with_parent=True
             )
-        client = functools.partial(sglang_client, cfg.engine, cfg.rollout)
+        client = functools.partial(sglang_client, self.engine_cfg, cfg.rollout)
         router = client(self.router_process.url) if self.router_process else None
         super().__init__([client(u) for u in urls], router=router)
         self.engine = GatedEngine(self)
@@ -142,7 +157,7 @@ class ServedEngineGroup(RoutedEngine):
     @classmethod
     async def start(cls, actors: list[Any], cfg: RunConfig, plan: BundlePlan) -> ServedEngineGroup:
         urls = await asyncio.gather(*(a.start.remote() for a in actors))
-        group = cls(actors, list(urls), cfg, plan)
+        group = cls(actors, list(urls), cfg, plan, api_key=await actors[0].api_key.remote())
         versions = {await c.get_weight_version() for c in group.clients}
         if len(versions) != 1:
             raise RuntimeError(f"engine servers started with different weight versions {versions}")
@@ -189,7 +204,7 @@ class ServedEngineGroup(RoutedEngine):
         )
         for i in dead:
             await self.clients[i].close()
-            self.clients[i] = sglang_client(self.cfg.engine, self.cfg.rollout, self.urls[i])
+            self.clients[i] = sglang_client(self.engine_cfg, self.cfg.rollout, self.urls[i])
         return dead
 
     async def close(self) -> None:
@@ -222,24 +237,27 @@ def start_engine_actors(
     actor_cls = ray.remote(EngineServer)
     actors = []
     driver_ip = ray.util.get_node_ip_address()
+    # On the driver's node: loopback only. Elsewhere: the node's address, for the driver.
+    firsts = [bundles[members[0]] for members in placement.engine_bundles]
+    hosts = ["127.0.0.1" if b.node_ip == driver_ip else b.node_ip for b in firsts]
+    api_key = engine_api_key(cfg, hosts)
     for e, members in enumerate(placement.engine_bundles):
-        first = bundles[members[0]]
-        is_local = first.node_ip == driver_ip
+        first, host = firsts[e], hosts[e]
+        is_local = host == "127.0.0.1"
         spec = ServerSpec(
             index=e,
             model_path=model_path,
             device_ids=[bundles[b].device_id for b in members],
             use_gpu=placement.use_gpu,
             use_sglang=use_sglang,
-            # On the driver's node: loopback only. Elsewhere: the node's address, for the driver.
-            host="127.0.0.1" if is_local else first.node_ip,
+            host=host,
             dtype=cfg.model.dtype,
             engine=cfg.engine,
             log_dir=str(log_dir if is_local else tempfile.gettempdir()),
             health_timeout_s=cfg.cluster.engine_start_timeout_s,
             reserve_bytes=reserve_for(placement, e, reserves),
             is_colocated=placement.is_colocated,
-            api_key=resolve_api_key(cfg.engine),
+            api_key=api_key,
         )
         if use_sglang and spec.reserve_bytes:
             log.warning(
@@ -256,6 +274,17 @@ def start_engine_actors(
             ).remote(spec)
         )
     return actors
+
+
+def engine_api_key(cfg: RunConfig, hosts: list[str]) -> str | None:
+    """The key of the run's engine servers: the configured one (engine.api_key, else
+    AGENTRL_API_KEY); else, when a server listens beyond loopback (another node), a fresh key
+    for this run -- its weight, pause and abort routes are otherwise open to the network."""
+    configured = resolve_api_key(cfg.engine)
+    if configured or all(host == "127.0.0.1" for host in hosts):
+        return configured
+    log.info("engine servers listen on %s: they want a key made for this run", sorted(set(hosts)))
+    return secrets.token_urlsafe(32)
 
 
 def reserve_for(placement: BundlePlan, engine: int, reserves: list[int]) -> int:

@@ -1,16 +1,26 @@
-"""The engine group's servers with an API key: the key reaches `agentrl serve` through its
-environment (SGLang on its command line), the server refuses calls without it, and the group's
-clients send it."""
+"""The engine group's servers with an API key: the key reaches each server through its
+environment, never its command line (SGLang through the keyed launcher); the server refuses
+calls without it; the group's clients send it; a server on another node gets a key made for
+the run when none is configured (issue 38)."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
 
-from agentrl.cluster.engine_group import EngineServer, ServerSpec, server_cmd, server_env
-from agentrl.config import EngineConfig
+from agentrl.cluster.engine_group import (
+    EngineServer,
+    ServedEngineGroup,
+    ServerSpec,
+    engine_api_key,
+    server_cmd,
+    server_env,
+)
+from agentrl.config import EngineConfig, RunConfig
 from agentrl.engine.base import SamplingParams
+from agentrl.engine.router import RoutedEngine
 from agentrl.engine.sglang import SGLangEngine
+from agentrl.engine.sglang.launcher import KEYED_LAUNCHER
 
 
 def _spec(model_path: str, log_dir: str, **kw) -> ServerSpec:
@@ -29,7 +39,38 @@ def test_the_key_goes_to_each_kind_of_server_and_nowhere_else(monkeypatch, tmp_p
     sglang = _spec("m", str(tmp_path), api_key="k")
     sglang.use_sglang = True
     cmd = server_cmd(sglang, 1234)
-    assert cmd[cmd.index("--api-key") + 1] == "k"
+    assert "k" not in cmd and "--api-key" not in cmd  # `ps` shows no key
+    assert cmd[1:4] == ["-m", KEYED_LAUNCHER, "sglang.launch_server"]
+    assert server_env(sglang)["AGENTRL_API_KEY"] == "k"  # where the keyed launcher reads it
+    sglang.api_key = None
+    assert server_cmd(sglang, 1234)[1:3] == ["-m", "sglang.launch_server"]
+
+
+def test_a_server_on_another_node_gets_a_key_made_for_the_run(monkeypatch):
+    monkeypatch.delenv("AGENTRL_API_KEY", raising=False)
+    cfg = RunConfig()
+    assert engine_api_key(cfg, ["127.0.0.1", "127.0.0.1"]) is None  # loopback only
+    made = engine_api_key(cfg, ["127.0.0.1", "10.0.0.7"])
+    assert made and len(made) >= 32 and made != engine_api_key(cfg, ["10.0.0.7"])  # per run
+    cfg.engine.api_key = "configured"
+    assert engine_api_key(cfg, ["10.0.0.7"]) == "configured"
+    monkeypatch.setenv("AGENTRL_API_KEY", "from-env")
+    cfg.engine.api_key = None
+    assert engine_api_key(cfg, ["10.0.0.7"]) == "from-env"
+
+
+async def test_the_groups_clients_send_the_servers_key(monkeypatch):
+    """The key the servers were started with (asked of the actors), not only the config's."""
+    monkeypatch.delenv("AGENTRL_API_KEY", raising=False)
+    cfg = RunConfig()
+    cfg.cluster.use_sglang_router = False
+    urls = ["http://10.0.0.7:31000", "http://10.0.0.8:31000"]
+    group = ServedEngineGroup([object(), object()], urls, cfg, plan=None, api_key="made")  # type: ignore[arg-type]
+    try:
+        assert [c.api_key for c in group.clients] == ["made", "made"]
+        assert group.api_key == "made" and cfg.engine.api_key is None  # the run's config untouched
+    finally:
+        await RoutedEngine.close(group)  # the clients only: these actors are stand-ins
 
 
 @pytest.mark.slow

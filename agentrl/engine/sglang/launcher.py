@@ -4,6 +4,12 @@
 Flags follow SGLang's ServerArgs (`--model-path --port --tp-size --mem-fraction-static
 --base-gpu-id --enable-memory-saver --api-key`) and the routers' launch_router (`--worker-urls
 --policy --host --port --api-key`).
+
+An API key never goes on a command line, where every local user reads it in `ps`: neither SGLang
+(0.5.15-0.5.23 read no variable for it) nor the routers read one from the environment, so a
+keyed process is started as `python -m agentrl.engine.sglang.launcher MODULE ARGS` with the key
+in `AGENTRL_API_KEY` (`keyed_env`), and `main` below adds `--api-key` to MODULE's argv inside
+the process (`/proc/PID/environ` is readable by the owner alone).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import importlib.util
 import logging
 import os
 import random
+import runpy
 import signal
 import socket
 import subprocess
@@ -29,6 +36,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from agentrl.engine.base import EngineError
+from agentrl.engine.sglang.protocol import API_KEY_ENV
 from agentrl.engine.sglang.supervisor import heal_servers
 
 if TYPE_CHECKING:
@@ -52,6 +60,34 @@ def require_module(module: str, *, hint: str | None = None) -> None:
         raise SGLangNotInstalled(SGLANG_MISSING.format(module=hint or module))
 
 
+KEYED_LAUNCHER = "agentrl.engine.sglang.launcher"
+"""Run as `python -m`: `main` starts a module with `--api-key $AGENTRL_API_KEY` added."""
+
+
+def module_command(module: str, args: list[str], *, is_keyed: bool) -> list[str]:
+    """`python -m module args`; keyed, through `KEYED_LAUNCHER` (the key from `keyed_env`)."""
+    prefix = ["-m", KEYED_LAUNCHER, module] if is_keyed else ["-m", module]
+    return [sys.executable, *prefix, *args]
+
+
+def keyed_env(env: dict[str, str] | None, api_key: str | None) -> dict[str, str] | None:
+    """`env` (None: this process's) with the key where `main` reads it; unchanged without one."""
+    if not api_key:
+        return env
+    return {**(os.environ if env is None else env), API_KEY_ENV: api_key}
+
+
+def main(argv: list[str]) -> None:
+    """`python -m agentrl.engine.sglang.launcher MODULE ARGS...`: run MODULE as `python -m`
+    would, its argv ARGS plus `--api-key` from AGENTRL_API_KEY (last: it wins over any other)."""
+    module, *args = argv
+    key = os.environ.get(API_KEY_ENV)
+    if not key:
+        raise SystemExit(f"{KEYED_LAUNCHER}: {API_KEY_ENV} is unset; it carries {module}'s key")
+    sys.argv = [module, *args, "--api-key", key]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
 def server_command(
     model_path: str,
     engine: EngineConfig,
@@ -65,17 +101,16 @@ def server_command(
 ) -> list[str]:
     """`engine`: its KV fraction and SGLang's own flags (`sglang_args`, last). `enable_memory_saver`:
     a server sharing its GPUs with the trainer (colocated) -- without it SGLang's release/resume
-    of memory silently frees nothing."""
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--host", host,
-           "--port", str(port), "--tp-size", str(tp_size),
-           "--mem-fraction-static", str(engine.mem_fraction_static)]  # fmt: skip
+    of memory silently frees nothing. `api_key`: the server wants one; the key itself goes in
+    the process's environment (`keyed_env`), not in this command."""
+    args = ["--model-path", model_path, "--host", host, "--port", str(port),
+            "--tp-size", str(tp_size), "--mem-fraction-static", str(engine.mem_fraction_static)]  # fmt: skip
     if base_gpu_id:
-        cmd += ["--base-gpu-id", str(base_gpu_id)]  # servers on one host take disjoint GPUs
+        args += ["--base-gpu-id", str(base_gpu_id)]  # servers on one host take disjoint GPUs
     if enable_memory_saver:
-        cmd.append("--enable-memory-saver")
-    if api_key:
-        cmd += ["--api-key", api_key]
-    return cmd + list(engine.sglang_args)
+        args.append("--enable-memory-saver")
+    args += list(engine.sglang_args)
+    return module_command("sglang.launch_server", args, is_keyed=bool(api_key))
 
 
 @dataclass(frozen=True)
@@ -106,14 +141,14 @@ def router_command(
     module: str = "smg",
     api_key: str | None = None,
 ) -> list[str]:
-    """`api_key`: the key the router sends to the workers (their --api-key). Its Prometheus
-    server binds where the router binds, on a free port: by default both routers put it on
-    0.0.0.0:29000 (every interface, and a second router on the machine fails to start)."""
+    """`api_key`: the router sends one to the workers (their --api-key); the key itself goes in
+    the process's environment (`keyed_env`). Its Prometheus server binds where the router
+    binds, on a free port: by default both routers put it on 0.0.0.0:29000 (every interface,
+    and a second router on the machine fails to start)."""
     (metrics_port,) = free_ports(1, host)
-    cmd = [sys.executable, "-m", f"{module}.launch_router", "--worker-urls", *worker_urls,
-           "--policy", policy, "--host", host, "--port", str(port),
-           "--prometheus-host", host, "--prometheus-port", str(metrics_port)]  # fmt: skip
-    return cmd + (["--api-key", api_key] if api_key else [])
+    args = ["--worker-urls", *worker_urls, "--policy", policy, "--host", host, "--port", str(port),
+            "--prometheus-host", host, "--prometheus-port", str(metrics_port)]  # fmt: skip
+    return module_command(f"{module}.launch_router", args, is_keyed=bool(api_key))
 
 
 def start_router(
@@ -133,8 +168,8 @@ def start_router(
     port = port or free_ports(1, host)[0]
     cmd = router_command(worker_urls, host=host, port=port, policy=choice.policy,
                          module=choice.module, api_key=api_key)  # fmt: skip
-    router = ManagedProcess("sglang-router", f"http://{host}:{port}", cmd, log_path, env,
-                            die_with_parent=die_with_parent)  # fmt: skip
+    router = ManagedProcess("sglang-router", f"http://{host}:{port}", cmd, log_path,
+                            keyed_env(env, api_key), die_with_parent=die_with_parent)  # fmt: skip
     router.start()
     try:
         wait_healthy(router, timeout_s=120.0, path="/health")
@@ -315,7 +350,7 @@ def launch_servers(
                 api_key=api_key,
             ),
             logs / f"server-{i}.log",
-            env,
+            keyed_env(env, api_key),
         )
         for i, port in enumerate(ports[has_router:])
     ]
@@ -369,3 +404,7 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             if len(ports) == count:
                 return ports
     raise RuntimeError(f"no {count} free ports at or below {MAX_SERVER_PORT} on {host}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -125,6 +125,23 @@ def test_server_that_dies_at_startup_fails_the_launch_with_its_log(
         launch_servers("/models/x", _cfg(), env=env, health_timeout_s=60)
 
 
+def test_a_servers_key_reaches_sglangs_argv_but_not_its_command_line(
+    fake_sglang: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 38: `ps` shows every local user a command line; the key goes in the environment,
+    and the keyed launcher adds `--api-key` inside the process (SGLang reads no variable)."""
+    cmd = server_command("/models/x", _cfg(), host="127.0.0.1", port=30001, tp_size=1,
+                         api_key="k3y")  # fmt: skip
+    assert "k3y" not in cmd and "--api-key" not in cmd
+    router = router_command(["http://a:1"], host="127.0.0.1", port=1, policy="p", api_key="k3y")
+    assert "k3y" not in router and "--api-key" not in router
+    env = {**fake_sglang, "FAKE_SGLANG_FAIL_AT_START": "1"}  # records its argv, then exits
+    with pytest.raises(EngineError, match="failed to start"):
+        launch_servers("/models/x", _cfg(), env=env, health_timeout_s=60, api_key="k3y")
+    (argv,) = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    assert argv[-2:] == ["--api-key", "k3y"] and argv[:2] == ["--model-path", "/models/x"]
+
+
 CRASH_ONCE = """
 import http.server, pathlib, sys
 marker, port = pathlib.Path(sys.argv[1]), int(sys.argv[2])

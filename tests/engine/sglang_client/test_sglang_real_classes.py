@@ -70,14 +70,17 @@ def test_server_args_parse_the_launch_commands(sglang: ModuleType) -> None:
 
     from agentrl.cluster.engine_group import ServerSpec, server_cmd
     from agentrl.config import EngineConfig
-    from agentrl.engine.sglang.launcher import server_command
+    from agentrl.engine.sglang.launcher import KEYED_LAUNCHER, server_command
 
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
     engine = EngineConfig(mem_fraction_static=0.7, sglang_args=["--context-length", "512"])
     cmd = server_command("/m", engine, host="127.0.0.1", port=30001, tp_size=2, base_gpu_id=2,
                          enable_memory_saver=True, api_key="k")  # fmt: skip
-    args = parser.parse_args(cmd[3:])
+    # keyed: `python -m KEYED_LAUNCHER sglang.launch_server ARGS`, which appends `--api-key` from
+    # the environment inside the process (test_launcher.py shows it reaching SGLang's argv)
+    assert cmd[1:4] == ["-m", KEYED_LAUNCHER, "sglang.launch_server"] and "k" not in cmd
+    args = parser.parse_args([*cmd[4:], "--api-key", "k"])
     assert (args.model_path, args.port, args.tp_size, args.base_gpu_id) == ("/m", 30001, 2, 2)
     assert args.mem_fraction_static == 0.7 and args.context_length == 512
     assert args.enable_memory_saver is True and args.api_key == "k"

@@ -12,20 +12,26 @@ from typing import Any
 
 import pytest
 
-from agentrl.cluster.engine_group import ServerSpec, server_cmd
+from agentrl.cluster.engine_group import ServerSpec, server_cmd, server_env
 from agentrl.config import EngineConfig
-from agentrl.engine.sglang.launcher import free_ports, server_command
+from agentrl.engine.sglang.launcher import KEYED_LAUNCHER, free_ports, server_command
 from tests.support.sglang_real import REPO_ROOT
 
 LAUNCH_PREFIX = ["-m", "sglang.launch_server"]
 
 
-def parsed_by_sglang(cmd: list[str]) -> dict[str, Any]:
-    """SGLang's ServerArgs for agentrl's `python -m sglang.launch_server ARGS` command."""
-    assert cmd[1:3] == LAUNCH_PREFIX, cmd
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+def parsed_by_sglang(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+    """SGLang's ServerArgs for agentrl's `python -m sglang.launch_server ARGS` command; a keyed
+    one (`python -m KEYED_LAUNCHER sglang.launch_server ARGS`, the key in `env`) runs through
+    the keyed launcher as it would, only the module is the harness."""
+    keyed = cmd[1:4] == ["-m", KEYED_LAUNCHER, LAUNCH_PREFIX[1]]
+    assert keyed or cmd[1:3] == LAUNCH_PREFIX, cmd
+    launcher = ["-m", KEYED_LAUNCHER] if keyed else []
+    args = cmd[4:] if keyed else cmd[3:]
+    env = dict(env or os.environ, PYTHONPATH=str(REPO_ROOT))
     out = subprocess.run(
-        [sys.executable, "-m", "tests.engine.sglang_real.harness", "--print-server-args", *cmd[3:]],
+        [sys.executable, *launcher, *(["-m"] if not keyed else []),
+         "tests.engine.sglang_real.harness", "--print-server-args", *args],
         capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=300,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
@@ -45,8 +51,10 @@ def spec(model_path: str, **overrides: Any) -> ServerSpec:
 @pytest.mark.parametrize("is_colocated", [True, False])
 def test_the_engine_groups_command_line(is_colocated: bool, smollm2_path: str) -> None:
     """(SGLang 0.5.15 reads the model's config while parsing: a real checkpoint.)"""
-    cmd = server_cmd(spec(smollm2_path, is_colocated=is_colocated, api_key="k3y"), 31000)
-    args = parsed_by_sglang(cmd)
+    keyed = spec(smollm2_path, is_colocated=is_colocated, api_key="k3y")
+    cmd = server_cmd(keyed, 31000)
+    assert "k3y" not in cmd  # off the command line (`ps`): the keyed launcher adds it inside
+    args = parsed_by_sglang(cmd, server_env(keyed))
     assert args["model_path"] == smollm2_path
     assert (args["host"], args["port"]) == ("127.0.0.1", 31000)
     assert args["tp_size"] == 2 and args["base_gpu_id"] == 2
