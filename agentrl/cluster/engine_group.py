@@ -119,10 +119,6 @@ class EngineServer(ManagedProcess):
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 
-    def api_key(self) -> str | None:
-        """The key this server wants (the group's clients send it)."""
-        return self.spec.api_key
-
 
 class ServedEngineGroup(RoutedEngine):
     """The run's `EngineGroup` on Ray: a `RoutedEngine` over the servers of the actors (the
@@ -137,7 +133,7 @@ class ServedEngineGroup(RoutedEngine):
         *,
         api_key: str | None = None,
     ) -> None:
-        """`api_key`: the key the servers want (`start` asks them), else the config's."""
+        """`api_key`: the key the servers want (`engine_api_key`), else the config's."""
         self.actors, self.urls, self.cfg, self.plan = actors, urls, cfg, plan
         self.api_key = api_key or resolve_api_key(cfg.engine)
         # the clients' copy of the engine section carries the key; the run's config does not
@@ -155,9 +151,11 @@ class ServedEngineGroup(RoutedEngine):
         self.engine = GatedEngine(self)
 
     @classmethod
-    async def start(cls, actors: list[Any], cfg: RunConfig, plan: BundlePlan) -> ServedEngineGroup:
+    async def start(
+        cls, actors: list[Any], cfg: RunConfig, plan: BundlePlan, *, api_key: str | None = None
+    ) -> ServedEngineGroup:
         urls = await asyncio.gather(*(a.start.remote() for a in actors))
-        group = cls(actors, list(urls), cfg, plan, api_key=await actors[0].api_key.remote())
+        group = cls(actors, list(urls), cfg, plan, api_key=api_key)
         versions = {await c.get_weight_version() for c in group.clients}
         if len(versions) != 1:
             raise RuntimeError(f"engine servers started with different weight versions {versions}")
@@ -221,9 +219,10 @@ def start_engine_actors(
     bundles: list[BundleInfo],
     model_path: str,
     reserves: list[int],
+    api_key: str | None,
 ) -> list[Any]:
-    """One engine actor per engine; a colocated one leaves `reserves[rank]` bytes for the
-    trainer rank on its GPU."""
+    """One engine actor per engine, each wanting `api_key` (`engine_api_key`); a colocated one
+    leaves `reserves[rank]` bytes for the trainer rank on its GPU."""
     import ray
 
     # engine_server=sglang: RayCluster.start found the package before anything started
@@ -236,13 +235,9 @@ def start_engine_actors(
     log_dir.mkdir(parents=True, exist_ok=True)
     actor_cls = ray.remote(EngineServer)
     actors = []
-    driver_ip = ray.util.get_node_ip_address()
-    # On the driver's node: loopback only. Elsewhere: the node's address, for the driver.
-    firsts = [bundles[members[0]] for members in placement.engine_bundles]
-    hosts = ["127.0.0.1" if b.node_ip == driver_ip else b.node_ip for b in firsts]
-    api_key = engine_api_key(cfg, hosts)
+    hosts = engine_hosts(placement, bundles)
     for e, members in enumerate(placement.engine_bundles):
-        first, host = firsts[e], hosts[e]
+        first, host = bundles[members[0]], hosts[e]
         is_local = host == "127.0.0.1"
         spec = ServerSpec(
             index=e,
@@ -274,6 +269,16 @@ def start_engine_actors(
             ).remote(spec)
         )
     return actors
+
+
+def engine_hosts(placement: BundlePlan, bundles: list[BundleInfo]) -> list[str]:
+    """Where each engine server listens: on the driver's node, loopback only; elsewhere, the
+    node's address (the driver reaches it there)."""
+    import ray
+
+    driver_ip = ray.util.get_node_ip_address()
+    firsts = [bundles[members[0]] for members in placement.engine_bundles]
+    return ["127.0.0.1" if b.node_ip == driver_ip else b.node_ip for b in firsts]
 
 
 def engine_api_key(cfg: RunConfig, hosts: list[str]) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib.util
 import logging
 import os
@@ -13,7 +14,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from agentrl.cluster import reaper
-from agentrl.cluster.engine_group import ServedEngineGroup, start_engine_actors
+from agentrl.cluster.engine_group import (
+    ServedEngineGroup,
+    engine_api_key,
+    engine_hosts,
+    start_engine_actors,
+)
 from agentrl.cluster.placement import (
     BundleInfo,
     BundlePlan,
@@ -152,14 +158,22 @@ class RayCluster:
         await asyncio.gather(*(r.pad_id.remote() for r in ranks))  # every rank built its model
         return ranks
 
+    @functools.cached_property
+    def engine_api_key(self) -> str | None:
+        """The engine servers' key, decided once (`engine_api_key`): the trainer ranks' specs
+        and the servers take it from here."""
+        return engine_api_key(self.cfg, engine_hosts(self.plan, self.bundles))
+
     async def start_engines(self, model_path: str, reserves: list[int]) -> ServedEngineGroup:
         """The engine servers, healthy, and their group; `reserves[rank]`: what a colocated
         engine leaves for the trainer rank on its GPU."""
         servers = start_engine_actors(
-            self.cfg, self.plan, self.pg, self.bundles, model_path, reserves
+            self.cfg, self.plan, self.pg, self.bundles, model_path, reserves, self.engine_api_key
         )
         self.actors.extend(servers)
-        return await ServedEngineGroup.start(servers, self.cfg, self.plan)
+        return await ServedEngineGroup.start(
+            servers, self.cfg, self.plan, api_key=self.engine_api_key
+        )
 
     def release(self) -> None:
         import ray

@@ -8,7 +8,6 @@ import logging
 
 from agentrl.config import RunConfig
 from agentrl.config_checks import trainer_uses_cuda, uses_ray
-from agentrl.engine.sglang.protocol import resolve_api_key
 from agentrl.run.engines import InProcessEngines
 from agentrl.run.runtime import Runtime, make_placement, worker_spec
 from agentrl.run.trainer_worker import TrainerGroup, TrainerWorker
@@ -67,7 +66,7 @@ async def start_on_ray(cfg: RunConfig, model_path: str, num_optimizer_steps: int
         plan = cluster.plan
         specs = [
             worker_spec(cfg, model_path, num_optimizer_steps, shares_gpu=plan.is_colocated,
-                        api_key=resolve_api_key(cfg.engine), **slot)
+                        api_key=cluster.engine_api_key, **slot)
             for slot in await cluster.rank_slots()
         ]  # fmt: skip
         trainer = TrainerGroup(await cluster.start_ranks(TrainerWorker, specs), is_remote=True)

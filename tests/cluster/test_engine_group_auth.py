@@ -60,7 +60,7 @@ def test_a_server_on_another_node_gets_a_key_made_for_the_run(monkeypatch):
 
 
 async def test_the_groups_clients_send_the_servers_key(monkeypatch):
-    """The key the servers were started with (asked of the actors), not only the config's."""
+    """The key the servers were started with (a made one too), not only the config's."""
     monkeypatch.delenv("AGENTRL_API_KEY", raising=False)
     cfg = RunConfig()
     cfg.cluster.use_sglang_router = False
