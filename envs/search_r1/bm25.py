@@ -41,6 +41,12 @@ def read_corpus(path: str | Path) -> list[Document]:
                     f"corpus {path} line {line_no}: expected a JSON object with 'id' and 'contents' "
                     f'("\\"Title\\"\\ntext"), got {line[:80]!r} ({e})'
                 ) from None
+            if not isinstance(docs[-1].contents, str):  # the tokenizer would fail far from here
+                raise ValueError(
+                    f"corpus {path} line {line_no}: 'contents' is {row['contents']!r:.40} (a "
+                    f"{type(row['contents']).__name__}), not text; write it as a JSON string "
+                    '("\\"Title\\"\\ntext")'
+                )
     if not docs:
         raise ValueError(
             f"corpus {path} has no documents; expected JSONL rows with 'id' and 'contents'"
@@ -83,7 +89,7 @@ class BM25Index:
         index_dir = Path(cache_dir) if cache_dir else cache_root() / "bm25" / key
         if (index_dir / "params.index.json").exists():
             return cls(bm25s.BM25.load(str(index_dir), show_progress=False), documents)
-        model = _build(documents, show_progress=show_progress)
+        model = _build(documents, show_progress=show_progress, corpus=corpus)
         _save_atomically(model, index_dir)
         return cls(model, documents)
 
@@ -125,7 +131,7 @@ def _scored(doc: Document, score: float) -> Document:
     return Document(id=doc.id, contents=doc.contents, score=score)
 
 
-def _build(documents: list[Document], *, show_progress: bool):
+def _build(documents: list[Document], *, show_progress: bool, corpus: str | Path = ""):
     bm25s = _bm25s()
 
     stemmer = _stemmer()
@@ -138,6 +144,11 @@ def _build(documents: list[Document], *, show_progress: bool):
                 chunk, stopwords="en", stemmer=stemmer, return_ids=False, show_progress=False
             )
             progress.advance(task, len(chunk))
+        if not any(tokens):  # bm25s fails on an empty vocabulary with `max() arg is an empty ...`
+            raise ValueError(
+                f"corpus {corpus}: its {len(documents)} document(s) hold no word BM25 can index "
+                "(only English stop words or punctuation); add documents with content words"
+            )
         progress.add_task("BM25: indexing", total=None)
         model = bm25s.BM25()
         model.index(tokens, show_progress=False)
