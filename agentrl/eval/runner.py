@@ -170,17 +170,18 @@ async def _run_pending(
     path: Path,
     progress: bool | RunProgress,
 ) -> dict[str, list[Trajectory]]:
-    """Run the tasks; each group is appended to `path` as soon as its k-th episode ends
-    (when episodes carry their task id), else when `run_groups` returns."""
+    """Run the tasks; each group is appended to `path` as soon as its k-th episode ends, one
+    trajectory per episode (an agent's last segment), when episodes carry their task id, else
+    when `run_groups` returns. The groups as saved: a resumed run reads back the same."""
     ids = {t.id for t in tasks}
     buffers: dict[str, list[Trajectory]] = {}
-    written: set[str] = set()
+    written: dict[str, list[Trajectory]] = {}
 
     def save(task_id: str, group: list[Trajectory]) -> None:
         for traj in group:
             traj.task = {**traj.task, "id": task_id}
         write_jsonl(str(path), group, append=True)
-        written.add(task_id)
+        written[task_id] = group
 
     cfg = getattr(runner, "cfg", None)  # the token budget of these episodes: an ETA bound
     budget = len(tasks) * k * cfg.max_turns * cfg.rollout_max_response_len if cfg else None
@@ -202,7 +203,7 @@ async def _run_pending(
     for task, group in zip(tasks, groups, strict=True):
         if task.id not in written:
             save(task.id, list(group))
-    return {task.id: list(group) for task, group in zip(tasks, groups, strict=True)}
+    return written
 
 
 @contextmanager

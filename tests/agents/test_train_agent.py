@@ -4,6 +4,8 @@ tiny model) token for token, and runs unchanged against `agentrl serve` (only th
 from __future__ import annotations
 
 import asyncio
+import itertools
+import math
 from pathlib import Path
 
 import pytest
@@ -134,3 +136,34 @@ def test_agentrl_eval_runs_the_agent_given_by_agent_flag(tiny_model_path, tmp_pa
     trajs = read_jsonl(str(tmp_path / "eval" / "eval_trajectories.jsonl"))
     assert len(trajs) == 4 and "completed 100.0%" in result.output
     assert all(t.num_turns == 3 and t.status is EpisodeStatus.COMPLETED for t in trajs)
+
+
+_PAYOUTS = itertools.cycle([math.nan, 1.0, math.inf, 0.0])
+
+
+async def non_finite_agent(task, client) -> float:
+    """One call, then a reward from NaN, 1, inf, 0 in turn: half the episodes pay no number."""
+    await client.chat.completions.create(
+        model="p", messages=[{"role": "user", "content": task.data["question"]}], max_tokens=4
+    )
+    return next(_PAYOUTS)
+
+
+@pytest.mark.slow
+def test_nan_and_inf_rewards_end_episodes_error_and_the_step_and_eval_finish(
+    tiny_model_path, tmp_path
+):
+    cfg = _config(
+        tiny_model_path, tmp_path / "run", "tests.agents.test_train_agent:non_finite_agent"
+    )
+    cfg.train.num_rollout = 1
+    cfg.eval.num_eval_tasks = 2
+    cfg.checkpoint.save_interval = 1
+    result = train(cfg)
+    assert result.num_steps == 1 and result.evals
+    trajs = read_jsonl(str(tmp_path / "run" / "rollouts" / "step_000001.jsonl"))
+    errors = [t for t in trajs if t.status is EpisodeStatus.ERROR]
+    assert len(errors) == 2 and all(t.reward == 0.0 for t in errors)
+    assert {t.info["non_finite_reward"] for t in errors} == {"nan", "inf"}
+    assert all(math.isfinite(t.reward) for t in trajs)
+    assert (tmp_path / "run" / "checkpoints" / "step_000001").is_dir()

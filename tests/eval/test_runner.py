@@ -200,3 +200,25 @@ async def test_stored_episodes_with_a_non_finite_reward_are_repaired_as_error(
 
 def _refuse(constant: str) -> float:
     raise AssertionError(f"{constant} is still in the file")
+
+
+async def test_an_agents_episodes_of_several_segments_count_once(smollm2_path, tmp_path) -> None:
+    """k episodes per task, whatever the segments: the report and the file hold k, the same
+    fresh and resumed."""
+    from agentrl.config import RolloutConfig
+    from agentrl.rollout.group import RolloutRunner
+    from tests.rollout.conftest import ScriptedEngine, ToolEnv, load_tokenizer
+    from tests.rollout.test_group import two_conversations
+
+    engine = ScriptedEngine(load_tokenizer(smollm2_path), ["ok"])
+    cfg = RolloutConfig(max_turns=3, rollout_max_response_len=16)
+    runner = RolloutRunner(engine, ToolEnv, cfg, agent=two_conversations)
+    kwargs = dict(k=2, temperature=1.0, out_dir=tmp_path, progress=False)
+    try:
+        fresh = await evaluate(runner, make_tasks(2), **kwargs)
+    finally:
+        await runner.close()
+    resumed = await evaluate(FakeRunner(), make_tasks(2), **kwargs)
+    saved = read_jsonl(str(tmp_path / "eval_trajectories.jsonl"))
+    assert len(saved) == fresh.num_episodes == resumed.num_episodes == 4
+    assert {t.info["segment"] for t in saved} == {1} and len({t.episode_id for t in saved}) == 4
