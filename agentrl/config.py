@@ -423,10 +423,12 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
 
 def recipe_calculator() -> RunConfig:
     """A CPU-sized run on the built-in calculator env with the bundled SmolLM2-135M.
-    Temperature 0.8: at 1.0 a 135M model's samples are mostly noise, so groups carry little signal."""
+    Temperature 0.8: at 1.0 a 135M model's samples are mostly noise, so groups carry little signal.
+    Three turns: a tool call, a retry after a tool error, the answer (README's OpenAI-client agent
+    makes up to three calls, and needed `--set rollout.max_turns=3` before)."""
     return RunConfig(
         env=EnvConfig(id="calculator"),
-        rollout=RolloutConfig(rollout_batch_size=8, n_samples_per_prompt=4, max_turns=2,
+        rollout=RolloutConfig(rollout_batch_size=8, n_samples_per_prompt=4, max_turns=3,
                               rollout_max_response_len=64, rollout_temperature=0.8),
         train=TrainConfig(num_rollout=12, lr=5e-6),
         checkpoint=CheckpointConfig(save="runs/calculator", save_interval=4),

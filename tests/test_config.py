@@ -171,3 +171,11 @@ def test_resolved_fills_tis_from_async_and_leaves_the_config_as_given():
     assert resolved(RunConfig()).algo.use_tis is False
     kept = apply_overrides(RunConfig(), ["train.use_async=true", "algo.use_tis=false"])
     assert resolved(kept).algo.use_tis is False
+
+
+def test_calculator_recipe_carries_what_the_readme_agent_needs() -> None:
+    """README's OpenAI-client agent makes up to three calls: the recipe allows three turns, so
+    `agentrl train --env calculator --agent my_agent:run` needs no --set."""
+    from agentrl.config import recipe_calculator
+
+    assert recipe_calculator().rollout.max_turns == 3

@@ -37,7 +37,9 @@ def eval_command(
     num_tasks: Annotated[
         int | None,
         typer.Option(
-            "--num-tasks", help="Evaluate the first N tasks (default eval.num_eval_tasks)."
+            "--num-tasks",
+            help="Evaluate the first N tasks (default: every row of --data, else "
+            "eval.num_eval_tasks).",
         ),
     ] = None,
     temperature: Annotated[
@@ -142,8 +144,14 @@ def build_config(
         "eval.temperature": temperature,
     }
     cfg = config_from_flags(env, values, overrides or [])  # -k 0 is out of eval.n_samples' range
+    if data is not None and num_tasks is None and not _sets(overrides, "eval.num_eval_tasks"):
+        cfg.eval.num_eval_tasks = None  # the user's file is evaluated whole, not the recipe's 64
     check_run(cfg)
     return cfg
+
+
+def _sets(overrides: list[str] | None, key: str) -> bool:
+    return any(item.split("=", 1)[0].strip() == key for item in overrides or [])
 
 
 def checkpoint_model_dir(checkpoint: Path) -> Path:

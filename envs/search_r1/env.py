@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from agentrl_envs.search_r1 import embedded, tasks
+from agentrl_envs.search_r1 import embedded, natural, tasks
 from agentrl_envs.search_r1.bm25 import BM25Retriever
 from agentrl_envs.search_r1.http_client import HTTPRetriever, RetrieverUnavailableError
 from agentrl_envs.search_r1.protocol import (
@@ -37,40 +37,47 @@ from agentrl.types import Message, StatusReason, Task, ToolCall
 
 _RETRIEVERS: dict[tuple[str, ...], Retriever] = {}
 
-# The prompt and the worked episode of `demonstration=True` show the policy that works at
-# 135M: search with the question as written (BM25's top-1 title is the gold answer for 95% of
-# the embedded test questions), then answer in a few words from Doc 1. With the paper's
-# prompt and a worked episode that opened with <think>, the model (greedy) wrote the <think>
-# block and ended its turn without searching in 10 of 10 test questions, or answered from the
-# question's own words. The instruction comes after the question (the model follows what it
-# read last): first turns that searched, of 32 sampled at temperature 0.7 (8 test questions)
-# and 8 greedy: 6% / 0% with it before the question, 38% / 100% after; 0% / 0% with no
-# worked episode; 31% / 50% asking for "the name it gives", 3 of 8 greedy for "the answer, in
-# a few words". The title is what the embedded questions ask for (the subject of an article):
-# for other data pass a prompt_template of its own (the paper's is `protocol.PROMPT_TEMPLATE`).
-BRIEF_PROMPT_TEMPLATE = (
+# The recipe's prompt and the worked episode of `demonstration=True` show the policy that works
+# at 135M: search with the question as written, then read the answer out of the documents and
+# give it in a few words. The instruction comes after the question (the model follows what it
+# read last): measured with the earlier title prompt, 0 of 8 greedy first turns searched with
+# the instruction before the question, 8 of 8 with it after.
+# The worked episode's answer is a span of Doc 1's text, not its title: the previous recipe's
+# "reply with its title" taught a 135M policy to copy Doc 1's title for every question (EM
+# 0.082 -> 0.086 on 220 natural questions). For a base model use the paper's prompt
+# (`protocol.PROMPT_TEMPLATE`, the default of the env).
+ANSWER_PROMPT_TEMPLATE = (
     "Question: {question}\nFirst search for the question: reply with <search> and the question "
-    "</search>. When the top document comes back, reply with its title between <answer> and "
-    "</answer>.\n"
+    "</search>. When the documents come back, find the answer in them and reply with it in a "
+    "few words between <answer> and </answer>.\n"
 )
 SEARCH_FIRST_HINT = (
     "\nMy previous action is invalid. I should first search by writing <search> and the "
-    "question </search>, then give the top document's title between <answer> and </answer>.\n"
+    "question </search>, then give the answer in a few words from the documents between "
+    "<answer> and </answer>.\n"
 )
 """The recipe's invalid-action hint: on one H100, first turns that went wrong and then searched
 after Search-R1's own hint were among the few right answers of step 1."""
-DEMONSTRATION_QUESTION = (
-    'What is the subject of this description: "___ is the capital and largest city of France." '
-    "(Capital city of France)"
+DEMONSTRATION_QUESTION = "Which river does Paris stand on?"
+DEMONSTRATION_DOCUMENTS: tuple[str, ...] = (
+    '"Paris"\nParis is the capital and largest city of France. It stands on the Seine river, in '
+    "the north of the country.",
+    '"France"\nFrance is a country in Western Europe. Its capital is Paris.',
+    '"Loire"\nThe Loire is the longest river in France.',
 )
-DEMONSTRATION_DOCUMENT = (
-    '"Paris"\nParis is the capital and largest city of France. It is on the Seine river.'
-)
-DEMONSTRATION_TURNS: tuple[tuple[str, str], ...] = (
-    ("assistant", f"<search> {DEMONSTRATION_QUESTION}? </search>"),
-    ("tool", format_observation(format_documents([DEMONSTRATION_DOCUMENT]))),
-    ("assistant", "<answer> Paris </answer>"),
-)
+"""The worked episode's documents; it shows as many as the env's `topk`."""
+DEMONSTRATION_ANSWER = "Seine"
+
+
+def demonstration_turns(topk: int) -> tuple[tuple[str, str], ...]:
+    """(role, text) of the worked episode after its question: search with the question, the
+    top `topk` documents, the answer read from Doc 1's text."""
+    documents = format_documents(list(DEMONSTRATION_DOCUMENTS[:topk]))
+    return (
+        ("assistant", f"<search> {DEMONSTRATION_QUESTION} </search>"),
+        ("tool", format_observation(documents)),
+        ("assistant", f"<answer> {DEMONSTRATION_ANSWER} </answer>"),
+    )
 
 
 def shared_retriever(kind: str, *, url: str | None = None, corpus: str | None = None) -> Retriever:
@@ -97,11 +104,13 @@ class SearchR1Env(AgentEnv):
     times; one more turn follows without search, for the final `<answer>`.
 
     Reward (`reward=`): "em" (SQuAD exact match of the last `<answer>` of the response),
-    "f1", "format" (Search-R1's format-aware score), or "f1_format" (0.9 x token F1 plus
-    `format_weight` for an answer given after a search, see `reward.f1_with_format`).
+    "f1", "format" (Search-R1's format-aware score), "f1_format" (0.9 x token F1 plus
+    `format_weight` for an answer given after a search, see `reward.f1_with_format`) or
+    "em_f1_format" (exact match leads, F1 pays at most half for a near miss: `reward.em_led`).
     Retrieval: the embedded BM25 index (`retriever="bm25"`, optionally over `corpus=PATH`) or
     any Search-R1 server (`retriever_url="http://127.0.0.1:8000"`). `demonstration=True` puts
-    one worked episode (search with the question, one document, a one-word answer) before the
+    one worked episode (search with the question, `topk` documents, a one-word answer read
+    from Doc 1's text) before the
     question as chat turns: small instruct models otherwise never write the tags (the paper's
     prompt alone is the default). `lenient_search=True` takes a turn that opens `<search>` and
     closes it with another tag (`</answer>`) or not at all as a search: the bundled model did
@@ -217,7 +226,7 @@ class SearchR1Env(AgentEnv):
         if not self.use_demonstration:
             return []
         question = make_prompt(DEMONSTRATION_QUESTION, self.prompt_template)
-        turns = [Message(role=role, content=text) for role, text in DEMONSTRATION_TURNS]
+        turns = [Message(role=role, content=text) for role, text in demonstration_turns(self.topk)]
         return [Message(role="user", content=question), *turns]
 
     async def _warm_up(self) -> None:
@@ -314,19 +323,21 @@ class SearchR1Env(AgentEnv):
 
     @classmethod
     def load_tasks(cls, split: str, **kwargs: Any) -> list[Task]:
-        """The embedded splits: "train", "dev", "test" (generated on first use, see `embedded`)."""
-        if split not in embedded.SPLITS:
+        """The shipped natural-question splits "train", "dev", "test" (written by hand over the
+        bundled corpus, see `natural`), or the generated title look-ups "titles-train",
+        "titles-dev", "titles-test" (see `embedded`)."""
+        if split in natural.SPLITS:
+            rows = natural.read_split(split)
+        elif split in embedded.TITLE_SPLITS:
+            seed = kwargs.get("seed", embedded.DEFAULT_SEED)
+            path = Path(embedded.ensure_embedded(seed)) / f"{split.removeprefix('titles-')}.jsonl"
+            rows = embedded.read_jsonl(path)
+        else:
+            names = ", ".join((*natural.SPLITS, *embedded.TITLE_SPLITS))
             raise ValueError(
-                f"split={split!r}: search_r1 ships {', '.join(embedded.SPLITS)}; pass a data file for others"
+                f"split={split!r}: search_r1 ships {names}; pass a data file for others"
             )
-        path = (
-            Path(embedded.ensure_embedded(kwargs.get("seed", embedded.DEFAULT_SEED)))
-            / f"{split}.jsonl"
-        )
-        return [
-            tasks.task_from_row(row, index=i, split=split)
-            for i, row in enumerate(embedded.read_jsonl(path))
-        ]
+        return [tasks.task_from_row(row, index=i, split=split) for i, row in enumerate(rows)]
 
     @classmethod
     def task_from_row(

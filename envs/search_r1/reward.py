@@ -15,9 +15,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-RewardKind = Literal["em", "f1", "format", "f1_format"]
-REWARD_KINDS: tuple[str, ...] = ("em", "f1", "format", "f1_format")
+RewardKind = Literal["em", "f1", "format", "f1_format", "em_f1_format"]
+REWARD_KINDS: tuple[str, ...] = ("em", "f1", "format", "f1_format", "em_f1_format")
 DEFAULT_FORMAT_WEIGHT = 0.1
+PARTIAL_CREDIT = 0.5
+"""What token F1 pays at most in `em_f1_format` when the answer is not an exact match."""
 
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _INFORMATION_RE = re.compile(r"<information>(.*?)</information>", re.DOTALL)
@@ -123,6 +125,8 @@ class RewardBreakdown:
     format: float
     f1_format: float
     """`(1 - w) * f1 + w * (answered after a search)`: see `f1_with_format`."""
+    em_f1_format: float
+    """`(1 - w) * (em or PARTIAL_CREDIT * f1) + w * (answered after a search)`: see `em_led`."""
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -151,6 +155,7 @@ def score_response(
         is_retrieved,
         _format_score(answer, em, is_valid, is_retrieved, scores),
         f1_with_format(f1, answer is not None and has_searched(transcript), format_weight),
+        em_led(em, f1, answer is not None and has_searched(transcript), format_weight),
     )
 
 
@@ -186,10 +191,23 @@ def f1_with_format(f1: float, is_protocol: bool, weight: float = DEFAULT_FORMAT_
     return (1.0 - weight) * f1 + weight * float(is_protocol)
 
 
+def em_led(em: float, f1: float, is_protocol: bool, weight: float = DEFAULT_FORMAT_WEIGHT) -> float:
+    """Exact match leads: an exact answer earns 1 (before the format term), any other answer at
+    most `PARTIAL_CREDIT` x its token F1, so a near miss (a name in a sentence, a surname for a
+    full name) still ranks above a wrong answer inside a GRPO group without ever tying with
+    the exact one; `weight` pays for an `<answer>` given after a search (as `f1_with_format`).
+    The best inexact answer earns (1 - w) * 0.5 + w = 0.55 at w = 0.1, an exact one 1.0."""
+    if not 0.0 <= weight < 0.5:
+        raise ValueError(f"format_weight={weight}: use 0 <= format_weight < 0.5 (e.g. 0.1)")
+    correctness = 1.0 if em else PARTIAL_CREDIT * f1
+    return (1.0 - weight) * correctness + weight * float(is_protocol)
+
+
 def pick_reward(breakdown: RewardBreakdown, kind: RewardKind) -> float:
     return {
         "em": breakdown.em,
         "f1": breakdown.f1,
         "format": breakdown.format,
         "f1_format": breakdown.f1_format,
+        "em_f1_format": breakdown.em_f1_format,
     }[kind]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,19 +19,31 @@ def task_from_row(
     index: int,
     input_key: str | None = None,
     label_key: str | None = None,
-    split: str = "train",
+    split: str | None = None,
 ) -> Task:
     """Accepts `question` or `prompt` (a chat list or a string; a Search-R1 prompt gives back
-    its question) and `golden_answers` or `reward_model.ground_truth.target`."""
+    its question) and `golden_answers` or `reward_model.ground_truth.target`. The task keeps
+    the row's own id: `id` (FlashRAG, the shipped splits), else `data_source`, `extra_info.split`
+    and `extra_info.index` (Search-R1's parquet), else the row's place in its file."""
     question, prompt = _read_question(row, index, input_key)
     answers = _read_answers(row, index, label_key)
     data: dict[str, Any] = {"question": question, "golden_answers": answers}
     if prompt is not None:
         data["prompt"] = prompt  # not in Search-R1's shape: used verbatim as the user message
-    if "data_source" in row:
-        data["data_source"] = row["data_source"]
-    task_id = row.get("id") if isinstance(row.get("id"), (str, int)) else f"{split}-{index}"
-    return Task(id=str(task_id), data=data, split=split)
+    for key in ("data_source", "titles", "hops"):  # where a row came from, kept for analysis
+        if key in row:
+            data[key] = row[key]
+    return Task(id=_row_id(row, index, split), data=data, split=split or "train")
+
+
+def _row_id(row: dict[str, Any], index: int, split: str | None) -> str:
+    if isinstance(row.get("id"), (str, numbers.Integral)) and str(row["id"]).strip():
+        return str(row["id"])
+    extra = row.get("extra_info")
+    if isinstance(extra, dict) and isinstance(extra.get("index"), numbers.Integral):
+        parts = [row.get("data_source"), extra.get("split"), str(extra["index"])]
+        return "-".join(str(p) for p in parts if p)
+    return f"{split or 'row'}-{index}"
 
 
 def _read_question(

@@ -32,6 +32,18 @@ def test_build_config_applies_flags_then_overrides(tmp_path) -> None:
     assert cfg.rollout.max_turns == 2
 
 
+def test_a_data_file_is_evaluated_whole_unless_num_tasks_says_fewer(tmp_path) -> None:
+    """The recipe's eval.num_eval_tasks (64 for search_r1) caps the env's own split, never a
+    file the user passed: `eval --data FILE` used to evaluate its first 64 rows silently."""
+    data = tmp_path / "tasks.jsonl"
+    data.write_text("{}\n")
+    assert build_config("search_r1").eval.num_eval_tasks == 64
+    assert build_config("search_r1", data=data).eval.num_eval_tasks is None
+    assert build_config("search_r1", data=data, num_tasks=5).eval.num_eval_tasks == 5
+    capped = build_config("search_r1", data=data, overrides=["eval.num_eval_tasks=9"])
+    assert capped.eval.num_eval_tasks == 9
+
+
 def test_build_config_errors_name_the_problem(tmp_path) -> None:
     with pytest.raises(ValueError, match="--checkpoint and --model"):
         build_config("calculator", checkpoint=tmp_path, model="m")

@@ -5,7 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from agentrl_envs.search_r1.env import DEMONSTRATION_QUESTION, SEARCH_FIRST_HINT, SearchR1Env
+from agentrl_envs.search_r1.env import (
+    DEMONSTRATION_ANSWER,
+    DEMONSTRATION_DOCUMENTS,
+    DEMONSTRATION_QUESTION,
+    SEARCH_FIRST_HINT,
+    SearchR1Env,
+    demonstration_turns,
+)
 from agentrl_envs.search_r1.protocol import INVALID_ACTION_HINT, make_prompt
 
 from agentrl.envs import make
@@ -74,22 +81,28 @@ async def test_reward_options(corpus_path: Path, reward: str, expected: float) -
     assert result.reward == pytest.approx(expected)
 
 
-async def test_recipe_pays_f1_with_a_small_format_term_and_counts_searches(
-    corpus_path: Path,
-) -> None:
+async def test_recipe_leads_with_exact_match_and_counts_searches(corpus_path: Path) -> None:
     from agentrl.config import recipe_for_env
 
     kwargs = {**recipe_for_env("search_r1").env.kwargs, "demonstration": False}
-    assert kwargs["reward"] == "f1_format" and kwargs["topk"] == 1
+    assert kwargs["reward"] == "em_f1_format"
     env = await started(corpus_path, **kwargs)
     searched = await env.step(say("<search> capital of France </search>"))
-    assert searched.observation[0].content.count("Doc ") == 1  # top-1 only
-    wrapped = await env.step(say("<answer> it is Paris </answer>"))  # F1 2/4: 0.9 * 0.5 + 0.1
-    assert wrapped.reward == pytest.approx(0.55)
+    assert 1 <= searched.observation[0].content.count("Doc ") <= kwargs["topk"]
+    exact = await env.step(say("<answer> Paris </answer>"))
+    assert exact.reward == pytest.approx(1.0) and exact.info["correct"] is True
+    env = await started(corpus_path, **kwargs)
+    await env.step(say("<search> capital of France </search>"))
+    wrapped = await env.step(say("<answer> it is Paris </answer>"))  # F1 1/2: 0.9 * 0.25 + 0.1
+    assert wrapped.reward == pytest.approx(0.325)
     parts = wrapped.info["reward_components"]
     assert parts["em"] == 0.0 and parts["f1"] == pytest.approx(0.5)
     assert parts["searches"] == 1 and parts["searched"] is True
     assert wrapped.info["correct"] is False
+    env = await started(corpus_path, **kwargs)
+    unsearched = await env.step(say("<answer> Paris </answer>"))  # right without a search
+    assert unsearched.reward == pytest.approx(0.9)
+    assert wrapped.reward < unsearched.reward < exact.reward
     env = await started(corpus_path, **kwargs)
     wrong = await env.step(say("<answer> Lyon </answer>"))  # a guess, no search: nothing
     assert wrong.reward == 0.0
@@ -105,6 +118,24 @@ async def test_recipe_pays_f1_with_a_small_format_term_and_counts_searches(
     assert last.info["reward_components"]["is_answered"] is False
 
 
+def test_recipe_never_asks_for_a_title() -> None:
+    """The recipe's prompt, hint and worked episode ask for the answer read from the
+    documents: the title prompt taught a 135M policy to copy Doc 1's title for every question."""
+    from agentrl.config import recipe_for_env
+
+    kwargs = recipe_for_env("search_r1").env.kwargs
+    turns = demonstration_turns(3)
+    texts = [kwargs["prompt_template"], kwargs["invalid_action_hint"], DEMONSTRATION_QUESTION]
+    texts += [text for role, text in turns if role == "assistant"]
+    assert not [t for t in texts if "title" in t.lower()]
+    assert "answer" in kwargs["prompt_template"] and "documents" in kwargs["prompt_template"]
+    answer = turns[-1][1]
+    assert answer == f"<answer> {DEMONSTRATION_ANSWER} </answer>"
+    first_doc = DEMONSTRATION_DOCUMENTS[0]
+    title, text = first_doc.split("\n", 1)
+    assert DEMONSTRATION_ANSWER in text and DEMONSTRATION_ANSWER not in title
+
+
 def test_format_weight_is_checked() -> None:
     with pytest.raises(ValueError, match=r"format_weight=0.7: use 0 <= format_weight < 0.5"):
         SearchR1Env(format_weight=0.7)
@@ -117,11 +148,14 @@ async def test_demonstration_is_one_worked_episode_before_the_question(
     messages, _ = await env.reset(options={"task": TASK})
     assert [m.role for m in messages] == ["user", "assistant", "tool", "assistant", "user"]
     assert messages[-1].content == make_prompt("what is the capital of France")
-    # it searches with the question as written and answers with Doc 1's title, briefly
-    assert messages[1].content == f"<search> {DEMONSTRATION_QUESTION}? </search>"
+    # it searches with the question as written and answers from Doc 1's text, briefly
+    assert messages[1].content == f"<search> {DEMONSTRATION_QUESTION} </search>"
     assert messages[2].content.startswith('\n\n<information>Doc 1(Title: "Paris")')
-    assert "Doc 2" not in messages[2].content
-    assert messages[3].content == "<answer> Paris </answer>"
+    assert "Doc 3" in messages[2].content  # as many documents as the env's topk (3)
+    assert messages[3].content == f"<answer> {DEMONSTRATION_ANSWER} </answer>"
+    one = SearchR1Env(corpus=str(corpus_path), demonstration=True, topk=1)
+    shown, _ = await one.reset(options={"task": TASK})
+    assert "Doc 2" not in shown[2].content
     # only the episode's own turns are scored: an answer-less episode still gets nothing
     for _ in range(env.max_turns + 1):
         last = await env.step(say("hmm"))

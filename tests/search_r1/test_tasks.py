@@ -39,6 +39,36 @@ def test_verl_parquet_row_gives_back_the_question() -> None:
     assert make_prompt(task.data["question"]) == row["prompt"][0]["content"]  # round trip
 
 
+def test_search_r1_parquet_rows_keep_their_own_ids(tmp_path) -> None:
+    """Search-R1's parquet (nq_search.py: data_source, prompt, reward_model, extra_info) read
+    through the data loader: every row becomes a task with the row's own id, not `train-N`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from agentrl.config import EnvConfig
+    from agentrl.data import load_tasks
+
+    rows = [
+        {
+            "data_source": "nq",
+            "prompt": [{"role": "user", "content": make_prompt(q)}],
+            "ability": "fact-reasoning",
+            "reward_model": {"style": "rule", "ground_truth": {"target": answers}},
+            "extra_info": {"split": "test", "index": i},
+        }
+        for i, (q, answers) in enumerate([("who wrote hamlet", ["Shakespeare"]), ("capital of peru", ["Lima"])])
+    ]
+    path = tmp_path / "test.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    tasks = load_tasks(EnvConfig(id="search_r1", eval_data=str(path)), "test", SearchR1Env)
+    assert [t.id for t in tasks] == ["nq-test-0", "nq-test-1"]
+    assert [t.data["golden_answers"] for t in tasks] == [["Shakespeare"], ["Lima"]]
+    assert tasks[1].data["question"] == "capital of peru?" and "prompt" not in tasks[1].data
+    flashrag = SearchR1Env.task_from_row({"id": "test_7", "question": "q", "golden_answers": ["a"]}, index=0)
+    assert flashrag.id == "test_7"
+    assert SearchR1Env.task_from_row({"question": "q", "golden_answers": ["a"]}, index=4).id == "row-4"
+
+
 def test_other_prompt_is_used_verbatim() -> None:
     row = {"prompt": [{"role": "user", "content": "Q: who?"}], "golden_answers": "me"}
     task = SearchR1Env.task_from_row(row, index=0)
@@ -102,8 +132,8 @@ def test_question_for_a_known_article() -> None:
     assert embedded.golden_answers(article.title) == ["Casablanca (film)", "Casablanca"]
 
 
-def test_embedded_splits_are_disjoint_by_article() -> None:
-    splits = {split: SearchR1Env.load_tasks(split) for split in ("train", "dev", "test")}
+def test_title_splits_are_named_and_disjoint_by_article() -> None:
+    splits = {split: SearchR1Env.load_tasks(f"titles-{split}") for split in ("train", "dev", "test")}
     assert len(splits["test"]) == embedded.NUM_TEST and len(splits["dev"]) == embedded.NUM_DEV
     assert len(splits["train"]) > 5000
     ids = {split: {t.id for t in tasks} for split, tasks in splits.items()}
@@ -112,4 +142,4 @@ def test_embedded_splits_are_disjoint_by_article() -> None:
         and not ids["train"] & ids["dev"]
         and not ids["dev"] & ids["test"]
     )
-    assert all(t.split == "test" for t in splits["test"])
+    assert all(t.split == "titles-test" for t in splits["test"])
