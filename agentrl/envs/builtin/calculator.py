@@ -215,9 +215,10 @@ def demonstration(instruction: str = CALL_FIRST) -> list[Message]:
 
 
 _EXPRESSION_FIELD = re.compile(r'"expression"\s*:\s*"([^"]*)"')
-# A run of arithmetic characters, taken whole (possessive `*+`: no backtracking, so a block of
-# `((((` is read once, not once per `(`); `_arithmetic_in` trims it to its last digit or `)`.
-_ARITHMETIC_RUN = re.compile(r"[-(\d][\d\s.+\-*/×÷^%()]*+")
+# A run of arithmetic characters, taken whole: nothing follows the `*`, so it never backtracks
+# (`...*[\d)]` did, from every `(` of a `((((` block: quadratic); `_arithmetic_in` trims the
+# run to its last digit or `)`.
+_ARITHMETIC_RUN = re.compile(r"[-(\d][\d\s.+\-*/×÷^%()]*")
 _OPERATION = re.compile(r"[\d)]\s*(?:[-+*/×÷^%])")
 
 
