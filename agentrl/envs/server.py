@@ -86,7 +86,7 @@ class SessionThread:
         self.loop.close()
 
     async def run(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
-        """`coro`'s result; `TimeoutError` past `timeout_s` (the coroutine is cancelled at its
+        """`coro`'s result; `asyncio.TimeoutError` past `timeout_s` (the coroutine is cancelled at its
         next await; code that never awaits runs on, on this thread)."""
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
@@ -303,7 +303,7 @@ def create_env_app(
                     session.env.reset(seed=body.seed, options={"task": task}), step_timeout_s
                 )
                 tools = session.env.tools.schemas()
-        except TimeoutError:
+        except asyncio.TimeoutError:  # on 3.10 not the builtin TimeoutError
             store.close(sid)
             return _error(504, f"env.reset took over {step_timeout_s:g}s (--step-timeout-s)")
         except Exception as e:
@@ -333,7 +333,7 @@ def create_env_app(
                 )  # fmt: skip
             try:
                 result = await session.runner.run(session.env.step(action), step_timeout_s)
-            except TimeoutError:
+            except asyncio.TimeoutError:  # on 3.10 not the builtin TimeoutError
                 store.close(sid)  # its thread closes the env once the step returns
                 return _error(
                     504, f"env.step took over {step_timeout_s:g}s (--step-timeout-s); session "
