@@ -86,8 +86,8 @@ class SessionThread:
         self.loop.close()
 
     async def run(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
-        """`coro`'s result; `asyncio.TimeoutError` past `timeout_s` (the coroutine is cancelled at its
-        next await; code that never awaits runs on, on this thread)."""
+        """`coro`'s result; `asyncio.TimeoutError` past `timeout_s` (the coroutine is cancelled
+        at its next await; code that never awaits runs on, on this thread)."""
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
 

@@ -10,6 +10,7 @@ import time
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 
 from agentrl.envs.base import AgentEnv, StepResult
 from agentrl.envs.builtin.calculator import CalculatorEnv
@@ -254,3 +255,29 @@ def test_a_difficulty_that_is_no_int_is_one_line(tmp_path):
 def test_env_serve_refuses_bad_options_in_one_line(flags, message):
     lines = _cli("env", "serve", "calculator", *flags)
     assert len(lines) == 1 and lines[0].startswith(message), lines
+
+
+@pytest.mark.parametrize(("host", "made"), [("0.0.0.0", True), ("127.0.0.1", False)])
+def test_env_serve_off_the_loopback_makes_a_key_and_serves_with_it(monkeypatch, host, made):
+    import re
+
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+    from agentrl.envs import server
+
+    served: dict = {}
+    monkeypatch.setattr(server, "serve_env", lambda app, **kw: served.update(app=app, **kw))
+    result = CliRunner().invoke(
+        app,
+        ["env", "serve", "calculator", "--host", host],
+        env={"AGENTRL_API_KEY": "", "COLUMNS": "300"},
+    )
+    assert result.exit_code == 0, result.output
+    keys = re.findall(r"AGENTRL_API_KEY=(\S+)", result.output)
+    assert bool(keys) is made
+    if made:
+        with TestClient(served["app"]) as client:
+            assert _open(client, "").status_code == 401
+            headers = {"Authorization": f"Bearer {keys[0]}"}
+            assert _open(client, "", headers=headers).status_code == 200
