@@ -143,7 +143,7 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tiny_model_path, tmp_path):
     ckpt = find_latest(run / "checkpoints")
     assert ckpt is not None, out
     step = int(ckpt.name.removeprefix("step_"))
-    assert step >= 1 and (ckpt / "loop_state.pt").exists()
+    assert step >= 1 and (ckpt / "loop_state.json").exists()
     # said at once, then what is saved, then where it is and how to go on
     said, saving = out.index("Ctrl-C: finishing the current step…"), out.index("saving step ")
     assert said < saving < out.index(f"saved in {ckpt}")
@@ -191,7 +191,7 @@ def test_save_interval_minutes_saves_by_clock_and_resumes_exactly(tiny_model_pat
     cfg_a.checkpoint.save_interval = 1000
     cfg_a.checkpoint.save_interval_minutes = 0.0
     train(cfg_a)
-    assert (run_a / "checkpoints" / "step_000001" / "loop_state.pt").exists()
+    assert (run_a / "checkpoints" / "step_000001" / "loop_state.json").exists()
 
     run_b = tmp_path / "b"
     traj_a, traj_b = _resume_step_two(tiny_model_path, run_a, run_b)

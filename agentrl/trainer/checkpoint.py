@@ -1,8 +1,10 @@
 """Atomic checkpoints: `root/step_000123` appears whole or not at all, `root/latest` names the
-newest, the last K are kept; plus JSON and RNG-state files for the loop's extra state."""
+newest, the last K are kept; plus JSON files and the RNG states as JSON for the loop's extra
+state."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
@@ -191,18 +193,38 @@ def read_json(path: str | Path) -> Any:
 
 
 def capture_rng_state() -> dict[str, Any]:
-    """Python, numpy and torch (CPU and CUDA) generator states, for `torch.save`."""
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state(),
-                             "numpy": np.random.get_state()}  # fmt: skip
+    """Python, numpy and torch (CPU and CUDA) generator states as JSON values: lists of ints,
+    torch's byte states in base64, so a checkpoint stores them without a pickle."""
+    py_version, py_words, py_gauss = random.getstate()
+    np_kind, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state(legacy=True)
+    state: dict[str, Any] = {
+        "python": [py_version, list(py_words), py_gauss],
+        "numpy": [np_kind, np.asarray(np_keys).tolist(), np_pos, np_has_gauss, np_gauss],
+        "torch": _bytes_to_text(torch.get_rng_state()),
+    }
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = [_bytes_to_text(s) for s in torch.cuda.get_rng_state_all()]
     return state
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
+    """What `capture_rng_state` returned (also its older form: tuples, arrays and tensors, as
+    loop states saved with torch.save hold it)."""
+    py_version, py_words, py_gauss = state["python"]
+    random.setstate((py_version, tuple(py_words), py_gauss))
+    torch.set_rng_state(_text_to_bytes(state["torch"]))
     if "numpy" in state:
-        np.random.set_state(state["numpy"])
+        kind, keys, pos, has_gauss, gauss = state["numpy"]
+        np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([_text_to_bytes(s) for s in state["cuda"]])
+
+
+def _bytes_to_text(tensor: torch.Tensor) -> str:
+    return base64.b64encode(tensor.numpy().tobytes()).decode("ascii")
+
+
+def _text_to_bytes(value: str | torch.Tensor) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    return torch.frombuffer(bytearray(base64.b64decode(value)), dtype=torch.uint8)

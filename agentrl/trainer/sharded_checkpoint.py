@@ -15,7 +15,6 @@ import torch
 from torch import Tensor
 from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
@@ -23,6 +22,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from agentrl.trainer.checkpoint_safety import (
+    SafeFileSystemReader,
+    SafeLoadPlanner,
+    UnsafeCheckpointError,
+)
 from agentrl.trainer.fsdp import dp_world_size
 
 if TYPE_CHECKING:
@@ -70,13 +74,25 @@ def save_sharded(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optim
 
 def load_sharded(src: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Collective: every rank reads the pieces its own shards need. A checkpoint saved before
-    the first update holds no optimizer state: the optimizer is left (or made) fresh."""
+    the first update holds no optimizer state: the optimizer is left (or made) fresh. Nothing
+    is unpickled but DCP's metadata classes and weights-only items (`checkpoint_safety`)."""
     _check_is_checkpoint(src)
     checkpoint_id = str(src / SHARDED_DIR)
     has_optimizer_state = _holds_optimizer_state(checkpoint_id)
     state = _state_dicts(model, optimizer, has_optimizer_state)
     with _single_process_is_intended():
-        state_dict_loader.load(state, checkpoint_id=checkpoint_id, no_dist=dp_world_size() == 1)
+        try:
+            state_dict_loader.load(
+                state,
+                storage_reader=SafeFileSystemReader(checkpoint_id),
+                planner=SafeLoadPlanner(checkpoint_id),
+                no_dist=dp_world_size() == 1,
+            )
+        except CheckpointException as e:  # a BaseException holding each rank's error
+            cause = _first_cause(e)
+            if isinstance(cause, UnsafeCheckpointError):
+                raise cause from None
+            raise RuntimeError(f"could not read {checkpoint_id}: {_first_failure(e)}") from None
     if has_optimizer_state:
         set_state_dict(
             model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
@@ -106,15 +122,19 @@ def any_rank(flag: bool, device: torch.device) -> bool:
 
 
 def _holds_optimizer_state(checkpoint_id: str) -> bool:
-    metadata = FileSystemReader(checkpoint_id).read_metadata()
+    metadata = SafeFileSystemReader(checkpoint_id).read_metadata()
     return any(key.startswith("optimizer.") for key in metadata.state_dict_metadata)
 
 
-def _first_failure(error: CheckpointException) -> str:
+def _first_cause(error: CheckpointException) -> BaseException | None:
     for failure in error.failures.values():
-        cause = failure[0] if isinstance(failure, tuple) else failure
-        return f"{type(cause).__name__}: {cause}"
-    return str(error)
+        return failure[0] if isinstance(failure, tuple) else failure
+    return None
+
+
+def _first_failure(error: CheckpointException) -> str:
+    cause = _first_cause(error)
+    return f"{type(cause).__name__}: {cause}" if cause is not None else str(error)
 
 
 @contextmanager

@@ -17,6 +17,7 @@ from agentrl.trainer import sharded_checkpoint
 from agentrl.trainer.base import TrainerBackend, reduce_metrics
 from agentrl.trainer.batch import MicroBatch, StepBatch, TrainBatch
 from agentrl.trainer.checkpoint import read_json, write_json
+from agentrl.trainer.checkpoint_safety import weights_only_load
 from agentrl.trainer.fsdp import apply_fsdp, decoder_layers, dp_world_size
 from agentrl.trainer.logprobs import CausalLMLogprobs
 from agentrl.trainer.losses import combine_metrics
@@ -223,5 +224,6 @@ class TorchBackend(TrainerBackend):
         src = Path(directory)
         sharded_checkpoint.load_sharded(src, self.model, self._ready(self.optimizer))
         self._offload.forget()  # the loaded state replaced it, on the parameters' device
-        self._ready(self.scheduler).load_state_dict(torch.load(src / SCHEDULER_FILE))
+        scheduler_state = weights_only_load(src / SCHEDULER_FILE, str(src / SCHEDULER_FILE))
+        self._ready(self.scheduler).load_state_dict(scheduler_state)
         self._restore_counters(read_json(src / STATE_FILE))

@@ -10,6 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -167,16 +168,39 @@ def test_sigkill_while_writing_leaves_the_previous_checkpoint_loadable(tmp_path,
     assert find_latest(root) == root / "step_000002"
 
 
-def test_rng_state_round_trip(tmp_path):
+def _draws() -> tuple[float, float, torch.Tensor]:
+    return random.random(), float(np.random.rand()), torch.rand(3)
+
+
+def test_rng_state_round_trips_through_json(tmp_path):
+    """Python, numpy and torch states as plain JSON: a checkpoint stores them without a pickle."""
     random.seed(1)
+    np.random.seed(1)
     torch.manual_seed(1)
-    torch.save(capture_rng_state(), tmp_path / "rng.pt")  # as a run's checkpoint holds it
-    want = (random.random(), torch.rand(3))
+    write_json(tmp_path / "rng.json", capture_rng_state())  # as a run's checkpoint holds it
+    want = _draws()
     random.seed(99)
+    np.random.seed(99)
     torch.manual_seed(99)
-    restore_rng_state(torch.load(tmp_path / "rng.pt", weights_only=False))
-    got = (random.random(), torch.rand(3))
-    assert got[0] == want[0] and torch.equal(got[1], want[1])
+    restore_rng_state(read_json(tmp_path / "rng.json"))
+    got = _draws()
+    assert got[:2] == want[:2] and torch.equal(got[2], want[2])
+
+
+def test_rng_state_of_an_older_checkpoint_still_restores():
+    """Loop states saved by torch.save held tuples, a numpy array and a tensor."""
+    random.seed(2)
+    np.random.seed(2)
+    torch.manual_seed(2)
+    old = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    want = _draws()
+    restore_rng_state(old)
+    got = _draws()
+    assert got[:2] == want[:2] and torch.equal(got[2], want[2])
 
 
 def test_a_save_before_the_first_update_changes_no_later_step(
