@@ -36,11 +36,14 @@ def build_config(
 ):
     """Recipe for the env (or, with `--resume`, the run's saved config), then slime-named
     flags, then `--set` overrides (last wins). On resume, a flag that changes the saved config
-    is refused unless `is_override` (`--override`)."""
+    is refused unless `is_override` (`--override`); the run trains in the directory `--resume`
+    names (or `--save`), never in another its run_config.json names. Returns the config, the
+    changed fields and notices to show."""
     from agentrl.config import RunConfig, config_from_flags
-    from agentrl.run.run_dir import RunDirError, config_diff, saved_config
+    from agentrl.run.run_dir import RunDirError, config_diff, resumed_run_dir, saved_config
 
     saved = saved_config(resume) if resume else None
+    notices = []
     values = {"env.id": env, **{config_key(name): value for name, value in flags.items()}}
     if flags.get("async_mode") is not None and flags.get("async_") is None:
         values["train.use_async"] = True  # --async-mode full says --async too
@@ -49,16 +52,21 @@ def build_config(
     if resume:
         cfg.checkpoint.resume = resume
         if flags.get("save") is None:
-            cfg.checkpoint.save = saved["checkpoint"]["save"] if saved else resume
-            if not Path(cfg.checkpoint.save).is_dir():  # the run dir was moved: resume in place
-                cfg.checkpoint.save = resume
+            run_dir = resumed_run_dir(resume)
+            named = str((saved or {}).get("checkpoint", {}).get("save") or run_dir)
+            if Path(named).resolve() != run_dir.resolve():  # a copy, or a moved run
+                notices.append(
+                    f"{run_dir / 'run_config.json'} names checkpoint.save={named!r}; this run "
+                    f"trains in {str(run_dir)!r}, the --resume directory"
+                )
+            cfg.checkpoint.save = str(run_dir)
     changed = config_diff(saved, cfg.to_dict()) if saved is not None else []
     if changed and not is_override:
         raise RunDirError(
             f"--resume {resume}: these flags change the saved run config: {'; '.join(changed)}; "
             "add --override to apply them, or drop them to continue as saved"
         )
-    return cfg, changed
+    return cfg, changed, notices
 
 
 def config_key(flag: str) -> str:
@@ -192,18 +200,23 @@ def train_command(
     import logging
 
     from rich.console import Console
+    from rich.markup import escape
 
     from agentrl.cli import fail, quiet_libraries, user_errors
 
     console = Console()
     with user_errors():
-        cfg, changed = build_config(env, flags, set_, resume, is_override=override)
+        cfg, changed, notices = build_config(env, flags, set_, resume, is_override=override)
         cfg.checkpoint.overwrite = overwrite
     for line in changed:
         console.print(f"[yellow]override[/yellow] {line}", soft_wrap=True)
+    for line in notices:
+        console.print(f"[yellow]note[/yellow] {escape(line)}", soft_wrap=True)
     if show_config:
         console.print_json(json.dumps(cfg.to_dict()))
         return
+    with user_errors():
+        check_before_writing(cfg)
     quiet_libraries()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("agentrl").setLevel(logging.INFO)  # ours only: no library INFO chatter
@@ -233,6 +246,33 @@ def train_command(
         fix = f" --override --set engine.mem_fraction_static={lower}"
         fail(f"{e}\n{_saved_line(cfg, fix)}", code=1)
     console.print(done_line(result), soft_wrap=True)
+
+
+def check_before_writing(cfg: RunConfig) -> None:
+    """What fails a run before its directory is made, in one line: the agent (it must import
+    and be an `async def`) and, on resume, every pickle of the checkpoint."""
+    from agentrl.config import ConfigError
+
+    if cfg.rollout.agent:
+        from agentrl.agents import load_agent
+
+        try:
+            load_agent(cfg.rollout.agent)
+        except ValueError as e:
+            raise ConfigError(" ".join(str(e).split())) from None
+        except Exception as e:  # the agent's module ran and raised: its own error, one line
+            raise ConfigError(
+                f"rollout.agent={cfg.rollout.agent!r}: importing it raised "
+                f"{type(e).__name__}: {' '.join(str(e).split())}; fix the module or pass "
+                "another --agent"
+            ) from None
+    if cfg.checkpoint.resume:
+        from agentrl.run.checkpoint import checkpoint_to_resume, read_loop_state
+        from agentrl.trainer.checkpoint_safety import check_checkpoint
+
+        ckpt = checkpoint_to_resume(cfg.checkpoint.resume)
+        check_checkpoint(ckpt)
+        read_loop_state(ckpt)
 
 
 def _saved_line(cfg: RunConfig, extra: str = "") -> str:

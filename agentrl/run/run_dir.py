@@ -35,6 +35,8 @@ def check_writable(run_dir: Path, *, is_resume: bool, is_overwrite: bool) -> Non
         )
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"--save {run_dir} is a file; pass a directory for the run")
+    if is_locked(run_dir):  # a live run: no advice about its files applies
+        raise _locked(run_dir)
     if is_resume or not run_dir.is_dir():
         return
     files = [p for p in run_dir.iterdir() if p.name != LOCK_NAME]
@@ -75,16 +77,35 @@ def hold_lock(run_dir: Path) -> Iterator[None]:
         run_dir.mkdir(parents=True, exist_ok=True)
         held = lock.acquire(timeout=0)
     except Timeout:
-        raise RunDirError(
-            f"--save {run_dir}: another agentrl run is writing to this directory (it holds "
-            f"{run_dir / LOCK_NAME}); wait for it to finish, or choose another --save"
-        ) from None
+        raise _locked(run_dir) from None
     except OSError as e:
         raise RunDirError(
             f"--save {run_dir}: cannot create it ({e.strerror}); pass a writable directory"
         ) from None
     with held:
         yield
+
+
+def is_locked(run_dir: Path) -> bool:
+    """Whether a live process holds `run_dir`'s lock (asked without creating anything)."""
+    if not (run_dir / LOCK_NAME).is_file():
+        return False
+    lock = FileLock(run_dir / LOCK_NAME)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return True
+    except OSError:
+        return False  # not ours to open: the checks that follow say what is wrong
+    lock.release()
+    return False
+
+
+def _locked(run_dir: Path) -> RunDirError:
+    return RunDirError(
+        f"--save {run_dir}: another agentrl run is writing to this directory (it holds "
+        f"{run_dir / LOCK_NAME}); wait for it to finish, or choose another --save"
+    )
 
 
 def clear(run_dir: Path) -> None:
@@ -100,10 +121,17 @@ def clear(run_dir: Path) -> None:
 
 def saved_config(resume: str) -> dict[str, Any]:
     """The run_config.json of the run `resume` names (the run dir, its checkpoints or a step)."""
+    return _read_config(resumed_run_dir(resume) / CONFIG_NAME)
+
+
+def resumed_run_dir(resume: str) -> Path:
+    """The run directory `--resume` names: it, or the run dir above its checkpoints or step,
+    whichever holds the run_config.json. A resumed run trains there, wherever it was copied
+    from."""
     path = Path(resume)
     for candidate in (path, path.parent, path.parent.parent):
         if (candidate / CONFIG_NAME).is_file():
-            return _read_config(candidate / CONFIG_NAME)
+            return candidate
     if not path.exists():
         raise RunDirError(f"--resume {resume}: no such directory; pass the --save dir of a run")
     raise RunDirError(

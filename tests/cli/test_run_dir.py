@@ -7,6 +7,7 @@ import fcntl
 import json
 import os
 
+import pytest
 from typer.testing import CliRunner
 
 from agentrl.cli import app
@@ -86,6 +87,25 @@ def test_a_second_writer_is_refused_by_the_lock(tmp_path, tiny_model_path):
     line = one_line(result.output)
     assert "another agentrl run is writing" in line and str(run) in line
     assert [p.name for p in run.iterdir()] == [LOCK_NAME]
+
+
+@pytest.mark.parametrize("flags", [[], ["--overwrite"]], ids=["plain", "overwrite"])
+def test_a_live_run_is_named_first_not_the_advice_for_an_old_one(tmp_path, tiny_model_path, flags):
+    """A run dir a live run is writing (run_config.json, a checkpoint, the lock held): the one
+    line says another run is writing, not `--resume`/`--overwrite`; nothing is cleared."""
+    run = _saved_run(tmp_path / "run")
+    (run / "checkpoints" / "step_000001").mkdir()
+    fd = os.open(run / LOCK_NAME, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        args = ["train", "--model", tiny_model_path, "--save", str(run), *flags]
+        result = runner.invoke(app, args)
+    finally:
+        os.close(fd)
+    assert result.exit_code == 2
+    line = one_line(result.output)
+    assert "another agentrl run is writing" in line and "--overwrite" not in line, line
+    assert sorted(p.name for p in run.iterdir()) == [LOCK_NAME, "checkpoints", "run_config.json"]
 
 
 def test_resume_restores_the_saved_env_and_flags(tmp_path):
