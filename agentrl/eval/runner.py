@@ -145,7 +145,8 @@ def _repair_rewards(path: Path, trajectories: list[Trajectory]) -> None:
     broken = [t for t in trajectories if not math.isfinite(t.reward)]
     for traj in broken:
         traj.info["non_finite_reward"] = repr(traj.reward)
-        traj.reward, traj.status = 0.0, EpisodeStatus.ERROR
+        traj.reward = 0.0
+        traj.status = EpisodeStatus.ERROR
         traj.status_reason = StatusReason.NON_FINITE_REWARD
     if broken:
         logger.warning(

@@ -242,9 +242,12 @@ def _turn_sampling(base: SamplingParams, turn_index: int, room: int) -> Sampling
 def _record_step(rec: EpisodeRecord, env: AgentEnv, turn: Turn, result: StepResult) -> bool:
     """Add the step's reward and info to `rec`; False when the reward is no finite number
     (nor the episode's sum: finite rewards can overflow), which ends the episode ERROR."""
-    where = f"{type(env).__name__}.step on task {rec.task.id!r}"
+    name = type(env).__name__
+    task_id = rec.task.id
+    where = f"{name}.step on task {task_id!r}"
     reward = checked_reward(result.reward, info=rec.info, episode_id=rec.episode_id, where=where)
     if reward is not None:
+        where = f"{name}'s rewards summed on task {task_id!r}"
         total = rec.reward + reward
         reward = checked_reward(total, info=rec.info, episode_id=rec.episode_id, where=where)
     if reward is None:
