@@ -90,7 +90,8 @@ def _to_openai(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
         )
     if isinstance(content, str):
         return [{"role": role, "content": content}]
-    blocks, text = _blocks(content, f"{where}.content"), _text(content, f"{where}.content")
+    blocks = _blocks(content, f"{where}.content")
+    text = _text(content, f"{where}.content")
     if role == "assistant":
         calls = [
             _tool_call(b, f"{where}.content[{j}]")
