@@ -24,12 +24,14 @@ _DCP_CLASSES = (
     "Metadata MetadataIndex StorageMeta TensorProperties TensorStorageMetadata "
     "BytesStorageMetadata ChunkStorageMetadata _MEM_FORMAT_ENCODING"
 )
+_PLANNER_CLASSES = "SavePlan WriteItem WriteItemType TensorWriteData BytesIOWriteData"
 _MCORE = "megatron.core.dist_checkpointing.strategies.torch"
-# The globals a DCP .metadata names (torch 2.4-2.13, megatron-core's torch_dist format), by exact
-# (module, name); torch dtypes are admitted by type below.
+# The globals a DCP .metadata names (torch 2.4-2.13; megatron-core's torch_dist format adds its
+# save plans), by exact (module, name); torch dtypes are admitted by type below.
 METADATA_GLOBALS: frozenset[tuple[str, str]] = frozenset(
     {(_DCP, n) for n in _DCP_CLASSES.split()}
     | {("torch.distributed.checkpoint.filesystem", "_StorageInfo")}
+    | {("torch.distributed.checkpoint.planner", n) for n in _PLANNER_CLASSES.split()}
     | {("pathlib", n) for n in ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath")}
     | {("torch", "Size"), ("torch.serialization", "_get_layout"), ("torch", "memory_format")}
     | {("collections", "OrderedDict"), ("builtins", "set"), ("builtins", "frozenset")}

@@ -16,6 +16,7 @@ from megatron.core import dist_checkpointing
 
 from agentrl.trainer import sharded_checkpoint
 from agentrl.trainer.checkpoint import read_json, write_json
+from agentrl.trainer.checkpoint_safety import check_checkpoint
 from agentrl.trainer.megatron.model import export_hf_tensors
 from agentrl.trainer.megatron.optimizers import torch_optimizers
 from agentrl.trainer.sharded_checkpoint import STATE_FILE
@@ -76,6 +77,7 @@ def load(backend: Any, src: Path) -> None:
             "the Megatron backend? A torch-backend checkpoint resumes with --train-backend torch; "
             "its HF copy starts a new Megatron run with --model"
         )
+    check_checkpoint(src)  # dist_checkpointing unpickles .metadata and items unrestricted
     counters = read_json(src / STATE_FILE)
     has_state = bool(counters.get("has_optimizer_state", True))  # older checkpoints: they did
     sharded = _sharded_state(backend, is_loading=True, with_optimizer=has_state)

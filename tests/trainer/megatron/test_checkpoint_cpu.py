@@ -42,3 +42,38 @@ def test_a_save_before_the_first_update_resumes_and_changes_no_step(configs, tmp
     stepped.train_step(_batch(_groups(96, seed=5), stepped.pad_id))
     stepped.load(tmp_path / "step0")
     assert _equal(clean, _two_steps(stepped))
+
+
+class _Marker:
+    def __init__(self, path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.path}",))
+
+
+@pytest.mark.parametrize("planted", ["megatron/.metadata", "megatron/common.pt"])
+def test_a_pickle_planted_in_a_megatron_checkpoint_never_runs(configs, tmp_path, planted):
+    """dist_checkpointing unpickles .metadata with pickle.load and its items unrestricted: the
+    backend's load checks every pickle first and refuses in one line."""
+    import pickle
+
+    from conftest import save_random_model
+
+    from agentrl.trainer.checkpoint_safety import UnsafeCheckpointError
+
+    save_random_model(configs["llama"](), tmp_path / "hf")
+    backend = _megatron(tmp_path / "hf", "float32", lr=1e-2)
+    backend.save(tmp_path / "step")
+    backend.load(tmp_path / "step")  # as saved, it loads
+    marker = tmp_path / "marker"
+    target = tmp_path / "step" / planted
+    if planted.endswith(".pt"):
+        torch.save(_Marker(marker), target)
+    else:
+        target.write_bytes(pickle.dumps(_Marker(marker)))
+    with pytest.raises(UnsafeCheckpointError, match=planted.split("/")[1]):
+        backend.load(tmp_path / "step")
+    assert not marker.exists()
