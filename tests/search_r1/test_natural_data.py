@@ -13,10 +13,29 @@ from agentrl_envs.search_r1.env import SearchR1Env
 from agentrl_envs.search_r1.reward import normalize_answer
 
 MIN_ROWS = {"train": 2000, "dev": 200, "test": 300}
-_NUMBER_WORDS = (
-    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
-    "fifteen sixteen seventeen eighteen nineteen twenty"
-).split()
+_NUMBER_WORDS = [
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+    "twenty",
+]
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +78,9 @@ def test_no_article_feeds_two_splits_and_no_question_repeats(splits):
     titles = {s: {t for r in rows for t in r["titles"]} for s, rows in splits.items()}
     questions = {s: {normalize_answer(r["question"]) for r in rows} for s, rows in splits.items()}
     for a, b in (("train", "dev"), ("train", "test"), ("dev", "test")):
-        assert not titles[a] & titles[b], f"articles in {a} and {b}: {sorted(titles[a] & titles[b])[:5]}"
+        assert not titles[a] & titles[b], (
+            f"articles in {a} and {b}: {sorted(titles[a] & titles[b])[:5]}"
+        )
         assert not questions[a] & questions[b], f"questions in {a} and {b}"
     for split, rows in splits.items():
         assert len(questions[split]) == len(rows), f"{split}: a question repeats"
@@ -83,7 +104,11 @@ def test_every_gold_answer_is_in_its_source_articles(splits, articles):
 def test_answers_are_short_spans_rarely_the_title(splits):
     for split, rows in splits.items():
         title_answers = sum(
-            any(normalize_answer(a) in {_title_core(t), normalize_answer(t)} for a in r["golden_answers"] for t in r["titles"])
+            any(
+                normalize_answer(a) in {_title_core(t), normalize_answer(t)}
+                for a in r["golden_answers"]
+                for t in r["titles"]
+            )
             for r in rows
         )
         assert title_answers <= 0.15 * len(rows), f"{split}: {title_answers} title answers"

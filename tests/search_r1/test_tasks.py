@@ -56,7 +56,9 @@ def test_search_r1_parquet_rows_keep_their_own_ids(tmp_path) -> None:
             "reward_model": {"style": "rule", "ground_truth": {"target": answers}},
             "extra_info": {"split": "test", "index": i},
         }
-        for i, (q, answers) in enumerate([("who wrote hamlet", ["Shakespeare"]), ("capital of peru", ["Lima"])])
+        for i, (q, answers) in enumerate(
+            [("who wrote hamlet", ["Shakespeare"]), ("capital of peru", ["Lima"])]
+        )
     ]
     path = tmp_path / "test.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
@@ -64,9 +66,13 @@ def test_search_r1_parquet_rows_keep_their_own_ids(tmp_path) -> None:
     assert [t.id for t in tasks] == ["nq-test-0", "nq-test-1"]
     assert [t.data["golden_answers"] for t in tasks] == [["Shakespeare"], ["Lima"]]
     assert tasks[1].data["question"] == "capital of peru?" and "prompt" not in tasks[1].data
-    flashrag = SearchR1Env.task_from_row({"id": "test_7", "question": "q", "golden_answers": ["a"]}, index=0)
+    flashrag = SearchR1Env.task_from_row(
+        {"id": "test_7", "question": "q", "golden_answers": ["a"]}, index=0
+    )
     assert flashrag.id == "test_7"
-    assert SearchR1Env.task_from_row({"question": "q", "golden_answers": ["a"]}, index=4).id == "row-4"
+    assert (
+        SearchR1Env.task_from_row({"question": "q", "golden_answers": ["a"]}, index=4).id == "row-4"
+    )
 
 
 def test_other_prompt_is_used_verbatim() -> None:
@@ -133,7 +139,9 @@ def test_question_for_a_known_article() -> None:
 
 
 def test_title_splits_are_named_and_disjoint_by_article() -> None:
-    splits = {split: SearchR1Env.load_tasks(f"titles-{split}") for split in ("train", "dev", "test")}
+    splits = {
+        split: SearchR1Env.load_tasks(f"titles-{split}") for split in ("train", "dev", "test")
+    }
     assert len(splits["test"]) == embedded.NUM_TEST and len(splits["dev"]) == embedded.NUM_DEV
     assert len(splits["train"]) > 5000
     ids = {split: {t.id for t in tasks} for split, tasks in splits.items()}
