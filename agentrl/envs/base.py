@@ -13,6 +13,10 @@ from agentrl.tools import ToolRegistry, ToolResult
 from agentrl.types import Message, Task
 
 
+class EnvLoadError(ImportError):
+    """An env's entry point names something that cannot be imported."""
+
+
 @dataclass
 class StepResult:
     """What `env.step` returns. Unpacks like Gymnasium's five-tuple.
@@ -79,7 +83,8 @@ class AgentEnv:
     def load_tasks(cls, split: str, **kwargs: Any) -> list[Task]:
         """The env's own dataset split ("train", "test", maybe "dev"), in a fixed order."""
         raise NotImplementedError(
-            f"{cls.__name__} ships no tasks; pass a data file (--prompt-data / --data)"
+            f"{cls.__name__} ships no tasks; pass a data file of JSON rows, or write "
+            f"{cls.__name__}.load_tasks(split)"
         )
 
     @classmethod
@@ -91,9 +96,17 @@ class AgentEnv:
         input_key: str | None = None,
         label_key: str | None = None,
     ) -> Task:
-        """Turn one row of a user's JSONL/parquet file into a Task; a row missing a field
-        raises ValueError naming the row index and the field."""
-        raise NotImplementedError(f"{cls.__name__} cannot read user data rows")
+        """Turn one row of a user's JSONL/parquet file (`index`: its place from 0) into a Task.
+
+        The default keeps the row's fields in `Task.data` as they are, so `reset` reads a row
+        `{"country": "France"}` as `task.data["country"]`, and adds `question` and `answer` from
+        `input_key` / `label_key` (unset: the row's `question` or `prompt`, its `answer` or
+        `label`, where present). The id is the row's own `id`, else `row-<index>`. Override it
+        to check or reshape rows; a missing field raises ValueError naming the row and field."""
+        keys = {"question": input_key, "answer": label_key}
+        named = {name: _row_field(cls, row, index, name, key) for name, key in keys.items()}
+        data = {**row, **{name: row[key] for name, key in named.items() if key is not None}}
+        return Task(id=_row_id(row, index), data=data)
 
     async def call_tools(self, action: Message) -> list[ToolResult]:
         """Run every tool call in `action` concurrently, results in call order; failures come
@@ -112,6 +125,34 @@ class AgentEnv:
 def tool_info(results: list[ToolResult]) -> dict[str, int]:
     """The `num_tool_calls` / `num_tool_errors` entries every env puts into its step info."""
     return {"num_tool_calls": len(results), "num_tool_errors": sum(r.is_error for r in results)}
+
+
+# Where a row's question and answer are read from when --input-key / --label-key are unset.
+_ROW_KEYS = {"question": ("question", "prompt"), "answer": ("answer", "label")}
+_ROW_FLAGS = {"question": "--input-key", "answer": "--label-key"}
+
+
+def _row_field(
+    cls: type, row: dict[str, Any], index: int, name: str, key: str | None
+) -> str | None:
+    """The field of `row` that `key` names (it must be there), else the first of `name`'s
+    usual fields present, else None."""
+    if key is None:
+        return next((k for k in _ROW_KEYS[name] if k in row), None)
+    if key not in row:
+        raise ValueError(
+            f"row {index}: no field {key!r} (fields: {sorted(row)}); pass {_ROW_FLAGS[name]} "
+            f"with one of them, or write {cls.__name__}.task_from_row to read these rows"
+        )
+    return key
+
+
+def _row_id(row: dict[str, Any], index: int) -> str:
+    """The row's own `id` (a string or an integer), else its place in the file."""
+    own = row.get("id")
+    if isinstance(own, (str, int)) and not isinstance(own, bool) and str(own).strip():
+        return str(own)
+    return f"row-{index}"
 
 
 def _off_loop(fn):

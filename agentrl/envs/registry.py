@@ -17,17 +17,13 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
-from agentrl.envs.base import AgentEnv
+from agentrl.envs.base import AgentEnv, EnvLoadError
 
 ENTRY_POINT_GROUP = "agentrl.envs"
 
 
 class UnknownEnvError(LookupError):
     """No env is registered under this id."""
-
-
-class EnvLoadError(ImportError):
-    """An env's entry point names something that cannot be imported."""
 
 
 @dataclass

@@ -13,8 +13,7 @@ from typing import Any
 
 import httpx
 
-from agentrl.envs.base import AgentEnv, StepResult
-from agentrl.envs.registry import EnvLoadError
+from agentrl.envs.base import AgentEnv, EnvLoadError, StepResult
 from agentrl.types import Message, Task
 
 API_KEY_ENV = "AGENTRL_API_KEY"  # what `agentrl env serve --api-key` reads too

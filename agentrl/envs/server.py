@@ -27,8 +27,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
-from agentrl.engine.serve.auth import GuardMiddleware
 from agentrl.envs.base import AgentEnv, StepResult
+from agentrl.http_guard import GuardMiddleware
 from agentrl.types import Message, Task
 
 T = TypeVar("T")

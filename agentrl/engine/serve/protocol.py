@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-from http import HTTPStatus
 from typing import Any
 
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from agentrl.engine.base import Completion, FinishReason
+from agentrl.http_guard import error_response as error_response  # SGLang's error shape
 
 # ---------------------------------------------------------------- request bodies (io_struct.py)
 
@@ -81,15 +81,6 @@ def finish_reason_json(completion: Completion) -> dict[str, Any]:
     if completion.finish_reason is FinishReason.ABORT:
         return {"type": "abort", "message": "Aborted by abort_request"}
     return {"type": "stop", "matched": completion.matched_stop}
-
-
-def error_response(message: str, status_code: int = 400) -> JSONResponse:
-    """http_server.py `_create_error_response` / ErrorResponse shape."""
-    kind = HTTPStatus(status_code).phrase  # "Bad Request", "Insufficient Storage", ...
-    return JSONResponse(
-        {"object": "error", "message": message, "type": kind, "param": None, "code": status_code},
-        status_code=status_code,
-    )
 
 
 def generate_error(message: str, status_code: int = 400) -> JSONResponse:
