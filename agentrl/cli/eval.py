@@ -91,6 +91,10 @@ def eval_command(
             temperature=temperature,
             overrides=([f"rollout.agent={agent}"] if agent else []) + (overrides or []),
         )
+    from agentrl.cli.train import check_agent
+
+    with user_errors():
+        check_agent(cfg)  # before the model loads: a bad --agent is one line, not a traceback
     if cfg.eval.temperature == 0 and cfg.eval.n_samples > 1:
         console.print(
             f"[yellow]note:[/] temperature 0 is greedy, so the k={cfg.eval.n_samples} episodes of a "
@@ -110,7 +114,23 @@ def eval_command(
         fail(f"--out {out_dir} is a file; pass a directory")
     with user_errors(ResumeMismatchError):
         report = asyncio.run(_run(cfg, split, out_dir, meta, resume=resume, seed=seed))
+    if why := all_aborted(report, cfg):  # a table of n/a would say nothing more
+        fail(why, code=1)
     print_report(console, report, out_dir)
+
+
+def all_aborted(report: EvalReport, cfg: RunConfig) -> str | None:
+    """One line when every episode was ABORTED (so nothing was scored), else None."""
+    num = report.num_episodes
+    if not num or report.status_counts.get("aborted", 0) < num:
+        return None
+    reasons = ", ".join(f"{r}: {n}" for r, n in sorted(report.status_reason_counts.items()))
+    is_http = cfg.engine.kind == "http"
+    engine = f"the engine at {cfg.engine.url}" if is_http else f"the {cfg.engine.kind} engine"
+    return (
+        f"all {num} episodes were ABORTED ({reasons}): {engine} stopped answering or aborted "
+        "them, so none was scored; fix the engine and rerun (aborted tasks are run again)"
+    )
 
 
 def build_config(
@@ -179,11 +199,12 @@ async def _run(
     seed: int,
 ) -> EvalReport:
     from agentrl.data import load_tasks
-    from agentrl.engine.factory import make_engine
+    from agentrl.engine.factory import make_engine, probe_engine
     from agentrl.envs import spec
     from agentrl.eval import evaluate
     from agentrl.rollout import build_runner
 
+    await probe_engine(cfg.engine)  # a dead engine.url: one line, before --out is written
     env_spec = spec(cfg.env.id)
     env_spec.check_kwargs(cfg.env.kwargs)
     tasks = load_tasks(cfg.env, split, env_spec.load_class())

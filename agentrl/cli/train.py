@@ -1,27 +1,29 @@
-"""`agentrl train`: build the run config (recipe, slime-named flags, `--set`) and run the loop."""
+"""`agentrl train`: build the run config (recipe, `--config` file, slime-named flags, `--set`) and
+run the loop."""
 
 from __future__ import annotations
 
-import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
+from agentrl.cli.train_flags import (
+    COMMAND_FLAGS,
+    TrainCommand,
+    given_keys,
+    kl_type_notice,
+    resume_from_load,
+    slime_values,
+)
+
 if TYPE_CHECKING:
     from agentrl.config import RunConfig
 
-# slime's flags set the config field of their own name (`--eps-clip`: algo.eps_clip), but for
-# these. Each is a typed option below, so an unknown flag is an error that names it (typer: "No
-# such option: --x").
-RENAMED_FLAGS = {
-    "model": "model.path",
-    "async_": "train.use_async",
-    "train_backend": "train.backend",
-    "max_tokens_per_gpu": "train.max_tokens_per_micro_batch",
-}
-COMMAND_FLAGS = ("env", "resume", "override", "overwrite", "set_", "show_config")
-"""`agentrl train`'s own flags; every other one sets a config field."""
+DATA = "Model and data"
+ROLLOUT = "Rollout (training episodes)"
+ALGO = "Algorithm and optimizer"
+SAVE_EVAL = "Checkpoints, evaluation, logging"
 PLACEMENT = "Placement (Ray; any of these runs trainer and engines as Ray actors)"
 TRAINER = "Trainer backend (Megatron flags need --train-backend megatron)"
 
@@ -33,22 +35,24 @@ def build_config(
     resume: str | None,
     *,
     is_override: bool = False,
+    config_file: str | None = None,
 ):
-    """Recipe for the env (or, with `--resume`, the run's saved config), then slime-named
-    flags, then `--set` overrides (last wins). On resume, a flag that changes the saved config
-    is refused unless `is_override` (`--override`); the run trains in the directory `--resume`
-    names (or `--save`), never in another its run_config.json names. Returns the config, the
-    changed fields and notices to show."""
-    from agentrl.config import RunConfig, config_from_flags
+    """Recipe for the env (or, with `--resume`, the run's saved config), then the `--config` file,
+    then slime-named flags, then `--set` overrides (last wins). On resume, a flag that changes the
+    saved config is refused unless `is_override` (`--override`); the run trains in the directory
+    `--resume` names (or `--save`), never in another its run_config.json names. Returns the
+    config, the changed fields and notices to show."""
+    from agentrl.config import RunConfig, config_from_flags, read_config_file
     from agentrl.run.run_dir import RunDirError, config_diff, resumed_run_dir, saved_config
 
     saved = saved_config(resume) if resume else None
-    notices = []
-    values = {"env.id": env, **{config_key(name): value for name, value in flags.items()}}
-    if flags.get("async_mode") is not None and flags.get("async_") is None:
-        values["train.use_async"] = True  # --async-mode full says --async too
+    file = read_config_file(config_file) if config_file else None
+    env = env or (file.values.get("env.id") if file else None)  # the file's env: its recipe
+    values, notices = slime_values(flags)
+    values["env.id"] = env
     base = RunConfig.from_dict(saved) if saved is not None else env or "calculator"
-    cfg = config_from_flags(base, values, overrides)
+    cfg = config_from_flags(base, values, overrides, file)
+    notices += kl_type_notice(cfg, given_keys(values, overrides, file))
     if resume:
         cfg.checkpoint.resume = resume
         if flags.get("save") is None:
@@ -69,26 +73,9 @@ def build_config(
     return cfg, changed, notices
 
 
-def config_key(flag: str) -> str:
-    """The config field a slime-named flag sets: the one field named so, else `RENAMED_FLAGS`'s."""
-    from agentrl.config import RunConfig
-
-    sections = typing.get_type_hints(RunConfig).items()
-    keys = [f"{name}.{flag}" for name, section in sections if flag in section.__dataclass_fields__]
-    return RENAMED_FLAGS.get(flag) or keys[0]
-
-
-def _flag(help: str | None = None, panel: str | None = None) -> Any:
-    """A slime-named flag, None unless given (the recipe's or saved run's value stands)."""
-    return typer.Option(None, help=help, rich_help_panel=panel)
-
-
-def _placement(help: str) -> Any:
-    return _flag(help, PLACEMENT)
-
-
-def _trainer(help: str | None = None) -> Any:
-    return _flag(help, TRAINER)
+def _flag(help: str, panel: str | None = None, *names: str) -> Any:
+    """A flag, None unless given (the recipe's or saved run's value stands)."""
+    return typer.Option(None, *names, help=help, rich_help_panel=panel)
 
 
 def train_command(
@@ -96,104 +83,186 @@ def train_command(
         "Registered env id (agentrl env list), or module:Class importable from the working "
         "directory (default: calculator; with --resume, the run's own)."
     ),
+    config: str | None = _flag(
+        "A YAML or JSON file of section.field values (or sections of fields), applied over the "
+        "env's recipe and under the flags and --set; a run's run_config.json is one."
+    ),
+    set_: list[str] = typer.Option(
+        [], "--set", help="Override any config field: --set section.field=value (repeatable)."
+    ),
     agent: str | None = _flag(
         "An agent to train instead of the env's own loop: module:function, an `async def "
-        "run(task, client)` that talks to the policy through an OpenAI client."
+        "run(task, client)` that talks to the policy through an OpenAI client (default: none)."
     ),
-    model: str | None = _flag("Transformers checkpoint dir (default: bundled SmolLM2-135M)."),
-    save: str | None = _flag("Run directory for checkpoints, metrics and evals."),
-    num_rollout: int | None = _flag("Train steps."),
-    rollout_batch_size: int | None = _flag("Tasks per train step."),
-    n_samples_per_prompt: int | None = _flag("Episodes per task (group size)."),
-    global_batch_size: int | None = _flag("Trajectories per optimizer step."),
-    advantage_estimator: str | None = _flag(
-        "grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline"
-    ),
-    use_kl_loss: bool | None = _flag("Add KL to the reference policy."),
-    kl_loss_coef: float | None = _flag(),
-    eps_clip: float | None = _flag(),
-    eps_clip_high: float | None = _flag(),
-    rollout_temperature: float | None = _flag(),
-    rollout_max_response_len: int | None = _flag("Most new tokens per turn."),
-    save_interval: int | None = _flag("Save a checkpoint every N steps."),
-    save_interval_minutes: float | None = _flag(
-        "Also save when N minutes have passed since the last save (preemptible jobs)."
-    ),
-    eval_interval: int | None = _flag(),
-    prompt_data: str | None = _flag(
-        "JSONL/parquet training tasks (default: the env's train split)."
-    ),
-    input_key: str | None = _flag(),
-    label_key: str | None = _flag(),
-    lr: float | None = _flag(),
-    ray_address: str | None = _placement(
-        "Join this Ray cluster (default: RAY_ADDRESS, else start a local Ray)."
-    ),
-    actor_num_nodes: int | None = _placement("Nodes for the trainer ranks."),
-    actor_num_gpus_per_node: int | None = _placement(
-        "Trainer ranks per node, one GPU each (FSDP2 data parallel)."
-    ),
-    rollout_num_gpus: int | None = _placement(
-        "GPUs for all engine servers (default: the trainer's when colocated, else 1)."
-    ),
-    rollout_num_gpus_per_engine: int | None = _placement(
-        "GPUs of one engine server (its TP size)."
-    ),
-    colocate: bool | None = _placement(
-        "Engines share the trainer's GPUs, releasing memory while it steps."
-    ),
-    offload_train: bool | None = _placement(
-        "Colocated on CUDA: keep the trainer's optimizer state in host memory between steps, "
-        "so the engine's KV cache gets its room."
-    ),
-    update_weight_transport: str | None = _placement(
-        "auto | tensor (CUDA IPC, same host) | distributed (NCCL broadcast) | disk"
-    ),
-    update_weight_buffer_size: int | None = _placement(
-        "Bytes per weight bucket sent to the engines (default 2 GiB; slime's 512 MiB)."
-    ),
-    async_: bool | None = typer.Option(
-        None,
-        "--async/--no-async",
-        help="Generate the next step while this one trains (disaggregated only; one step "
-        "off-policy, as slime's train_async.py).",
-        rich_help_panel=PLACEMENT,
-    ),
-    update_weights_interval: int | None = _placement("With --async: push weights every N steps."),
-    async_mode: str | None = _placement(
-        "one_step (slime's train_async.py) | full (a rollout worker keeps episodes in "
-        "flight across steps; the trainer takes groups as they finish). Implies --async."
-    ),
-    max_staleness: str | None = _placement(
-        "Drop trajectories whose oldest turn is more than K policy versions behind the "
-        "trainer (default 2; none = no bound)."
-    ),
-    num_episodes_in_flight: int | None = _placement(
-        "--async-mode full: episodes kept running (default: one rollout batch)."
-    ),
-    train_backend: str | None = _trainer("torch (FSDP2) | megatron (the megatron extra, CUDA)."),
-    tensor_model_parallel_size: int | None = _trainer(),
-    pipeline_model_parallel_size: int | None = _trainer(),
-    sequence_parallel: bool | None = _trainer(),
-    recompute_granularity: str | None = _trainer("full | selective activation recompute."),
-    max_tokens_per_gpu: int | None = _trainer("Token budget of one packed micro-batch per GPU."),
-    micro_batch_size: int | None = _trainer(
-        "Sequences per micro-batch at most (default: as many as fit)."
-    ),
-    use_distributed_optimizer: bool | None = _trainer(),
     resume: str | None = _flag("Continue the run saved in this directory, with its saved config."),
+    load: str | None = _flag(
+        "slime's --load: continue the run in this directory if it holds one, else start a new "
+        "run (so --load DIR --save DIR works from the first launch)."
+    ),
     override: bool = typer.Option(
         False, help="With --resume: apply flags that change the saved config (shown as a diff)."
     ),
     overwrite: bool = typer.Option(
         False, help="Start over in a --save directory that holds an earlier run (deletes it)."
     ),
-    set_: list[str] = typer.Option(
-        [], "--set", help="Override any config field: --set section.field=value"
-    ),
     show_config: bool = typer.Option(False, help="Print the resolved config and exit."),
+    model: str | None = _flag(
+        "Transformers checkpoint dir; --hf-checkpoint is slime's name (default: the bundled "
+        "SmolLM2-135M).",
+        DATA,
+        "--model",
+        "--hf-checkpoint",
+    ),
+    ref_load: str | None = _flag(
+        "slime's reference checkpoint: not read; the KL reference is the starting model (--model).",
+        DATA,
+    ),
+    prompt_data: str | None = _flag(
+        "JSONL/parquet training tasks (default: the env's train split).", DATA
+    ),
+    eval_prompt_data: str | None = _flag(
+        "One JSONL/parquet file of held-out tasks (slime takes NAME PATH pairs: give the "
+        "PATH; default: the env's test split).",
+        DATA,
+    ),
+    input_key: str | None = _flag("Column holding the prompt (default: the env's own).", DATA),
+    label_key: str | None = _flag("Column holding the label (default: the env's own).", DATA),
+    num_rollout: int | None = _flag("Train steps.", ROLLOUT),
+    rollout_batch_size: int | None = _flag("Tasks per train step.", ROLLOUT),
+    n_samples_per_prompt: int | None = _flag("Episodes per task (the group size).", ROLLOUT),
+    rollout_max_response_len: int | None = _flag(
+        "Most new tokens per turn (in slime: per response).", ROLLOUT
+    ),
+    rollout_max_context_len: int | None = _flag(
+        "Most tokens in an episode: prompt, turns and observations.", ROLLOUT
+    ),
+    rollout_temperature: float | None = _flag("Sampling temperature.", ROLLOUT),
+    rollout_top_p: float | None = _flag("Top-p of sampling.", ROLLOUT),
+    rollout_top_k: int | None = _flag("Top-k of sampling; -1 = off.", ROLLOUT),
+    advantage_estimator: str | None = _flag(
+        "grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline; slime's gspo and "
+        "cispo set algo.policy_loss.",
+        ALGO,
+    ),
+    global_batch_size: int | None = _flag(
+        "Trajectories per optimizer step (default: the whole rollout batch, one step).", ALGO
+    ),
+    eps_clip: float | None = _flag("PPO clip range.", ALGO),
+    eps_clip_high: float | None = _flag(
+        "Upper clip range, DAPO's clip-higher (default: --eps-clip).", ALGO
+    ),
+    eps_clip_c: float | None = _flag(
+        "Dual-clip constant (> 1) for negative advantages (default: off).", ALGO
+    ),
+    use_tis: bool | None = _flag(
+        "Truncated importance sampling of rollout vs trainer logprobs (default: on with --async).",
+        ALGO,
+    ),
+    use_kl_loss: bool | None = _flag("Add KL to the reference policy (the starting model).", ALGO),
+    kl_loss_coef: float | None = _flag("Weight of the KL term.", ALGO),
+    kl_loss_type: str | None = _flag("k1 | k2 | k3 | low_var_kl; slime uses k1.", ALGO),
+    entropy_coef: float | None = _flag("Weight of the entropy bonus.", ALGO),
+    lr: float | None = _flag("Learning rate.", ALGO),
+    min_lr: float | None = _flag("Learning rate at the end of the decay.", ALGO),
+    lr_warmup_iters: int | None = _flag("Steps of learning-rate warm-up.", ALGO),
+    lr_decay_style: str | None = _flag("constant | linear | cosine.", ALGO),
+    weight_decay: float | None = _flag("AdamW weight decay.", ALGO),
+    clip_grad: float | None = _flag("Gradient norm clip.", ALGO),
+    save: str | None = _flag("Run directory for checkpoints, metrics and evals.", SAVE_EVAL),
+    save_interval: int | None = _flag("Save a checkpoint every N steps.", SAVE_EVAL),
+    save_interval_minutes: float | None = _flag(
+        "Also save when N minutes have passed since the last save (preemptible jobs; "
+        "default: off).",
+        SAVE_EVAL,
+    ),
+    eval_interval: int | None = _flag(
+        "Evaluate every N steps (default: only at the start and the end).", SAVE_EVAL
+    ),
+    n_samples_per_eval_prompt: int | None = _flag(
+        "Episodes per held-out task (k of pass@k).", SAVE_EVAL
+    ),
+    eval_temperature: float | None = _flag(
+        "Sampling temperature of held-out episodes; 0 = greedy.", SAVE_EVAL
+    ),
+    use_wandb: bool | None = _flag("Log metrics to Weights & Biases (the wandb extra).", SAVE_EVAL),
+    wandb_project: str | None = _flag("The W&B project.", SAVE_EVAL),
+    ray_address: str | None = _flag(
+        "Join this Ray cluster (default: RAY_ADDRESS, else start a local Ray).", PLACEMENT
+    ),
+    actor_num_nodes: int | None = _flag("Nodes for the trainer ranks.", PLACEMENT),
+    actor_num_gpus_per_node: int | None = _flag(
+        "Trainer ranks per node, one GPU each (FSDP2 data parallel).", PLACEMENT
+    ),
+    rollout_num_gpus: int | None = _flag(
+        "GPUs for all engine servers (default: the trainer's when colocated, else 1).", PLACEMENT
+    ),
+    rollout_num_gpus_per_engine: int | None = _flag(
+        "GPUs of one engine server (its TP size).", PLACEMENT
+    ),
+    colocate: bool | None = _flag(
+        "Engines share the trainer's GPUs, releasing memory while it steps.", PLACEMENT
+    ),
+    offload_train: bool | None = _flag(
+        "Colocated on CUDA: keep the trainer's optimizer state in host memory between steps, "
+        "so the engine's KV cache gets its room.",
+        PLACEMENT,
+    ),
+    update_weight_transport: str | None = _flag(
+        "auto | tensor (CUDA IPC, same host) | distributed (NCCL broadcast) | disk.", PLACEMENT
+    ),
+    update_weight_buffer_size: int | None = _flag(
+        "Bytes per weight bucket sent to the engines (default: 2 GiB; slime's: 512 MiB).",
+        PLACEMENT,
+    ),
+    async_: bool | None = _flag(
+        "Generate the next step while this one trains (disaggregated only; one step "
+        "off-policy, as slime's train_async.py).",
+        PLACEMENT,
+        "--async/--no-async",
+    ),
+    update_weights_interval: int | None = _flag(
+        "With --async: push weights every N steps.", PLACEMENT
+    ),
+    async_mode: str | None = _flag(
+        "one_step (slime's train_async.py) | full (a rollout worker keeps episodes in "
+        "flight across steps; the trainer takes groups as they finish); implies --async.",
+        PLACEMENT,
+    ),
+    max_staleness: str | None = _flag(
+        "Drop trajectories whose oldest turn is more than K policy versions behind the "
+        "trainer (default: 2; none = no bound).",
+        PLACEMENT,
+    ),
+    num_episodes_in_flight: int | None = _flag(
+        "--async-mode full: episodes kept running (default: one rollout batch).", PLACEMENT
+    ),
+    train_backend: str | None = _flag(
+        "torch (FSDP2) | megatron (the megatron extra, CUDA).", TRAINER
+    ),
+    tensor_model_parallel_size: int | None = _flag(
+        "GPUs each layer's weights are split over.", TRAINER
+    ),
+    pipeline_model_parallel_size: int | None = _flag(
+        "Pipeline stages the layers are split into.", TRAINER
+    ),
+    sequence_parallel: bool | None = _flag(
+        "Split norms and dropout over the tensor-parallel ranks.", TRAINER
+    ),
+    recompute_granularity: str | None = _flag(
+        "full | selective activation recompute (default: off).", TRAINER
+    ),
+    max_tokens_per_gpu: int | None = _flag(
+        "Token budget of one packed micro-batch per GPU.", TRAINER
+    ),
+    micro_batch_size: int | None = _flag(
+        "Sequences per micro-batch at most (default: as many as fit).", TRAINER
+    ),
+    use_distributed_optimizer: bool | None = _flag(
+        "Shard optimizer state over the data-parallel ranks.", TRAINER
+    ),
 ) -> None:
-    """Train a policy on an env with GRPO-family RL; runs on CPU with the embedded defaults."""
+    """Train a policy on an env with GRPO-family RL; runs on CPU with the embedded defaults.
+    With --resume, a flag not given keeps the saved run's value."""
     flags = {k: v for k, v in locals().items() if k not in COMMAND_FLAGS}  # before other locals
     import errno
     import json
@@ -206,8 +275,12 @@ def train_command(
 
     console = Console()
     with user_errors():
-        cfg, changed, notices = build_config(env, flags, set_, resume, is_override=override)
+        resume, notices = resume_from_load(resume, load, ref_load)
+        cfg, changed, more = build_config(
+            env, flags, set_, resume, is_override=override, config_file=config
+        )
         cfg.checkpoint.overwrite = overwrite
+    notices += more
     for line in changed:
         console.print(f"[yellow]override[/yellow] {line}", soft_wrap=True)
     for line in notices:
@@ -251,21 +324,7 @@ def train_command(
 def check_before_writing(cfg: RunConfig) -> None:
     """What fails a run before its directory is made, in one line: the agent (it must import
     and be an `async def`) and, on resume, every pickle of the checkpoint."""
-    from agentrl.config import ConfigError
-
-    if cfg.rollout.agent:
-        from agentrl.agents import load_agent
-
-        try:
-            load_agent(cfg.rollout.agent)
-        except ValueError as e:
-            raise ConfigError(" ".join(str(e).split())) from None
-        except Exception as e:  # the agent's module ran and raised: its own error, one line
-            raise ConfigError(
-                f"rollout.agent={cfg.rollout.agent!r}: importing it raised "
-                f"{type(e).__name__}: {' '.join(str(e).split())}; fix the module or pass "
-                "another --agent"
-            ) from None
+    check_agent(cfg)
     if cfg.checkpoint.resume:
         from agentrl.run.checkpoint import checkpoint_to_resume, read_loop_state
         from agentrl.trainer.checkpoint_safety import check_checkpoint
@@ -273,6 +332,26 @@ def check_before_writing(cfg: RunConfig) -> None:
         ckpt = checkpoint_to_resume(cfg.checkpoint.resume)
         check_checkpoint(ckpt)
         read_loop_state(ckpt)
+
+
+def check_agent(cfg: RunConfig) -> None:
+    """`--agent module:function` imports and is an `async def`, or a one-line ConfigError."""
+    from agentrl.config import ConfigError
+
+    if not cfg.rollout.agent:
+        return
+    from agentrl.agents import load_agent
+
+    try:
+        load_agent(cfg.rollout.agent)
+    except ValueError as e:
+        raise ConfigError(" ".join(str(e).split())) from None
+    except Exception as e:  # the agent's module ran and raised: its own error, one line
+        raise ConfigError(
+            f"rollout.agent={cfg.rollout.agent!r}: importing it raised "
+            f"{type(e).__name__}: {' '.join(str(e).split())}; fix the module or pass "
+            "another --agent"
+        ) from None
 
 
 def _saved_line(cfg: RunConfig, extra: str = "") -> str:
@@ -319,4 +398,4 @@ def _ours_or_warning(record) -> bool:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("train")(train_command)
+    app.command("train", cls=TrainCommand)(train_command)

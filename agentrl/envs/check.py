@@ -286,7 +286,11 @@ async def _checked_step(
 
 
 def _check_reward(c: _Checker, env: AgentEnv, reward: Any, what: str) -> None:
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or math.isnan(reward):
+    if (
+        isinstance(reward, bool)
+        or not isinstance(reward, (int, float))
+        or not math.isfinite(reward)
+    ):
         c.fail(f"{what}: reward must be a float, got {_describe(reward)}")
         return
     low, high = env.reward_range

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Sequence
 from typing import Any
@@ -90,10 +91,31 @@ def _read_answers(row: dict[str, Any], index: int, label_key: str | None) -> lis
             f"row {index}: missing field {missing} (the gold answers); row has {sorted(row)}; "
             "pass label_key=... to name the column"
         )
-    answers = [value] if isinstance(value, str) else [str(v) for v in _as_list(value)]
+    if not isinstance(value, str) and not hasattr(value, "__iter__"):
+        raise ValueError(
+            f"row {index}: field {missing} is {value!r}; give a string or a list of gold answers"
+        )
+    answers = (
+        [value]
+        if isinstance(value, str)
+        else [_answer_text(v, index, missing) for v in _as_list(value)]
+    )
     if not answers:
         raise ValueError(f"row {index}: field {missing} is empty; give at least one gold answer")
     return answers
+
+
+def _answer_text(value: Any, index: int, field: str) -> str:
+    """A gold answer as text: a string, or a finite number (a year, a count); None and NaN are
+    refused, or they would be scored as the words "None" and "nan"."""
+    is_number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if isinstance(value, str) and value.strip():
+        return value
+    if is_number and math.isfinite(value):
+        return str(value)
+    raise ValueError(
+        f"row {index}: a gold answer in {field} is {value!r}; each must be non-empty text or a finite number"
+    )
 
 
 def _dig(row: dict[str, Any], path: Sequence[str]) -> Any:

@@ -198,3 +198,18 @@ def test_a_bad_agent_is_one_line_before_any_run_dir(tmp_path, monkeypatch, case)
     assert f"rollout.agent={agent!r}" in line and named in line, line
     assert not run.exists()
     check_writable(run, is_resume=False, is_overwrite=False)  # the next run is not blocked
+
+
+@pytest.mark.parametrize("case", ["no_module", "not_async"])
+def test_eval_with_a_bad_agent_is_one_line_before_the_model_loads(tmp_path, monkeypatch, case):
+    agent, named = BAD_AGENTS[case]
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "eval"
+    result = runner.invoke(
+        app,
+        ["eval", "--env", "calculator", "--agent", agent, "--model", "unused", "--out", str(out)],
+    )
+    assert result.exit_code == 2, result.output
+    line = one_line(result.output, prefix="error:")
+    assert f"rollout.agent={agent!r}" in line and named in line, line
+    assert not out.exists()

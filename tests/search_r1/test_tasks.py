@@ -151,3 +151,15 @@ def test_title_splits_are_named_and_disjoint_by_article() -> None:
         and not ids["dev"] & ids["test"]
     )
     assert all(t.split == "titles-test" for t in splits["test"])
+
+
+@pytest.mark.parametrize(
+    ("answers", "named"),
+    [([float("nan")], "nan"), ([None], "None"), (float("nan"), "nan"), ([""], "''")],
+)
+def test_gold_answers_that_are_no_text_are_refused(answers, named) -> None:
+    """NaN and null gold answers were kept as the words "nan" and "None"."""
+    with pytest.raises(ValueError, match=rf"row 3: .*{named}"):
+        SearchR1Env.task_from_row({"question": "q", "golden_answers": answers}, index=3)
+    year = SearchR1Env.task_from_row({"question": "q", "golden_answers": [1875]}, index=0)
+    assert year.data["golden_answers"] == ["1875"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import random
 import re
 from dataclasses import dataclass
@@ -188,6 +189,10 @@ def last_answer_block(text: str) -> str | None:
 def parse_label(value: Any, *, where: str) -> int | float:
     """A gold answer from a data row: a number, or a string holding one ("1,234", "42.0")."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise ValueError(
+                f"{where}: answer {value!r} is not a finite number; fix or drop the row"
+            )
         return value
     number = last_number(str(value)) if isinstance(value, str) else None
     if number is None:
@@ -421,6 +426,11 @@ class CalculatorEnv(AgentEnv):
                 raise ValueError(
                     f"row {index}: missing field {key!r} (fields: {sorted(row)}); set input_key/label_key"
                 )
+        question = row[input_key]
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError(
+                f"row {index}: field {input_key!r} is {question!r}; the question must be non-empty text"
+            )
         answer = parse_label(row[label_key], where=f"row {index}")
         task_id = str(row.get("id", f"row-{index}"))
-        return Task(id=task_id, data={"question": str(row[input_key]), "answer": answer})
+        return Task(id=task_id, data={"question": question, "answer": answer})

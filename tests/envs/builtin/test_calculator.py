@@ -217,3 +217,10 @@ def test_task_from_row() -> None:
         CalculatorEnv.task_from_row({"question": "x"}, index=5)
     with pytest.raises(ValueError, match=r"row 6: answer 'many' is not a number"):
         CalculatorEnv.task_from_row({"question": "x", "answer": "many"}, index=6)
+    # a NaN or inf label could never be matched; a null question became the text "None"
+    with pytest.raises(ValueError, match=r"row 7: answer nan is not a finite number"):
+        CalculatorEnv.task_from_row({"question": "x", "answer": float("nan")}, index=7)
+    with pytest.raises(ValueError, match=r"row 8: answer inf is not a finite number"):
+        CalculatorEnv.task_from_row({"question": "x", "answer": float("inf")}, index=8)
+    with pytest.raises(ValueError, match=r"row 9: field 'question' is None; the question must"):
+        CalculatorEnv.task_from_row({"question": None, "answer": 2}, index=9)
