@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
         host_option,
         max_body_mb_option,
         port_option,
-        warn_if_exposed,
+        server_api_key,
     )
 
     group = typer.Typer(
@@ -53,6 +53,7 @@ def register(app: typer.Typer) -> None:
         if topk > max_topk:
             _fail(f"--topk {topk} is over --max-topk {max_topk}; lower --topk or raise --max-topk")
         path = resolve_corpus(corpus)
+        api_key = server_api_key(host, api_key, what="query the corpus")  # made off loopback
         limits = RetrieverLimits(max_topk=max_topk, max_queries=max_queries,
                                  max_body_bytes=int(max_body_mb * 2**20))  # fmt: skip
         try:
@@ -64,7 +65,6 @@ def register(app: typer.Typer) -> None:
             _fail(str(e))
         except OSError as e:
             _fail(f"--corpus {corpus} cannot be read ({e.strerror}); check its permissions")
-        warn_if_exposed(host, api_key, what="query the corpus")
         Console(stderr=True).print(f"retriever: serving {path} on http://{host}:{port}/retrieve")
         server.run()
 

@@ -81,3 +81,36 @@ def test_build_corpus_refuses_an_out_that_cannot_be_a_file(
     line = one_line(result.output, prefix="error: ")
     assert f"--out {target}" in line and named in line
     assert not (tmp_path / "cache").exists()  # refused before the corpus is built
+
+
+@pytest.mark.parametrize(
+    ("host", "given", "is_made"),
+    [("0.0.0.0", None, True), ("0.0.0.0", "k1", False), ("127.0.0.1", None, False)],
+)
+def test_serve_off_the_loopback_without_a_key_makes_one(
+    corpus_path: Path, monkeypatch, host: str, given: str | None, is_made: bool
+) -> None:
+    """Secure by default, as `agentrl serve` and `env serve`: a retriever bound beyond loopback
+    without a key serves with one made for the run, announced with the variable clients read."""
+    served: dict = {}
+
+    class Server:
+        def run(self) -> None:
+            served["ran"] = True
+
+    def make_server(path, **kwargs):
+        served.update(kwargs)
+        return Server()
+
+    monkeypatch.setattr("agentrl_envs.search_r1.server.make_server", make_server)
+    monkeypatch.delenv("AGENTRL_API_KEY", raising=False)
+    args = ["retriever", "serve", "--corpus", str(corpus_path), "--host", host]
+    args += ["--api-key", given] if given else []
+    result = runner.invoke(app, args, env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    assert served["ran"]
+    if is_made:
+        key = served["api_key"]
+        assert key and len(key) >= 32 and f"AGENTRL_API_KEY={key}" in result.output
+    else:
+        assert served["api_key"] == given and "AGENTRL_API_KEY=" not in result.output
