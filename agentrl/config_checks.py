@@ -27,6 +27,8 @@ def check_run(cfg: RunConfig) -> None:
     _check_async(cfg)
     _check_transport(cfg)
     _check_placement(cfg)
+    _check_ignored_url(cfg)
+    _check_group_size(cfg)
     if engine.kind == "http" and not engine.url:
         raise ConfigError(
             "engine.kind=http needs engine.url, e.g. --set engine.url=http://127.0.0.1:30000 "
@@ -109,6 +111,34 @@ def _check_async(cfg: RunConfig) -> None:
         raise ConfigError(
             f"--update-weights-interval={lag} makes --async rollouts up to {lag} policy versions "
             f"old, past --max-staleness={train.max_staleness}: raise --max-staleness to {lag}"
+        )
+
+
+def _check_ignored_url(cfg: RunConfig) -> None:
+    """A URL only kind=http uses: set with another kind, it would be ignored without a word."""
+    engine = cfg.engine
+    if engine.url and engine.kind != "http":
+        raise ConfigError(
+            f"engine.url={engine.url!r} is set but engine.kind={engine.kind} ignores it; add "
+            "--set engine.kind=http to use that server, or drop engine.url"
+        )
+
+
+GROUP_RELATIVE_ESTIMATORS = ("grpo", "rloo")
+"""Advantages measured against the other episodes of a task's group: with one episode per task
+there is no other, and the advantage falls back to the raw reward (no baseline at all).
+reinforce_plus_plus whitens over the whole batch instead (valid with one episode per task);
+reinforce_plus_plus_baseline then subtracts nothing and whitens the same way."""
+
+
+def _check_group_size(cfg: RunConfig) -> None:
+    estimator, n = cfg.algo.advantage_estimator, cfg.rollout.n_samples_per_prompt
+    if n == 1 and estimator in GROUP_RELATIVE_ESTIMATORS:
+        raise ConfigError(
+            f"--n-samples-per-prompt 1 leaves --advantage-estimator {estimator} no group to "
+            "compare an episode with (its advantage would be the raw reward, no baseline); use "
+            "--n-samples-per-prompt 2 or more (4-8 is usual), or --advantage-estimator "
+            "reinforce_plus_plus"
         )
 
 

@@ -107,6 +107,32 @@ def test_train_through_http_engine_matches_in_process(tiny_model_path, tmp_path)
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
 
 
+@pytest.mark.slow
+def test_a_step_whose_episodes_all_failed_stops_the_run_in_one_line(
+    tiny_model_path, tmp_path, monkeypatch
+):
+    """Every episode ABORTED by a dead engine: the run trained 0 tokens and ended in a 319-line
+    traceback (issue 39); now it stops before the update, in one line saying how to go on."""
+    from agentrl.engine.base import EngineUnavailable
+    from agentrl.engine.local import LocalEngine
+    from agentrl.run.schedules import NothingToTrainError
+
+    async def dead(self, *args, **kwargs):
+        raise EngineUnavailable("POST http://h/generate failed after 4 attempts")
+
+    monkeypatch.setattr(LocalEngine, "generate", dead)
+    run = tmp_path / "run"
+    with pytest.raises(NothingToTrainError) as caught:
+        train(_config(tiny_model_path, run))
+    message = str(caught.value)
+    assert message.startswith(
+        "step 1: all 4 episodes failed (4 aborted/engine), nothing to train on; first error in "
+        "engine.generate: agentrl.engine.base.EngineUnavailable: POST http://h/generate"
+    )
+    assert message.endswith(f"start over with --save {run} --overwrite") and "\n" not in message
+    assert not (run / "rollouts" / "step_000001.jsonl").exists()  # nothing was trained on
+
+
 def _train_cli(*args: str) -> list[str]:
     import sys
 
@@ -145,7 +171,8 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tiny_model_path, tmp_path):
     step = int(ckpt.name.removeprefix("step_"))
     assert step >= 1 and (ckpt / "loop_state.json").exists()
     # said at once, then what is saved, then where it is and how to go on
-    said, saving = out.index("Ctrl-C: finishing the current step…"), out.index("saving step ")
+    said = out.index("Ctrl-C: stopping; a rollout under way is dropped, an update finishes…")
+    saving = out.index("saving step ")
     assert said < saving < out.index(f"saved in {ckpt}")
     assert f"saving step {step} (the last completed)" in out
     assert step in _metrics(run)  # the saved step's metrics line is there

@@ -65,6 +65,8 @@ def _unwritable(out: Path) -> str | None:
     an existing file); None when it can."""
     if out.is_dir():
         return "is a directory; pass a file path, e.g. rollouts.jsonl"
+    if out.exists() and not out.is_file():  # /dev/null, a pipe: the fsync after each group fails
+        return "is not a regular file; pass a file path, e.g. rollouts.jsonl"
     parent = out.parent
     if not parent.is_dir():
         return f"its directory {parent} does not exist; create it or pass another path"
@@ -87,11 +89,12 @@ async def _rollout(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from agentrl.data import load_tasks
-    from agentrl.engine.factory import make_engine
+    from agentrl.engine.factory import make_engine, probe_engine
     from agentrl.envs import spec
     from agentrl.rollout import build_runner
     from agentrl.rollout.trajectory import Trajectory, write_jsonl
 
+    await probe_engine(cfg.engine)  # a dead engine.url: one line, before --out is written
     env_spec = spec(cfg.env.id)
     env_spec.check_kwargs(cfg.env.kwargs)  # a bad argument fails here, not in every episode
     tasks = load_tasks(cfg.env, split, env_spec.load_class())[:num_tasks]

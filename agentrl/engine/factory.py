@@ -1,17 +1,46 @@
-"""`make_engine`: the one place a run config becomes an inference engine."""
+"""`make_engine`: the one place a run config becomes an inference engine; `probe_engine`: the
+server a run names answers before anything runs."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import TYPE_CHECKING
 
-from agentrl.config import EngineConfig, RolloutConfig, RunConfig
+from agentrl.config import ConfigError, EngineConfig, RolloutConfig, RunConfig
 from agentrl.config_checks import trainer_uses_cuda
-from agentrl.engine.base import Engine
-from agentrl.engine.sglang.protocol import resolve_api_key
+from agentrl.engine.base import Engine, EngineError
+from agentrl.engine.sglang.protocol import API_KEY_ENV, resolve_api_key
 
 if TYPE_CHECKING:
     from agentrl.engine.sglang import SGLangEngine
+
+
+class EngineUnreachable(ConfigError):
+    """`engine.url` answers nothing a run can use: no server, an HTTP error, or not SGLang."""
+
+
+async def probe_engine(engine: EngineConfig) -> None:
+    """Before anything loads or is written: the server at `engine.url` (kind=http) answers as
+    SGLang, its router or `agentrl serve` do, else one line naming the URL and what answered.
+    (Launched servers, kind=sglang, are waited for by their launcher.)"""
+    if engine.kind != "http" or not engine.url:
+        return
+    from agentrl.engine.sglang import SGLangEngine
+
+    client = SGLangEngine(engine.url, max_retries=0, api_key=resolve_api_key(engine))
+    try:
+        await client.probe(timeout_s=min(10.0, engine.request_timeout_s))
+    except EngineError as e:
+        is_key = "answered HTTP 401" in str(e)
+        fix = (
+            f"set {API_KEY_ENV} to the server's --api-key"
+            if is_key
+            else "start the server there (`agentrl serve --model PATH` or SGLang's) or fix "
+            "--set engine.url"
+        )
+        raise EngineUnreachable(f"engine.url={engine.url}: {e}; {fix}") from None
+    finally:
+        await client.close()
 
 
 def make_engine(cfg: RunConfig, *, model_path: str | None = None, reserve_bytes: int = 0) -> Engine:

@@ -13,6 +13,7 @@ from agentrl.config import RunConfig
 from agentrl.config_checks import check_run, resolved
 from agentrl.data import TaskSource, load_tasks
 from agentrl.engine.base import EngineMemoryError
+from agentrl.engine.factory import probe_engine
 from agentrl.envs import spec
 from agentrl.progress import RunProgress, step_line
 from agentrl.rollout import build_runner
@@ -20,7 +21,13 @@ from agentrl.run import run_dir as run_dir_guard
 from agentrl.run.checkpoint import resume_run
 from agentrl.run.launch import check_megatron, make_runtime
 from agentrl.run.metrics import MetricsLogger
-from agentrl.run.schedules import Pace, SyncSchedule, make_schedule
+from agentrl.run.schedules import (
+    NothingToTrainError,
+    Pace,
+    SyncSchedule,
+    make_schedule,
+    why_untrainable,
+)
 from agentrl.run.signals import stop_on_signals
 from agentrl.run.state import RunState
 
@@ -47,9 +54,10 @@ def train(cfg: RunConfig, progress: RunProgress | None = None) -> TrainResult:
 
 async def _train(cfg: RunConfig, progress: RunProgress) -> TrainResult:
     # Everything a user can get wrong fails first, in a second, before anything is written:
-    # flags, the env id and its data rows, the model path.
+    # flags, the engine's URL, the env id and its data rows, the model path.
     check_megatron(cfg)
     check_run(cfg)
+    await probe_engine(cfg.engine)
     cfg = resolved(cfg)
     env_spec = spec(cfg.env.id)
     env_spec.check_kwargs(cfg.env.kwargs)
@@ -143,6 +151,9 @@ class _Steps:
     async def run(self, step: int) -> None:
         state, cfg, schedule = self.state, self.state.cfg, self.schedule
         rollout = await schedule.next_rollout(step)
+        if problem := why_untrainable(rollout.collected.groups):
+            await schedule.stop()
+            raise NothingToTrainError(f"step {step + 1}: {problem}; {_how_to_go_on(state)}")
         t0 = time.perf_counter()
         metrics = await state.learn(step, rollout)
         busy_s, done = time.perf_counter() - t0, step + 1
@@ -169,6 +180,13 @@ class _Steps:
             await state.save(done)
             self.last_save_t = time.monotonic()
             self.pace.restart()
+
+
+def _how_to_go_on(state: RunState) -> str:
+    run_dir = state.run_dir
+    if any((run_dir / "checkpoints").glob("step_*")):
+        return f"fix it, then continue with agentrl train --resume {run_dir}"
+    return f"fix it, then start over with --save {run_dir} --overwrite"
 
 
 def _is_due(interval: int | None, done: int) -> bool:

@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from agentrl.config import RunConfig
+from agentrl.config import ConfigError, RunConfig
 from agentrl.rollout.async_worker import RolloutWorker, take_groups
-from agentrl.rollout.collect import Collected
+from agentrl.rollout.collect import Collected, Group
+from agentrl.types import EpisodeStatus, StatusReason
 
 if TYPE_CHECKING:
     from agentrl.data import TaskSource
@@ -29,6 +31,28 @@ class Rollout:
     collected: Collected
     data_state: dict[str, Any] | None  # None: the task source keeps no state
     seconds: float
+
+
+class NothingToTrainError(ConfigError):
+    """Every episode of a step failed (ERROR or ABORTED: the engine, a tool, the env), so the
+    step has nothing to train on; the run stops instead of stepping on no tokens. A ConfigError,
+    so the command line prints it as the one line a user acts on (fix the setup, then rerun)."""
+
+
+def why_untrainable(groups: list[Group]) -> str | None:
+    """None when some episode of the step was scored; else one line on how they all ended and
+    the first error they met."""
+    episodes = [t for g in groups for t in g]
+    if not episodes or any(EpisodeStatus(t.status).is_trainable for t in episodes):
+        return None
+    mix = Counter(
+        f"{EpisodeStatus(t.status).value}/{StatusReason(t.status_reason).value}" for t in episodes
+    )
+    ended = ", ".join(f"{n} {status}" for status, n in mix.most_common())
+    failed = next((t.info for t in episodes if t.info.get("error")), {})
+    lines = str(failed.get("error", "")).strip().splitlines()
+    first = f"; first error in {failed.get('error_where')}: {lines[-1]}" if lines else ""
+    return f"all {len(episodes)} episodes failed ({ended}), nothing to train on{first}"
 
 
 def rollout_seed(seed: int, step: int, index: int) -> int:

@@ -31,7 +31,9 @@ def stop_on_signals(progress: RunProgress) -> Iterator[None]:
             progress.note(f"{name} again: still saving the checkpoint, please wait")
             return
         is_stopping = True
-        progress.note(f"{name}: finishing the current step…")
+        # The step under way is not finished: its rollout is dropped (its tasks are drawn again
+        # on resume); only a weight update under way ends first, and its step counts.
+        progress.note(f"{name}: stopping; a rollout under way is dropped, an update finishes…")
         task.cancel()
 
     for signum, name in signals.items():

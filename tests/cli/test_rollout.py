@@ -16,6 +16,7 @@ runner = CliRunner()
     [
         (["--out", "{tmp}/no/such/dir/r.jsonl"], "/no/such/dir does not exist"),
         (["--out", "{tmp}"], "is a directory; pass a file path"),
+        (["--out", "/dev/null"], "--out /dev/null: is not a regular file"),
         (["--out", "{tmp}/r.jsonl", "--temperature", "-1"], "--temperature=-1.0 must be >= 0"),
         (["--out", "{tmp}/r.jsonl", "--split", "bogus"], "calculator has splits"),
         (["--out", "{tmp}/r.jsonl", "--set", "env.kwargs.bogus=1"], "'bogus'"),

@@ -191,3 +191,23 @@ def test_a_user_error_is_one_line(tmp_path, flags, named) -> None:
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2, result.output
     assert named in one_line(result.output)
+
+
+def test_an_eval_whose_episodes_all_aborted_exits_non_zero_and_says_why(
+    fakes, tmp_path, monkeypatch
+) -> None:
+    """It exited 0 with a table of n/a (issue 39)."""
+    from agentrl.types import EpisodeStatus
+    from tests.support.cli import one_line
+
+    from .conftest import build_traj
+
+    aborted = FakeRunner(lambda task, i: build_traj(status=EpisodeStatus.ABORTED))
+    monkeypatch.setattr("agentrl.rollout.build_runner", lambda cfg, engine: aborted)
+    args = ["eval", "--env", "calculator", "-k", "2", "--num-tasks", "3", "--out", str(tmp_path)]
+    result = CliRunner().invoke(
+        _app(), [*args, "--temperature", "1", "--set", "log.progress=false"]
+    )
+    assert result.exit_code == 1, result.output
+    line = one_line(result.output, prefix="error: all 6 episodes were ABORTED (cancelled: 6): ")
+    assert "the local engine stopped answering or aborted them, so none was scored" in line

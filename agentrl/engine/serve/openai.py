@@ -108,7 +108,9 @@ async def list_models(s: State) -> dict[str, Any]:
         "created": int(time.time()),
         "owned_by": "agentrl",
         "root": s.served_model_name,
-        "max_model_len": getattr(s.tokenizer, "model_max_length", None),
+        # the engine's context (its KV slots, the model's positions, --context-length), as
+        # /server_info says: a tokenizer's model_max_length may be the 1e30 "no limit" sentinel
+        "max_model_len": s.context_len,
     }
     return {"object": "list", "data": [card]}
 

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 
-from agentrl.engine.base import Completion, SamplingParams
+import httpx
+
+from agentrl.engine.base import Completion, EngineError, SamplingParams
+from agentrl.engine.sglang.dialect import dialect_from_info
 from agentrl.engine.sglang.protocol import (
     ROUTING_KEY_HEADER,
     aborted_completion,
@@ -83,6 +87,42 @@ class SGLangEngine(SGLangWeights):
         self.weight_version = completion.weight_version
         return completion
 
+    # -- the probe before a run
+
+    async def probe(self, timeout_s: float = 10.0) -> str:
+        """One GET of the server info (no retries, `timeout_s`): the server's version, or an
+        `EngineError` saying in one line what answered -- nothing, an HTTP error, or a body that
+        is not an SGLang server's (a router or `agentrl serve` answer as SGLang does)."""
+        url = f"{self.base_url}/server_info"
+        response = await self._probe_get(url, timeout_s)
+        if response.status_code == 404:  # a router may know only the older name
+            older = await self._probe_get(f"{self.base_url}/get_server_info", timeout_s)
+            if older.status_code != 404:
+                url, response = f"{self.base_url}/get_server_info", older
+        if response.status_code != 200:
+            body = " ".join(response.text.split())[:120]
+            raise EngineError(f"GET {url} answered HTTP {response.status_code}: {body!r}")
+        return self._read_probe(url, response)
+
+    async def _probe_get(self, url: str, timeout_s: float) -> httpx.Response:
+        try:
+            return await self._http().get(url, timeout=timeout_s)
+        except httpx.TimeoutException:
+            raise EngineError(f"GET {url}: no answer within {timeout_s:g}s") from None
+        except httpx.HTTPError as e:
+            raise EngineError(f"GET {url}: {_no_connection(e)}") from None
+
+    def _read_probe(self, url: str, response: httpx.Response) -> str:
+        try:
+            info = response.json()
+        except ValueError:
+            info = None
+        if not isinstance(info, dict) or "version" not in info:
+            body = " ".join(response.text.split())[:120]
+            raise EngineError(f"GET {url} answered {body!r}, not an SGLang server's info")
+        self._dialects[self.base_url] = dialect_from_info(info, self.base_url)  # version check
+        return str(info["version"])
+
     async def heal(self) -> list[int]:
         """Restart the servers agentrl launched that died (`SGLangCluster.heal`): their indices."""
         return await self.cluster.heal() if self.cluster is not None else []
@@ -95,3 +135,17 @@ class SGLangEngine(SGLangWeights):
         if self.cluster is not None:
             self.cluster.shutdown()
             self.cluster = None
+
+
+def _no_connection(error: httpx.HTTPError) -> str:
+    """What a failed connection met, in words: a refusal, an unknown host, or httpx's own."""
+    cause: BaseException | None = error
+    while cause is not None:  # httpx wraps httpcore, which wraps anyio's OSError, which wraps...
+        if isinstance(cause, ConnectionRefusedError):
+            return "connection refused (nothing listens on that port)"
+        if isinstance(cause, socket.gaierror):
+            return f"unknown host ({cause})"
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(error, httpx.ConnectError):
+        return f"could not connect ({error})"
+    return f"{type(error).__name__}: {error}"

@@ -105,3 +105,15 @@ def test_a_message_without_a_chat_role_is_a_400_naming_it(served, messages, name
     client.chat.completions.create(
         model="m", messages=[{"role": "developer", "content": "Be brief."}, *MESSAGES], max_tokens=2
     )  # SGLang's other roles pass
+
+
+def test_models_report_the_engines_context_length(served):
+    """`/v1/models` said the tokenizer's model_max_length, 1e30 for SmolLM2's (issue 39)."""
+    import httpx
+
+    client, engine = served
+    card = client.models.list().data[0].model_extra
+    root = str(client.base_url).rstrip("/").removesuffix("/v1")
+    info = httpx.get(f"{root}/server_info").json()
+    assert card["max_model_len"] == info["context_length"]
+    assert 0 < card["max_model_len"] <= engine.model.config.max_position_embeddings
