@@ -7,9 +7,13 @@ import importlib
 import warnings
 from collections.abc import Iterator
 from importlib.metadata import entry_points
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
+from typer.core import TyperArgument, TyperCommand, TyperOption
+
+if TYPE_CHECKING:  # the copy of click that typer builds its commands on
+    from typer._click import Context, HelpFormatter, Parameter
 
 app = typer.Typer(
     name="agentrl",
@@ -49,6 +53,31 @@ def user_errors(*extra: type[BaseException]) -> Iterator[None]:
         yield
     except (*fixable, SGLangNotInstalled, *extra) as e:
         fail(str(e))
+
+
+class PlainHelp(TyperCommand):
+    """A command whose `--help` is click's plain layout, one section per `rich_help_panel`:
+    rich's option table cuts long flag names at 80 columns (`--n-samples-per-pro…`), click's
+    layout wraps the help text and never a name."""
+
+    def format_help(self, ctx: Context, formatter: HelpFormatter) -> None:
+        super(TyperCommand, self).format_help(ctx, formatter)  # click's, not typer's rich one
+
+    def format_options(self, ctx: Context, formatter: HelpFormatter) -> None:
+        sections: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = self.help_record(ctx, param)
+            if record is not None:
+                is_typer = isinstance(param, TyperOption | TyperArgument)  # not click's --help
+                panel = (param.rich_help_panel if is_typer else None) or "Options"
+                sections.setdefault(panel, []).append(record)
+        for title, rows in sections.items():
+            with formatter.section(title):
+                formatter.write_dl(rows)
+
+    def help_record(self, ctx: Context, param: Parameter) -> tuple[str, str] | None:
+        """One option's (names, help) line; a command adds to it here (e.g. its defaults)."""
+        return param.get_help_record(ctx)
 
 
 def quiet_libraries() -> None:

@@ -73,9 +73,9 @@ def build_config(
     return cfg, changed, notices
 
 
-def _flag(help: str, panel: str | None = None, *names: str) -> Any:
+def _flag(help: str, panel: str | None = None, *names: str, metavar: str | None = None) -> Any:
     """A flag, None unless given (the recipe's or saved run's value stands)."""
-    return typer.Option(None, *names, help=help, rich_help_panel=panel)
+    return typer.Option(None, *names, help=help, rich_help_panel=panel, metavar=metavar)
 
 
 def train_command(
@@ -85,27 +85,40 @@ def train_command(
     ),
     config: str | None = _flag(
         "A YAML or JSON file of section.field values (or sections of fields), applied over the "
-        "env's recipe and under the flags and --set; a run's run_config.json is one."
+        "env's recipe and under the flags and --set; a run's run_config.json is one.",
+        metavar="FILE",
     ),
     set_: list[str] = typer.Option(
-        [], "--set", help="Override any config field: --set section.field=value (repeatable)."
+        [],
+        "--set",
+        help="Override any config field: --set section.field=value (repeatable).",
+        metavar="KEY=VALUE",
     ),
     agent: str | None = _flag(
         "An agent to train instead of the env's own loop: module:function, an `async def "
         "run(task, client)` that talks to the policy through an OpenAI client (default: none)."
     ),
-    resume: str | None = _flag("Continue the run saved in this directory, with its saved config."),
+    resume: str | None = _flag(
+        "Continue the run saved in this directory, with its saved config.", metavar="DIR"
+    ),
     load: str | None = _flag(
         "slime's --load: continue the run in this directory if it holds one, else start a new "
-        "run (so --load DIR --save DIR works from the first launch)."
+        "run (so --load DIR --save DIR works from the first launch).",
+        metavar="DIR",
     ),
     override: bool = typer.Option(
-        False, help="With --resume: apply flags that change the saved config (shown as a diff)."
+        False,
+        "--override",
+        help="With --resume: apply flags that change the saved config (shown as a diff).",
     ),
     overwrite: bool = typer.Option(
-        False, help="Start over in a --save directory that holds an earlier run (deletes it)."
+        False,
+        "--overwrite",
+        help="Start over in a --save directory that holds an earlier run (deletes it).",
     ),
-    show_config: bool = typer.Option(False, help="Print the resolved config and exit."),
+    show_config: bool = typer.Option(
+        False, "--show-config", help="Print the resolved config and exit."
+    ),
     model: str | None = _flag(
         "Transformers checkpoint dir; --hf-checkpoint is slime's name (default: the bundled "
         "SmolLM2-135M).",
@@ -129,9 +142,9 @@ def train_command(
     label_key: str | None = _flag("Column holding the label (default: the env's own).", DATA),
     num_rollout: int | None = _flag("Train steps.", ROLLOUT),
     rollout_batch_size: int | None = _flag("Tasks per train step.", ROLLOUT),
-    n_samples_per_prompt: int | None = _flag("Episodes per task (the group size).", ROLLOUT),
+    n_samples_per_prompt: int | None = _flag("Episodes per task, the group size.", ROLLOUT),
     rollout_max_response_len: int | None = _flag(
-        "Most new tokens per turn (in slime: per response).", ROLLOUT
+        "Most new tokens per turn; in slime, per response.", ROLLOUT
     ),
     rollout_max_context_len: int | None = _flag(
         "Most tokens in an episode: prompt, turns and observations.", ROLLOUT
@@ -158,7 +171,7 @@ def train_command(
         "Truncated importance sampling of rollout vs trainer logprobs (default: on with --async).",
         ALGO,
     ),
-    use_kl_loss: bool | None = _flag("Add KL to the reference policy (the starting model).", ALGO),
+    use_kl_loss: bool | None = _flag("Add KL to the reference policy, the starting model.", ALGO),
     kl_loss_coef: float | None = _flag("Weight of the KL term.", ALGO),
     kl_loss_type: str | None = _flag("k1 | k2 | k3 | low_var_kl; slime uses k1.", ALGO),
     entropy_coef: float | None = _flag("Weight of the entropy bonus.", ALGO),
@@ -179,25 +192,27 @@ def train_command(
         "Evaluate every N steps (default: only at the start and the end).", SAVE_EVAL
     ),
     n_samples_per_eval_prompt: int | None = _flag(
-        "Episodes per held-out task (k of pass@k).", SAVE_EVAL
+        "Episodes per held-out task, the k of pass@k.", SAVE_EVAL
     ),
     eval_temperature: float | None = _flag(
         "Sampling temperature of held-out episodes; 0 = greedy.", SAVE_EVAL
     ),
-    use_wandb: bool | None = _flag("Log metrics to Weights & Biases (the wandb extra).", SAVE_EVAL),
+    use_wandb: bool | None = _flag(
+        "Log metrics to Weights & Biases too; needs the wandb extra.", SAVE_EVAL
+    ),
     wandb_project: str | None = _flag("The W&B project.", SAVE_EVAL),
     ray_address: str | None = _flag(
         "Join this Ray cluster (default: RAY_ADDRESS, else start a local Ray).", PLACEMENT
     ),
     actor_num_nodes: int | None = _flag("Nodes for the trainer ranks.", PLACEMENT),
     actor_num_gpus_per_node: int | None = _flag(
-        "Trainer ranks per node, one GPU each (FSDP2 data parallel).", PLACEMENT
+        "Trainer ranks per node, one GPU each, FSDP2 data parallel.", PLACEMENT
     ),
     rollout_num_gpus: int | None = _flag(
         "GPUs for all engine servers (default: the trainer's when colocated, else 1).", PLACEMENT
     ),
     rollout_num_gpus_per_engine: int | None = _flag(
-        "GPUs of one engine server (its TP size).", PLACEMENT
+        "GPUs of one engine server, its TP size.", PLACEMENT
     ),
     colocate: bool | None = _flag(
         "Engines share the trainer's GPUs, releasing memory while it steps.", PLACEMENT
@@ -215,8 +230,8 @@ def train_command(
         PLACEMENT,
     ),
     async_: bool | None = _flag(
-        "Generate the next step while this one trains (disaggregated only; one step "
-        "off-policy, as slime's train_async.py).",
+        "Generate the next step while this one trains, one step off-policy as slime's "
+        "train_async.py; disaggregated only.",
         PLACEMENT,
         "--async/--no-async",
     ),
@@ -237,7 +252,7 @@ def train_command(
         "--async-mode full: episodes kept running (default: one rollout batch).", PLACEMENT
     ),
     train_backend: str | None = _flag(
-        "torch (FSDP2) | megatron (the megatron extra, CUDA).", TRAINER
+        "torch (FSDP2) | megatron (Megatron-core: CUDA and the megatron extra).", TRAINER
     ),
     tensor_model_parallel_size: int | None = _flag(
         "GPUs each layer's weights are split over.", TRAINER
@@ -262,7 +277,10 @@ def train_command(
     ),
 ) -> None:
     """Train a policy on an env with GRPO-family RL; runs on CPU with the embedded defaults.
-    With --resume, a flag not given keeps the saved run's value."""
+
+    The defaults below are the calculator recipe's, which an env without a recipe gets too; an
+    env with a recipe of its own (search_r1) sets its own values, which `agentrl train --env ID
+    --show-config` prints. With --resume, a flag not given keeps the saved run's value."""
     flags = {k: v for k, v in locals().items() if k not in COMMAND_FLAGS}  # before other locals
     import errno
     import json
@@ -274,6 +292,7 @@ def train_command(
     from agentrl.cli import fail, quiet_libraries, user_errors
 
     console = Console()
+    stderr = Console(stderr=True)  # notes, so `--show-config > run.json` is the config alone
     with user_errors():
         resume, notices = resume_from_load(resume, load, ref_load)
         cfg, changed, more = build_config(
@@ -282,9 +301,9 @@ def train_command(
         cfg.checkpoint.overwrite = overwrite
     notices += more
     for line in changed:
-        console.print(f"[yellow]override[/yellow] {line}", soft_wrap=True)
+        stderr.print(f"[yellow]override[/yellow] {line}", soft_wrap=True)
     for line in notices:
-        console.print(f"[yellow]note[/yellow] {escape(line)}", soft_wrap=True)
+        stderr.print(f"[yellow]note[/yellow] {escape(line)}", soft_wrap=True)
     if show_config:
         console.print_json(json.dumps(cfg.to_dict()))
         return

@@ -41,7 +41,7 @@ def test_slime_flags_map_to_config():
         ],
     )
     assert result.exit_code == 0, result.output
-    cfg = json.loads(result.output)
+    cfg = json.loads(result.stdout)  # notes go to stderr
     assert cfg["rollout"]["rollout_batch_size"] == 3
     assert cfg["rollout"]["n_samples_per_prompt"] == 6
     assert cfg["algo"]["advantage_estimator"] == "rloo"
@@ -54,7 +54,8 @@ def test_slime_flags_map_to_config():
 
 def test_every_slime_flag_names_one_config_field():
     """A flag sets the field of its name: a name two sections share would be ambiguous."""
-    from agentrl.cli.train import COMMAND_FLAGS, RENAMED_FLAGS, config_key, train_command
+    from agentrl.cli.train import train_command
+    from agentrl.cli.train_flags import COMMAND_FLAGS, RENAMED_FLAGS, config_key
     from agentrl.config import RunConfig
 
     cfg = RunConfig()
@@ -166,3 +167,43 @@ def test_a_binary_prompt_data_file_is_one_line(tmp_path):
     line = one_line(result.output, prefix="error:")
     assert "tasks.jsonl:1: binary data, not UTF-8 text (byte 0x8b at column 2)" in line
     assert not run_dir.exists()
+
+
+def help_entries(output: str) -> dict[str, str]:
+    """`--help`'s options, by their names column, with their help text joined into one line."""
+    entries: dict[str, str] = {}
+    names = None
+    for line in output.split("\nOptions:\n", 1)[1].splitlines():  # after the description
+        if line.startswith("  -"):
+            names, _, text = line.strip().partition("  ")
+            entries[names] = text.strip()
+        elif line.startswith("   ") and names is not None:
+            entries[names] = f"{entries[names]} {line.strip()}".strip()
+        else:
+            names = None
+    return entries
+
+
+def test_help_at_80_columns_shows_every_flag_whole_with_help_and_default():
+    """Rich's table cut names at 80 columns (`--n-samples-per-pro…`); half the flags had no help
+    and none said its default."""
+    import re
+
+    import typer
+
+    from agentrl.cli.train_flags import COMMAND_FLAGS
+
+    result = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0 and "…" not in result.output, result.output
+    assert max(len(line) for line in result.output.splitlines()) <= 80
+    entries = help_entries(result.output)
+    command = typer.main.get_command(app).commands["train"]
+    for param in command.params:
+        for name in (*param.opts, *param.secondary_opts):
+            assert re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", result.output), name
+        (text,) = [t for names, t in entries.items() if param.opts[0] in re.split("[ ,/]+", names)]
+        assert text, param.opts
+        if param.name not in (*COMMAND_FLAGS, "help"):
+            assert "default" in text, (param.opts, text)
+    (batch_size,) = [text for names, text in entries.items() if "--rollout-batch-size " in names]
+    assert "(default: 8)" in batch_size  # the calculator recipe's
