@@ -73,6 +73,15 @@ def test_load_of_a_dir_without_a_run_starts_one_and_ref_load_is_noted(tmp_path):
     assert any("--ref-load" in note and "is not read" in note for note in notes)
 
 
+def test_load_of_a_run_dir_resumes_it(tmp_path):
+    saved, _ = show_config("--save", str(tmp_path / "run"), "--lr", "3e-6")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run_config.json").write_text(json.dumps(saved))
+    cfg, notes = show_config("--load", str(tmp_path / "run"))
+    assert cfg["checkpoint"]["resume"] == str(tmp_path / "run") and cfg["train"]["lr"] == 3e-6
+    assert notes == []
+
+
 def test_load_and_resume_together_are_one_line(tmp_path):
     result = runner.invoke(app, ["train", "--load", str(tmp_path), "--resume", str(tmp_path)])
     assert result.exit_code == 2
