@@ -1,10 +1,13 @@
-"""`agentrl show`: render trajectories from a JSONL file turn by turn, trained (sampled) tokens
-on a green background and masked tokens (prompt, observations) dimmed."""
+"""`agentrl show`: render trajectories from a JSONL file turn by turn, each span by what its
+`loss_mask` says: trained (sampled) on green, masked tool/env replies on grey, the prompt dimmed;
+piped, each line carries its span's kind and mask value instead."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,12 +18,13 @@ from agentrl.cli import fail
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from agentrl.rollout.trajectory import Trajectory
+    from agentrl.rollout.trajectory import Trajectory, Turn
 
 MAX_LINE_BYTES = 64 * 1024 * 1024
 """The longest line (one trajectory) shown; a longer one is refused before it is read whole."""
 TRAINED_STYLE = "black on green3"
-MASKED_STYLE = "dim"
+MASKED_STYLE = "italic black on grey70"
+PROMPT_STYLE = "dim"
 
 
 def show_command(
@@ -43,6 +47,12 @@ def show_command(
     max_line_bytes: int = typer.Option(
         MAX_LINE_BYTES, help="Refuse a line (one trajectory) longer than this many bytes."
     ),
+    marks: bool | None = typer.Option(
+        None,
+        "--marks/--no-marks",
+        help="Start each line with its span's kind and loss_mask (trained 1 | masked 0 | "
+        "prompt 0) instead of colours. Default: marks when the output is not a colour terminal.",
+    ),
 ) -> None:
     """Show each trajectory turn by turn with its status, reason and reward. The file is read
     a line at a time, so a file of any size shows (and `--index` parses only its line)."""
@@ -50,17 +60,16 @@ def show_command(
     from rich.markup import escape
 
     console = Console()
+    if marks is None:  # piped (or NO_COLOR): styles would not show, so the lines say it
+        marks = not console.is_terminal or console.no_color
     file = _file_or_exit(console, path)
     decode = None
     try:
         for i, traj in selected_trajectories(file, index, max_line_bytes=max_line_bytes):
             if decode is None:  # the tokenizer loads once there is something to show
                 decode = _decoder(model, console)
-                console.print(
-                    f"Legend: [{TRAINED_STYLE}] trained (loss_mask 1) [/] [{MASKED_STYLE}]masked "
-                    "(loss_mask 0)[/]"
-                )
-            render_trajectory(console, i, traj, decode, show_prompt=show_prompt)
+                print_legend(console, marks=marks)
+            render_trajectory(console, i, traj, decode, show_prompt=show_prompt, marks=marks)
     except IndexOutOfRange as e:
         fail(f"--index {index} is out of range: {e}")
     except (OSError, ValueError) as e:
@@ -149,38 +158,163 @@ def _trajectory(line_no: int, row: dict[str, Any]) -> Trajectory:
         raise ValueError(f"line {line_no} is not a trajectory ({e})") from None
 
 
-def render_trajectory(
-    console: Console, index: int, traj: Trajectory, decode: Any, *, show_prompt: bool = True
-) -> None:
-    from rich.rule import Rule
+class SpanKind(Enum):
+    """What a span of a trajectory is, read from its `loss_mask` and `prompt_len`."""
+
+    PROMPT = "prompt"
+    TRAINED = "trained"
+    MASKED = "masked"
+
+
+@dataclass(frozen=True)
+class Span:
+    """token_ids[start:end], all of one kind."""
+
+    kind: SpanKind
+    start: int
+    end: int
+
+
+SPAN_STYLES = {
+    SpanKind.PROMPT: PROMPT_STYLE,
+    SpanKind.TRAINED: TRAINED_STYLE,
+    SpanKind.MASKED: MASKED_STYLE,
+}
+"""Each span gets its own style, never its turn's: a masked reply inside a trained turn shows
+masked."""
+SPAN_MARKS = {
+    SpanKind.TRAINED: "trained 1 | ",
+    SpanKind.MASKED: "masked  0 | ",
+    SpanKind.PROMPT: "prompt  0 | ",
+}
+"""Piped output has no styles: each line of a span starts with its kind and loss_mask."""
+SPAN_MEANINGS = {
+    SpanKind.TRAINED: "sampled by the policy, trained (loss_mask 1)",
+    SpanKind.MASKED: "tool or env reply, not trained (loss_mask 0)",
+    SpanKind.PROMPT: "the prompt, not trained (loss_mask 0)",
+}
+
+
+def spans(traj: Trajectory, start: int, end: int) -> list[Span]:
+    """token_ids[start:end] cut where the kind changes. The kind comes from `loss_mask` itself
+    (1: trained; 0: prompt before `prompt_len`, masked after it), so a wrong mask shows."""
+    out: list[Span] = []
+    for i in range(start, min(end, len(traj.token_ids))):
+        kind = _kind(traj, i)
+        if out and out[-1].kind is kind:
+            out[-1] = Span(kind, out[-1].start, i + 1)
+        else:
+            out.append(Span(kind, i, i + 1))
+    return out
+
+
+def _kind(traj: Trajectory, i: int) -> SpanKind:
+    if traj.loss_mask[i]:
+        return SpanKind.TRAINED
+    return SpanKind.PROMPT if i < traj.prompt_len else SpanKind.MASKED
+
+
+def print_legend(console: Console, *, marks: bool) -> None:
+    """What each style (terminal) or line mark (`marks`, piped) means."""
     from rich.text import Text
 
-    status_color = {"completed": "green", "truncated": "yellow"}.get(traj.status.value, "red")
-    console.print(
-        Rule(
-            f"[bold]#{index}[/bold] task {traj.task.get('id', '?')} · "
-            f"[{status_color}]{traj.status.value}/{traj.status_reason.value}[/{status_color}] · "
-            f"reward {traj.reward:g} · {traj.num_turns} turns · {traj.num_sampled} trained / "
-            f"{len(traj.token_ids)} tokens"
+    if marks:
+        console.out(
+            "Legend: each line of a span starts with its kind and loss_mask:", highlight=False
         )
-    )
+        for kind, mark in SPAN_MARKS.items():
+            console.out(f"  {mark}{SPAN_MEANINGS[kind]}", highlight=False)
+        return
+    legend = Text("Legend: ")
+    for kind, style in SPAN_STYLES.items():
+        legend.append(f" {kind.value} ", style=style)
+        legend.append(f" {SPAN_MEANINGS[kind]}  ")
+    console.print(legend)
+
+
+def render_trajectory(
+    console: Console,
+    index: int,
+    traj: Trajectory,
+    decode: Any,
+    *,
+    show_prompt: bool = True,
+    marks: bool = False,
+) -> None:
+    """The trajectory turn by turn, each span styled by its kind (or, with `marks`, each line
+    marked with it)."""
+    _print_header(console, index, traj, marks=marks)
     if show_prompt and traj.prompt_len:
-        console.print(Text(decode(traj.token_ids[: traj.prompt_len], None), style=MASKED_STYLE))
+        _print_spans(console, traj, spans(traj, 0, traj.prompt_len), decode, None, marks=marks)
     for k, turn in enumerate(traj.turns):
-        end = turn.start + turn.num_sampled
-        console.print(
-            f"[bold]turn {k + 1}[/bold] · finish {turn.finish_reason} · weights {turn.weight_version} · "
-            f"{turn.num_tool_calls} tool calls, {turn.num_tool_errors} errors",
-            style="cyan",
+        header = (
+            f"turn {k + 1} · finish {turn.finish_reason} · weights {turn.weight_version} · "
+            f"{turn.num_tool_calls} tool calls, {turn.num_tool_errors} errors"
         )
-        text = Text(decode(traj.token_ids[turn.start : end], turn.text), style=TRAINED_STYLE)
-        if turn.num_observation:
-            text.append(
-                decode(traj.token_ids[end : end + turn.num_observation], None), style=MASKED_STYLE
-            )
-        console.print(text)
+        _print_line(console, header, "bold cyan", marks=marks)
+        end = turn.start + turn.num_sampled + turn.num_observation
+        turn_spans = spans(traj, turn.start, end)
+        _print_spans(console, traj, turn_spans, decode, turn, marks=marks)
     if "error" in traj.info:
-        console.print(Text(str(traj.info["error"]).rstrip(), style="red"))
+        _print_line(console, str(traj.info["error"]).rstrip(), "red", marks=marks)
+
+
+def _print_header(console: Console, index: int, traj: Trajectory, *, marks: bool) -> None:
+    from rich.markup import escape
+    from rich.rule import Rule
+
+    status = f"{traj.status.value}/{traj.status_reason.value}"
+    facts = (
+        f"task {traj.task.get('id', '?')} · {status} · reward {traj.reward:g} · "
+        f"{traj.num_turns} turns · {traj.num_sampled} trained / {len(traj.token_ids)} tokens"
+    )
+    if marks:
+        console.out(f"== #{index} {facts} ==", highlight=False)
+        return
+    color = {"completed": "green", "truncated": "yellow"}.get(traj.status.value, "red")
+    colored = escape(facts).replace(status, f"[{color}]{status}[/{color}]", 1)
+    console.print(Rule(f"[bold]#{index}[/bold] {colored}"))
+
+
+def _print_line(console: Console, line: str, style: str, *, marks: bool) -> None:
+    from rich.text import Text
+
+    if marks:
+        console.out(line, highlight=False)
+    else:
+        console.print(Text(line, style=style))
+
+
+def _print_spans(
+    console: Console,
+    traj: Trajectory,
+    parts: list[Span],
+    decode: Any,
+    turn: Turn | None,
+    *,
+    marks: bool,
+) -> None:
+    """One text of the spans, each with its own style; with `marks`, every line marked."""
+    from rich.text import Text
+
+    texts = [(span, _span_text(traj, span, decode, turn)) for span in parts]
+    if not marks:
+        console.print(Text.assemble(*((text, SPAN_STYLES[span.kind]) for span, text in texts)))
+        return
+    for span, text in texts:
+        lines = text.split("\n")
+        if len(lines) > 1 and not lines[-1]:  # a span ending its line: no empty marked line
+            lines.pop()
+        for line in lines:
+            console.out(SPAN_MARKS[span.kind] + line, highlight=False)
+
+
+def _span_text(traj: Trajectory, span: Span, decode: Any, turn: Turn | None) -> str:
+    """The decoded span; a turn's whole sampled span falls back to the turn's stored text."""
+    fallback = None
+    if turn is not None and (span.start, span.end) == (turn.start, turn.start + turn.num_sampled):
+        fallback = turn.text
+    return decode(traj.token_ids[span.start : span.end], fallback)
 
 
 def _decoder(model: str, console: Console) -> Any:
@@ -198,7 +332,7 @@ def _decoder(model: str, console: Console) -> Any:
         )
 
         def fallback(ids: list[int], text: str | None) -> str:
-            return text if text is not None else f"[{len(ids)} masked tokens]"
+            return text if text is not None else f"[{len(ids)} tokens]"
 
         return fallback
 

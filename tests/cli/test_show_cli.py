@@ -1,15 +1,21 @@
-"""`agentrl show` names the line that is not a trajectory, reads a run's rollouts/ directory,
-says when a file holds none, and counts a negative --index from the end."""
+"""`agentrl show` tells trained, masked and prompt spans apart in a terminal (a style per span)
+and piped (a mark per line), names the line that is not a trajectory, reads a run's rollouts/
+directory, says when a file holds none, and counts a negative --index from the end."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import pytest
+from rich.console import Console
+from rich.style import Style
+from rich.text import Text
 from typer.testing import CliRunner
 
 from agentrl.cli import app
+from agentrl.cli.show import SPAN_MARKS, SPAN_STYLES, SpanKind, render_trajectory
 from agentrl.rollout.trajectory import Trajectory, Turn, write_jsonl
 from agentrl.types import EpisodeStatus, StatusReason
 from tests.support.cli import one_line
@@ -128,3 +134,112 @@ def test_an_index_parses_only_its_line_and_a_long_line_is_refused(tmp_path: Path
         "t.jsonl:1: the line is longer than 100 bytes; shorten it, or raise --max-line-bytes if "
         "it is meant"
     )
+
+
+# ---------------------------------------------------------------- spans, styled and marked
+
+WORDS = {1: "PROMPT-TEXT", 2: "SAMPLED-ONE", 3: "OBSERVED-LINE1\nOBSERVED-LINE2", 4: "SAMPLED-TWO"}
+
+
+def _decode(ids: list[int], text: str | None) -> str:
+    return "".join(WORDS[i] for i in ids)
+
+
+def _two_turns(observation_mask: int = 0) -> Trajectory:
+    """Prompt, a sampled turn, a (masked) tool reply, a second sampled turn."""
+    return Trajectory(
+        token_ids=[1, 2, 3, 4],
+        loss_mask=[0, 1, observation_mask, 1],
+        logprobs=[-0.1] * (2 + observation_mask),
+        prompt_len=1,
+        reward=1.0,
+        status=EpisodeStatus.COMPLETED,
+        status_reason=StatusReason.DONE,
+        turns=[Turn(1, 1, 1, "0", "stop", num_tool_calls=1), Turn(3, 1, 0, "0", "stop")],
+    )
+
+
+def _terminal_styles(traj: Trajectory) -> dict[str, list[Style]]:
+    """The style of every character of each word, read back from the terminal's ANSI bytes."""
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, color_system="truecolor", width=200)
+    render_trajectory(console, 0, traj, _decode)
+    text = Text.from_ansi(out.getvalue())
+    styles = {}
+    for word in ("PROMPT-TEXT", "SAMPLED-ONE", "OBSERVED-LINE1", "OBSERVED-LINE2", "SAMPLED-TWO"):
+        start = text.plain.index(word)
+        offsets = range(start, start + len(word))
+        styles[word] = [text.get_style_at_offset(console, i) for i in offsets]
+    return styles
+
+
+def _look(style: Style | str) -> tuple[object, bool, bool]:
+    """What a reader sees of a style: background colour, dim, italic."""
+    style = Style.parse(style) if isinstance(style, str) else style
+    background = style.bgcolor.get_truecolor() if style.bgcolor else None
+    return background, bool(style.dim), bool(style.italic)
+
+
+def test_a_terminal_styles_each_span_by_its_own_kind() -> None:
+    """The tool reply between two trained turns is styled masked, never with its turn's
+    trained background; each trained span is styled trained, the prompt as the prompt."""
+    styles = _terminal_styles(_two_turns())
+    looks = {kind: _look(style) for kind, style in SPAN_STYLES.items()}
+    assert len(set(looks.values())) == 3  # three kinds, three looks
+    expected = {
+        "PROMPT-TEXT": SpanKind.PROMPT,
+        "SAMPLED-ONE": SpanKind.TRAINED,
+        "OBSERVED-LINE1": SpanKind.MASKED,
+        "OBSERVED-LINE2": SpanKind.MASKED,
+        "SAMPLED-TWO": SpanKind.TRAINED,
+    }
+    for word, kind in expected.items():
+        assert {_look(s) for s in styles[word]} == {looks[kind]}, word
+
+
+def test_piped_output_marks_every_line_with_its_kind_and_mask() -> None:
+    out = io.StringIO()
+    console = Console(file=out, width=80)  # not a terminal: no styles reach the reader
+    render_trajectory(console, 0, _two_turns(), _decode, marks=True)
+    lines = out.getvalue().splitlines()
+    expected = {
+        "PROMPT-TEXT": "prompt  0 | ",
+        "SAMPLED-ONE": "trained 1 | ",
+        "OBSERVED-LINE1": "masked  0 | ",
+        "OBSERVED-LINE2": "masked  0 | ",
+        "SAMPLED-TWO": "trained 1 | ",
+    }
+    for word, mark in expected.items():
+        (line,) = [line for line in lines if word in line]
+        assert line == mark + word
+    assert "\x1b" not in out.getvalue()
+
+
+def test_the_marks_follow_the_loss_mask_so_a_wrong_mask_shows() -> None:
+    """A tool reply stored with loss_mask 1 is shown trained: show checks the mask, not the
+    layout the turns promise."""
+    out = io.StringIO()
+    render_trajectory(Console(file=out), 0, _two_turns(observation_mask=1), _decode, marks=True)
+    lines = out.getvalue().splitlines()
+    assert "trained 1 | SAMPLED-ONEOBSERVED-LINE1" in lines  # one trained span now
+    assert "trained 1 | OBSERVED-LINE2" in lines
+    styles = _terminal_styles(_two_turns(observation_mask=1))
+    assert {_look(s) for s in styles["OBSERVED-LINE1"]} == {_look(SPAN_STYLES[SpanKind.TRAINED])}
+
+
+def test_the_cli_marks_spans_when_piped_and_its_legend_says_what_marks_mean(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "t.jsonl"
+    write_jsonl(str(path), [_two_turns()])
+    result = _show(str(path))  # CliRunner's output is not a terminal
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    for mark in SPAN_MARKS.values():
+        assert any(line.startswith(f"  {mark}") for line in lines), mark  # the legend
+    assert f"  {SPAN_MARKS[SpanKind.TRAINED]}sampled by the policy, trained (loss_mask 1)" in lines
+    # without a tokenizer: sampled spans show their stored text, masked ones their size
+    assert SPAN_MARKS[SpanKind.MASKED] + "[1 tokens]" in lines
+    assert SPAN_MARKS[SpanKind.PROMPT] + "[1 tokens]" in lines
+    styled = runner.invoke(app, ["show", str(path), *NO_TOKENIZER, "--no-marks"])
+    assert styled.exit_code == 0 and " | " not in styled.output
