@@ -1,5 +1,6 @@
 """`EvalReport`: the numbers of one held-out evaluation, built from trajectory groups and
-written as report.json, report.md and report.png; `plot_eval_history` for reward vs step."""
+written as report.json, report.md and report.png (`plot_eval_history`, reward vs step, is
+`agentrl.eval.plots`')."""
 
 from __future__ import annotations
 
@@ -10,13 +11,26 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pydantic_core
 
-from agentrl.eval import stats
+from agentrl.eval import plots, stats
+from agentrl.eval.plots import plot_eval_history
 from agentrl.eval.stats import Interval
 from agentrl.types import EpisodeStatus
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "EvalReport",
+    "build_report",
+    "format_value",
+    "plot_eval_history",
+    "plot_report",
+    "write_text_atomic",
+]
 
 
 @dataclass
@@ -241,96 +255,59 @@ def write_text_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-# ---------------------------------------------------------------- plots
+# ---------------------------------------------------------------- report.png (figure)
 
 
-def _pyplot():
-    import matplotlib
+def report_bars(report: EvalReport) -> list[tuple[str, Interval]]:
+    """(label, interval) of each bar of report.png: reward clipped to the env's reward_range,
+    the rest to [0, 1]."""
+    env = str(report.meta.get("env", ""))
+    bars = []
+    for name, iv in report.rows(components=False):
+        bounds = plots.env_reward_range(env) if name == "reward" else plots.UNIT_RANGE
+        low, high = plots.clip([iv.low, iv.high], bounds)
+        label = plots.pass_label(env) if name == "pass rate" else name
+        bars.append((label, Interval(iv.mean, low, high, iv.n)))
+    return bars
 
-    matplotlib.use("Agg")  # files only: no display on servers or CI
-    import matplotlib.pyplot as plt
 
-    return plt
+def report_title(report: EvalReport) -> str:
+    """Which run this is (env, split, model, step, as the report knows them) and its size."""
+    meta = report.meta
+    known = [k for k in ("env", "split", "model", "step") if meta.get(k) not in (None, "")]
+    named = [str(meta[k]) if k in ("env", "model") else f"{k} {meta[k]}" for k in known]
+    return " · ".join([*named, f"{report.num_tasks} tasks × {report.k}"])
 
 
-def plot_report(report: EvalReport, path: str | Path) -> None:
-    """Bars for mean reward, pass rate, pass@k and maj@k with their 95% CI error bars."""
-    plt = _pyplot()
-    items = report.rows(components=False)
-    names = [f"{name}\n{format_value(iv.mean)}" for name, iv in items]
-    means = [0.0 if math.isnan(iv.mean) else iv.mean for _, iv in items]
-    errors = [
-        [0.0 if math.isnan(iv.low) else iv.mean - iv.low for _, iv in items],
-        [0.0 if math.isnan(iv.high) else iv.high - iv.mean for _, iv in items],
-    ]
-    fig, ax = plt.subplots(figsize=(1.2 * len(items) + 2.0, 3.5))
-    ax.bar(names, means, yerr=errors, capsize=4, color="#4C72B0")
+def report_figure(report: EvalReport) -> Figure:
+    """Bars for mean reward, pass rate, pass@k and maj@k with their 95% CI error bars (none
+    where nothing was scored, never a bar of 0), and the status mix when episodes failed."""
+    mix = report.status_mix
+    bars = report_bars(report)
+    widths = [1.2 * len(bars) + 2.0] + ([2.5] if plots.failed([mix]) else [])
+    fig, axes = plots.pyplot().subplots(
+        1, len(widths), figsize=(sum(widths), 3.8), squeeze=False, width_ratios=widths
+    )
+    ax = axes[0][0]
+    names = [f"{name}\n{format_value(iv.mean)}" for name, iv in bars]
+    means = [iv.mean for _, iv in bars]
+    errors = [[_gap(iv.mean, iv.low) for _, iv in bars], [_gap(iv.high, iv.mean) for _, iv in bars]]
+    ax.bar(names, means, yerr=errors, capsize=4, color=plots.COLOR)
     ax.set_ylabel("value (95% CI)")
-    ax.set_title(f"{report.meta.get('env', 'eval')}: {report.num_tasks} tasks × {report.k}")
+    ax.set_title("held-out numbers", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
+    if len(widths) == 2:
+        plots.draw_status_mix(axes[0][1], [0.0], [mix])
+        axes[0][1].set_xticks([])
+    fig.suptitle(report_title(report), fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig
 
 
-_CURVES = (
-    ("reward", "held-out reward"),
-    ("pass_rate", "pass rate (search_r1: EM)"),
-    ("tool_calls", "tool calls per episode"),
-)
+def plot_report(report: EvalReport, path: str | Path) -> Figure:
+    """report.png: `report_figure`, returned once written."""
+    return plots.save_figure(report_figure(report), path)
 
 
-def plot_eval_history(history: list[dict[str, Any]], path: str | Path) -> None:
-    """The learning curve: held-out reward, pass rate (EM for search_r1, accuracy for
-    calculator) and tool calls per episode against train step, each with its 95% CI band
-    where the history has one.
-
-    Each entry is `{"step": int, **report.summary()}` (flat `reward_mean`, `reward_ci_low`,
-    `pass_rate_ci_low`, `tool_calls_ci_low`...) or `{"step": int, **report.to_dict()}`.
-    """
-    if not history:
-        raise ValueError("plot_eval_history needs at least one evaluation in history")
-    rows = sorted(history, key=lambda h: h["step"])
-    steps = [h["step"] for h in rows]
-    bands = {name: [_band(h, name) for h in rows] for name, _ in _CURVES}
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, len(_CURVES), figsize=(4.2 * len(_CURVES), 3.4))
-    for ax, (name, label) in zip(axes, _CURVES, strict=True):
-        mean, low, high = zip(*bands[name], strict=True)
-        ax.plot(steps, mean, marker="o", color="#4C72B0", label=label)
-        ax.fill_between(steps, low, high, color="#4C72B0", alpha=0.2, label="95% CI")
-        ax.set_xlabel("train step")
-        ax.set_title(label, fontsize=10)
-        ax.grid(alpha=0.3)
-    axes[0].legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-_MEAN_KEYS = {
-    "reward": ("reward_mean",),
-    "pass_rate": ("pass_rate",),
-    "tool_calls": ("tool_calls_mean", "tool_calls_per_episode"),  # older histories: the latter
-}
-"""The keys a `summary()` entry holds each curve's mean under, first found wins."""
-
-
-def _band(entry: dict[str, Any], name: str) -> tuple[float, float, float]:
-    """(mean, low, high) of one curve; NaN where the entry lacks it (old histories: no band)."""
-    if isinstance(entry.get(name), dict):  # a full report.to_dict()
-        values = (entry[name]["mean"], entry[name]["low"], entry[name]["high"])
-    else:
-        mean = next((entry[key] for key in _MEAN_KEYS[name] if key in entry), None)
-        if name == "reward" and mean is None:
-            raise ValueError(
-                f"eval history entry at step {entry.get('step')} has no reward_mean or reward "
-                "dict; append {'step': step, **report.summary()}"
-            )
-        values = (mean, entry.get(f"{name}_ci_low"), entry.get(f"{name}_ci_high"))
-        if name == "pass_rate" and values[1] is None and entry.get("num_episodes"):
-            # histories written before the interval was logged: Wilson from the count
-            n = int(entry["num_episodes"])
-            iv = stats.wilson_ci(round(float(entry["pass_rate"]) * n), n)
-            values = (iv.mean, iv.low, iv.high)
-    return tuple(math.nan if v is None else float(v) for v in values)  # type: ignore[return-value]
+def _gap(high: float, low: float) -> float:
+    return 0.0 if math.isnan(high) or math.isnan(low) else max(0.0, high - low)

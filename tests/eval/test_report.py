@@ -1,4 +1,5 @@
-"""EvalReport numbers from constructed groups, and the JSON/Markdown/PNG files it writes."""
+"""EvalReport numbers from constructed groups, the JSON/Markdown/PNG files it writes, and
+report.png as a figure: the env's labels, clipped intervals, the status mix of failures."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import math
 import pytest
 from PIL import Image
 
-from agentrl.eval.report import build_report, plot_eval_history
+from agentrl.eval.report import build_report, plot_eval_history, plot_report, report_bars
 from agentrl.types import EpisodeStatus
 
-ERROR, TRUNC = EpisodeStatus.ERROR, EpisodeStatus.TRUNCATED
+ERROR, TRUNC, ABORTED = EpisodeStatus.ERROR, EpisodeStatus.TRUNCATED, EpisodeStatus.ABORTED
 
 
 @pytest.fixture
@@ -119,7 +120,7 @@ def test_tool_calls_and_pass_rate_have_intervals_for_the_learning_curve(groups) 
 
 
 def test_learning_curve_bands_from_summaries_full_reports_and_old_histories(groups) -> None:
-    from agentrl.eval.report import _band
+    from agentrl.eval.plots import _band
 
     report = build_report(groups, k=3, temperature=1.0)
     flat, full = report.summary(), report.to_dict()
@@ -134,3 +135,25 @@ def test_learning_curve_bands_from_summaries_full_reports_and_old_histories(grou
     mean, low, high = _band(old, "pass_rate")
     assert mean == pytest.approx(0.25) and 0.0 < low < 0.25 < high < 1.0
     assert _band(old, "tool_calls")[0] == 0.5 and math.isnan(_band(old, "tool_calls")[1])
+
+
+def test_report_png_clips_labels_and_shows_an_all_aborted_eval(make_traj, tmp_path) -> None:
+    meta = {"env": "calculator", "split": "test", "model": "smollm2", "step": 6}
+    # per-task means 0.1 and 0.9 over n=2 tasks: t(1) = 12.7 makes the interval [-4.58, 5.58]
+    wide = [[make_traj(1.0), *[make_traj(0.0)] * 9], [*[make_traj(1.0)] * 9, make_traj(0.0)]]
+    report = build_report(wide, k=10, temperature=1.0, meta=meta)
+    assert report.reward.low < -4 and report.reward.high > 5
+    bars = dict(report_bars(report))
+    assert (bars["reward"].low, bars["reward"].high) == (0.0, 1.0)
+    assert "exact answer (pass rate)" in bars and "pass rate" not in bars
+    fig = plot_report(report, tmp_path / "report.png")
+    assert fig.get_suptitle() == "calculator · split test · smollm2 · step 6 · 2 tasks × 10"
+    assert len(fig.axes) == 1  # every episode completed: no status panel
+
+    aborted = build_report([[make_traj(0.0, ABORTED)] * 2], k=2, temperature=1.0, meta=meta)
+    fig = plot_report(aborted, tmp_path / "aborted.png")
+    bars_ax, status_ax = fig.axes
+    assert all(math.isnan(p.get_height()) for p in bars_ax.patches)  # no bar of 0
+    assert all("n/a" in label.get_text() for label in bars_ax.get_xticklabels())
+    shares = {c.get_label(): [p.get_height() for p in c] for c in status_ax.containers}
+    assert shares["aborted"] == [1.0] and shares["completed"] == [0.0]
