@@ -140,10 +140,7 @@ def load_tasks(env_cfg: EnvConfig, split: str, env_cls: TaskRows) -> list[Task]:
     else the env's own split. The caller resolves the env class (data sits below envs)."""
     path = env_cfg.prompt_data if split == "train" else env_cfg.eval_data
     if path is None:
-        try:
-            return env_cls.load_tasks(split, **env_cfg.kwargs)
-        except (TypeError, ValueError) as e:  # an unknown split, a kwarg it does not take
-            raise DataError(f"env {env_cfg.id!r}, split {split!r}: {e}") from e
+        return _env_split(env_cfg, split, env_cls)
     tasks = []
     for index, row in enumerate(read_rows(path, max_row_bytes=env_cfg.max_row_bytes)):
         try:
@@ -157,6 +154,20 @@ def load_tasks(env_cfg: EnvConfig, split: str, env_cls: TaskRows) -> list[Task]:
     if not tasks:
         raise DataError(f"data file {path!r} has no rows")
     return tasks
+
+
+def _env_split(env_cfg: EnvConfig, split: str, env_cls: TaskRows) -> list[Task]:
+    try:
+        return env_cls.load_tasks(split, **env_cfg.kwargs)
+    except (TypeError, ValueError) as e:  # an unknown split, a kwarg it does not take
+        raise DataError(f"env {env_cfg.id!r}, split {split!r}: {e}") from e
+    except NotImplementedError as e:  # AgentEnv's default: the env ships no tasks
+        flag = (
+            "--prompt-data FILE"
+            if split == "train"
+            else "agentrl eval --data FILE; agentrl train --eval-prompt-data FILE"
+        )
+        raise DataError(f"env {env_cfg.id!r}, split {split!r}: {e} ({flag})") from e
 
 
 @dataclass

@@ -129,7 +129,7 @@ def tool_info(results: list[ToolResult]) -> dict[str, int]:
 
 # Where a row's question and answer are read from when --input-key / --label-key are unset.
 _ROW_KEYS = {"question": ("question", "prompt"), "answer": ("answer", "label")}
-_ROW_FLAGS = {"question": "--input-key", "answer": "--label-key"}
+_ROW_FLAGS = {"question": "--input-key (env.input_key)", "answer": "--label-key (env.label_key)"}
 
 
 def _row_field(

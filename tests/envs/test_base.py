@@ -6,6 +6,8 @@ import asyncio
 import threading
 import time
 
+import pytest
+
 from agentrl.envs import AgentEnv, StepResult, tool_info
 from agentrl.tools import ToolResult, tool
 from agentrl.types import Message, ToolCall
@@ -76,3 +78,24 @@ def test_step_result_unpacks_like_gymnasium() -> None:
         reward=0.5, truncated=True, info={"k": 1}
     )
     assert (observation, reward, terminated, truncated, info) == ([], 0.5, False, True, {"k": 1})
+
+
+def test_default_task_from_row_keeps_the_rows_fields_and_its_id() -> None:
+    task = SleepyEnv.task_from_row({"id": 7, "country": "Kenya"}, index=3)
+    assert (task.id, task.data) == ("7", {"id": 7, "country": "Kenya"})
+    prompt = SleepyEnv.task_from_row({"prompt": "2+2?", "label": "4"}, index=3)
+    assert prompt.id == "row-3"
+    assert (prompt.data["question"], prompt.data["answer"]) == ("2+2?", "4")
+
+
+def test_default_task_from_row_reads_the_named_keys() -> None:
+    task = SleepyEnv.task_from_row({"q": "x?", "a": "y"}, index=0, input_key="q", label_key="a")
+    assert task.data == {"q": "x?", "a": "y", "question": "x?", "answer": "y"}
+
+
+def test_a_named_key_the_row_lacks_is_one_line_naming_the_flag_and_the_method() -> None:
+    with pytest.raises(ValueError) as err:
+        SleepyEnv.task_from_row({"q": "x?"}, index=4, label_key="gold")
+    message = str(err.value)
+    assert "\n" not in message and "row 4: no field 'gold' (fields: ['q'])" in message
+    assert "--label-key" in message and "SleepyEnv.task_from_row" in message
