@@ -27,7 +27,7 @@ from agentrl.trainer.batch import (
     has_advantage_free_term,
     pad_id_for,
 )
-from agentrl.trainer.losses import build_objective, combine_metrics
+from agentrl.trainer.losses import build_objective, combine_metrics, diagnostic_means
 from agentrl.trainer.offload import StateOffload
 from agentrl.weight_buckets import bucket_by_dtype
 
@@ -195,8 +195,10 @@ class TrainerBackend(ABC):
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One optimizer step per `batch.steps` entry, in order. Returns the steps' mean metrics
-        (loss, pg_loss, kl_loss, entropy, clip fractions, approx_kl, ratio stats, TIS and
-        train-vs-rollout logprob mismatch, grad_norm, lr) and the batch counts, unprefixed.
+        (loss, pg_loss, kl_loss over the loss's denominators; entropy, clip fractions, approx_kl,
+        ratio stats, TIS and train-vs-rollout logprob mismatch over the `num_packed_loss_tokens`
+        that had logprobs, so a tied group left unpacked dilutes none; grad_norm, lr) and the
+        batch counts, unprefixed.
 
         Old logprobs are taken before the first update when there are several steps; with one
         step the current logprobs (detached) serve, which equal them. A step none of whose
@@ -220,7 +222,7 @@ class TrainerBackend(ABC):
         for step in batch.steps:
             lr = self._lr()
             if step.micro_batches:
-                per_step.append({**self._update(step), "lr": lr})
+                per_step.append({**diagnostic_means(self._update(step)), "lr": lr})
             self._advance(1)
         self.num_train_steps += 1
         names = sorted({k for m in per_step for k in m})

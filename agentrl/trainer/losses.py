@@ -303,31 +303,54 @@ class PolicyObjective:
             kl_loss = self.aggregate(self.kl(log_probs, x.ref_log_probs), seg)
             loss = loss + self.kl_loss_coef * kl_loss
             metrics["kl_loss"] = kl_loss.detach()
-        if entropy is not None:
-            entropy_agg = self.aggregate(entropy, seg)
-            if self.entropy_coef:
-                loss = loss - self.entropy_coef * entropy_agg
-            metrics["entropy"] = seg.token_mean(entropy.detach())
+        if entropy is not None and self.entropy_coef:
+            loss = loss - self.entropy_coef * self.aggregate(entropy, seg)
         metrics["loss"] = loss.detach()
         with torch.no_grad():
-            for name, value in stats.items():
-                metrics[name] = seg.token_mean(value.detach())
             log_ratio = (log_probs - x.old_log_probs).detach()
-            metrics["approx_kl"] = seg.token_mean(-log_ratio)  # slime/verl ppo_kl
-            metrics.update(_ratio_stats(log_ratio, seg))
+            ratio = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
+            stats.update(approx_kl=-log_ratio, ratio_mean=ratio)  # approx_kl: slime/verl ppo_kl
+            if entropy is not None:
+                stats["entropy"] = entropy.detach()
+            metrics.update(_trained_token_sums(stats, seg))
+            metrics.update(_ratio_extremes(ratio, seg))
         return loss, metrics
 
 
-def _ratio_stats(log_ratio: Tensor, seg: Segments) -> dict[str, Tensor]:
-    ratio = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
+# Diagnostics (ratio, clip fractions, entropy, approx_kl, TIS, mismatch) are means over the tokens
+# the step trained. A sequence left out of the micro-batches (advantage 0 without a KL or entropy
+# term) counts in the loss's denominators but has no logprobs to measure: over those denominators
+# an on-policy step read ratio_mean 0.593 with ratio_min = ratio_max = 1 (issue 39). No micro-batch
+# knows the step's trained-token count, so each sends sums and its count; `diagnostic_means`
+# divides once every micro-batch and rank is combined.
+NUM_PACKED_LOSS_TOKENS = "num_packed_loss_tokens"
+_SUM_PREFIX = "sum/"
+
+
+def _trained_token_sums(stats: Mapping[str, Tensor], seg: Segments) -> dict[str, Tensor]:
+    """Each per-token stat [B, T] summed over this micro-batch's loss tokens, with their count."""
+    sums = {_SUM_PREFIX + name: (value * seg.loss_mask).sum() for name, value in stats.items()}
+    return {**sums, NUM_PACKED_LOSS_TOKENS: seg.loss_mask.sum()}
+
+
+def diagnostic_means(metrics: Mapping[str, float]) -> dict[str, float]:
+    """Combined metrics with every `sum/<name>` turned into `<name>`, its mean over the step's
+    trained tokens (`num_packed_loss_tokens`, kept as a metric)."""
+    num_tokens = max(float(metrics.get(NUM_PACKED_LOSS_TOKENS, 0.0)), 1.0)
+    return {
+        name.removeprefix(_SUM_PREFIX): value / num_tokens
+        if name.startswith(_SUM_PREFIX)
+        else value
+        for name, value in metrics.items()
+    }
+
+
+def _ratio_extremes(ratio: Tensor, seg: Segments) -> dict[str, Tensor]:
+    """ratio_max / ratio_min over this micro-batch's trained tokens (none: no entry)."""
     is_loss = seg.loss_mask > 0
     if not bool(is_loss.any()):
-        return {"ratio_mean": ratio.new_zeros(())}
-    return {
-        "ratio_mean": seg.token_mean(ratio),
-        "ratio_max": ratio[is_loss].max(),
-        "ratio_min": ratio[is_loss].min(),
-    }
+        return {}
+    return {"ratio_max": ratio[is_loss].max(), "ratio_min": ratio[is_loss].min()}
 
 
 def build_objective(cfg: AlgoConfig) -> PolicyObjective:

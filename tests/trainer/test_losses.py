@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from agentrl.trainer.losses import (
     Segments,
     build_objective,
     combine_metrics,
+    diagnostic_means,
     tis_weights,
 )
 
@@ -194,14 +196,15 @@ def test_objective_reports_mismatch_tis_and_kl_metrics():
     old = torch.log(_t([[3.0, 0.5]]))
     log_probs = old.clone().requires_grad_(True)  # on-policy: ratio 1
     x = LossInputs(seg, _t([[1.0, 1.0]]), old, torch.zeros(1, 2, dtype=torch.float64), old - 1.0)
-    loss, metrics = objective(log_probs, None, x)
-    assert metrics["tis_clip_frac"].item() == pytest.approx(0.5)
-    assert metrics["tis_weight_mean"].item() == pytest.approx((2.0 + 0.5) / 2)
-    assert metrics["logprob_abs_diff"].item() == pytest.approx((math.log(3) + math.log(2)) / 2)
-    assert metrics["kl_loss"].item() == pytest.approx(1.0)  # k1 = 1 on both tokens
+    loss, parts = objective(log_probs, None, x)
+    metrics = diagnostic_means(combine_metrics([parts]))
+    assert metrics["tis_clip_frac"] == pytest.approx(0.5)
+    assert metrics["tis_weight_mean"] == pytest.approx((2.0 + 0.5) / 2)
+    assert metrics["logprob_abs_diff"] == pytest.approx((math.log(3) + math.log(2)) / 2)
+    assert metrics["kl_loss"] == pytest.approx(1.0)  # k1 = 1 on both tokens
     # pg: -(2 + 0.5) / 2 ; kl: 0.5 * 1
     assert loss.item() == pytest.approx(-1.25 + 0.5)
-    assert metrics["ratio_max"].item() == pytest.approx(1.0)
+    assert metrics["ratio_max"] == pytest.approx(1.0)
 
 
 def test_entropy_bonus_lowers_the_loss():
@@ -209,9 +212,27 @@ def test_entropy_bonus_lowers_the_loss():
     zeros = torch.zeros(1, 2, dtype=torch.float64)
     x = LossInputs(seg, zeros, zeros, zeros)
     entropy = _t([[1.0, 3.0]])
-    loss, metrics = build_objective(AlgoConfig(entropy_coef=0.1))(zeros.clone(), entropy, x)
+    loss, parts = build_objective(AlgoConfig(entropy_coef=0.1))(zeros.clone(), entropy, x)
     assert loss.item() == pytest.approx(-0.1 * 2.0)
-    assert metrics["entropy"].item() == pytest.approx(2.0)
+    assert diagnostic_means(combine_metrics([parts]))["entropy"] == pytest.approx(2.0)
+
+
+def test_diagnostics_average_over_packed_tokens_not_the_loss_denominator():
+    """Issue 39: a tied group left unpacked counts in the loss's denominator (10 tokens here,
+    4 of them packed), yet an on-policy step's ratio is 1 on every token it measured."""
+    seg = _one_row(2)
+    micro_batches = [replace(seg, num_tokens=10.0), replace(seg, num_tokens=10.0)]
+    objective = build_objective(AlgoConfig())
+    parts = []
+    for mb_seg in micro_batches:
+        old = torch.log(_t([[0.3, 0.6]]))
+        x = LossInputs(mb_seg, _t([[1.0, -1.0]]), old, old)
+        parts.append(objective(old.clone(), _t([[1.0, 3.0]]), x)[1])
+    metrics = diagnostic_means(combine_metrics(parts))
+    assert metrics["ratio_mean"] == metrics["ratio_min"] == metrics["ratio_max"] == 1.0
+    assert metrics["entropy"] == 2.0 and metrics["clip_frac"] == metrics["approx_kl"] == 0.0
+    assert metrics["num_packed_loss_tokens"] == 4.0
+    assert "sum/ratio_mean" not in metrics
 
 
 @pytest.mark.parametrize("policy_loss", sorted(POLICY_LOSSES))
