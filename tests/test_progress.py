@@ -5,11 +5,21 @@ clock (no sleeps)."""
 from __future__ import annotations
 
 import io
+import logging
 import re
+import sys
+import warnings
 
 from rich.console import Console
 
-from agentrl.progress import Phase, RunProgress, format_duration
+from agentrl.progress import (
+    MIN_UNITS_FOR_ETA,
+    ConsoleLogHandler,
+    Phase,
+    RunProgress,
+    format_duration,
+    single_phase,
+)
 
 
 class Clock:
@@ -74,17 +84,95 @@ def test_disabled_display_shows_no_phases_but_keeps_notes() -> None:
     assert out.getvalue().splitlines() == ["[0:00:00] SIGTERM: finishing the current step…"]
 
 
-def test_before_the_first_episode_ends_the_token_budget_bounds_the_eta() -> None:
+def test_no_eta_before_a_few_units_end_only_the_tokens_sampled() -> None:
+    """Issue 39: an eval of 53 s showed "ETA ≤ 2:08:15" from its token budget."""
     tokens, clock = [0.0], Clock()
     phase = Phase(
-        "eval", total=4, unit="episodes", work=lambda: tokens[0], max_work=1000,
+        "eval", total=40, unit="episodes", work=lambda: tokens[0], max_work=1000,
         start_s=clock.now - 10, clock=clock,
     )  # fmt: skip
-    assert phase.describe() == "eval 0/4 episodes · -- episodes/s · ETA -:--:--"
-    tokens[0] = 200.0  # 20 tokens/s over 10 s: the 800 left take at most 40 s
+    tokens[0] = 200.0
+    phase.advance(MIN_UNITS_FOR_ETA - 1)
     assert phase.describe() == (
-        "eval 0/4 episodes · -- episodes/s · ETA ≤ 0:00:40 · 200 tokens sampled (20/s)"
+        "eval 2/40 episodes · 0.2 episodes/s · ETA -:--:-- · 200/1,000 tokens sampled (20/s)"
     )
+    phase.advance()  # 3 in 10 s: the 37 left take 123 s
+    assert "ETA 0:02:03" in phase.describe()
+
+
+def test_the_live_bar_names_its_phase_once() -> None:
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=150, color_system=None)
+    progress = RunProgress(console=console, clock=Clock())
+    with progress, progress.phase("eval", total=10, unit="episodes") as phase:
+        phase.advance(4)
+        progress.tick()
+    frames = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "\n", out.getvalue()).splitlines()
+    bars = [x for x in frames if "episodes/s" in x and "done" not in x]
+    assert bars and all(x.count("eval") == 1 for x in bars), bars
+
+
+def test_log_records_print_above_the_live_bar_and_the_handler_comes_back() -> None:
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=150, color_system=None)
+    terminal = logging.StreamHandler(sys.stderr)  # what logging.basicConfig installs
+    root = logging.getLogger()
+    root.addHandler(terminal)
+    try:
+        with RunProgress(console=console, clock=Clock()):
+            assert terminal not in root.handlers
+            logging.getLogger("agentrl.test").warning("engine slow")
+        assert terminal in root.handlers
+        assert not any(isinstance(h, ConsoleLogHandler) for h in root.handlers)
+    finally:
+        root.removeHandler(terminal)
+    assert "WARNING agentrl.test: engine slow" in out.getvalue()
+
+
+def test_a_repeated_warning_prints_once_logged_or_warned() -> None:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    progress, _ = _log_display(Clock())
+    try:
+        with progress:
+            for _ in range(3):
+                logging.getLogger("transformers.x").warning("`past_key_values` is deprecated")
+                with warnings.catch_warnings():  # what resets Python's own once-per-place memory
+                    warnings.simplefilter("default")
+                    warnings.warn("old argument", FutureWarning, stacklevel=1)
+        logging.getLogger("agentrl.test").warning("after the run")
+    finally:
+        root.removeHandler(handler)
+    text = stream.getvalue()
+    assert text.count("past_key_values") == 1 and text.count("FutureWarning: old argument") == 1, (
+        text
+    )
+    assert "after the run" in text and not handler.filters
+
+
+def test_a_load_says_what_loads_and_how_long_it_took() -> None:
+    clock = Clock()
+    progress, out = _log_display(clock)
+    with progress, progress.loading("checkpoint runs/x/step_000003"):
+        clock.now += 27
+    assert out.getvalue().splitlines() == [
+        "[0:00:00] loading checkpoint runs/x/step_000003…",
+        "[0:00:27] loaded checkpoint runs/x/step_000003 in 0:00:27",
+    ]
+
+
+def test_a_single_phase_shows_like_train_and_eval_when_piped() -> None:
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=False, width=200)
+    with single_phase("rollout", total=2, unit="episodes", console=console) as phase:
+        phase.advance()
+        phase.detail = "mean reward 0.50"
+        phase.advance()
+    lines = out.getvalue().splitlines()
+    assert lines[0].endswith("rollout 0/2 episodes · -- episodes/s · ETA -:--:--")
+    assert "rollout done: 2 episodes in" in lines[-1]
 
 
 def test_an_interrupted_phase_says_it_stopped_not_done() -> None:
