@@ -99,7 +99,7 @@ def failed(mixes: Sequence[dict[str, float]]) -> bool:
 def draw_status_mix(ax: Axes, xs: Sequence[float], mixes: Sequence[dict[str, float]]) -> None:
     """Stacked bars of each status's share of the episodes at each x."""
     gaps = [b - a for a, b in zip(xs, xs[1:], strict=False) if b > a]
-    width = 0.8 * min(gaps, default=1.0)
+    width = 0.6 * min(gaps, default=1.0)
     bottom = [0.0] * len(xs)
     for status, color in STATUS_COLORS.items():
         share = [mix.get(status.value, 0.0) for mix in mixes]
@@ -108,7 +108,7 @@ def draw_status_mix(ax: Axes, xs: Sequence[float], mixes: Sequence[dict[str, flo
     ax.set_ylim(0.0, 1.05)
     ax.set_title("episode status mix", fontsize=10)
     ax.set_ylabel("fraction of episodes")
-    ax.legend(loc="lower left", fontsize=7)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)  # beside, not on, the bars
 
 
 # ---------------------------------------------------------------- eval_history.png

@@ -293,6 +293,10 @@ def report_figure(report: EvalReport) -> Figure:
     means = [iv.mean for _, iv in bars]
     errors = [[_gap(iv.mean, iv.low) for _, iv in bars], [_gap(iv.high, iv.mean) for _, iv in bars]]
     ax.bar(names, means, yerr=errors, capsize=4, color=plots.COLOR)
+    ax.set_xlim(-0.5, len(bars) - 0.5)  # every name shows, even over no bar at all
+    if all(math.isnan(m) for m in means):
+        ax.set_ylim(0.0, 1.0)
+        ax.text(len(bars) / 2 - 0.5, 0.5, "no episode scored: see the status mix", ha="center")
     ax.set_ylabel("value (95% CI)")
     ax.set_title("held-out numbers", fontsize=10)
     ax.grid(axis="y", alpha=0.3)

@@ -154,6 +154,8 @@ def test_report_png_clips_labels_and_shows_an_all_aborted_eval(make_traj, tmp_pa
     fig = plot_report(aborted, tmp_path / "aborted.png")
     bars_ax, status_ax = fig.axes
     assert all(math.isnan(p.get_height()) for p in bars_ax.patches)  # no bar of 0
-    assert all("n/a" in label.get_text() for label in bars_ax.get_xticklabels())
+    labels = [label.get_text() for label in bars_ax.get_xticklabels()]
+    assert len(labels) == len(report_bars(aborted)) and all("n/a" in label for label in labels)
+    assert "no episode scored: see the status mix" in [t.get_text() for t in bars_ax.texts]
     shares = {c.get_label(): [p.get_height() for p in c] for c in status_ax.containers}
     assert shares["aborted"] == [1.0] and shares["completed"] == [0.0]
