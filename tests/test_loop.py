@@ -250,8 +250,12 @@ class _RecordingState:
         self.evals: list[dict] = []
         self.saves: list[int] = []
 
-    async def collect(self, step: int, *, is_shown: bool = False) -> None:
-        return None
+    async def collect(self, step: int, *, is_shown: bool = False):
+        from agentrl.rollout.collect import Collected
+        from agentrl.run.schedules import Rollout
+        from tests.eval.conftest import build_traj
+
+        return Rollout(Collected(groups=[[build_traj(1.0)]]), None, 0.0)  # one scored episode
 
     async def learn(self, step: int, rollout) -> dict:
         if step == self.interrupt_at:
