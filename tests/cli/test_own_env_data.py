@@ -11,9 +11,12 @@ from typer.testing import CliRunner
 
 from agentrl.cli import app
 
-# README's env with its `task_from_row`, plus a record of what `reset` saw (in a file: the env
-# registry keeps the class a first test loaded).
+# README's env with its `task_from_row` (issue 39's README block), plus a record of what `reset`
+# saw (in a file: the env registry keeps the class a first test loaded).
 README_ENV = '''
+# my_env.py
+from __future__ import annotations
+
 import json
 
 from agentrl.envs import AgentEnv, StepResult, register
@@ -21,9 +24,9 @@ from agentrl.tools import tool
 from agentrl.types import Message, Task
 
 
-@tool
+@tool(timeout_s=5)
 def lookup_capital(country: str) -> str:
-    """Look up a country's capital city.
+    """Look up the capital city of a country.
 
     Args:
         country: The country's English name.
@@ -36,15 +39,17 @@ class CapitalsEnv(AgentEnv):
 
     def __init__(self) -> None:
         super().__init__()
-        self.tools.register(lookup_capital)
+        self.tools.register(lookup_capital)   # the model sees this tool's schema
 
     @classmethod
-    def load_tasks(cls, split: str, **kwargs) -> list[Task]:
+    def load_tasks(cls, split: str, **kwargs) -> list[Task]:   # the env's own tasks
         countries = ["France", "Japan", "Kenya"]
         return [Task(id=f"{split}-{c}", data={"country": c}, split=split) for c in countries]
 
     @classmethod
     def task_from_row(cls, row, *, index, input_key=None, label_key=None) -> Task:
+        # one row of your own file (--prompt-data, eval --data); without this method a row's
+        # fields land in task.data as they are
         key = input_key or "country"
         if not isinstance(row.get(key), str):
             raise ValueError(f"row {index}: field {key!r} must be a country's name")
@@ -52,22 +57,22 @@ class CapitalsEnv(AgentEnv):
 
     async def reset(self, *, seed=None, options=None):
         self.task = options["task"]
-        with open("seen.jsonl", "a") as f:  # the test's working directory
+        with open("seen.jsonl", "a") as f:  # added by the test: what reset saw
             f.write(json.dumps([self.task.id, self.task.data]) + "\\n")
         question = f"What is the capital of {self.task.data['country']}? Answer in one word."
         return [Message(role="user", content=question)], {}
 
     async def step(self, action: Message) -> StepResult:
-        if action.tool_calls:
+        if action.tool_calls:                  # run the tools; errors come back as messages
             results = await self.call_tools(action)
-            return StepResult(observation=[r.message for r in results])
+            return StepResult(observation=[r.message for r in results],
+                              info={"num_tool_calls": len(results),
+                                    "num_tool_errors": sum(r.is_error for r in results)})
         truth = lookup_capital.fn(self.task.data["country"])
         return StepResult(reward=float(truth.lower() in action.content.lower()), terminated=True)
 
 
-class NoRowsEnv(CapitalsEnv):
-    """The same env as a newcomer first writes it: neither load_tasks nor task_from_row."""
-
+class NoRowsEnv(CapitalsEnv):  # added by the test: the env as a newcomer first writes it
     load_tasks = vars(AgentEnv)["load_tasks"]  # the classmethods themselves, unbound
     task_from_row = vars(AgentEnv)["task_from_row"]
 
@@ -75,8 +80,14 @@ class NoRowsEnv(CapitalsEnv):
 register("capitals", entry_point=CapitalsEnv, description="Name a country's capital.")
 '''
 
-TINY = ["--set", "rollout.max_turns=1", "--set", "rollout.rollout_max_response_len=4",
-        "--set", "log.progress=false"]  # fmt: skip
+TINY = [
+    "--set",
+    "rollout.max_turns=1",
+    "--set",
+    "rollout.rollout_max_response_len=4",
+    "--set",
+    "log.progress=false",
+]
 ROWS = [{"id": "fr", "country": "France"}, {"id": "ke", "country": "Kenya"}]
 
 
@@ -105,10 +116,29 @@ def test_eval_on_a_data_file_resets_with_each_rows_data(env_dir, tiny_model_path
 
 @pytest.mark.slow
 def test_train_on_a_data_file_resets_with_its_rows(env_dir, tiny_model_path):
-    args = ["train", "--env", "my_env:NoRowsEnv", "--prompt-data", "rows.jsonl",
-            "--set", "env.eval_data=rows.jsonl", "--model", tiny_model_path, "--num-rollout",
-            "1", "--rollout-batch-size", "1", "--n-samples-per-prompt", "2", "--save", "run",
-            "--set", "eval.eval_at_start=false", "--set", "log.use_tensorboard=false"]  # fmt: skip
+    args = [
+        "train",
+        "--env",
+        "my_env:NoRowsEnv",
+        "--prompt-data",
+        "rows.jsonl",
+        "--set",
+        "env.eval_data=rows.jsonl",
+        "--model",
+        tiny_model_path,
+        "--num-rollout",
+        "1",
+        "--rollout-batch-size",
+        "1",
+        "--n-samples-per-prompt",
+        "2",
+        "--save",
+        "run",
+        "--set",
+        "eval.eval_at_start=false",
+        "--set",
+        "log.use_tensorboard=false",
+    ]
     result = CliRunner().invoke(app, [*args, *TINY])
     assert result.exit_code == 0, result.output
     assert {data["country"] for data in _seen().values()} <= {"France", "Kenya"} and _seen()
