@@ -87,8 +87,12 @@ def test_disabled_display_shows_no_phases_but_keeps_notes() -> None:
 def test_no_eta_before_a_few_units_end_only_the_tokens_sampled() -> None:
     """Issue 39: an eval of 53 s showed "ETA ≤ 2:08:15" from its token budget."""
     tokens, clock = [0.0], Clock()
-    work, start_s = (lambda: tokens[0]), clock.now - 10
-    phase = Phase("eval", 40, "episodes", work=work, max_work=1000, start_s=start_s, clock=clock)
+    start_s = clock.now - 10
+
+    def work() -> float:
+        return tokens[0]
+
+    phase = Phase("eval", 40, "episodes", start_s=start_s, clock=clock, work=work, max_work=1000)
     tokens[0] = 200.0
     phase.advance(MIN_UNITS_FOR_ETA - 1)
     assert phase.describe() == (
