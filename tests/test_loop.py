@@ -322,7 +322,7 @@ async def test_an_eval_of_errored_episodes_is_null_in_the_eval_history(tmp_path,
         return 0
 
     monkeypatch.setattr(run_state, "evaluate", evaluate)
-    monkeypatch.setattr(run_state, "plot_eval_history", lambda evals, path: None)
+    monkeypatch.setattr(run_state, "plot_eval_history", lambda *args, **kwargs: None)
     logger = SimpleNamespace(log=lambda step, metrics: None)
     state = run_state.RunState(
         _config("unused", tmp_path), tmp_path, SimpleNamespace(heal_engines=heal_engines),  # type: ignore[arg-type]

@@ -16,6 +16,8 @@ from agentrl.cli.serve_options import (
 
 
 def register(app: typer.Typer) -> None:
+    from agentrl.cli import PlainHelp  # whole flag names in --help at 80 columns
+
     group = typer.Typer(
         help="List registered environments and check them against the AgentEnv contract.",
         no_args_is_help=True,
@@ -67,7 +69,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(code=1)
         console.print(f"[green]✓ {env_id} passes check_env[/green]")
 
-    @group.command("serve")
+    @group.command("serve", cls=PlainHelp)
     def serve_command(
         env_id: str = typer.Argument(..., help="A registered env id, or module:Class"),
         host: str = host_option(),

@@ -132,4 +132,6 @@ def _check_cuda(device: str) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("serve")(serve_command)
+    from agentrl.cli import PlainHelp  # whole flag names in --help at 80 columns
+
+    app.command("serve", cls=PlainHelp)(serve_command)

@@ -174,7 +174,7 @@ class RunState:
         # NaN (every episode of an eval errored) as null, so the JSON stays valid
         history = pydantic_core.to_json(self.evals, indent=2, inf_nan_mode="null")
         (self.run_dir / "eval_history.json").write_bytes(history)
-        plot_eval_history(self.evals, self.run_dir / "eval_history.png")
+        plot_eval_history(self.evals, self.run_dir / "eval_history.png", env=self.cfg.env.id)
         return summary
 
     async def save(self, step: int) -> Path:

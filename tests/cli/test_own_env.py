@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import re
 import shlex
-import sys
 
 import pytest
 from typer.testing import CliRunner
 
 from agentrl.cli import app
 from tests.conftest import repo_root
+from tests.support.cli import forget_my_env
 
 # What keeps one step fast on CPU; every flag of the README's command is kept as written.
 TINY = ["--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
@@ -37,7 +37,7 @@ def readme_env_dir(tmp_path, monkeypatch):
     (tmp_path / "my_env.py").write_text(code)
     monkeypatch.chdir(tmp_path)
     yield tmp_path
-    sys.modules.pop("my_env", None)
+    forget_my_env()
 
 
 def test_readme_env_passes_check_env_and_says_so(readme_env_dir, capsys):

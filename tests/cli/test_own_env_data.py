@@ -4,12 +4,12 @@ evaluated on a JSONL file reaches `reset` with each row's data; a mistake is one
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 from typer.testing import CliRunner
 
 from agentrl.cli import app
+from tests.support.cli import forget_my_env
 
 # README's env with its `task_from_row` (issue 39's README block), plus a record of what `reset`
 # saw (in a file: the env registry keeps the class a first test loaded).
@@ -97,7 +97,7 @@ def env_dir(tmp_path, monkeypatch):
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     monkeypatch.chdir(tmp_path)
     yield tmp_path
-    sys.modules.pop("my_env", None)
+    forget_my_env()
 
 
 def _seen() -> dict[str, dict]:
