@@ -86,11 +86,10 @@ async def _rollout(
 ) -> str:
     from collections import Counter
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from agentrl.data import load_tasks
     from agentrl.engine.factory import make_engine, probe_engine
     from agentrl.envs import spec
+    from agentrl.progress import sampled_tokens, single_phase
     from agentrl.rollout import build_runner
     from agentrl.rollout.trajectory import Trajectory, write_jsonl
 
@@ -105,23 +104,16 @@ async def _rollout(
     open(out, "w").close()  # a fresh file once env and engine loaded; groups are appended
     try:
         runner = build_runner(cfg, engine)
-        columns = (
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-        )
-        with Progress(*columns, console=console) as progress:
-            bar = progress.add_task("episodes", total=len(tasks) * n_samples)
+        total = len(tasks) * n_samples  # the display train and eval have: a line every 15 s piped
+        with single_phase(
+            "rollout", total, "episodes", console=console, work=sampled_tokens(engine)
+        ) as phase:
 
             def on_episode(traj: Trajectory) -> None:
                 statuses[f"{traj.status.value}/{traj.status_reason.value}"] += 1
                 rewards.append(traj.reward)
-                progress.update(
-                    bar,
-                    advance=1,
-                    description=f"episodes (mean reward {sum(rewards) / len(rewards):.2f})",
-                )
+                phase.advance()
+                phase.detail = f"mean reward {sum(rewards) / len(rewards):.2f}"
 
             groups = [
                 runner.run_group(task, n_samples, temperature=temperature, on_episode=on_episode)

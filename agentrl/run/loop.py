@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,7 +98,10 @@ async def _train_in(
     logger = MetricsLogger(run_dir, cfg.log, config=cfg.to_dict())
     try:
         runner = build_runner(cfg, runtime.engine, model_path)
-        start_step, evals = await resume_run(cfg.checkpoint, runtime, source)
+        resume = cfg.checkpoint.resume  # a resume printed nothing while a checkpoint loaded (27 s)
+        loading = progress.loading(f"the checkpoint in {resume}") if resume else nullcontext()
+        with loading:
+            start_step, evals = await resume_run(cfg.checkpoint, runtime, source)
         if cfg.checkpoint.resume:  # the steps after the checkpoint are redone: logged once
             logger.truncate_after(start_step)
         state = RunState(cfg, run_dir, runtime, runner, source, eval_tasks, logger, evals,
