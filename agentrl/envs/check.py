@@ -10,7 +10,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from agentrl.envs.base import AgentEnv, StepResult
 from agentrl.envs.registry import make
@@ -142,7 +142,7 @@ def _check_attributes(c: _Checker, env: AgentEnv) -> None:
         c.fail(f"stop must be a tuple of strings, got {env.stop!r}")
     c.ran("reward_range, tool_call_format and stop are well formed")
     tools = getattr(env, "tools", None)
-    if not isinstance(tools, ToolRegistry):
+    if not isinstance(tools, ToolSchemas):  # a served env's RemoteTools lists schemas only
         c.fail(
             f"env.tools must be a ToolRegistry, got {type(tools).__name__} (did __init__ call super().__init__()?)"
         )
@@ -150,7 +150,14 @@ def _check_attributes(c: _Checker, env: AgentEnv) -> None:
     _check_schemas(c, tools)
 
 
-def _check_schemas(c: _Checker, tools: ToolRegistry) -> None:
+@runtime_checkable
+class ToolSchemas(Protocol):
+    """What the check reads of `env.tools`: a `ToolRegistry`, or a served env's `RemoteTools`."""
+
+    def schemas(self) -> list[dict[str, Any]]: ...
+
+
+def _check_schemas(c: _Checker, tools: ToolSchemas) -> None:
     import jsonschema  # a dependency of agentrl, imported here for this check only
 
     for schema in tools.schemas():

@@ -150,3 +150,17 @@ async def test_killing_the_server_mid_step_errors_those_episodes_only(smollm2_pa
     assert all(
         t.info["error_where"] == "env.step" and "RemoteEnvError" in t.info["error"] for t in hung
     )
+
+
+def test_env_check_of_a_served_env_passes(tmp_path):
+    """`agentrl env check http://host:port` failed with "env.tools must be a ToolRegistry, got
+    RemoteTools": a served env lists its tools' schemas; the tools run on the server."""
+    from agentrl.envs import check_env
+
+    proc, url = _serve("calculator", tmp_path / "server.log")
+    try:
+        checked = check_env(url)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert any("reward_range" in line for line in checked)
