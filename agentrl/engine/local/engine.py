@@ -130,10 +130,15 @@ class LocalEngine:
             self.fused.rebind()  # packing moved the parameters
         self.arena = self._size_arena()
         self.memory.allocate(self.arena)
+        # On CPU the arena is address space: pages are committed as slots are written, so its
+        # size may exceed the machine's memory (it said "24.5 GB" on a 23 GB machine).
+        committed = (
+            "reserved" if self.device.startswith("cuda") else "virtual, committed as written"
+        )
         logger.info(
-            "LocalEngine KV arena on %s: %d slots x %d tokens, %.1f GB (%.1f GiB kept for a trainer)",
+            "LocalEngine KV arena on %s: %d slots x %d tokens, %.1f GB %s (%.1f GiB kept for a trainer)",
             self.device, self.arena.num_slots, self.arena.max_len, self.arena.nbytes / 1e9,
-            reserve_bytes / 2**30,
+            committed, reserve_bytes / 2**30,
         )  # fmt: skip
         self._scheduler = Scheduler(self.arena, max_batch_size=max_batch_size,
                                     max_prefill_tokens=max_prefill_tokens,
