@@ -207,3 +207,22 @@ def test_help_at_80_columns_shows_every_flag_whole_with_help_and_default():
             assert "default" in text, (param.opts, text)
     (batch_size,) = [text for names, text in entries.items() if "--rollout-batch-size " in names]
     assert "(default: 8)" in batch_size  # the calculator recipe's
+
+
+def test_a_config_error_is_told_before_torch_loads():
+    """Config errors took 3.5 s: `agentrl.run` imported the loop, and torch with it, before a
+    value was checked. A fresh interpreter refuses `--set train.lr=-1` with torch unloaded."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from agentrl.cli import app\n"
+        "r = CliRunner().invoke(app, ['train', '--env', 'calculator', '--set', 'train.lr=-1'])\n"
+        "assert r.exit_code == 2 and 'train.lr' in r.output, r.output\n"
+        "print('torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
