@@ -168,6 +168,13 @@ def _env_split(env_cfg: EnvConfig, split: str, env_cls: TaskRows) -> list[Task]:
             else "agentrl eval --data FILE; agentrl train --eval-prompt-data FILE"
         )
         raise DataError(f"env {env_cfg.id!r}, split {split!r}: {e} ({flag})") from e
+    except ImportError:  # EnvLoadError (a served env that does not answer) names its own fix
+        raise
+    except Exception as e:  # the env's own load_tasks failed (a KeyError, ...): one line
+        raise DataError(
+            f"env {env_cfg.id!r}, split {split!r}: its load_tasks raised {type(e).__name__}: "
+            f"{' '.join(str(e).split())}; fix load_tasks, or pass a data file"
+        ) from None
 
 
 @dataclass

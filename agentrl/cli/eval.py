@@ -117,6 +117,22 @@ def eval_command(
     if why := all_aborted(report, cfg):  # a table of n/a would say nothing more
         fail(why, code=1)
     print_report(console, report, out_dir)
+    if why := nothing_scored(report, out_dir):  # every episode ERROR: the run failed, say so
+        fail(why, code=1)
+
+
+def nothing_scored(report: EvalReport, out_dir: Path) -> str | None:
+    """One line when no episode was scored (every one ERROR or ABORTED), else None."""
+    num = report.num_episodes
+    failed = report.status_counts.get("error", 0) + report.status_counts.get("aborted", 0)
+    if not num or failed < num:
+        return None
+    reasons = ", ".join(f"{r}: {n}" for r, n in sorted(report.status_reason_counts.items()))
+    return (
+        f"all {num} episodes failed ({reasons}), so none was scored; the first lines of each "
+        f"error are in {out_dir}/eval_trajectories.jsonl (info.error); fix the env or agent and "
+        "rerun"
+    )
 
 
 def all_aborted(report: EvalReport, cfg: RunConfig) -> str | None:

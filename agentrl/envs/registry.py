@@ -96,6 +96,11 @@ def _import_object(entry_point: str, env_id: str) -> Any:
         ) from e
     except AttributeError as e:
         raise EnvLoadError(f"env {env_id!r}: entry point {entry_point!r}: {e}") from None
+    except Exception as e:  # the module ran and raised (a SyntaxError, its own error): one line
+        raise EnvLoadError(
+            f"env {env_id!r}: importing {module_name!r} raised {type(e).__name__}: "
+            f"{' '.join(str(e).split())}; fix the module"
+        ) from None
 
 
 _specs: dict[str, EnvSpec] = {}
