@@ -37,6 +37,18 @@ def test_an_out_of_range_serve_flag_is_a_usage_error(
         ('{"id": "1"}\n', "line 1: expected a JSON object with 'id' and 'contents'"),
         ('{"contents": "x"}\n', "line 1: expected a JSON object with 'id' and 'contents'"),
         ("", "has no documents"),
+        # a row whose contents is no string (a 66-line tokenizer traceback before), a corpus
+        # of stop words alone (bm25s's `max() arg is an empty sequence` before)
+        (
+            '{"id": "1", "contents": "fine"}\n{"id": "2", "contents": 123}\n',
+            "line 2: 'contents' is 123 (a int), not text",
+        ),
+        ('{"id": "1", "contents": ["a", "list"]}\n', "line 1: 'contents' is ['a', 'list']"),
+        ('{"id": "1", "contents": null}\n', "line 1: 'contents' is None"),
+        (
+            '{"id": "1", "contents": "the a of"}\n{"id": "2", "contents": "and is it!"}\n',
+            "its 2 document(s) hold no word BM25 can index",
+        ),
     ],
 )
 def test_a_bad_corpus_is_one_error_line(
