@@ -8,6 +8,12 @@ from typing import Any
 
 import pytest
 
+from agentrl.agents import AgentEndpoint, AgentEpisode, run_agent_episode
+from agentrl.engine.base import SamplingParams
+from agentrl.envs.builtin.calculator import CalculatorEnv
+from agentrl.rollout.agent.chat import CallLimits
+from agentrl.rollout.codec import ChatCodec
+from agentrl.types import Task
 from tests.rollout.conftest import load_tokenizer
 
 ADD_TOOL = {
@@ -57,3 +63,41 @@ def _add(call: Any) -> str:
 @pytest.fixture(scope="session")
 def qwen_tokenizer(smollm2_path: str) -> Any:
     return load_tokenizer(smollm2_path, "qwen_tools")
+
+
+AGENT_TASK = Task(id="t0", data={"question": "What is 2 + 3?", "answer": 5})
+
+
+async def run_agent_once(
+    engine: Any,
+    codec: ChatCodec,
+    agent: Any,
+    *,
+    env: Any = None,
+    max_new_tokens: int = 256,
+    **limits: Any,
+) -> list:
+    """One agent episode on AGENT_TASK through a fresh endpoint: its trajectories (segments)."""
+    endpoint = AgentEndpoint(engine)
+    await endpoint.start()
+    try:
+        setup = AgentEpisode(
+            endpoint,
+            codec,
+            CallLimits(limits.get("max_calls", 4), limits.get("max_context_len", 4096)),
+            timeout_s=limits.get("timeout_s", 60),
+        )
+        sampling = SamplingParams(
+            max_new_tokens=max_new_tokens, seed=1, stop_token_ids=codec.stop_token_ids
+        )
+        return await run_agent_episode(
+            agent,
+            setup,
+            env or CalculatorEnv(),
+            AGENT_TASK,
+            sampling,
+            group_id="g",
+            episode_id="g/0",
+        )
+    finally:
+        await endpoint.stop()

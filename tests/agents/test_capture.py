@@ -7,14 +7,11 @@ from typing import Any
 
 import pytest
 
-from agentrl.agents import AgentEndpoint, AgentEpisode, AgentResult, run_agent_episode
-from agentrl.engine.base import SamplingParams
-from agentrl.envs.builtin.calculator import CalculatorEnv
-from agentrl.rollout.agent.chat import CallLimits
+from agentrl.agents import AgentResult
 from agentrl.rollout.codec import ChatCodec
 from agentrl.rollout.codec_check import check_codec
 from agentrl.types import EpisodeStatus, Message, StatusReason, Task
-from tests.agents.conftest import ADD_TOOL, tool_agent
+from tests.agents.conftest import ADD_TOOL, run_agent_once, tool_agent
 from tests.rollout.conftest import ScriptedEngine
 
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
@@ -22,21 +19,7 @@ TASK = Task(id="t0", data={"question": "What is 2 + 3?", "answer": 5})
 
 
 async def _run(engine: Any, codec: ChatCodec, agent: Any, **limits: Any) -> list:
-    endpoint = AgentEndpoint(engine)
-    await endpoint.start()
-    try:
-        setup = AgentEpisode(
-            endpoint,
-            codec,
-            CallLimits(limits.get("max_calls", 4), limits.get("max_context_len", 4096)),
-            timeout_s=limits.get("timeout_s", 60),
-        )
-        sampling = SamplingParams(max_new_tokens=256, seed=1, stop_token_ids=codec.stop_token_ids)
-        return await run_agent_episode(
-            agent, setup, CalculatorEnv(), TASK, sampling, group_id="g", episode_id="g/0"
-        )
-    finally:
-        await endpoint.stop()
+    return await run_agent_once(engine, codec, agent, **limits)
 
 
 async def test_tool_loop_is_one_token_exact_trajectory_with_tool_output_masked(qwen_tokenizer):

@@ -11,13 +11,12 @@ from typing import Any
 
 import pytest
 
-from agentrl.agents import AgentEndpoint, AgentEpisode, AgentResult, run_agent_episode
-from agentrl.engine.base import SamplingParams
+from agentrl.agents import AgentResult
 from agentrl.envs.base import StepResult
 from agentrl.envs.builtin.calculator import CalculatorEnv
-from agentrl.rollout.agent.chat import CallLimits
 from agentrl.rollout.codec import ChatCodec
 from agentrl.types import EpisodeStatus, Message, StatusReason, Task
+from tests.agents.conftest import run_agent_once
 from tests.rollout.conftest import ScriptedEngine
 
 TASK = Task(id="t0", data={"question": "What is 2 + 3?", "answer": 5})
@@ -27,22 +26,8 @@ HI = [{"role": "user", "content": "hi"}]
 async def _run(tokenizer: Any, agent: Any, *, env: Any = None, **limits: Any) -> list:
     engine = ScriptedEngine(tokenizer, ["x"], delay_s=limits.get("delay_s", 0.0))
     codec = ChatCodec(tokenizer)
-    endpoint = AgentEndpoint(engine)
-    await endpoint.start()
-    try:
-        setup = AgentEpisode(
-            endpoint,
-            codec,
-            CallLimits(limits.get("max_calls", 4), 4096),
-            timeout_s=limits.get("timeout_s", 60),
-        )
-        sampling = SamplingParams(max_new_tokens=16, seed=1, stop_token_ids=codec.stop_token_ids)
-        trajectories = await run_agent_episode(
-            agent, setup, env or CalculatorEnv(), TASK, sampling, group_id="g", episode_id="g/0"
-        )
-        return [*trajectories, engine]
-    finally:
-        await endpoint.stop()
+    trajectories = await run_agent_once(engine, codec, agent, env=env, max_new_tokens=16, **limits)
+    return [*trajectories, engine]
 
 
 def paying(value: Any) -> Any:
