@@ -42,7 +42,8 @@ def build_config(
     saved config is refused unless `is_override` (`--override`); the run trains in the directory
     `--resume` names (or `--save`), never in another its run_config.json names. Returns the
     config, the changed fields and notices to show."""
-    from agentrl.config import RunConfig, config_from_flags, read_config_file
+    from agentrl.config import RunConfig, config_from_flags
+    from agentrl.config_file import read_config_file
     from agentrl.run.run_dir import RunDirError, config_diff, resumed_run_dir, saved_config
 
     saved = saved_config(resume) if resume else None

@@ -12,7 +12,8 @@ from agentrl.cli import PlainHelp
 if TYPE_CHECKING:
     from typer._click import Context, Parameter
 
-    from agentrl.config import ConfigFile, RunConfig
+    from agentrl.config import RunConfig
+    from agentrl.config_file import ConfigFile
 
 
 # slime's flags set the config field of their own name (`--eps-clip`: algo.eps_clip), but for
