@@ -6,9 +6,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib.util
-import os
 
-from agentrl.config import ClusterConfig, ConfigError, RunConfig
+from agentrl.config import ConfigError, RunConfig
+from agentrl.deploy.plan import plan_deployment
 
 
 def resolved(cfg: RunConfig) -> RunConfig:
@@ -25,8 +25,6 @@ def check_run(cfg: RunConfig) -> None:
     what this machine lacks for them. A `ConfigError` naming the flags, before anything loads."""
     engine, train, algo, rollout = cfg.engine, cfg.train, cfg.algo, cfg.rollout
     _check_async(cfg)
-    _check_transport(cfg)
-    _check_placement(cfg)
     _check_ignored_url(cfg)
     _check_group_size(cfg)
     if engine.kind == "http" and not engine.url:
@@ -79,6 +77,7 @@ def check_run(cfg: RunConfig) -> None:
                 f"log.use_{extra}=true but {extra} is not installed; pip install {extra}, or "
                 f"--set log.use_{extra}=false"
             )
+    plan_deployment(cfg)  # late: it asks torch whether model.device=auto is a GPU
     if cfg.model.device.startswith("cuda"):
         import torch
 
@@ -90,18 +89,13 @@ def check_run(cfg: RunConfig) -> None:
 
 
 def _check_async(cfg: RunConfig) -> None:
-    """Refuse async settings that cannot work, naming the flag and the fix."""
+    """Refuse async settings that cannot work, naming the flag and the fix (the placement
+    `--async` needs: `deploy.plan`)."""
     train = cfg.train
     if not train.use_async:
         if train.async_mode == "full":
             raise ConfigError("train.async_mode='full' needs train.use_async=true (--async)")
         return
-    if cfg.cluster.colocate or (trainer_uses_cuda(cfg.model.device) and not uses_ray(cfg)):
-        raise ConfigError(
-            "--async generates while the trainer steps, but colocated engines give their memory "
-            "to the trainer then: run disaggregated (e.g. --actor-num-gpus-per-node 1 "
-            "--rollout-num-gpus 1, without --colocate), or in one process on CPU"
-        )
     lag = train.update_weights_interval
     if (
         train.async_mode == "one_step"
@@ -140,61 +134,6 @@ def _check_group_size(cfg: RunConfig) -> None:
             "--n-samples-per-prompt 2 or more (4-8 is usual), or --advantage-estimator "
             "reinforce_plus_plus"
         )
-
-
-def _check_transport(cfg: RunConfig) -> None:
-    """In one process an engine object takes the trainer's tensors: no broadcast, no disk."""
-    transport = cfg.cluster.update_weight_transport
-    if cfg.engine.kind == "local" and not uses_ray(cfg) and transport not in ("auto", "tensor"):
-        raise ConfigError(
-            f"--update-weight-transport={transport} needs engine servers (Ray placement flags, or "
-            "engine.kind=http/sglang); the in-process engine takes tensors: use auto or tensor"
-        )
-
-
-def _check_placement(cfg: RunConfig) -> None:
-    c = cfg.cluster
-    num_trainer, num_rollout = c.actor_num_nodes * c.actor_num_gpus_per_node, rollout_gpus(c)
-    if num_rollout % c.rollout_num_gpus_per_engine:
-        raise ConfigError(
-            f"--rollout-num-gpus={num_rollout} is not a multiple of --rollout-num-gpus-per-engine="
-            f"{c.rollout_num_gpus_per_engine}: every engine needs exactly that many GPUs"
-        )
-    if c.colocate and num_rollout > num_trainer:
-        raise ConfigError(
-            f"--colocate puts the engines on the trainer's GPUs, but --rollout-num-gpus={num_rollout} > "
-            f"--actor-num-nodes x --actor-num-gpus-per-node = {num_trainer}; lower --rollout-num-gpus "
-            "or drop --colocate"
-        )
-
-
-def rollout_gpus(cluster: ClusterConfig) -> int:
-    """GPUs of all engines together: `rollout_num_gpus`, else the trainer's when colocated, else 1."""
-    if cluster.rollout_num_gpus is not None:
-        return cluster.rollout_num_gpus
-    c = cluster
-    return c.actor_num_nodes * c.actor_num_gpus_per_node if c.colocate else 1
-
-
-def uses_ray(cfg: RunConfig) -> bool:
-    """Whether the run places trainer and engines on Ray (`cluster.use_ray`, else the flags)."""
-    c = cfg.cluster
-    if c.use_ray is not None:
-        return c.use_ray
-    return bool(
-        c.ray_address
-        or os.environ.get("RAY_ADDRESS")
-        or c.colocate
-        or c.rollout_num_gpus is not None
-        or c.actor_num_nodes * c.actor_num_gpus_per_node > 1
-    )
-
-
-def trainer_uses_cuda(device: str) -> bool:
-    """Whether a trainer on `model.device` runs on CUDA here (auto: when a GPU is visible)."""
-    import torch
-
-    return device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
 
 
 def _is_ray_address(address: str) -> bool:

@@ -90,7 +90,7 @@ async def time_layout(
     from transformers import AutoConfig
 
     from agentrl.config import RunConfig
-    from agentrl.run.launch import start_on_ray
+    from agentrl.deploy.launch import start_on_ray
 
     cfg = RunConfig()
     cfg.model.path = model_path

@@ -7,7 +7,6 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from agentrl.config import ConfigError, EngineConfig, RolloutConfig, RunConfig
-from agentrl.config_checks import trainer_uses_cuda
 from agentrl.engine.base import Engine, EngineError
 from agentrl.engine.sglang.protocol import API_KEY_ENV, resolve_api_key
 
@@ -64,8 +63,7 @@ def make_engine(cfg: RunConfig, *, model_path: str | None = None, reserve_bytes:
         model_path or resolve_model_path(model.path, model.cache_dir),
         cfg.engine,
         api_key=resolve_api_key(cfg.engine),
-        # the in-process trainer steps on the servers' GPU while they release their memory
-        enable_memory_saver=trainer_uses_cuda(cfg.model.device),
+        enable_memory_saver=False,  # no trainer here (a run launches its own: deploy.launch)
     )
     engine = sglang_client(cfg.engine, cfg.rollout, cluster.url)
     engine.cluster = cluster  # shut down with the engine

@@ -28,7 +28,7 @@ from agentrl.trainer.checkpoint_safety import (
 if TYPE_CHECKING:
     from agentrl.config import CheckpointConfig
     from agentrl.data import TaskSource
-    from agentrl.run.runtime import Runtime
+    from agentrl.deploy.runtime import Runtime
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,8 @@ from typing import Any
 from agentrl.config import RunConfig
 from agentrl.config_checks import check_run, resolved
 from agentrl.data import TaskSource, load_tasks
+from agentrl.deploy.launch import check_megatron, make_runtime
+from agentrl.deploy.plan import plan_deployment
 from agentrl.engine.base import EngineMemoryError
 from agentrl.engine.factory import probe_engine
 from agentrl.envs import spec
@@ -20,7 +22,6 @@ from agentrl.progress import RunProgress, step_line
 from agentrl.rollout import build_runner
 from agentrl.run import run_dir as run_dir_guard
 from agentrl.run.checkpoint import resume_run
-from agentrl.run.launch import check_megatron, make_runtime
 from agentrl.run.metrics import MetricsLogger
 from agentrl.run.schedules import (
     NothingToTrainError,
@@ -94,7 +95,7 @@ async def _train_in(
         f"({cfg.train.num_rollout} steps of {cfg.rollout.rollout_batch_size} tasks x "
         f"{cfg.rollout.n_samples_per_prompt} episodes)"
     )
-    runtime = await make_runtime(cfg, model_path)
+    runtime = await make_runtime(cfg, plan_deployment(cfg), model_path)
     logger = MetricsLogger(run_dir, cfg.log, config=cfg.to_dict())
     try:
         runner = build_runner(cfg, runtime.engine, model_path)

@@ -18,9 +18,9 @@ from agentrl.types import EpisodeStatus, StatusReason
 
 if TYPE_CHECKING:
     from agentrl.data import TaskSource
+    from agentrl.deploy.runtime import Runtime
     from agentrl.engine.gate import GatedEngine
     from agentrl.rollout import RolloutRunner
-    from agentrl.run.runtime import Runtime
 
 
 @dataclass

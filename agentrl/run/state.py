@@ -13,6 +13,7 @@ import pydantic_core
 
 from agentrl.config import RunConfig
 from agentrl.data import TaskSource
+from agentrl.deploy.runtime import Runtime
 from agentrl.eval import evaluate, plot_eval_history
 from agentrl.progress import RunProgress, sampled_tokens
 from agentrl.rollout import RolloutRunner
@@ -21,7 +22,6 @@ from agentrl.rollout.staleness import drop_stale, lag_gap_metrics, probe_sample,
 from agentrl.rollout.trajectory import write_jsonl
 from agentrl.run.checkpoint import save_run
 from agentrl.run.metrics import MetricsLogger, rollout_metrics
-from agentrl.run.runtime import Runtime
 from agentrl.run.schedules import Rollout, rollout_seed
 from agentrl.trainer.batch import build_train_batches
 

@@ -143,8 +143,8 @@ def test_engine_out_of_room_saves_the_step_and_names_the_fix(tmp_path, tiny_mode
                                                              monkeypatch):  # fmt: skip
     """The engines cannot take their memory back after a step: the step is saved, the error is
     one line with the fix, the next line is the resume command; no traceback."""
+    from agentrl.deploy.runtime import Runtime
     from agentrl.engine import EngineMemoryError
-    from agentrl.run.runtime import Runtime
 
     async def no_room(self, version):
         raise EngineMemoryError("resuming the engine's kv_cache needs 9.00 GiB; lower it")

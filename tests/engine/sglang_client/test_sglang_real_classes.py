@@ -68,8 +68,8 @@ def server() -> Iterator[Any]:
 def test_server_args_parse_the_launch_commands(sglang: ModuleType) -> None:
     from sglang.srt.server_args import ServerArgs
 
-    from agentrl.cluster.engine_group import ServerSpec, server_cmd
     from agentrl.config import EngineConfig
+    from agentrl.deploy.servers import ServerSpec, server_cmd
     from agentrl.engine.sglang.launcher import KEYED_LAUNCHER, server_command
 
     parser = argparse.ArgumentParser()

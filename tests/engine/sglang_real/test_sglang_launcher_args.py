@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from agentrl.cluster.engine_group import ServerSpec, server_cmd, server_env
 from agentrl.config import EngineConfig
+from agentrl.deploy.servers import ServerSpec, server_cmd, server_env
 from agentrl.engine.sglang.launcher import KEYED_LAUNCHER, free_ports, server_command
 from tests.support.sglang_real import REPO_ROOT
 

@@ -8,17 +8,17 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from agentrl.cluster.engine_group import (
+from agentrl.config import EngineConfig, RunConfig
+from agentrl.deploy.engines import ServedEngineGroup
+from agentrl.deploy.plan import plan_deployment
+from agentrl.deploy.servers import (
     EngineServer,
-    ServedEngineGroup,
     ServerSpec,
     engine_api_key,
     server_cmd,
     server_env,
 )
-from agentrl.config import EngineConfig, RunConfig
 from agentrl.engine.base import SamplingParams
-from agentrl.engine.router import RoutedEngine
 from agentrl.engine.sglang import SGLangEngine
 from agentrl.engine.sglang.launcher import KEYED_LAUNCHER
 
@@ -63,14 +63,15 @@ async def test_the_groups_clients_send_the_servers_key(monkeypatch):
     """The key the servers were started with (a made one too), not only the config's."""
     monkeypatch.delenv("AGENTRL_API_KEY", raising=False)
     cfg = RunConfig()
-    cfg.cluster.use_sglang_router = False
+    cfg.cluster.rollout_num_gpus = 2
+    plan = plan_deployment(cfg, has_cuda=False)
     urls = ["http://10.0.0.7:31000", "http://10.0.0.8:31000"]
-    group = ServedEngineGroup([object(), object()], urls, cfg, plan=None, api_key="made")  # type: ignore[arg-type]
+    group = ServedEngineGroup([object(), object()], urls, cfg, plan, api_key="made")
     try:
-        assert [c.api_key for c in group.clients] == ["made", "made"]
+        assert [c.api_key for c in group.servers()] == ["made", "made"]
         assert group.api_key == "made" and cfg.engine.api_key is None  # the run's config untouched
     finally:
-        await RoutedEngine.close(group)  # the clients only: these actors are stand-ins
+        await group.routed.close()  # the clients only: these actors are stand-ins
 
 
 @pytest.mark.slow

@@ -112,10 +112,10 @@ def _resume_in_one_process_reproduces_step_two(model_path: str, tmp_path: Path, 
 
 def test_a_killed_engine_is_restarted_synced_and_its_tasks_rerun(tiny_model_path, tmp_path):
     from agentrl.data import TaskSource, load_tasks
+    from agentrl.deploy.launch import start_on_ray
     from agentrl.envs import spec
     from agentrl.rollout import build_runner
     from agentrl.rollout.collect import collect_groups
-    from agentrl.run.launch import start_on_ray
 
     cfg = _config(tiny_model_path, tmp_path / "run", "disaggregated")
     cfg.rollout.rollout_batch_size = 4
@@ -161,7 +161,7 @@ def test_a_killed_engine_is_restarted_synced_and_its_tasks_rerun(tiny_model_path
 DRIVER = """
 import asyncio, json, sys
 import ray
-from agentrl.run.launch import start_on_ray
+from agentrl.deploy.launch import start_on_ray
 from agentrl.config import RunConfig
 
 cfg = RunConfig.from_dict(json.loads(sys.argv[1]))
@@ -266,7 +266,7 @@ def test_async_is_refused_when_colocated_or_in_one_process(tiny_model_path, tmp_
 def test_disk_transport_loads_a_full_model_dir_on_every_engine(tiny_model_path, tmp_path):
     """--update-weight-transport disk: rank 0 writes the weights (and the model's config and
     tokenizer, which SGLang loads too) and every engine loads them with update_weights_from_disk."""
-    from agentrl.run.launch import start_on_ray
+    from agentrl.deploy.launch import start_on_ray
 
     cfg = _config(tiny_model_path, tmp_path / "run", "disaggregated")
     cfg.cluster.update_weight_transport = "disk"

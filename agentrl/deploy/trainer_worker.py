@@ -10,6 +10,7 @@ import ctypes
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -214,21 +215,57 @@ def _join_group(spec: WorkerSpec) -> str:
 
 class TrainerGroup:
     """The trainer's workers, driven together: one local `TrainerWorker` (its calls on worker
-    threads) or one Ray actor per rank (its calls as remote calls)."""
+    threads) or one Ray actor per rank (its calls as remote calls). Each method is the
+    worker's method of the same name on every rank at once (a collective); where the ranks
+    agree, rank 0's answer."""
 
     def __init__(self, workers: list[Any], *, is_remote: bool) -> None:
         self.workers, self.is_remote = workers, is_remote
 
-    def _call(self, worker: Any, method: str, *args: Any) -> Any:
-        if self.is_remote:
-            return getattr(worker, method).remote(*args)
-        return asyncio.to_thread(getattr(worker, method), *args)
+    async def pad_id(self) -> int:
+        return (await self._all(TrainerWorker.pad_id))[0]
 
-    async def all(self, method: str, *args: Any) -> list[Any]:
-        """`method(*args)` on every worker at once (a collective call); their results in order."""
+    async def data_parallel_ranks(self) -> list[int]:
+        """Each rank's data-parallel rank: which batch it trains on."""
+        return await self._all(TrainerWorker.data_parallel_rank)
+
+    async def engine_reserve_bytes(self) -> list[int]:
+        """Per rank: what an engine sharing its GPU leaves out of its KV cache."""
+        return await self._all(TrainerWorker.engine_reserve_bytes)
+
+    async def train_step(self, batches: list[Any]) -> dict[str, float]:
+        """Rank i steps on `batches[i]`; rank 0's metrics."""
+        return (await self._each(TrainerWorker.train_step, [(b,) for b in batches]))[0]
+
+    async def sequence_logprobs(self, token_ids: list[int], start: int) -> list[float]:
+        return (await self._all(TrainerWorker.sequence_logprobs, token_ids, start))[0]
+
+    async def connect_engines(self, targets: list[list[Any]], transport: Transport) -> None:
+        """Rank i sends its weights to `targets[i]` from now on."""
+        await self._each(TrainerWorker.connect_engines, [(t, transport) for t in targets])
+
+    async def send_weights(self, version: str) -> dict[str, float]:
+        """Every rank exports; ranks with engines send. Rank 0's bytes and timings."""
+        return (await self._all(TrainerWorker.send_weights, version))[0]
+
+    async def save(self, directory: str) -> None:
+        await self._all(TrainerWorker.save, directory)
+
+    async def load(self, directory: str) -> None:
+        await self._all(TrainerWorker.load, directory)
+
+    async def shutdown(self) -> None:
+        await self._all(TrainerWorker.shutdown)
+
+    def _call(self, worker: Any, method: Callable[..., Any], *args: Any) -> Any:
+        """`method` of `worker`: on a worker thread, or as a remote call of an actor's handle
+        (which has each method of the worker's class under its name)."""
+        bound = getattr(worker, method.__name__)
+        return bound.remote(*args) if self.is_remote else asyncio.to_thread(bound, *args)
+
+    async def _all(self, method: Callable[..., Any], *args: Any) -> list[Any]:
         return list(await asyncio.gather(*(self._call(w, method, *args) for w in self.workers)))
 
-    async def each(self, method: str, args: list[tuple[Any, ...]]) -> list[Any]:
-        """`method(*args[i])` on worker i, all at once."""
+    async def _each(self, method: Callable[..., Any], args: list[tuple[Any, ...]]) -> list[Any]:
         calls = (self._call(w, method, *a) for w, a in zip(self.workers, args, strict=True))
         return list(await asyncio.gather(*calls))

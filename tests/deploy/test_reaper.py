@@ -21,7 +21,7 @@ import pytest
 _DRIVER = """
 import sys, time
 import ray
-from agentrl.cluster.runtime import init_ray
+from agentrl.deploy.ray_cluster import init_ray
 
 assert init_ray(None, num_bundles=1)
 actor = ray.remote(type("Pinger", (), {"ping": lambda self: 1})).remote()
@@ -36,7 +36,7 @@ time.sleep(600)
 # A tree shaped like Ray's: a root that exits on SIGTERM and a grandchild that ignores it.
 _TREE_DRIVER = """
 import os, subprocess, sys, time
-from agentrl.cluster import reaper
+from agentrl.deploy import reaper
 
 stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
 parent = (

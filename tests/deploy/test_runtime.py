@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.run.runtime import batches_per_rank
+from agentrl.deploy.runtime import batches_per_rank
 
 
 def test_fsdp_ranks_take_one_batch_each():
@@ -25,10 +25,10 @@ def test_a_batch_count_that_is_not_the_dp_size_is_refused():
 def test_agentrl_serve_gets_the_kv_fraction_and_the_trainers_reserve():
     """engine.mem_fraction_static reaches the `agentrl serve` it launches (it was dropped), and
     a colocated engine leaves its rank's optimizer state out of the KV cache. (The Ray tests of
-    tests/cluster/test_ray_train.py launch `agentrl serve` with these flags.)"""
-    from agentrl.cluster.engine_group import ServerSpec, reserve_for, server_cmd
-    from agentrl.cluster.placement import BundlePlan
-    from agentrl.config import EngineConfig
+    tests/deploy/test_ray_train.py launch `agentrl serve` with these flags.)"""
+    from agentrl.config import ClusterConfig, EngineConfig, RunConfig
+    from agentrl.deploy.plan import plan_deployment
+    from agentrl.deploy.servers import ServerSpec, reserve_for, server_cmd
 
     spec = ServerSpec(index=0, model_path="m", device_ids=[1], use_gpu=True, use_sglang=False,
                       host="127.0.0.1", dtype="bfloat16", engine=EngineConfig(mem_fraction_static=0.65),
@@ -37,11 +37,11 @@ def test_agentrl_serve_gets_the_kv_fraction_and_the_trainers_reserve():
     assert cmd[cmd.index("--mem-fraction-static") + 1] == "0.65"
     assert cmd[cmd.index("--reserve-gb") + 1] == "3.000"
     assert cmd[cmd.index("--device") + 1] == "cuda:1"
-    colocated = BundlePlan(num_bundles=2, trainer_bundles=[0, 1], engine_bundles=[[1], [0]],
-                          is_colocated=True, use_gpu=True)  # fmt: skip
-    assert [reserve_for(colocated, e, [10, 20]) for e in (0, 1)] == [20, 10]
-    apart = BundlePlan(num_bundles=2, trainer_bundles=[0], engine_bundles=[[1]],
-                      is_colocated=False, use_gpu=True)  # fmt: skip
+    colocated = plan_deployment(
+        RunConfig(cluster=ClusterConfig(actor_num_gpus_per_node=2, colocate=True)), has_cuda=True
+    )
+    assert [reserve_for(colocated, e, [10, 20]) for e in (0, 1)] == [10, 20]
+    apart = plan_deployment(RunConfig(cluster=ClusterConfig(rollout_num_gpus=1)), has_cuda=True)
     assert reserve_for(apart, 0, [10]) == 0
 
 
@@ -114,13 +114,21 @@ class _Worker:
 
 
 async def _choreography(kind: str, shares_gpu: bool) -> list:
-    from agentrl.run.runtime import Placement, Runtime
-    from agentrl.run.trainer_worker import TrainerGroup
+    from agentrl.config import ClusterConfig, RunConfig
+    from agentrl.deploy.plan import plan_deployment
+    from agentrl.deploy.runtime import Runtime
+    from agentrl.deploy.trainer_worker import TrainerGroup
 
     calls: list = []
     trainer = TrainerGroup([_Worker(0, calls), _Worker(1, calls)], is_remote=False)
-    placement = Placement(kind, shares_gpu, "tensor")  # type: ignore[arg-type]
-    runtime = Runtime(placement, trainer, _Engines(calls), temperature=1.0, check_weight_sync=True)
+    cluster = ClusterConfig(
+        actor_num_gpus_per_node=2,
+        colocate=kind == "colocated",
+        update_weight_transport="tensor",
+    )
+    plan = plan_deployment(RunConfig(cluster=cluster), has_cuda=True)
+    assert (plan.kind, plan.shares_gpu) == (kind, shares_gpu)
+    runtime = Runtime(plan, trainer, _Engines(calls), temperature=1.0, check_weight_sync=True)
     await runtime.start()
     metrics = await runtime.train_step(["batch-0", "batch-1"])
     assert metrics["loss"] == 1.0
@@ -148,36 +156,31 @@ async def test_disaggregated_servers_pause_for_the_sync_and_keep_their_memory():
     assert calls[7:] == [("continue",), ("version", "1")]
 
 
-def test_only_an_engine_in_this_process_or_launched_here_shares_the_trainers_gpu():
-    from agentrl.config import RunConfig
-    from agentrl.run.launch import shares_trainer_gpu
+async def test_in_process_engines_heal_and_stop_the_servers_they_launched() -> None:
+    """`engine.kind=sglang` in process: the group holds the launched servers (the client owns no
+    processes); it heals them, and stops them when it closes. An engine without servers has
+    nothing to heal."""
+    from agentrl.deploy.engines import InProcessEngines
 
-    cfg = RunConfig()
-    cfg.model.device = "cuda:0"
-    for kind, shares in (("local", True), ("sglang", True), ("http", False)):
-        cfg.engine.kind = kind  # type: ignore[assignment]
-        assert shares_trainer_gpu(cfg) is shares, kind
-    cfg.model.device, cfg.engine.kind = "cpu", "local"
-    assert not shares_trainer_gpu(cfg)
-
-
-async def test_in_process_engines_heal_through_an_engine_that_launched_servers() -> None:
-    """`engine.kind=sglang` in process: the servers' one supervisor is reached through the engine
-    (SGLangEngine.heal); an engine without servers has nothing to heal."""
-    from agentrl.run.engines import InProcessEngines
-
-    class Launched:  # stands in for SGLangEngine: what is under test is the delegation
-        weight_version = "0"
-        calls = 0
+    class Launched:  # stands in for SGLangCluster: what is under test is the ownership
+        calls: list[str] = []
 
         async def heal(self) -> list[int]:
-            self.calls += 1
+            self.calls.append("heal")
             return [1]
 
-    class Plain:
+        def shutdown(self) -> None:
+            self.calls.append("shutdown")
+
+    class Client:
         weight_version = "0"
 
+        async def close(self) -> None:
+            return None
+
     launched = Launched()
-    assert await InProcessEngines(launched).heal() == [1]  # type: ignore[arg-type]
-    assert launched.calls == 1
-    assert await InProcessEngines(Plain()).heal() == []  # type: ignore[arg-type]
+    group = InProcessEngines(Client(), launched=launched)  # type: ignore[arg-type]
+    assert await group.heal() == [1]
+    await group.close()
+    assert launched.calls == ["heal", "shutdown"]
+    assert await InProcessEngines(Client()).heal() == []  # type: ignore[arg-type]

@@ -1,13 +1,9 @@
-"""The engine group: one inference server per `rollout_num_gpus_per_engine` GPUs, each launched
-from a Ray actor on its bundle -- real SGLang when installed, else `agentrl serve` (the same HTTP
-API) -- health-waited at start, restarted when it dies, and reached through one `RoutedEngine`."""
+"""Engine servers on Ray: one inference server per engine of the `Deployment`, each launched from
+a Ray actor (`EngineServer`) on its bundle -- real SGLang or `agentrl serve` (the same HTTP API),
+as the plan says -- health-waited at start and restarted on a fresh port when it dies."""
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
-import functools
-import importlib.util
 import logging
 import os
 import secrets
@@ -17,21 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrl.cluster.placement import BundleInfo, BundlePlan, bundle_strategy
 from agentrl.config import EngineConfig, RunConfig
-from agentrl.engine.factory import sglang_client
-from agentrl.engine.gate import GatedEngine
-from agentrl.engine.router import RoutedEngine
-from agentrl.engine.sglang import SGLangEngine
+from agentrl.deploy.placement_group import BundleInfo, bundle_strategy
+from agentrl.deploy.plan import Deployment
 from agentrl.engine.sglang.launcher import (
     ManagedProcess,
     free_ports,
     server_command,
-    start_router,
     wait_healthy,
 )
 from agentrl.engine.sglang.protocol import API_KEY_ENV, resolve_api_key
-from agentrl.engine.sglang.supervisor import heal_servers
 
 log = logging.getLogger(__name__)
 
@@ -120,101 +111,9 @@ class EngineServer(ManagedProcess):
         return self.proc.pid if self.proc is not None else None
 
 
-class ServedEngineGroup(RoutedEngine):
-    """The run's `EngineGroup` on Ray: a `RoutedEngine` over the servers of the actors (the
-    weight version they serve included), behind the weight-update gate for rollouts (`engine`)."""
-
-    def __init__(
-        self,
-        actors: list[Any],
-        urls: list[str],
-        cfg: RunConfig,
-        plan: BundlePlan,
-        *,
-        api_key: str | None = None,
-    ) -> None:
-        """`api_key`: the key the servers want (`engine_api_key`), else the config's."""
-        self.actors, self.urls, self.cfg, self.plan = actors, urls, cfg, plan
-        self.api_key = api_key or resolve_api_key(cfg.engine)
-        # the clients' copy of the engine section carries the key; the run's config does not
-        self.engine_cfg = dataclasses.replace(cfg.engine, api_key=self.api_key)
-        self.num_restarts = [0] * len(actors)
-        self.router_process: ManagedProcess | None = None
-        if cfg.cluster.use_sglang_router:
-            logs = Path(cfg.checkpoint.save) / "engine_logs"
-            self.router_process = start_router(
-                urls, log_path=logs / "router.log", api_key=self.api_key, die_with_parent=True
-            )
-        client = functools.partial(sglang_client, self.engine_cfg, cfg.rollout)
-        router = client(self.router_process.url) if self.router_process else None
-        super().__init__([client(u) for u in urls], router=router)
-        self.engine = GatedEngine(self)
-
-    @classmethod
-    async def start(
-        cls, actors: list[Any], cfg: RunConfig, plan: BundlePlan, *, api_key: str | None = None
-    ) -> ServedEngineGroup:
-        urls = await asyncio.gather(*(a.start.remote() for a in actors))
-        group = cls(actors, list(urls), cfg, plan, api_key=api_key)
-        versions = {await c.get_weight_version() for c in group.clients}
-        if len(versions) != 1:
-            raise RuntimeError(f"engine servers started with different weight versions {versions}")
-        group.set_weight_version(versions.pop())
-        log.info("engine group ready: %s", group.urls)
-        return group
-
-    async def memory_bytes(self) -> float | None:
-        """Accelerator memory engine 0 holds, as its server reports it (SGLang: the sizes of the
-        parts it has not released)."""
-        from agentrl.engine.sglang.protocol import memory_bytes_from_server_info
-
-        info = await self.clients[0].get_server_info()
-        return memory_bytes_from_server_info(info, self.clients[0].released_tags())
-
-    def servers(self) -> list[SGLangEngine]:
-        return list(self.clients)
-
-    def weight_targets(self, num_ranks: int, transport: str) -> list[list[Any]]:
-        """Tensors stay on their host: each colocated rank sends to the engines on its GPUs.
-        Otherwise rank 0 reaches every engine (a broadcast group, or a directory on disk)."""
-        per_rank: list[list[Any]] = [[] for _ in range(num_ranks)]
-        if transport == "tensor" and self.plan.is_colocated:
-            for e, url in enumerate(self.urls):
-                rank = self.plan.colocated_rank(e)
-                per_rank[rank if rank is not None else 0].append(url)
-        else:
-            per_rank[0] = list(self.urls)
-        return per_rank
-
-    async def heal(self) -> list[int]:
-        """Restart every server that died (`heal_servers`, up to `cluster.max_engine_restarts`
-        each, on a fresh port); returns the indices restarted."""
-        alive = await asyncio.gather(*(a.is_alive.remote() for a in self.actors))
-        dead = await heal_servers(
-            list(alive),
-            self.urls,
-            self.num_restarts,
-            restart=lambda i: self.actors[i].start.remote(),
-            report=lambda i: self.actors[i].report.remote(),
-            max_restarts=self.cfg.cluster.max_engine_restarts,
-            router_url=self.router_process.url if self.router_process else None,
-            api_key=self.api_key,
-        )
-        for i in dead:
-            await self.clients[i].close()
-            self.clients[i] = sglang_client(self.engine_cfg, self.cfg.rollout, self.urls[i])
-        return dead
-
-    async def close(self) -> None:
-        await super().close()
-        if self.router_process is not None:
-            self.router_process.stop()
-        await asyncio.gather(*(a.stop.remote() for a in self.actors), return_exceptions=True)
-
-
 def start_engine_actors(
     cfg: RunConfig,
-    placement: BundlePlan,
+    plan: Deployment,
     pg: Any,
     bundles: list[BundleInfo],
     model_path: str,
@@ -226,32 +125,28 @@ def start_engine_actors(
     import ray
 
     # engine_server=sglang: RayCluster.start found the package before anything started
-    use_sglang = cfg.cluster.engine_server == "sglang" or (
-        cfg.cluster.engine_server == "auto"
-        and placement.use_gpu
-        and importlib.util.find_spec("sglang") is not None
-    )
+    use_sglang = plan.engine_server == "sglang"
     log_dir = Path(cfg.checkpoint.save) / "engine_logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     actor_cls = ray.remote(EngineServer)
     actors = []
-    hosts = engine_hosts(placement, bundles)
-    for e, members in enumerate(placement.engine_bundles):
+    hosts = engine_hosts(plan, bundles)
+    for e, members in enumerate(plan.engine_bundles):
         first, host = bundles[members[0]], hosts[e]
         is_local = host == "127.0.0.1"
         spec = ServerSpec(
             index=e,
             model_path=model_path,
             device_ids=[bundles[b].device_id for b in members],
-            use_gpu=placement.use_gpu,
+            use_gpu=plan.use_gpu,
             use_sglang=use_sglang,
             host=host,
             dtype=cfg.model.dtype,
             engine=cfg.engine,
             log_dir=str(log_dir if is_local else tempfile.gettempdir()),
             health_timeout_s=cfg.cluster.engine_start_timeout_s,
-            reserve_bytes=reserve_for(placement, e, reserves),
-            is_colocated=placement.is_colocated,
+            reserve_bytes=reserve_for(plan, e, reserves),
+            is_colocated=plan.is_colocated,
             api_key=api_key,
         )
         if use_sglang and spec.reserve_bytes:
@@ -263,21 +158,21 @@ def start_engine_actors(
             )  # fmt: skip
         actors.append(
             actor_cls.options(
-                num_cpus=placement.engine_share if not placement.use_gpu else 0.1,
-                num_gpus=placement.engine_share if placement.use_gpu else 0,
+                num_cpus=plan.engine_share if not plan.use_gpu else 0.1,
+                num_gpus=plan.engine_share if plan.use_gpu else 0,
                 scheduling_strategy=bundle_strategy(pg, first.index),
             ).remote(spec)
         )
     return actors
 
 
-def engine_hosts(placement: BundlePlan, bundles: list[BundleInfo]) -> list[str]:
+def engine_hosts(plan: Deployment, bundles: list[BundleInfo]) -> list[str]:
     """Where each engine server listens: on the driver's node, loopback only; elsewhere, the
     node's address (the driver reaches it there)."""
     import ray
 
     driver_ip = ray.util.get_node_ip_address()
-    firsts = [bundles[members[0]] for members in placement.engine_bundles]
+    firsts = [bundles[members[0]] for members in plan.engine_bundles]
     return ["127.0.0.1" if b.node_ip == driver_ip else b.node_ip for b in firsts]
 
 
@@ -292,6 +187,6 @@ def engine_api_key(cfg: RunConfig, hosts: list[str]) -> str | None:
     return secrets.token_urlsafe(32)
 
 
-def reserve_for(placement: BundlePlan, engine: int, reserves: list[int]) -> int:
-    rank = placement.colocated_rank(engine)
+def reserve_for(plan: Deployment, engine: int, reserves: list[int]) -> int:
+    rank = plan.colocated_rank(engine)
     return reserves[rank] if rank is not None else 0

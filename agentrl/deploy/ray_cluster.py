@@ -1,6 +1,7 @@
 """A run's share of Ray (`RayCluster`): a local Ray started for the run (loopback only, reaped)
-or a cluster joined, one placement group from slime's flags, and the trainer-rank and
-engine-server actors on it. `agentrl.run.launch` assembles them into the run's `Runtime`."""
+or a cluster joined, one placement group realising the `Deployment`'s bundles, and the
+trainer-rank and engine-server actors on it. `agentrl.deploy.launch` assembles them into the
+run's `Runtime`. The only module with `agentrl.deploy.servers` that imports `ray`."""
 
 from __future__ import annotations
 
@@ -13,22 +14,16 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from agentrl.cluster import reaper
-from agentrl.cluster.engine_group import (
-    ServedEngineGroup,
-    engine_api_key,
-    engine_hosts,
-    start_engine_actors,
-)
-from agentrl.cluster.placement import (
-    BundleInfo,
-    BundlePlan,
-    bundle_strategy,
-    check_capacity,
-    create_placement_group,
-    plan_placement,
-)
 from agentrl.config import ConfigError, RunConfig
+from agentrl.deploy import reaper
+from agentrl.deploy.engines import ServedEngineGroup
+from agentrl.deploy.placement_group import (
+    BundleInfo,
+    bundle_strategy,
+    create_placement_group,
+)
+from agentrl.deploy.plan import Deployment, plan_deployment
+from agentrl.deploy.servers import engine_api_key, engine_hosts, start_engine_actors
 from agentrl.engine.sglang.launcher import choose_router, free_ports, require_module
 
 log = logging.getLogger(__name__)
@@ -94,7 +89,7 @@ class RayCluster:
     `release()` ends them all, and Ray itself when this run started it."""
 
     def __init__(
-        self, cfg: RunConfig, owns_ray: bool, plan: BundlePlan, pg: Any, bundles: list[BundleInfo]
+        self, cfg: RunConfig, owns_ray: bool, plan: Deployment, pg: Any, bundles: list[BundleInfo]
     ) -> None:
         self.cfg, self.owns_ray = cfg, owns_ray
         self.plan, self.pg, self.bundles = plan, pg, bundles
@@ -107,14 +102,13 @@ class RayCluster:
         import torch
 
         address = cfg.cluster.ray_address or os.environ.get("RAY_ADDRESS")
-        guess = plan_placement(cfg.cluster, use_gpu=torch.cuda.is_available() and not address)
+        guess = plan_deployment(cfg, has_cuda=torch.cuda.is_available() and not address)
         owns_ray = init_ray(address, guess.num_bundles)
         try:
-            use_gpu = ray.cluster_resources().get("GPU", 0) > 0
-            plan = plan_placement(cfg.cluster, use_gpu=use_gpu)
-            unit = "GPU" if use_gpu else "CPU"
-            available = ray.available_resources().get(unit, 0) - (0 if use_gpu else 1)
-            check_capacity(plan, cfg.cluster, available)
+            # the plan of record: whether each bundle is a GPU is the cluster's answer
+            plan = plan_deployment(cfg, has_cuda=ray.cluster_resources().get("GPU", 0) > 0)
+            unit = "GPU" if plan.use_gpu else "CPU"
+            plan.check_capacity(ray.available_resources().get(unit, 0) - (0 if plan.use_gpu else 1))
             pg, bundles = create_placement_group(plan)
         except BaseException:
             if owns_ray:

@@ -1,5 +1,5 @@
-"""`make_runtime`: a run's trainer and engines, in this process (one `TrainerWorker`, one engine
-object) or on Ray (`agentrl.cluster`), behind the one `Runtime`."""
+"""`make_runtime`: a run's trainer and engines where its `Deployment` says, in this process (one
+`TrainerWorker`, one engine object) or on Ray (`RayCluster`), behind the one `Runtime`."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import asyncio
 import logging
 
 from agentrl.config import RunConfig
-from agentrl.config_checks import trainer_uses_cuda, uses_ray
-from agentrl.run.engines import InProcessEngines
-from agentrl.run.runtime import Runtime, make_placement, worker_spec
-from agentrl.run.trainer_worker import TrainerGroup, TrainerWorker
+from agentrl.deploy.engines import InProcessEngines
+from agentrl.deploy.plan import Deployment
+from agentrl.deploy.runtime import Runtime, worker_spec
+from agentrl.deploy.trainer_worker import TrainerGroup, TrainerWorker
 
 log = logging.getLogger(__name__)
 
@@ -27,29 +27,21 @@ def check_megatron(cfg: RunConfig) -> None:
     check_megatron_usable(cfg.train, gpus)
 
 
-def shares_trainer_gpu(cfg: RunConfig) -> bool:
-    """In one process: an engine in this process, or servers agentrl launched, share the
-    trainer's GPU and take turns with its memory; a remote `engine.kind=http` server does not."""
-    return trainer_uses_cuda(cfg.model.device) and cfg.engine.kind != "http"
-
-
-async def make_runtime(cfg: RunConfig, model_path: str) -> Runtime:
+async def make_runtime(cfg: RunConfig, plan: Deployment, model_path: str) -> Runtime:
+    """The run's trainer and engines, started as `plan` places them; their `Runtime`."""
     num_optimizer_steps = _num_optimizer_steps(cfg)
-    if uses_ray(cfg):
+    if plan.is_on_ray:
         return await start_on_ray(cfg, model_path, num_optimizer_steps)
-    from agentrl.engine.factory import make_engine
-
-    shares_gpu = shares_trainer_gpu(cfg)
-    spec = worker_spec(cfg, model_path, num_optimizer_steps, shares_gpu=shares_gpu)
+    spec = worker_spec(cfg, model_path, num_optimizer_steps, shares_gpu=plan.shares_gpu)
     worker = TrainerWorker(spec, loop=asyncio.get_running_loop())
     # On a GPU the trainer loads first and the engine's KV cache leaves room for the optimizer
     # state the trainer creates at its first step, unless that state waits in host memory.
-    engine = make_engine(cfg, model_path=model_path, reserve_bytes=worker.engine_reserve_bytes())
+    engines = _in_process_engines(cfg, plan, model_path, worker.engine_reserve_bytes())
     trainer = TrainerGroup([worker], is_remote=False)
     runtime = Runtime(
-        make_placement(cfg.cluster, "in_process", shares_gpu),
+        plan,
         trainer,
-        InProcessEngines(engine),
+        engines,
         temperature=cfg.rollout.rollout_temperature,
         check_weight_sync=cfg.cluster.check_weight_sync,
     )
@@ -59,23 +51,27 @@ async def make_runtime(cfg: RunConfig, model_path: str) -> Runtime:
 async def start_on_ray(cfg: RunConfig, model_path: str, num_optimizer_steps: int) -> Runtime:
     """Trainer workers and engine servers as Ray actors on one placement group, colocated or
     disaggregated as the flags say; the runtime that drives them."""
-    from agentrl.cluster.runtime import RayCluster
+    from agentrl.deploy.ray_cluster import RayCluster
 
     cluster = RayCluster.start(cfg)
     try:
         plan = cluster.plan
         specs = [
-            worker_spec(cfg, model_path, num_optimizer_steps, shares_gpu=plan.is_colocated,
-                        api_key=cluster.engine_api_key, **slot)
+            worker_spec(
+                cfg,
+                model_path,
+                num_optimizer_steps,
+                shares_gpu=plan.shares_gpu,
+                api_key=cluster.engine_api_key,
+                **slot,
+            )
             for slot in await cluster.rank_slots()
-        ]  # fmt: skip
+        ]
         trainer = TrainerGroup(await cluster.start_ranks(TrainerWorker, specs), is_remote=True)
         # the engines leave room for the optimizer state of the ranks sharing their GPUs
-        engines = await cluster.start_engines(model_path, await trainer.all("engine_reserve_bytes"))
-        kind = "colocated" if plan.is_colocated else "disaggregated"
-        placement = make_placement(cfg.cluster, kind, shares_gpu=plan.is_colocated)
+        engines = await cluster.start_engines(model_path, await trainer.engine_reserve_bytes())
         runtime = Runtime(
-            placement,
+            plan,
             trainer,
             engines,
             temperature=cfg.rollout.rollout_temperature,
@@ -88,9 +84,39 @@ async def start_on_ray(cfg: RunConfig, model_path: str, num_optimizer_steps: int
         raise
     log.info(
         "Ray runtime: %d trainer ranks, %d engines (%s, weights by %s) at %s",
-        plan.num_trainer_ranks, len(engines.urls), placement.kind, placement.transport, engines.urls,
-    )  # fmt: skip
+        plan.num_trainer_ranks,
+        len(engines.urls),
+        plan.kind,
+        plan.transport,
+        engines.urls,
+    )
     return runtime
+
+
+def _in_process_engines(
+    cfg: RunConfig, plan: Deployment, model_path: str, reserve_bytes: int
+) -> InProcessEngines:
+    """The engine of a run in this process; SGLang servers it launches are the group's to heal
+    and stop, not the client's."""
+    from agentrl.engine.factory import make_engine, sglang_client
+
+    if plan.engine_server != "sglang":
+        engine = make_engine(cfg, model_path=model_path, reserve_bytes=reserve_bytes)
+        return InProcessEngines(engine)
+    from agentrl.engine.sglang.launcher import launch_servers
+    from agentrl.engine.sglang.protocol import resolve_api_key
+
+    launched = launch_servers(
+        model_path,
+        cfg.engine,
+        api_key=resolve_api_key(cfg.engine),
+        enable_memory_saver=plan.shares_gpu,
+    )
+    client = sglang_client(cfg.engine, cfg.rollout, launched.url)
+    # The client sends control calls (weights, memory) to each worker behind the router and
+    # explains a dropped connection with a dead server's log: it reads both from `launched`.
+    client.cluster = launched
+    return InProcessEngines(client, launched=launched)
 
 
 def _num_optimizer_steps(cfg: RunConfig) -> int:

@@ -1,8 +1,8 @@
 """`Runtime`: the trainer's workers and the run's engines, and the one step choreography between
 them, as slime's `train.py` runs it: (engines sharing the trainer's GPUs release their memory) ->
 train -> resume weights -> push weights, under the pause gate -> resume KV cache. Where they live
-is a `Placement` value: in this process (the laptop default), or on Ray, colocated or
-disaggregated (`agentrl.cluster`); `agentrl.run.launch` builds the runtime for a run."""
+is the run's `Deployment` (`agentrl.deploy.plan`): in this process (the laptop default), or on
+Ray, colocated or disaggregated; `agentrl.deploy.launch` builds the runtime for a run."""
 
 from __future__ import annotations
 
@@ -10,54 +10,26 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from agentrl.config import ClusterConfig, RunConfig
+from agentrl.config import RunConfig
+from agentrl.deploy.engines import EngineGroup
+from agentrl.deploy.plan import Deployment
+from agentrl.deploy.trainer_worker import TrainerGroup, WorkerSpec
 from agentrl.engine.base import SamplingParams
-from agentrl.run.engines import EngineGroup
-from agentrl.run.trainer_worker import TrainerGroup, WorkerSpec
-from agentrl.run.weight_sync import Transport
 
 if TYPE_CHECKING:
     from agentrl.trainer.batch import TrainBatch
 
 
-PlacementKind = Literal["in_process", "colocated", "disaggregated"]
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where trainer and engines run, as the choreography reads it."""
-
-    kind: PlacementKind
-    shares_gpu: bool  # the engines give their memory to the trainer while it steps
-    transport: Transport  # how weights travel (cluster.update_weight_transport)
-    offload_train: bool = False  # the trainer's optimizer state waits in host memory
-
-    @property
-    def pauses_servers(self) -> bool:
-        """Disaggregated servers may hold requests of others: they pause too (retract)."""
-        return self.kind == "disaggregated"
-
-
-def make_placement(cluster: ClusterConfig, kind: PlacementKind, shares_gpu: bool) -> Placement:
-    """`kind`, with the transport `cluster.update_weight_transport` names; auto: tensors where
-    trainer and engines share a process or a host's GPUs, a broadcast when disaggregated."""
-    transport = cluster.update_weight_transport
-    if transport == "auto":
-        transport = "distributed" if kind == "disaggregated" else "tensor"
-    return Placement(kind, shares_gpu, transport, cluster.offload_train)
-
-
 class Runtime:
     """What the loop drives: `engine` (episodes generate with it), `train_step`, `sync_weights`,
-    `heal_engines`, `policy_logprobs`, `save`/`load`. Built by `agentrl.run.launch`."""
+    `heal_engines`, `policy_logprobs`, `save`/`load`. Built by `agentrl.deploy.launch`."""
 
     def __init__(
         self,
-        placement: Placement,
+        plan: Deployment,
         trainer: TrainerGroup,
         engines: EngineGroup,
         *,
@@ -65,7 +37,7 @@ class Runtime:
         check_weight_sync: bool,
         on_close: Callable[[], None] | None = None,
     ) -> None:
-        self.placement, self.trainer, self.engines = placement, trainer, engines
+        self.plan, self.trainer, self.engines = plan, trainer, engines
         # A `GatedEngine` (the Engine protocol by delegation): a weight update drains turns.
         self.engine: Any = engines.engine
         self.temperature, self.check_weight_sync = temperature, check_weight_sync
@@ -78,24 +50,24 @@ class Runtime:
 
     async def start(self) -> Runtime:
         """Every worker built its model; the batch each trains on; the weights' routes."""
-        self.pad_id = (await self.trainer.all("pad_id"))[0]
-        self.dp_ranks = await self.trainer.all("data_parallel_rank")
+        self.pad_id = await self.trainer.pad_id()
+        self.dp_ranks = await self.trainer.data_parallel_ranks()
         self.dp_size = max(self.dp_ranks) + 1
         await self._connect_weights()
         return self
 
     async def _connect_weights(self) -> None:
-        transport = self.placement.transport
+        transport = self.plan.transport
         targets = self.engines.weight_targets(len(self.trainer.workers), transport)
-        await self.trainer.each("connect_engines", [(t, transport) for t in targets])
+        await self.trainer.connect_engines(targets, transport)
 
     # ------------------------------------------------------------ the step
 
     async def train_step(self, batches: list[TrainBatch]) -> dict[str, float]:
-        metrics = await self._release_engines() if self.placement.shares_gpu else {}
+        metrics = await self._release_engines() if self.plan.shares_gpu else {}
         per_worker = batches_per_rank(batches, self.dp_ranks)
-        results = await self.trainer.each("train_step", [(b,) for b in per_worker])
-        return {**results[0], **metrics}
+        results = await self.trainer.train_step(per_worker)
+        return {**results, **metrics}
 
     async def _release_engines(self) -> dict[str, float]:
         before, t0 = await self.engines.memory_bytes(), time.perf_counter()
@@ -132,12 +104,12 @@ class Runtime:
         async with self.engine.paused():
             t1 = time.perf_counter()
             timings["time/weight_sync_drain_s"] = t1 - t0
-            if self.placement.pauses_servers:
+            if self.plan.pauses_servers:
                 await self.engines.pause_generation("retract")
             try:
-                sent = (await self.trainer.all("send_weights", version))[0]
+                sent = await self.trainer.send_weights(version)
             finally:
-                if self.placement.pauses_servers:
+                if self.plan.pauses_servers:
                     await self.engines.continue_generation()
             self.engines.set_weight_version(version)
             timings["time/update_weights_s"] = time.perf_counter() - t1
@@ -179,24 +151,24 @@ class Runtime:
 
     async def policy_logprobs(self, token_ids: list[int], start: int) -> list[float]:
         """The trainer's logprobs of `token_ids[start:]` (collective over the workers)."""
-        return (await self.trainer.all("sequence_logprobs", token_ids, start))[0]
+        return await self.trainer.sequence_logprobs(token_ids, start)
 
     async def save(self, directory: Path) -> None:
-        await self.trainer.all("save", str(directory))
+        await self.trainer.save(str(directory))
 
     async def load(self, directory: Path) -> None:
-        if self.placement.shares_gpu and self.placement.offload_train:
+        if self.plan.shares_gpu and self.plan.offload_train:
             # the loaded optimizer state lands on the GPU before it goes to host memory; the
             # sync that follows a load resumes the engines
             await self.engines.release_memory()
             self._is_released = True
-        await self.trainer.all("load", str(directory))
+        await self.trainer.load(str(directory))
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
             await self.engines.close()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.trainer.all("shutdown"), timeout=60)
+            await asyncio.wait_for(self.trainer.shutdown(), timeout=60)
         if self.on_close is not None:
             self.on_close()
 
