@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +17,7 @@ from agentrl.deploy.engines import EngineGroup
 from agentrl.deploy.plan import Deployment
 from agentrl.deploy.trainer_worker import TrainerGroup, WorkerSpec
 from agentrl.engine.base import SamplingParams
+from agentrl.timing import timed
 
 if TYPE_CHECKING:
     from agentrl.trainer.batch import TrainBatch
@@ -70,10 +70,11 @@ class Runtime:
         return {**results, **metrics}
 
     async def _release_engines(self) -> dict[str, float]:
-        before, t0 = await self.engines.memory_bytes(), time.perf_counter()
-        await self.engines.release_memory()
+        metrics: dict[str, float] = {}
+        before = await self.engines.memory_bytes()
+        with timed(metrics, "time/release_memory_s"):
+            await self.engines.release_memory()
         self._is_released = True
-        metrics = {"time/release_memory_s": time.perf_counter() - t0}
         after = await self.engines.memory_bytes()
         if before is not None and after is not None:
             metrics["engine/memory_before_release_gb"] = before / 1e9
@@ -84,9 +85,8 @@ class Runtime:
         """Push the trainer's weights to every engine, stamped `version`; returns timings."""
         timings: dict[str, float] = {}
         if self._is_released:  # weights first: the KV cache never sits beside the buckets
-            t0 = time.perf_counter()
-            await self.engines.resume_memory(["weights"])
-            timings["time/resume_weights_s"] = time.perf_counter() - t0
+            with timed(timings, "time/resume_weights_s"):
+                await self.engines.resume_memory(["weights"])
         sent = await self._push(version, timings)
         timings["weight_sync/bytes"] = sent["bytes"]
         timings["time/weight_export_s"] = sent["export_s"]
@@ -100,23 +100,21 @@ class Runtime:
         """Turns being generated finish on the old weights and the next ones wait (the gate);
         disaggregated servers also hold everyone else's requests (retract: kept, not aborted,
         and continued on the new weights). Rank 0's bytes and its export/send split."""
-        t0 = time.perf_counter()
-        async with self.engine.paused():
-            t1 = time.perf_counter()
-            timings["time/weight_sync_drain_s"] = t1 - t0
-            if self.plan.pauses_servers:
-                await self.engines.pause_generation("retract")
-            try:
-                sent = await self.trainer.send_weights(version)
-            finally:
+        async with contextlib.AsyncExitStack() as gate:
+            with timed(timings, "time/weight_sync_drain_s"):
+                await gate.enter_async_context(self.engine.paused())
+            with timed(timings, "time/update_weights_s"):
                 if self.plan.pauses_servers:
-                    await self.engines.continue_generation()
-            self.engines.set_weight_version(version)
-            timings["time/update_weights_s"] = time.perf_counter() - t1
+                    await self.engines.pause_generation("retract")
+                try:
+                    sent = await self.trainer.send_weights(version)
+                finally:
+                    if self.plan.pauses_servers:
+                        await self.engines.continue_generation()
+                self.engines.set_weight_version(version)
             if self._is_released:
-                t2 = time.perf_counter()
-                await self.engines.resume_memory(["kv_cache", "cuda_graph"])
-                timings["time/resume_kv_cache_s"] = time.perf_counter() - t2
+                with timed(timings, "time/resume_kv_cache_s"):
+                    await self.engines.resume_memory(["kv_cache", "cuda_graph"])
                 self._is_released = False
         return sent
 

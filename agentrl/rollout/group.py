@@ -13,9 +13,14 @@ from typing import TYPE_CHECKING, Any
 from agentrl.config import RolloutConfig
 from agentrl.engine.base import Engine, SamplingParams
 from agentrl.envs.base import AgentEnv
-from agentrl.rollout.agent.chat import CallLimits
-from agentrl.rollout.agent.endpoint import AgentEndpoint
-from agentrl.rollout.agent.episode import AgentEpisode, AgentFn, load_agent, run_agent_episode
+from agentrl.rollout.agent_endpoint.chat import CallLimits
+from agentrl.rollout.agent_endpoint.endpoint import AgentEndpoint
+from agentrl.rollout.agent_endpoint.episode import (
+    AgentEpisode,
+    AgentFn,
+    load_agent,
+    run_agent_episode,
+)
 from agentrl.rollout.codec import ChatCodec
 from agentrl.rollout.codec_check import check_codec
 from agentrl.rollout.episode import episode_sampling, error_trajectory, run_episode

@@ -12,7 +12,7 @@ import pytest
 from agentrl.agents import AgentEndpoint, AgentEpisode, run_agent_episode
 from agentrl.engine.base import SamplingParams
 from agentrl.envs.builtin.calculator import CalculatorEnv
-from agentrl.rollout.agent.chat import CallLimits
+from agentrl.rollout.agent_endpoint.chat import CallLimits
 from agentrl.rollout.codec import ChatCodec
 from agentrl.types import EpisodeStatus, Task
 from tests.rollout.conftest import ScriptedEngine

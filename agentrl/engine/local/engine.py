@@ -14,6 +14,7 @@ import functools
 import logging
 import threading
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -40,22 +41,25 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EngineStats", "LocalEngine"]
+__all__ = ["EngineStats", "LocalEngine", "LocalEngineOptions"]
 
 
-class LocalEngine:
-    """Serves many concurrent `generate` calls from one transformers model, batched together.
+@dataclass(frozen=True)
+class LocalEngineOptions:
+    """How a `LocalEngine` batches, caches and runs its model (checked when built).
 
-    The constructor sizes and allocates the KV arena and starts the worker; `load` reads a
-    checkpoint first.
-
+    - `max_batch_size`: most sequences decoded together.
+    - `seed`: of the sampler's generator.
     - `max_context_len`: tokens (prompt + output) one sequence may reach; default the model's
       context, at most 8192. Longer prompts finish at once with LENGTH.
     - `num_slots`: sequences the KV arena holds (running, or idle for their next turn); default
       sized by `KVArena.for_model` from `mem_fraction_static` of the free memory on CUDA.
+    - `mem_fraction_static`: of the free device memory, what the KV arena may take.
     - `max_prefill_tokens`: new tokens admitted into one step (a longer prompt still runs alone).
     - `use_prefix_cache`: keep a routing key's slot between turns and prefill only the new tail.
     - `use_cuda_graphs`: decode under CUDA graphs (CUDA in bf16/fp16 only; eager elsewhere).
+    - `weights_cpu_backup`: False: `release_memory` drops the weights instead of copying them to
+      the host (a colocated trainer sends them all again before the next request).
     - `pausable_memory`: on CUDA with `torch_memory_saver` installed, keep the weights and the KV
       arena in pausable regions: `release_memory` unmaps their pages and `resume_memory` maps
       fresh ones at the same addresses (fast; the arena keeps its size; graphs stay valid).
@@ -72,60 +76,80 @@ class LocalEngine:
       each decoding sequence's one query).
     """
 
+    max_batch_size: int = 32
+    seed: int = 0
+    max_context_len: int | None = None
+    num_slots: int | None = None
+    mem_fraction_static: float = 0.5
+    max_prefill_tokens: int = 8192
+    use_prefix_cache: bool = True
+    use_cuda_graphs: bool = True
+    weights_cpu_backup: bool = True
+    pausable_memory: bool = True
+    pack_cpu_linears: bool = True
+    fuse_projections: bool | None = None
+    compile_decode: bool = True
+    split_k_decode: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size={self.max_batch_size} must be at least 1")
+        if not 0 < self.mem_fraction_static <= 1:
+            raise ValueError(f"mem_fraction_static={self.mem_fraction_static} must be in (0, 1]")
+
+
+class LocalEngine:
+    """Serves many concurrent `generate` calls from one transformers model, batched together.
+
+    The constructor sizes and allocates the KV arena and starts the worker; `load` reads a
+    checkpoint first. How it batches and runs: `LocalEngineOptions`.
+    """
+
     def __init__(
         self,
         model: Any,
         tokenizer: Any,
+        options: LocalEngineOptions | None = None,
         *,
         model_path: str = "",
-        max_batch_size: int = 32,
-        seed: int = 0,
         weight_version: str = "0",
-        max_context_len: int | None = None,
-        num_slots: int | None = None,
-        mem_fraction_static: float = 0.5,
         reserve_bytes: int = 0,
-        max_prefill_tokens: int = 8192,
-        use_prefix_cache: bool = True,
-        use_cuda_graphs: bool = True,
-        weights_cpu_backup: bool = True,
-        pausable_memory: bool = True,
-        pack_cpu_linears: bool = True,
-        fuse_projections: bool | None = None,
-        compile_decode: bool = True,
-        split_k_decode: bool = True,
     ) -> None:
         """An engine around a loaded transformers `model` (on its device) and its `tokenizer`;
-        `LocalEngine.load` reads them from a checkpoint. `weights_cpu_backup=False`:
-        `release_memory` drops the weights instead of copying them to the host (a colocated
-        trainer sends them all again before the next request). `reserve_bytes`: left out of the
-        free memory the KV arena is sized from (what a colocated trainer will still allocate)."""
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size={max_batch_size} must be at least 1")
-        if not 0 < mem_fraction_static <= 1:
-            raise ValueError(f"mem_fraction_static={mem_fraction_static} must be in (0, 1]")
-        self.mem_fraction_static = mem_fraction_static
+        `LocalEngine.load` reads them from a checkpoint. `reserve_bytes`: left out of the free
+        memory the KV arena is sized from (what a colocated trainer will still allocate)."""
+        self.options = options = options or LocalEngineOptions()
+        self.mem_fraction_static = options.mem_fraction_static
         self.reserve_bytes = reserve_bytes
         self.model_path = model_path
         self.model, self.tokenizer = model, tokenizer
         self.device = str(next(model.parameters()).device)
         use_arena_attention(self.model)
-        self._packed = PackedLinears.install(self.model) if pack_cpu_linears else None
-        self.fused = self._fused_decoder(fuse_projections)
-        self.max_batch_size = max_batch_size
-        self.weights_cpu_backup = weights_cpu_backup
+        self._packed = PackedLinears.install(self.model) if options.pack_cpu_linears else None
+        self.fused = self._fused_decoder(options.fuse_projections)
+        self.max_batch_size = options.max_batch_size
+        self.weights_cpu_backup = options.weights_cpu_backup
         self._weight_version = weight_version
-        self._generator = torch.Generator().manual_seed(seed)
+        self._generator = torch.Generator().manual_seed(options.seed)
         self._size_arena = functools.partial(
-            KVArena.for_model, self.model.config, self.model.dtype, self.device,
-            max_batch_size=max_batch_size,
-            max_context_len=min(max_context_len or 8192, self._max_positions()),
-            num_slots=num_slots, mem_fraction=mem_fraction_static, reserve_bytes=reserve_bytes,
-        )  # fmt: skip
-        self.memory = EngineMemory(self.model, self.device, pausable=pausable_memory,
-                                   weights_cpu_backup=weights_cpu_backup,
-                                   mem_fraction_static=mem_fraction_static,
-                                   groups=self.fused.groups if self.fused else ())  # fmt: skip
+            KVArena.for_model,
+            self.model.config,
+            self.model.dtype,
+            self.device,
+            max_batch_size=options.max_batch_size,
+            max_context_len=min(options.max_context_len or 8192, self._max_positions()),
+            num_slots=options.num_slots,
+            mem_fraction=options.mem_fraction_static,
+            reserve_bytes=reserve_bytes,
+        )
+        self.memory = EngineMemory(
+            self.model,
+            self.device,
+            pausable=options.pausable_memory,
+            weights_cpu_backup=options.weights_cpu_backup,
+            mem_fraction_static=options.mem_fraction_static,
+            groups=self.fused.groups if self.fused else (),
+        )
         if self.fused is not None:
             self.fused.rebind()  # packing moved the parameters
         self.arena = self._size_arena()
@@ -137,19 +161,28 @@ class LocalEngine:
         )
         logger.info(
             "LocalEngine KV arena on %s: %d slots x %d tokens, %.1f GB %s (%.1f GiB kept for a trainer)",
-            self.device, self.arena.num_slots, self.arena.max_len, self.arena.nbytes / 1e9,
-            committed, reserve_bytes / 2**30,
-        )  # fmt: skip
-        self._scheduler = Scheduler(self.arena, max_batch_size=max_batch_size,
-                                    max_prefill_tokens=max_prefill_tokens,
-                                    use_prefix_cache=use_prefix_cache)  # fmt: skip
+            self.device,
+            self.arena.num_slots,
+            self.arena.max_len,
+            self.arena.nbytes / 1e9,
+            committed,
+            reserve_bytes / 2**30,
+        )
+        self._scheduler = Scheduler(
+            self.arena,
+            max_batch_size=options.max_batch_size,
+            max_prefill_tokens=options.max_prefill_tokens,
+            use_prefix_cache=options.use_prefix_cache,
+        )
         self._stop_checker = StopChecker(
             self.tokenizer,
             set(eos_token_ids(self.tokenizer, self.model.generation_config)),
             min(self._max_positions(), self.arena.max_len),
         )
         self._vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
-        self._stepper = self._make_stepper(use_cuda_graphs, compile_decode, split_k_decode)
+        self._stepper = self._make_stepper(
+            options.use_cuda_graphs, options.compile_decode, options.split_k_decode
+        )
         self.stats: EngineStats = self._stepper.stats
         # HF name -> the Parameter (or buffer) itself; release and resume swap `.data`, never the
         # objects, so the map stays valid (a state_dict() per weight update costs milliseconds).
@@ -172,32 +205,49 @@ class LocalEngine:
     def _make_stepper(self, use_cuda_graphs: bool, compile_decode: bool, split_k: bool) -> Stepper:
         use_flash = flash_attention_supported(self.device, self.model.dtype)
         options = StepOptions(
-            device=self.device, vocab_size=self._vocab_size, max_batch_size=self.max_batch_size,
-            use_flash=use_flash, use_graphs=use_cuda_graphs and use_flash,
+            device=self.device,
+            vocab_size=self._vocab_size,
+            max_batch_size=self.max_batch_size,
+            use_flash=use_flash,
+            use_graphs=use_cuda_graphs and use_flash,
             compile_graphs=compile_decode and use_flash,
             split_k=split_k and use_flash and split_k_supported(self.device),
-        )  # fmt: skip
-        forward = (self.fused.forward if self.fused is not None
-                   else functools.partial(forward_over_arena, self.model))  # fmt: skip
+        )
+        if self.fused is not None:
+            forward = self.fused.forward
+        else:
+            forward = functools.partial(forward_over_arena, self.model)
         if self.fused is not None and options.compile_graphs:
             # Prefill compiled too, from the first step: decode graphs and prefill then run the
             # same kernels (a request's first prefill and later ones agree bit for bit).
             self.fused.set_compiled(True)
         return Stepper(
-            self._scheduler, forward, options, self._stop_checker,
-            deliver=self._deliver, has_commands=lambda: bool(self._commands), packed=self._packed,
+            self._scheduler,
+            forward,
+            options,
+            self._stop_checker,
+            deliver=self._deliver,
+            has_commands=lambda: bool(self._commands),
+            packed=self._packed,
             set_compiled=self.fused.set_compiled if self.fused is not None else None,
-        )  # fmt: skip
+        )
 
     @classmethod
     def load(
-        cls, model_path: str, *, device: str = "auto", dtype: str = "auto", **options: Any
+        cls,
+        model_path: str,
+        *,
+        device: str = "auto",
+        dtype: str = "auto",
+        reserve_bytes: int = 0,
+        **options: Any,
     ) -> LocalEngine:
         """Load the checkpoint (or the bundled model's name) at `model_path` onto `device` and
-        start an engine on it; `options` are the constructor's."""
+        start an engine on it; `options`: the fields of `LocalEngineOptions`."""
+        engine_options = LocalEngineOptions(**options)  # a misspelled option fails before loading
         path = resolve_model_path(model_path)
         model, tokenizer = load_model_and_tokenizer(path, device=device, dtype=dtype)
-        return cls(model, tokenizer, model_path=path, **options)
+        return cls(model, tokenizer, engine_options, model_path=path, reserve_bytes=reserve_bytes)
 
     @classmethod
     def from_config(

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.engine.base import SamplingParams
-from agentrl.engine.local import LocalEngine
+from agentrl.engine.local import LocalEngine, LocalEngineOptions
 
 pytestmark = pytest.mark.gpu
 
@@ -116,9 +116,11 @@ async def test_weight_update_under_graphs_equals_a_fresh_engine(
     updated = await run_checked(engine, greedy)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
     model.load_state_dict(new)
-    fresh = LocalEngine(model.to("cuda", torch.bfloat16).eval(),
-                        AutoTokenizer.from_pretrained(tiny_model_path), max_batch_size=8,
-                        pausable_memory=pausable)  # fmt: skip
+    fresh = LocalEngine(
+        model.to("cuda", torch.bfloat16).eval(),
+        AutoTokenizer.from_pretrained(tiny_model_path),
+        LocalEngineOptions(max_batch_size=8, pausable_memory=pausable),
+    )
     expected = await run_checked(fresh, greedy)
     assert [c.ids for c in updated] == [c.ids for c in expected]
     assert [c.ids for c in updated] != [c.ids for c in before]

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.engine.base import SamplingParams
-from agentrl.engine.local import LocalEngine
+from agentrl.engine.local import LocalEngine, LocalEngineOptions
 from agentrl.engine.local.fused_model import (
     FusedDecoder,
     _Fused,
@@ -39,7 +39,7 @@ def fused_engine(model_or_path, tokenizer=None, **options) -> LocalEngine:
     options = {"fuse_projections": True, "max_batch_size": 8, **options}
     if isinstance(model_or_path, str):
         return LocalEngine.load(model_or_path, device="cpu", dtype="float32", **options)
-    return LocalEngine(model_or_path, tokenizer, **options)
+    return LocalEngine(model_or_path, tokenizer, LocalEngineOptions(**options))
 
 
 async def generate_all(engine: LocalEngine, sampling: SamplingParams):
@@ -143,7 +143,8 @@ def test_models_outside_the_llama_family_are_refused(tiny_model_path: str) -> No
     other.config.model_type = "gpt_neox"
     assert "gpt_neox" in (unsupported_reason(other) or "")
     with pytest.raises(ValueError, match="fuse_projections=False"):
-        LocalEngine(other, AutoTokenizer.from_pretrained(tiny_model_path), fuse_projections=True)
+        options = LocalEngineOptions(fuse_projections=True)
+        LocalEngine(other, AutoTokenizer.from_pretrained(tiny_model_path), options)
     assert unsupported_reason(model) is None
 
 

@@ -20,9 +20,13 @@ from fastapi.responses import JSONResponse
 
 from agentrl.engine.base import Engine, SamplingParams
 from agentrl.engine.serve.openai import chat_chunks, streamed
-from agentrl.rollout.agent.anthropic import MessagesRequest, to_chat_request, to_messages_response
-from agentrl.rollout.agent.capture import EpisodeCapture
-from agentrl.rollout.agent.chat import CallLimits, ChatError, ChatRequest, complete
+from agentrl.rollout.agent_endpoint.anthropic import (
+    MessagesRequest,
+    to_chat_request,
+    to_messages_response,
+)
+from agentrl.rollout.agent_endpoint.capture import EpisodeCapture
+from agentrl.rollout.agent_endpoint.chat import CallLimits, ChatError, ChatRequest, complete
 
 
 @dataclass

@@ -14,9 +14,9 @@ from typing import Any
 from agentrl.engine.base import SamplingParams
 from agentrl.envs.base import AgentEnv
 from agentrl.envs.registry import cwd_importable
-from agentrl.rollout.agent.capture import EpisodeCapture
-from agentrl.rollout.agent.chat import CallLimits
-from agentrl.rollout.agent.endpoint import AgentEndpoint
+from agentrl.rollout.agent_endpoint.capture import EpisodeCapture
+from agentrl.rollout.agent_endpoint.chat import CallLimits
+from agentrl.rollout.agent_endpoint.endpoint import AgentEndpoint
 from agentrl.rollout.codec import ChatCodec
 from agentrl.rollout.episode import EpisodeRecord, checked_reward, close_env, record_error
 from agentrl.rollout.trajectory import Trajectory

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentrl.rollout.agent.chat import ChatRequest
+from agentrl.rollout.agent_endpoint.chat import ChatRequest
 
 
 class MessagesRequest(BaseModel):

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentrl.engine.base import Completion, Engine, EngineUnavailable, FinishReason, SamplingParams
-from agentrl.rollout.agent.capture import EpisodeCapture, PendingCall, normalize_messages
+from agentrl.rollout.agent_endpoint.capture import EpisodeCapture, PendingCall, normalize_messages
 from agentrl.types import EpisodeStatus, Message, StatusReason, ToolCall
 
 
