@@ -55,12 +55,22 @@ class RolloutRunner:
         cfg: RolloutConfig,
         *,
         codec: ChatCodec | None = None,
+        tokenizer: Any | None = None,
         agent: AgentFn | None = None,
     ) -> None:
+        """`codec`: how messages become tokens; or `tokenizer` (the engine's model's), from which
+        one is made with the env's tool-call format before the first episode."""
+        if codec is None and tokenizer is None:
+            raise ValueError(
+                "RolloutRunner needs codec= (ChatCodec.from_pretrained(model_path, "
+                "tool_call_format=...)) or tokenizer= (the engine model's); or use "
+                "build_runner(cfg, engine)"
+            )
         self.engine = engine
         self.env_factory = env_factory
         self.cfg = cfg
         self.codec = codec
+        self.tokenizer = tokenizer
         self.agent = agent
         """An `async def run(task, client)` agent playing each episode instead of the engine
         loop; its episodes may give several trajectories (segments), all in the group."""
@@ -135,14 +145,8 @@ class RolloutRunner:
 
     def _check_codec(self, env: AgentEnv) -> None:
         if self.codec is None:
-            tokenizer = getattr(self.engine, "tokenizer", None)
-            if tokenizer is None:
-                raise ValueError(
-                    f"{type(self.engine).__name__} exposes no tokenizer; pass RolloutRunner(..., codec="
-                    "ChatCodec.from_pretrained(model_path, tool_call_format=...)) or use build_runner(cfg, engine)"
-                )
             self.codec = ChatCodec(
-                tokenizer,
+                self.tokenizer,
                 tool_call_format=env.tool_call_format,
                 observation_format=self.cfg.observation_format,
             )
@@ -247,8 +251,8 @@ def _notify(on_episode: Callable[[Trajectory], Any] | None, traj: Trajectory) ->
 
 def build_runner(cfg: RunConfig, engine: Engine, model_path: str | None = None) -> RolloutRunner:
     """The runner a run config describes: envs from `agentrl.envs.make(cfg.env.id, **kwargs)`,
-    the codec from the engine's tokenizer (or the model's, at `model_path` where the caller
-    resolved it, else resolved here) with the env's tool-call format."""
+    the codec from the model's tokenizer (at `model_path` where the caller resolved it, else
+    resolved here) with the env's tool-call format."""
     import functools
 
     from agentrl.envs import make, spec
@@ -259,14 +263,10 @@ def build_runner(cfg: RunConfig, engine: Engine, model_path: str | None = None) 
         "tool_call_format": tool_call_format,
         "observation_format": cfg.rollout.observation_format,
     }
-    tokenizer = getattr(engine, "tokenizer", None)
-    if tokenizer is not None:
-        codec = ChatCodec(tokenizer, **formats)
-    else:
-        from agentrl.model_store import resolve_model_path
+    from agentrl.model_store import resolve_model_path
 
-        path = model_path or resolve_model_path(cfg.model.path, cfg.model.cache_dir)
-        codec = ChatCodec.from_pretrained(path, **formats)
+    path = model_path or resolve_model_path(cfg.model.path, cfg.model.cache_dir)
+    codec = ChatCodec.from_pretrained(path, **formats)
     agent = load_agent(cfg.rollout.agent) if cfg.rollout.agent else None
     return RolloutRunner(engine, env_factory, cfg.rollout, codec=codec, agent=agent)
 

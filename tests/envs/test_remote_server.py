@@ -123,7 +123,9 @@ async def test_killing_the_server_mid_step_errors_those_episodes_only(smollm2_pa
     )
     tokenizer = load_tokenizer(smollm2_path)
     engine = ScriptedEngine(tokenizer, ["<answer>5</answer>"])
-    runner = RolloutRunner(engine, lambda: RemoteEnv(url), RolloutConfig(max_turns=2))
+    runner = RolloutRunner(
+        engine, lambda: RemoteEnv(url), RolloutConfig(max_turns=2), tokenizer=engine.tokenizer
+    )
     tasks = [
         Task("fast", {"question": "What is 2 + 3?", "answer": 5}),
         Task("hang", {"question": "hang: what is 2 + 3?", "answer": 5}),

@@ -212,7 +212,9 @@ async def test_an_agents_episodes_of_several_segments_count_once(smollm2_path, t
 
     engine = ScriptedEngine(load_tokenizer(smollm2_path), ["ok"])
     cfg = RolloutConfig(max_turns=3, rollout_max_response_len=16)
-    runner = RolloutRunner(engine, ToolEnv, cfg, agent=two_conversations)
+    runner = RolloutRunner(
+        engine, ToolEnv, cfg, tokenizer=engine.tokenizer, agent=two_conversations
+    )
     kwargs = dict(k=2, temperature=1.0, out_dir=tmp_path, progress=False)
     try:
         fresh = await evaluate(runner, make_tasks(2), **kwargs)

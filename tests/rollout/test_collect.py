@@ -43,7 +43,7 @@ async def test_an_engine_death_aborts_episodes_and_their_tasks_run_again(smol_to
     engine = ScriptedEngine(
         smol_tokenizer, ["<answer>5</answer>"] * 2 + [dead] + ["<answer>5</answer>"]
     )
-    runner = RolloutRunner(engine, ToolEnv, RolloutConfig(max_turns=2))
+    runner = RolloutRunner(engine, ToolEnv, RolloutConfig(max_turns=2), tokenizer=engine.tokenizer)
     cfg = RolloutConfig(rollout_batch_size=1, n_samples_per_prompt=4)
     heal = Heal()
 
@@ -57,7 +57,7 @@ async def test_an_engine_death_aborts_episodes_and_their_tasks_run_again(smol_to
 
 async def test_the_aborted_episode_is_never_scored(smol_tokenizer: Any):
     engine = ScriptedEngine(smol_tokenizer, [EngineUnavailable("gone")])
-    runner = RolloutRunner(engine, ToolEnv, RolloutConfig(max_turns=2))
+    runner = RolloutRunner(engine, ToolEnv, RolloutConfig(max_turns=2), tokenizer=engine.tokenizer)
     (traj,) = await runner.run_group(Task("t", {"answer": 1}), 1)
     assert traj.status == EpisodeStatus.ABORTED and traj.status_reason == StatusReason.ENGINE
     assert not EpisodeStatus(traj.status).is_trainable
@@ -67,7 +67,7 @@ async def test_dynamic_sampling_drops_flat_groups_and_refills(smol_tokenizer: An
     # Every episode answers 5: tasks whose answer is 5 get all-1 rewards, others all-0. With a
     # flat batch nothing has variance; count what was dropped and that more tasks were drawn.
     engine = ScriptedEngine(smol_tokenizer, ["<answer>5</answer>"])
-    runner = RolloutRunner(engine, ToolEnv, RolloutConfig(max_turns=2))
+    runner = RolloutRunner(engine, ToolEnv, RolloutConfig(max_turns=2), tokenizer=engine.tokenizer)
     cfg = RolloutConfig(
         rollout_batch_size=2, n_samples_per_prompt=2, dynamic_sampling=True, max_sampling_rounds=2
     )

@@ -27,7 +27,7 @@ def runner_with(
         return env
 
     rollout = RolloutConfig(max_turns=3, rollout_max_response_len=200, **cfg)
-    return RolloutRunner(engine, factory, rollout)
+    return RolloutRunner(engine, factory, rollout, tokenizer=engine.tokenizer)
 
 
 async def test_run_group_gives_n_episodes_with_their_own_envs_and_seeds(
@@ -75,7 +75,9 @@ async def test_a_failing_episode_never_fails_the_batch(smol_tokenizer: Any) -> N
         return ToolEnv(fail_on="step" if num_made == 4 else None)
 
     engine = ScriptedEngine(smol_tokenizer, ["<answer>5</answer>"])
-    runner = RolloutRunner(engine, factory, RolloutConfig(max_concurrent_episodes=1))
+    runner = RolloutRunner(
+        engine, factory, RolloutConfig(max_concurrent_episodes=1), tokenizer=engine.tokenizer
+    )
     group = await runner.run_group(Task("t0", {"answer": 5}), 4, on_episode=lambda t: 1 / 0)
 
     statuses = [(t.status, t.status_reason) for t in group]
@@ -137,7 +139,7 @@ async def test_an_env_factory_that_raises_gives_an_error_trajectory(smol_tokeniz
         return made[0]
 
     engine = ScriptedEngine(smol_tokenizer, ["<answer>5</answer>"])
-    runner = RolloutRunner(engine, factory, RolloutConfig(max_turns=3))
+    runner = RolloutRunner(engine, factory, RolloutConfig(max_turns=3), tokenizer=engine.tokenizer)
     group = await runner.run_group(Task("t0", {"answer": 5}), 2)
     assert [(t.status, t.status_reason) for t in group] == [
         (EpisodeStatus.ERROR, StatusReason.ENV)
@@ -157,12 +159,19 @@ async def two_conversations(task: Any, client: Any) -> float:
     return 1.0
 
 
+def test_a_runner_without_codec_or_tokenizer_is_refused_at_once(smol_tokenizer: Any) -> None:
+    engine = ScriptedEngine(smol_tokenizer, ["ok"])
+    with pytest.raises(ValueError, match="needs codec= .* or tokenizer="):
+        RolloutRunner(engine, ToolEnv, RolloutConfig())
+
+
 async def test_an_agents_episode_of_several_segments_is_told_once(smol_tokenizer: Any) -> None:
     """Progress lines count episodes: 2 episodes of 2 segments each are 2, not 4."""
     runner = RolloutRunner(
         ScriptedEngine(smol_tokenizer, ["ok"]),
         ToolEnv,
         RolloutConfig(max_turns=3, rollout_max_response_len=16),
+        tokenizer=smol_tokenizer,
         agent=two_conversations,
     )
     told: list[Any] = []

@@ -30,7 +30,7 @@ async def test_calculator_group_on_the_local_engine(tiny_model_path: str) -> Non
     engine.generate = recording_generate  # type: ignore[method-assign]
     cfg = RolloutConfig(max_turns=2, rollout_max_response_len=12, rollout_max_context_len=1024)
     try:
-        runner = RolloutRunner(engine, lambda: make("calculator"), cfg)
+        runner = RolloutRunner(engine, lambda: make("calculator"), cfg, tokenizer=engine.tokenizer)
         group = await runner.run_group(Task("c0", {"question": "What is 2 + 3?", "answer": 5}), 2)
     finally:
         await engine.close()
