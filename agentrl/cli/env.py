@@ -63,10 +63,15 @@ def register(app: typer.Typer) -> None:
         try:
             check_env(env_id, seed=seed)
         except EnvCheckError as e:
+            if len(e.problems) == 1:  # e.g. a served env's URL where nothing answers
+                console.print(
+                    f"✗ {env_id}: {e.problems[0]}", style="red", markup=False, soft_wrap=True
+                )
+                raise typer.Exit(code=1) from None
             console.print(f"[red]✗ {env_id}: {len(e.problems)} problem(s)[/red]")
             for problem in e.problems:
-                console.print(f"  - {problem}", markup=False, highlight=False)
-            raise typer.Exit(code=1)
+                console.print(f"  - {problem}", markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(code=1) from None
         console.print(f"[green]✓ {env_id} passes check_env[/green]")
 
     @group.command("serve", cls=PlainHelp)
