@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from agentrl.cli.train_flags import (
-    COMMAND_FLAGS,
     TrainCommand,
     given_keys,
     kl_type_notice,
@@ -135,8 +134,8 @@ def train_command(
         "JSONL/parquet training tasks (default: the env's train split).", DATA
     ),
     eval_prompt_data: str | None = _flag(
-        "One JSONL/parquet file of held-out tasks (slime takes NAME PATH pairs: give the "
-        "PATH; default: the env's test split).",
+        "One JSONL/parquet file of held-out tasks: PATH, or slime's NAME PATH (default: the "
+        "env's test split).",
         DATA,
     ),
     input_key: str | None = _flag("Column holding the prompt (default: the env's own).", DATA),
@@ -282,7 +281,68 @@ def train_command(
     The defaults below are the calculator recipe's, which an env without a recipe gets too; an
     env with a recipe of its own (search_r1) sets its own values, which `agentrl train --env ID
     --show-config` prints. With --resume, a flag not given keeps the saved run's value."""
-    flags = {k: v for k, v in locals().items() if k not in COMMAND_FLAGS}  # before other locals
+    flags: dict[str, object] = {
+        "agent": agent,
+        "model": model,
+        "prompt_data": prompt_data,
+        "eval_prompt_data": eval_prompt_data,
+        "input_key": input_key,
+        "label_key": label_key,
+        "num_rollout": num_rollout,
+        "rollout_batch_size": rollout_batch_size,
+        "n_samples_per_prompt": n_samples_per_prompt,
+        "rollout_max_response_len": rollout_max_response_len,
+        "rollout_max_context_len": rollout_max_context_len,
+        "rollout_temperature": rollout_temperature,
+        "rollout_top_p": rollout_top_p,
+        "rollout_top_k": rollout_top_k,
+        "advantage_estimator": advantage_estimator,
+        "global_batch_size": global_batch_size,
+        "eps_clip": eps_clip,
+        "eps_clip_high": eps_clip_high,
+        "eps_clip_c": eps_clip_c,
+        "use_tis": use_tis,
+        "use_kl_loss": use_kl_loss,
+        "kl_loss_coef": kl_loss_coef,
+        "kl_loss_type": kl_loss_type,
+        "entropy_coef": entropy_coef,
+        "lr": lr,
+        "min_lr": min_lr,
+        "lr_warmup_iters": lr_warmup_iters,
+        "lr_decay_style": lr_decay_style,
+        "weight_decay": weight_decay,
+        "clip_grad": clip_grad,
+        "save": save,
+        "save_interval": save_interval,
+        "save_interval_minutes": save_interval_minutes,
+        "eval_interval": eval_interval,
+        "n_samples_per_eval_prompt": n_samples_per_eval_prompt,
+        "eval_temperature": eval_temperature,
+        "use_wandb": use_wandb,
+        "wandb_project": wandb_project,
+        "ray_address": ray_address,
+        "actor_num_nodes": actor_num_nodes,
+        "actor_num_gpus_per_node": actor_num_gpus_per_node,
+        "rollout_num_gpus": rollout_num_gpus,
+        "rollout_num_gpus_per_engine": rollout_num_gpus_per_engine,
+        "colocate": colocate,
+        "offload_train": offload_train,
+        "update_weight_transport": update_weight_transport,
+        "update_weight_buffer_size": update_weight_buffer_size,
+        "async_": async_,
+        "update_weights_interval": update_weights_interval,
+        "async_mode": async_mode,
+        "max_staleness": max_staleness,
+        "num_episodes_in_flight": num_episodes_in_flight,
+        "train_backend": train_backend,
+        "tensor_model_parallel_size": tensor_model_parallel_size,
+        "pipeline_model_parallel_size": pipeline_model_parallel_size,
+        "sequence_parallel": sequence_parallel,
+        "recompute_granularity": recompute_granularity,
+        "max_tokens_per_gpu": max_tokens_per_gpu,
+        "micro_batch_size": micro_batch_size,
+        "use_distributed_optimizer": use_distributed_optimizer,
+    }  # every flag that sets a config field (COMMAND_FLAGS are the command's own)
     import errno
     import json
     import logging

@@ -4,6 +4,7 @@ else here than in slime, and the defaults `--help` shows."""
 from __future__ import annotations
 
 import functools
+import itertools
 import typing
 from typing import TYPE_CHECKING
 
@@ -145,8 +146,30 @@ def _shown(value: object) -> str:
     return "none" if value is None else str(value)
 
 
+def eval_data_path(args: list[str]) -> list[str]:
+    """slime's `--eval-prompt-data NAME PATH` as `--eval-prompt-data PATH`: `train` takes no
+    argument, so a second word after the flag can only be slime's pair. More pairs than one are
+    refused in one line: a run evaluates one held-out file."""
+    from agentrl.cli import fail
+
+    flag = "--eval-prompt-data"
+    if flag not in args[:-1]:
+        return args
+    at = args.index(flag) + 1
+    words = list(itertools.takewhile(lambda arg: not arg.startswith("-"), args[at:]))
+    if len(words) > 2:
+        fail(
+            f"{flag} {' '.join(words)}: a run evaluates one held-out file; give one PATH "
+            f"(or slime's NAME PATH), e.g. {flag} {words[-1]}"
+        )
+    return args[:at] + words[-1:] + args[at + len(words) :]
+
+
 class TrainCommand(PlainHelp):
     """`agentrl train`, whose help gives each config flag its default (unless its text does)."""
+
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, eval_data_path(args))
 
     def help_record(self, ctx: Context, param: Parameter) -> tuple[str, str] | None:
         record = super().help_record(ctx, param)

@@ -70,6 +70,24 @@ def test_every_slime_flag_names_one_config_field():
     assert config_key("eps_clip") == "algo.eps_clip" and config_key("model") == "model.path"
 
 
+def test_every_config_flag_reaches_the_config(monkeypatch):
+    """The command lists its config flags by name (it captured `locals()`): a flag left out of
+    that list would be accepted and then ignored."""
+    from agentrl.cli import train
+    from agentrl.cli.train_flags import COMMAND_FLAGS
+
+    seen: dict[str, object] = {}
+
+    def capture(env, flags, *args, **kwargs):
+        seen.update(flags)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(train, "build_config", capture)
+    runner.invoke(app, ["train", "--show-config"])
+    params = set(inspect.signature(train.train_command).parameters) - set(COMMAND_FLAGS)
+    assert set(seen) == params
+
+
 def test_unsupported_slime_flag_is_named():
     result = runner.invoke(app, ["train", "--context-parallel-size", "2"])
     assert result.exit_code != 0
