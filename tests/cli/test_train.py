@@ -162,6 +162,19 @@ def test_bad_prompt_data_row_is_named_before_any_model_loads(tmp_path):
         (["--rollout-batch-size", "0"], "rollout.rollout_batch_size=0 is out of range: it must"),
         (["--lr", "-1"], "train.lr=-1.0 is out of range: it must be greater than or equal to 0"),
         (["--actor-num-gpus-per-node", "0"], "cluster.actor_num_gpus_per_node=0 is out of"),
+        # slime refuses it too: the last optimizer step of every train step would be short
+        (
+            [
+                "--rollout-batch-size",
+                "3",
+                "--n-samples-per-prompt",
+                "4",
+                "--global-batch-size",
+                "5",
+            ],
+            "--global-batch-size=5 does not divide --rollout-batch-size x --n-samples-per-prompt "
+            "= 3 x 4 = 12 trajectories; use a divisor of 12 (e.g. 4 or 6)",
+        ),
     ],
 )
 def test_a_user_error_is_one_line_and_writes_nothing(tmp_path, flags, named):
