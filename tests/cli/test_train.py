@@ -162,6 +162,12 @@ def test_bad_prompt_data_row_is_named_before_any_model_loads(tmp_path):
         (["--rollout-batch-size", "0"], "rollout.rollout_batch_size=0 is out of range: it must"),
         (["--lr", "-1"], "train.lr=-1.0 is out of range: it must be greater than or equal to 0"),
         (["--actor-num-gpus-per-node", "0"], "cluster.actor_num_gpus_per_node=0 is out of"),
+        # two values for one field: --set used to win without a word
+        (
+            ["--lr", "1e-5", "--set", "train.lr=2e-5"],
+            "train.lr is given twice: 1e-05 by its flag and 2e-05 by --set train.lr=2e-5; keep "
+            "one of them",
+        ),
         # slime refuses it too: the last optimizer step of every train step would be short
         (
             [
@@ -184,6 +190,14 @@ def test_a_user_error_is_one_line_and_writes_nothing(tmp_path, flags, named):
     assert named in result.output and "Traceback" not in result.output
     assert len([line for line in result.output.splitlines() if line.strip()]) == 1
     assert not run_dir.exists()
+
+
+def test_a_set_that_agrees_with_its_flag_is_fine():
+    result = runner.invoke(
+        app, ["train", "--lr", "1e-5", "--set", "train.lr=0.00001", "--show-config"]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["train"]["lr"] == 1e-5
 
 
 def test_a_binary_prompt_data_file_is_one_line(tmp_path):
