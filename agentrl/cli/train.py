@@ -369,7 +369,10 @@ def train_command(
         console.print_json(json.dumps(cfg.to_dict()))
         return
     with user_errors():
-        check_before_writing(cfg)
+        loop_state = check_before_writing(cfg)
+    if loop_state is not None and (line := finished_line(cfg, loop_state)):
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
+        return
     quiet_libraries()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("agentrl").setLevel(logging.INFO)  # ours only: no library INFO chatter
@@ -401,17 +404,33 @@ def train_command(
     console.print(done_line(result), soft_wrap=True)
 
 
-def check_before_writing(cfg: RunConfig) -> None:
+def check_before_writing(cfg: RunConfig) -> dict[str, Any] | None:
     """What fails a run before its directory is made, in one line: the agent (it must import
-    and be an `async def`) and, on resume, every pickle of the checkpoint."""
+    and be an `async def`) and, on resume, every pickle of the checkpoint. Returns the loop
+    state a resume starts from (None for a new run)."""
     check_agent(cfg)
-    if cfg.checkpoint.resume:
-        from agentrl.run.checkpoint import checkpoint_to_resume, read_loop_state
-        from agentrl.trainer.checkpoint_safety import check_checkpoint
+    if not cfg.checkpoint.resume:
+        return None
+    from agentrl.run.checkpoint import checkpoint_to_resume, read_loop_state
+    from agentrl.trainer.checkpoint_safety import check_checkpoint
 
-        ckpt = checkpoint_to_resume(cfg.checkpoint.resume)
-        check_checkpoint(ckpt)
-        read_loop_state(ckpt)
+    ckpt = checkpoint_to_resume(cfg.checkpoint.resume)
+    check_checkpoint(ckpt)
+    return read_loop_state(ckpt)
+
+
+def finished_line(cfg: RunConfig, loop_state: dict[str, Any]) -> str | None:
+    """A resumed run whose steps are all trained, saved and evaluated has nothing to do: the
+    line that says so (said before the model loads), else None."""
+    step, evals = int(loop_state["step"]), loop_state.get("evals") or []
+    num_steps = max(cfg.train.num_rollout, step)  # the loop's count: a lowered --num-rollout too
+    if step < num_steps or not evals or evals[-1].get("step") != step:
+        return None
+    run_dir = cfg.checkpoint.save
+    return (
+        f"{run_dir} is finished: step {step} of {num_steps} trained, saved and evaluated; nothing "
+        f"to do (to train more: agentrl train --resume {run_dir} --override --num-rollout N)"
+    )
 
 
 def check_agent(cfg: RunConfig) -> None:
