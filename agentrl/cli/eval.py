@@ -95,6 +95,8 @@ def eval_command(
 
     with user_errors():
         check_agent(cfg)  # before the model loads: a bad --agent is one line, not a traceback
+    if checkpoint is not None:  # a run dir evaluates its newest checkpoint: say which
+        console.print(evaluated_line(Path(cfg.model.path)), soft_wrap=True, markup=False)
     if cfg.eval.temperature == 0 and cfg.eval.n_samples > 1:
         console.print(
             f"[yellow]note:[/] temperature 0 is greedy, so the k={cfg.eval.n_samples} episodes of a "
@@ -188,6 +190,16 @@ def build_config(
 
 def _sets(overrides: list[str] | None, key: str) -> bool:
     return any(item.split("=", 1)[0].strip() == key for item in overrides or [])
+
+
+def evaluated_line(model_dir: Path) -> str:
+    """What `--checkpoint` resolved to: the step of a run's checkpoint, or the model dir."""
+    import re
+
+    for part in (model_dir.name, model_dir.parent.name):  # step_N/ or step_N/model/
+        if found := re.fullmatch(r"step_(\d+)", part):
+            return f"evaluating step {int(found.group(1))} ({model_dir})"
+    return f"evaluating the model in {model_dir}"
 
 
 def checkpoint_model_dir(checkpoint: Path) -> Path:
