@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
+import sys
 import warnings
 from collections.abc import Iterator
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, NoReturn
 
 import typer
+from rich.console import Console
 from typer.core import TyperArgument, TyperCommand, TyperOption
 
 if TYPE_CHECKING:  # the copy of click that typer builds its commands on
@@ -25,6 +28,18 @@ app = typer.Typer(
 CLI_ENTRY_POINT_GROUP = "agentrl.cli"
 """Installed packages add command groups here (the bundled search_r1 adds `retriever`): each
 entry points at a `register(app)` function."""
+
+
+class OutputConsole(Console):
+    """The console a command writes its output to. A reader that stops early (`agentrl show
+    FILE | head`) ends the command quietly with status 0, as it does a Unix tool (rich's own
+    console exits 1)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        devnull = os.open(os.devnull, os.O_WRONLY)  # nothing more is written, nor flushed at exit
+        os.dup2(devnull, sys.stdout.fileno())
+        raise SystemExit(0)
 
 
 def fail(message: str, *, code: int = 2) -> NoReturn:

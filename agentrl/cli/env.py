@@ -16,7 +16,7 @@ from agentrl.cli.serve_options import (
 
 
 def register(app: typer.Typer) -> None:
-    from agentrl.cli import PlainHelp  # whole flag names in --help at 80 columns
+    from agentrl.cli import OutputConsole, PlainHelp  # PlainHelp: whole names at 80 columns
 
     group = typer.Typer(
         help="List registered environments and check them against the AgentEnv contract.",
@@ -26,7 +26,6 @@ def register(app: typer.Typer) -> None:
     @group.command("list")
     def list_command() -> None:
         """Every registered env id (built in, registered, or installed through entry points)."""
-        from rich.console import Console
         from rich.table import Table
 
         from agentrl.envs import EnvLoadError, list_envs, spec
@@ -47,7 +46,7 @@ def register(app: typer.Typer) -> None:
                 else f"{s.entry_point.__module__}:{s.entry_point.__qualname__}"
             )
             table.add_row(env_id, entry_point, s.description)
-        Console().print(table)
+        OutputConsole().print(table)
 
     @group.command("check")
     def check_command(
@@ -55,11 +54,9 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, help="Seed for the reset/seeding checks"),
     ) -> None:
         """Drive the env through reset/step/close without a model; exit 1 listing each problem."""
-        from rich.console import Console
-
         from agentrl.envs import EnvCheckError, check_env
 
-        console = Console()
+        console = OutputConsole()
         try:
             check_env(env_id, seed=seed)
         except EnvCheckError as e:

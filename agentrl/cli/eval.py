@@ -73,13 +73,11 @@ def eval_command(
     ] = None,
 ) -> None:
     """Evaluate a model on held-out tasks: mean reward, pass@k, maj@k, status mix, tools."""
-    from rich.console import Console
-
-    from agentrl.cli import fail, quiet_libraries, user_errors
+    from agentrl.cli import OutputConsole, fail, quiet_libraries, user_errors
 
     quiet_libraries()
 
-    console = Console()
+    console = OutputConsole()
     with user_errors(ValueError, FileNotFoundError):
         cfg = build_config(
             env,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from agentrl.cli import fail
+from agentrl.cli import OutputConsole, fail
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -56,10 +56,9 @@ def show_command(
 ) -> None:
     """Show each trajectory turn by turn with its status, reason and reward. The file is read
     a line at a time, so a file of any size shows (and `--index` parses only its line)."""
-    from rich.console import Console
     from rich.markup import escape
 
-    console = Console()
+    console = OutputConsole()
     if marks is None:  # piped (or NO_COLOR): styles would not show, so the lines say it
         marks = not console.is_terminal or console.no_color
     file = _file_or_exit(console, path)
