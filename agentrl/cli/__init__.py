@@ -70,7 +70,36 @@ def user_errors(*extra: type[BaseException]) -> Iterator[None]:
         fail(str(e))
 
 
-class PlainHelp(TyperCommand):
+class UserCommand(TyperCommand):
+    """A command whose usage errors (an unknown flag, a value of the wrong type, a missing
+    argument) are one line like every other user error, not typer's boxed usage block."""
+
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
+        from typer._click.exceptions import BadParameter, NoArgsIsHelpError, UsageError
+
+        given = list(args)  # click's parser consumes `args`
+        try:
+            return super().parse_args(ctx, args)
+        except NoArgsIsHelpError:
+            raise  # the help itself
+        except UsageError as e:
+            message = " ".join(e.format_message().split()).rstrip(".")
+            if isinstance(e, BadParameter) and e.param is not None:  # the value it refused
+                value = _value_given(given, e.param.opts)
+                message += "" if value is None else f" (got {value!r})"
+            fail(f"{message}; see {ctx.command_path} --help")
+
+
+def _value_given(args: list[str], names: list[str]) -> str | None:
+    """The value given to a flag named one of `names` (`--lr abc` or `--lr=abc`), if any."""
+    for i, arg in enumerate(args):
+        name, is_joined, joined = arg.partition("=")
+        if name in names:
+            return joined if is_joined else (args[i + 1] if i + 1 < len(args) else None)
+    return None
+
+
+class PlainHelp(UserCommand):
     """A command whose `--help` is click's plain layout, one section per `rich_help_panel`:
     rich's option table cuts long flag names at 80 columns (`--n-samples-per-pro…`), click's
     layout wraps the help text and never a name."""

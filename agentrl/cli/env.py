@@ -16,14 +16,14 @@ from agentrl.cli.serve_options import (
 
 
 def register(app: typer.Typer) -> None:
-    from agentrl.cli import OutputConsole, PlainHelp  # PlainHelp: whole names at 80 columns
+    from agentrl.cli import OutputConsole, PlainHelp, UserCommand
 
     group = typer.Typer(
         help="List registered environments and check them against the AgentEnv contract.",
         no_args_is_help=True,
     )
 
-    @group.command("list")
+    @group.command("list", cls=UserCommand)
     def list_command() -> None:
         """Every registered env id (built in, registered, or installed through entry points)."""
         from rich.table import Table
@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
             table.add_row(env_id, entry_point, s.description)
         OutputConsole().print(table)
 
-    @group.command("check")
+    @group.command("check", cls=UserCommand)
     def check_command(
         env_id: str = typer.Argument(..., help="A registered env id (see `agentrl env list`)"),
         seed: int = typer.Option(0, help="Seed for the reset/seeding checks"),

@@ -15,7 +15,9 @@ if TYPE_CHECKING:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("eval")(eval_command)
+    from agentrl.cli import UserCommand  # a usage error in one line
+
+    app.command("eval", cls=UserCommand)(eval_command)
 
 
 def eval_command(

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from agentrl.cli import OutputConsole, fail
+from agentrl.cli import OutputConsole, UserCommand, fail
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -342,4 +342,4 @@ def _decoder(model: str, console: Console) -> Any:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("show")(show_command)
+    app.command("show", cls=UserCommand)(show_command)

@@ -88,10 +88,24 @@ def test_every_config_flag_reaches_the_config(monkeypatch):
     assert set(seen) == params
 
 
-def test_unsupported_slime_flag_is_named():
-    result = runner.invoke(app, ["train", "--context-parallel-size", "2"])
-    assert result.exit_code != 0
-    assert "--context-parallel-size" in result.output
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["train", "--context-parallel-size", "2"], "No such option: --context-parallel-size"),
+        (["train", "--lr", "abc"], "Invalid value for '--lr': Input should be a valid number"),
+        (["train", "--num-rollout=x"], "(got 'x'); see agentrl train --help"),
+        (["train", "--hf-checkpoint"], "Option '--hf-checkpoint' requires an argument"),
+        (["eval"], "Missing option '--env'; see agentrl eval --help"),
+        (["rollout", "--num-tasks", "x"], "Invalid value for '--num-tasks'"),
+        (["show"], "Missing argument 'path'"),
+        (["env", "check", "calculator", "--seed", "s"], "Invalid value for '--seed'"),
+    ],
+)
+def test_a_usage_error_is_one_line(args, expected):
+    """An unknown flag or a value of the wrong type printed typer's boxed usage block."""
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert expected in one_line(result.output, prefix="error:")
 
 
 def test_megatron_flags_map_to_the_train_section():
