@@ -12,7 +12,7 @@ import pkgutil
 import sys
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
@@ -58,11 +58,24 @@ class EnvSpec:
 
     def check_kwargs(self, kwargs: dict[str, Any]) -> None:
         """Raise `EnvLoadError` naming the argument, its value and the ones the env takes when
-        `make(**kwargs)` could not bind them: before a run starts, not in its first episode."""
+        `make(**kwargs)` could not bind them, or with the env's own words when its constructor
+        refuses a value: before a run starts, not in its first episode. A constructor does no
+        I/O (the env contract: one instance per episode), so making one here costs nothing."""
         cls = self.load_class()
         params = inspect.signature(cls.__init__).parameters
-        if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            return
+        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            self._check_names(cls, params, kwargs)
+        try:
+            self.make(**kwargs)
+        except (ValueError, TypeError) as e:
+            raise EnvLoadError(
+                f"env {self.id!r}: {cls.__name__} refused its arguments (env.kwargs): "
+                f"{' '.join(str(e).split())}"
+            ) from None
+
+    def _check_names(
+        self, cls: type[AgentEnv], params: Mapping[str, inspect.Parameter], kwargs: dict[str, Any]
+    ) -> None:
         takes = [n for n, p in params.items() if n != "self" and p.kind is not p.VAR_POSITIONAL]
         merged = {**self.kwargs, **kwargs}
         unknown = [n for n in merged if n not in takes]

@@ -168,6 +168,12 @@ def test_bad_prompt_data_row_is_named_before_any_model_loads(tmp_path):
         (["--env", "nope"], 'in your package\'s [project.entry-points."agentrl.envs"] table'),
         # an env argument the env does not take: named with its value and what the env takes
         (["--set", "env.kwargs.max_turnz=3"], "env.kwargs.max_turnz=3: CalculatorEnv"),
+        # a value the env's constructor refuses: a traceback at the first episode, the model
+        # loaded and a run dir left behind
+        (
+            ["--set", "env.kwargs.format_weight=2"],
+            "env 'calculator': CalculatorEnv refused its arguments (env.kwargs): format_weight=2",
+        ),
         (["--model", "/does/not/exist"], "model path '/does/not/exist'"),
         # without megatron-core (CI) or CUDA (here) the error says which and names the fix
         (["--train-backend", "megatron"], "use --train-backend torch"),
