@@ -54,8 +54,9 @@ def show_command(
         "prompt 0) instead of colours. Default: marks when the output is not a colour terminal.",
     ),
 ) -> None:
-    """Show each trajectory turn by turn with its status, reason and reward. The file is read
-    a line at a time, so a file of any size shows (and `--index` parses only its line)."""
+    """Show each trajectory turn by turn with its status, reason and reward.
+
+    A file of any size shows: it is read a line at a time (`--index` parses only its line)."""
     from rich.markup import escape
 
     console = OutputConsole()
