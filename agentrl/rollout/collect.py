@@ -42,7 +42,7 @@ class Collected:
     num_engine_reruns: int = 0  # groups run again because an engine died under them
     num_engine_restarts: int = 0
     num_stale_dropped: int = 0  # trajectories past the staleness bound, never trained on
-    dropped: list[Group] = field(default_factory=list)  # the tied groups dynamic sampling dropped
+    dropped: list[Group] = field(default_factory=list)  # by dynamic sampling: tied, or all failed
 
 
 class TaskSupply(Protocol):
