@@ -91,7 +91,7 @@ def eval_command(
             temperature=temperature,
             overrides=([f"rollout.agent={agent}"] if agent else []) + (overrides or []),
         )
-    from agentrl.cli.train import check_agent
+    from agentrl.cli.train_checks import check_agent
 
     with user_errors():
         check_agent(cfg)  # before the model loads: a bad --agent is one line, not a traceback

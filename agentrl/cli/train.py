@@ -8,13 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from agentrl.cli.train_flags import (
-    TrainCommand,
-    given_keys,
-    kl_type_notice,
-    resume_from_load,
-    slime_values,
-)
+from agentrl.cli.train_checks import check_before_writing, finished_line
+from agentrl.cli.train_flags import TrainCommand, build_config, resume_from_load
 
 if TYPE_CHECKING:
     from agentrl.config import RunConfig
@@ -25,52 +20,6 @@ ALGO = "Algorithm and optimizer"
 SAVE_EVAL = "Checkpoints, evaluation, logging"
 PLACEMENT = "Placement (Ray; any of these runs trainer and engines as Ray actors)"
 TRAINER = "Trainer backend (Megatron flags need --train-backend megatron)"
-
-
-def build_config(
-    env: str | None,
-    flags: dict[str, object],
-    overrides: list[str],
-    resume: str | None,
-    *,
-    is_override: bool = False,
-    config_file: str | None = None,
-):
-    """Recipe for the env (or, with `--resume`, the run's saved config), then the `--config` file,
-    then slime-named flags, then `--set` overrides (last wins). On resume, a flag that changes the
-    saved config is refused unless `is_override` (`--override`); the run trains in the directory
-    `--resume` names (or `--save`), never in another its run_config.json names. Returns the
-    config, the changed fields and notices to show."""
-    from agentrl.config import RunConfig, config_from_flags
-    from agentrl.config_file import read_config_file
-    from agentrl.run.run_dir import RunDirError, config_diff, resumed_run_dir, saved_config
-
-    saved = saved_config(resume) if resume else None
-    file = read_config_file(config_file) if config_file else None
-    env = env or (file.values.get("env.id") if file else None)  # the file's env: its recipe
-    values, notices = slime_values(flags)
-    values["env.id"] = env
-    base = RunConfig.from_dict(saved) if saved is not None else env or "calculator"
-    cfg = config_from_flags(base, values, overrides, file)
-    notices += kl_type_notice(cfg, given_keys(values, overrides, file))
-    if resume:
-        cfg.checkpoint.resume = resume
-        if flags.get("save") is None:
-            run_dir = resumed_run_dir(resume)
-            named = str((saved or {}).get("checkpoint", {}).get("save") or run_dir)
-            if Path(named).resolve() != run_dir.resolve():  # a copy, or a moved run
-                notices.append(
-                    f"{run_dir / 'run_config.json'} names checkpoint.save={named!r}; this run "
-                    f"trains in {str(run_dir)!r}, the --resume directory"
-                )
-            cfg.checkpoint.save = str(run_dir)
-    changed = config_diff(saved, cfg.to_dict()) if saved is not None else []
-    if changed and not is_override:
-        raise RunDirError(
-            f"--resume {resume}: these flags change the saved run config: {'; '.join(changed)}; "
-            "add --override to apply them, or drop them to continue as saved"
-        )
-    return cfg, changed, notices
 
 
 def _flag(help: str, panel: str | None = None, *names: str, metavar: str | None = None) -> Any:
@@ -402,55 +351,6 @@ def train_command(
         fix = f" --override --set engine.mem_fraction_static={lower}"
         fail(f"{e}\n{_saved_line(cfg, fix)}", code=1)
     console.print(done_line(result), soft_wrap=True)
-
-
-def check_before_writing(cfg: RunConfig) -> dict[str, Any] | None:
-    """What fails a run before its directory is made, in one line: the agent (it must import
-    and be an `async def`) and, on resume, every pickle of the checkpoint. Returns the loop
-    state a resume starts from (None for a new run)."""
-    check_agent(cfg)
-    if not cfg.checkpoint.resume:
-        return None
-    from agentrl.run.checkpoint import checkpoint_to_resume, read_loop_state
-    from agentrl.trainer.checkpoint_safety import check_checkpoint
-
-    ckpt = checkpoint_to_resume(cfg.checkpoint.resume)
-    check_checkpoint(ckpt)
-    return read_loop_state(ckpt)
-
-
-def finished_line(cfg: RunConfig, loop_state: dict[str, Any]) -> str | None:
-    """A resumed run whose steps are all trained, saved and evaluated has nothing to do: the
-    line that says so (said before the model loads), else None."""
-    step, evals = int(loop_state["step"]), loop_state.get("evals") or []
-    num_steps = max(cfg.train.num_rollout, step)  # the loop's count: a lowered --num-rollout too
-    if step < num_steps or not evals or evals[-1].get("step") != step:
-        return None
-    run_dir = cfg.checkpoint.save
-    return (
-        f"{run_dir} is finished: step {step} of {num_steps} trained, saved and evaluated; nothing "
-        f"to do (to train more: agentrl train --resume {run_dir} --override --num-rollout N)"
-    )
-
-
-def check_agent(cfg: RunConfig) -> None:
-    """`--agent module:function` imports and is an `async def`, or a one-line ConfigError."""
-    from agentrl.config import ConfigError
-
-    if not cfg.rollout.agent:
-        return
-    from agentrl.agents import load_agent
-
-    try:
-        load_agent(cfg.rollout.agent)
-    except ValueError as e:
-        raise ConfigError(" ".join(str(e).split())) from None
-    except Exception as e:  # the agent's module ran and raised: its own error, one line
-        raise ConfigError(
-            f"rollout.agent={cfg.rollout.agent!r}: importing it raised "
-            f"{type(e).__name__}: {' '.join(str(e).split())}; fix the module or pass "
-            "another --agent"
-        ) from None
 
 
 def _saved_line(cfg: RunConfig, extra: str = "") -> str:
