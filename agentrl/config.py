@@ -418,14 +418,29 @@ def config_from_flags(
 ) -> RunConfig:
     """What a command line asks for: `base` (a config, or an env id for its recipe), then the
     `--config` file's values, then flag values by config key (None = flag not given), then `--set`
-    overrides; the last wins."""
+    overrides; the last wins, but a `--set` that changes what a flag gave is refused: two values
+    for one field on one command line are a mistake, and picking one silently hides it."""
     cfg = recipe_for_env(base) if isinstance(base, str) else base
     if config_file is not None:
         config_file.apply(cfg)
     for key, value in values.items():
         if value is not None:
             set_field(cfg, key, value)
-    return apply_overrides(cfg, overrides)
+    by_flag = {key: _get_field(cfg, key) for key, value in values.items() if value is not None}
+    cfg = apply_overrides(cfg, overrides)
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if key in by_flag and _get_field(cfg, key) != by_flag[key]:
+            raise ConfigError(
+                f"{key} is given twice: {by_flag[key]!r} by its flag and {_get_field(cfg, key)!r} "
+                f"by --set {item.strip()}; keep one of them"
+            )
+    return cfg
+
+
+def _get_field(cfg: RunConfig, key: str) -> Any:
+    section, name = key.split(".", 1)
+    return getattr(getattr(cfg, section), name)
 
 
 def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:

@@ -27,6 +27,7 @@ def check_run(cfg: RunConfig) -> None:
     _check_async(cfg)
     _check_ignored_url(cfg)
     _check_group_size(cfg)
+    _check_global_batch(cfg)
     if engine.kind == "http" and not engine.url:
         raise ConfigError(
             "engine.kind=http needs engine.url, e.g. --set engine.url=http://127.0.0.1:30000 "
@@ -134,6 +135,22 @@ def _check_group_size(cfg: RunConfig) -> None:
             "--n-samples-per-prompt 2 or more (4-8 is usual), or --advantage-estimator "
             "reinforce_plus_plus"
         )
+
+
+def _check_global_batch(cfg: RunConfig) -> None:
+    """slime's rule: a train step's trajectories split into whole optimizer steps."""
+    size, rollout = cfg.train.global_batch_size, cfg.rollout
+    num = rollout.rollout_batch_size * rollout.n_samples_per_prompt
+    if size is None or num % size == 0:
+        return
+    below = max(d for d in range(1, size) if num % d == 0)
+    above = min(d for d in range(size + 1, num + 1) if num % d == 0) if size < num else None
+    nearest = " or ".join(str(d) for d in (below, above) if d is not None)
+    raise ConfigError(
+        f"--global-batch-size={size} does not divide --rollout-batch-size x "
+        f"--n-samples-per-prompt = {rollout.rollout_batch_size} x {rollout.n_samples_per_prompt} "
+        f"= {num} trajectories; use a divisor of {num} (e.g. {nearest})"
+    )
 
 
 def _is_ray_address(address: str) -> bool:

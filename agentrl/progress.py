@@ -394,13 +394,16 @@ def sampled_tokens(engine: Any) -> Callable[[], float] | None:
 
 
 def step_line(done: int, num_steps: int, metrics: dict[str, float], eta_s: float | None) -> str:
-    """One line per train step: reward, EM, tied groups (and whether their compute was
-    skipped), where the time went, and the run's ETA."""
+    """One line per train step: reward, EM, the groups whose rewards differ (the others tied,
+    and whether their compute was skipped), where the time went, and the run's ETA."""
     m = metrics.get
     num_groups = int(m("rollout/num_groups", 0))
     num_tied = int(m("rollout/num_zero_variance_groups", 0))
     skipped = m("train/num_zero_advantage_skipped", 0) > 0 or m("train/skipped_no_signal") == 1
-    tied = f"{num_tied}/{num_groups} groups tied, no signal" + (" (skipped)" if skipped else "")
+    tied = f"reward spread in {num_groups - num_tied}/{num_groups} groups"
+    if num_tied:
+        how = ", skipped" if skipped else ""
+        tied += f" ({num_tied} tied: each of their episodes scored the same{how})"
     return (
         f"step {done}/{num_steps}: reward {m('rollout/reward_mean', math.nan):.3f} · pass rate "
         f"{m('rollout/pass_rate', math.nan):.3f} · {tied} · rollout "

@@ -108,11 +108,14 @@ def test_train_through_http_engine_matches_in_process(tiny_model_path, tmp_path)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("is_dynamic_sampling", [False, True])
 def test_a_step_whose_episodes_all_failed_stops_the_run_in_one_line(
-    tiny_model_path, tmp_path, monkeypatch
+    tiny_model_path, tmp_path, monkeypatch, is_dynamic_sampling
 ):
     """Every episode ABORTED by a dead engine: the run trained 0 tokens and ended in a 319-line
-    traceback (issue 39); now it stops before the update, in one line saying how to go on."""
+    traceback (issue 39); now it stops before the update, in one line saying how to go on. With
+    dynamic sampling the failed groups were dropped as ties and the line said "zero reward
+    variance"."""
     from agentrl.engine.base import EngineUnavailable
     from agentrl.engine.local import LocalEngine
     from agentrl.run.schedules import NothingToTrainError
@@ -122,8 +125,11 @@ def test_a_step_whose_episodes_all_failed_stops_the_run_in_one_line(
 
     monkeypatch.setattr(LocalEngine, "generate", dead)
     run = tmp_path / "run"
+    cfg = _config(tiny_model_path, run)
+    cfg.rollout.dynamic_sampling = is_dynamic_sampling
+    cfg.rollout.max_sampling_rounds = 0
     with pytest.raises(NothingToTrainError) as caught:
-        train(_config(tiny_model_path, run))
+        train(cfg)
     message = str(caught.value)
     assert message.startswith(
         "step 1: all 4 episodes failed (4 aborted/engine), nothing to train on; first error in "

@@ -10,6 +10,7 @@ import re
 import sys
 import warnings
 
+import pytest
 from rich.console import Console
 
 from agentrl.progress import (
@@ -19,6 +20,7 @@ from agentrl.progress import (
     RunProgress,
     format_duration,
     single_phase,
+    step_line,
 )
 
 
@@ -188,3 +190,18 @@ def test_an_interrupted_phase_says_it_stopped_not_done() -> None:
         pass
     last = out.getvalue().splitlines()[-1]
     assert last.endswith("eval stopped after 0:00:00") and "done" not in last
+
+
+@pytest.mark.parametrize(
+    ("num_tied", "expected"),
+    [
+        (0, "reward spread in 8/8 groups ·"),
+        (3, "reward spread in 5/8 groups (3 tied: each of their episodes scored the same) ·"),
+        (8, "reward spread in 0/8 groups (8 tied: each of their episodes scored the same) ·"),
+    ],
+)
+def test_the_step_line_says_how_many_groups_had_something_to_learn(num_tied, expected) -> None:
+    """It said "0/1 groups tied, no signal", which reads as if the step had no signal."""
+    metrics = {"rollout/num_groups": 8.0, "rollout/num_zero_variance_groups": float(num_tied)}
+    line = step_line(1, 2, metrics, eta_s=None)
+    assert expected in line and "no signal" not in line

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
+import sys
 import warnings
 from collections.abc import Iterator
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, NoReturn
 
 import typer
+from rich.console import Console
 from typer.core import TyperArgument, TyperCommand, TyperOption
 
 if TYPE_CHECKING:  # the copy of click that typer builds its commands on
@@ -25,6 +28,18 @@ app = typer.Typer(
 CLI_ENTRY_POINT_GROUP = "agentrl.cli"
 """Installed packages add command groups here (the bundled search_r1 adds `retriever`): each
 entry points at a `register(app)` function."""
+
+
+class OutputConsole(Console):
+    """The console a command writes its output to. A reader that stops early (`agentrl show
+    FILE | head`) ends the command quietly with status 0, as it does a Unix tool (rich's own
+    console exits 1)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        devnull = os.open(os.devnull, os.O_WRONLY)  # nothing more is written, nor flushed at exit
+        os.dup2(devnull, sys.stdout.fileno())
+        raise SystemExit(0)
 
 
 def fail(message: str, *, code: int = 2) -> NoReturn:
@@ -55,7 +70,36 @@ def user_errors(*extra: type[BaseException]) -> Iterator[None]:
         fail(str(e))
 
 
-class PlainHelp(TyperCommand):
+class UserCommand(TyperCommand):
+    """A command whose usage errors (an unknown flag, a value of the wrong type, a missing
+    argument) are one line like every other user error, not typer's boxed usage block."""
+
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
+        from typer._click.exceptions import BadParameter, NoArgsIsHelpError, UsageError
+
+        given = list(args)  # click's parser consumes `args`
+        try:
+            return super().parse_args(ctx, args)
+        except NoArgsIsHelpError:
+            raise  # the help itself
+        except UsageError as e:
+            message = " ".join(e.format_message().split()).rstrip(".")
+            if isinstance(e, BadParameter) and e.param is not None:  # the value it refused
+                value = _value_given(given, e.param.opts)
+                message += "" if value is None else f" (got {value!r})"
+            fail(f"{message}; see {ctx.command_path} --help")
+
+
+def _value_given(args: list[str], names: list[str]) -> str | None:
+    """The value given to a flag named one of `names` (`--lr abc` or `--lr=abc`), if any."""
+    for i, arg in enumerate(args):
+        name, is_joined, joined = arg.partition("=")
+        if name in names:
+            return joined if is_joined else (args[i + 1] if i + 1 < len(args) else None)
+    return None
+
+
+class PlainHelp(UserCommand):
     """A command whose `--help` is click's plain layout, one section per `rich_help_panel`:
     rich's option table cuts long flag names at 80 columns (`--n-samples-per-pro…`), click's
     layout wraps the help text and never a name."""

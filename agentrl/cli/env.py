@@ -16,17 +16,16 @@ from agentrl.cli.serve_options import (
 
 
 def register(app: typer.Typer) -> None:
-    from agentrl.cli import PlainHelp  # whole flag names in --help at 80 columns
+    from agentrl.cli import OutputConsole, PlainHelp, UserCommand
 
     group = typer.Typer(
         help="List registered environments and check them against the AgentEnv contract.",
         no_args_is_help=True,
     )
 
-    @group.command("list")
+    @group.command("list", cls=UserCommand)
     def list_command() -> None:
         """Every registered env id (built in, registered, or installed through entry points)."""
-        from rich.console import Console
         from rich.table import Table
 
         from agentrl.envs import EnvLoadError, list_envs, spec
@@ -47,26 +46,29 @@ def register(app: typer.Typer) -> None:
                 else f"{s.entry_point.__module__}:{s.entry_point.__qualname__}"
             )
             table.add_row(env_id, entry_point, s.description)
-        Console().print(table)
+        OutputConsole().print(table)
 
-    @group.command("check")
+    @group.command("check", cls=UserCommand)
     def check_command(
         env_id: str = typer.Argument(..., help="A registered env id (see `agentrl env list`)"),
         seed: int = typer.Option(0, help="Seed for the reset/seeding checks"),
     ) -> None:
         """Drive the env through reset/step/close without a model; exit 1 listing each problem."""
-        from rich.console import Console
-
         from agentrl.envs import EnvCheckError, check_env
 
-        console = Console()
+        console = OutputConsole()
         try:
             check_env(env_id, seed=seed)
         except EnvCheckError as e:
+            if len(e.problems) == 1:  # e.g. a served env's URL where nothing answers
+                console.print(
+                    f"✗ {env_id}: {e.problems[0]}", style="red", markup=False, soft_wrap=True
+                )
+                raise typer.Exit(code=1) from None
             console.print(f"[red]✗ {env_id}: {len(e.problems)} problem(s)[/red]")
             for problem in e.problems:
-                console.print(f"  - {problem}", markup=False, highlight=False)
-            raise typer.Exit(code=1)
+                console.print(f"  - {problem}", markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(code=1) from None
         console.print(f"[green]✓ {env_id} passes check_env[/green]")
 
     @group.command("serve", cls=PlainHelp)

@@ -15,7 +15,9 @@ if TYPE_CHECKING:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("eval")(eval_command)
+    from agentrl.cli import UserCommand  # a usage error in one line
+
+    app.command("eval", cls=UserCommand)(eval_command)
 
 
 def eval_command(
@@ -73,13 +75,11 @@ def eval_command(
     ] = None,
 ) -> None:
     """Evaluate a model on held-out tasks: mean reward, pass@k, maj@k, status mix, tools."""
-    from rich.console import Console
-
-    from agentrl.cli import fail, quiet_libraries, user_errors
+    from agentrl.cli import OutputConsole, fail, quiet_libraries, user_errors
 
     quiet_libraries()
 
-    console = Console()
+    console = OutputConsole()
     with user_errors(ValueError, FileNotFoundError):
         cfg = build_config(
             env,
@@ -91,10 +91,12 @@ def eval_command(
             temperature=temperature,
             overrides=([f"rollout.agent={agent}"] if agent else []) + (overrides or []),
         )
-    from agentrl.cli.train import check_agent
+    from agentrl.cli.train_checks import check_agent
 
     with user_errors():
         check_agent(cfg)  # before the model loads: a bad --agent is one line, not a traceback
+    if checkpoint is not None:  # a run dir evaluates its newest checkpoint: say which
+        console.print(evaluated_line(Path(cfg.model.path)), soft_wrap=True, markup=False)
     if cfg.eval.temperature == 0 and cfg.eval.n_samples > 1:
         console.print(
             f"[yellow]note:[/] temperature 0 is greedy, so the k={cfg.eval.n_samples} episodes of a "
@@ -188,6 +190,16 @@ def build_config(
 
 def _sets(overrides: list[str] | None, key: str) -> bool:
     return any(item.split("=", 1)[0].strip() == key for item in overrides or [])
+
+
+def evaluated_line(model_dir: Path) -> str:
+    """What `--checkpoint` resolved to: the step of a run's checkpoint, or the model dir."""
+    import re
+
+    for part in (model_dir.name, model_dir.parent.name):  # step_N/ or step_N/model/
+        if found := re.fullmatch(r"step_(\d+)", part):
+            return f"evaluating step {int(found.group(1))} ({model_dir})"
+    return f"evaluating the model in {model_dir}"
 
 
 def checkpoint_model_dir(checkpoint: Path) -> Path:

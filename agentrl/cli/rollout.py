@@ -129,4 +129,6 @@ async def _rollout(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("rollout")(rollout_command)
+    from agentrl.cli import UserCommand  # a usage error in one line
+
+    app.command("rollout", cls=UserCommand)(rollout_command)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from agentrl.cli import fail
+from agentrl.cli import UserCommand, fail
 
 
 def register(app: typer.Typer) -> None:
@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
         help="Run programs in the sandbox (debugging, scripted checks).", no_args_is_help=True
     )
 
-    @group.command("run")
+    @group.command("run", cls=UserCommand)
     def run_command(
         file: Path = typer.Argument(
             ..., exists=True, dir_okay=False, help="Python program to run."
@@ -73,7 +73,7 @@ def register(app: typer.Typer) -> None:
         typer.echo(json.dumps(out, indent=2))
         raise typer.Exit(0 if result.ok else 1)
 
-    @group.command("status")
+    @group.command("status", cls=UserCommand)
     def status_command() -> None:
         """Whether each real backend can run on this machine, and what to install if not."""
         from agentrl.tools.sandbox import backend_status

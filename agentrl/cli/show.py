@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from agentrl.cli import fail
+from agentrl.cli import OutputConsole, UserCommand, fail
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -54,12 +54,12 @@ def show_command(
         "prompt 0) instead of colours. Default: marks when the output is not a colour terminal.",
     ),
 ) -> None:
-    """Show each trajectory turn by turn with its status, reason and reward. The file is read
-    a line at a time, so a file of any size shows (and `--index` parses only its line)."""
-    from rich.console import Console
+    """Show each trajectory turn by turn with its status, reason and reward.
+
+    A file of any size shows: it is read a line at a time (`--index` parses only its line)."""
     from rich.markup import escape
 
-    console = Console()
+    console = OutputConsole()
     if marks is None:  # piped (or NO_COLOR): styles would not show, so the lines say it
         marks = not console.is_terminal or console.no_color
     file = _file_or_exit(console, path)
@@ -343,4 +343,4 @@ def _decoder(model: str, console: Console) -> Any:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("show")(show_command)
+    app.command("show", cls=UserCommand)(show_command)

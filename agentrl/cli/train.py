@@ -8,14 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from agentrl.cli.train_flags import (
-    COMMAND_FLAGS,
-    TrainCommand,
-    given_keys,
-    kl_type_notice,
-    resume_from_load,
-    slime_values,
-)
+from agentrl.cli.train_checks import check_before_writing, finished_line
+from agentrl.cli.train_flags import TrainCommand, build_config, resume_from_load
 
 if TYPE_CHECKING:
     from agentrl.config import RunConfig
@@ -26,52 +20,6 @@ ALGO = "Algorithm and optimizer"
 SAVE_EVAL = "Checkpoints, evaluation, logging"
 PLACEMENT = "Placement (Ray; any of these runs trainer and engines as Ray actors)"
 TRAINER = "Trainer backend (Megatron flags need --train-backend megatron)"
-
-
-def build_config(
-    env: str | None,
-    flags: dict[str, object],
-    overrides: list[str],
-    resume: str | None,
-    *,
-    is_override: bool = False,
-    config_file: str | None = None,
-):
-    """Recipe for the env (or, with `--resume`, the run's saved config), then the `--config` file,
-    then slime-named flags, then `--set` overrides (last wins). On resume, a flag that changes the
-    saved config is refused unless `is_override` (`--override`); the run trains in the directory
-    `--resume` names (or `--save`), never in another its run_config.json names. Returns the
-    config, the changed fields and notices to show."""
-    from agentrl.config import RunConfig, config_from_flags
-    from agentrl.config_file import read_config_file
-    from agentrl.run.run_dir import RunDirError, config_diff, resumed_run_dir, saved_config
-
-    saved = saved_config(resume) if resume else None
-    file = read_config_file(config_file) if config_file else None
-    env = env or (file.values.get("env.id") if file else None)  # the file's env: its recipe
-    values, notices = slime_values(flags)
-    values["env.id"] = env
-    base = RunConfig.from_dict(saved) if saved is not None else env or "calculator"
-    cfg = config_from_flags(base, values, overrides, file)
-    notices += kl_type_notice(cfg, given_keys(values, overrides, file))
-    if resume:
-        cfg.checkpoint.resume = resume
-        if flags.get("save") is None:
-            run_dir = resumed_run_dir(resume)
-            named = str((saved or {}).get("checkpoint", {}).get("save") or run_dir)
-            if Path(named).resolve() != run_dir.resolve():  # a copy, or a moved run
-                notices.append(
-                    f"{run_dir / 'run_config.json'} names checkpoint.save={named!r}; this run "
-                    f"trains in {str(run_dir)!r}, the --resume directory"
-                )
-            cfg.checkpoint.save = str(run_dir)
-    changed = config_diff(saved, cfg.to_dict()) if saved is not None else []
-    if changed and not is_override:
-        raise RunDirError(
-            f"--resume {resume}: these flags change the saved run config: {'; '.join(changed)}; "
-            "add --override to apply them, or drop them to continue as saved"
-        )
-    return cfg, changed, notices
 
 
 def _flag(help: str, panel: str | None = None, *names: str, metavar: str | None = None) -> Any:
@@ -135,8 +83,8 @@ def train_command(
         "JSONL/parquet training tasks (default: the env's train split).", DATA
     ),
     eval_prompt_data: str | None = _flag(
-        "One JSONL/parquet file of held-out tasks (slime takes NAME PATH pairs: give the "
-        "PATH; default: the env's test split).",
+        "One JSONL/parquet file of held-out tasks: PATH, or slime's NAME PATH (default: the "
+        "env's test split).",
         DATA,
     ),
     input_key: str | None = _flag("Column holding the prompt (default: the env's own).", DATA),
@@ -282,7 +230,68 @@ def train_command(
     The defaults below are the calculator recipe's, which an env without a recipe gets too; an
     env with a recipe of its own (search_r1) sets its own values, which `agentrl train --env ID
     --show-config` prints. With --resume, a flag not given keeps the saved run's value."""
-    flags = {k: v for k, v in locals().items() if k not in COMMAND_FLAGS}  # before other locals
+    flags: dict[str, object] = {
+        "agent": agent,
+        "model": model,
+        "prompt_data": prompt_data,
+        "eval_prompt_data": eval_prompt_data,
+        "input_key": input_key,
+        "label_key": label_key,
+        "num_rollout": num_rollout,
+        "rollout_batch_size": rollout_batch_size,
+        "n_samples_per_prompt": n_samples_per_prompt,
+        "rollout_max_response_len": rollout_max_response_len,
+        "rollout_max_context_len": rollout_max_context_len,
+        "rollout_temperature": rollout_temperature,
+        "rollout_top_p": rollout_top_p,
+        "rollout_top_k": rollout_top_k,
+        "advantage_estimator": advantage_estimator,
+        "global_batch_size": global_batch_size,
+        "eps_clip": eps_clip,
+        "eps_clip_high": eps_clip_high,
+        "eps_clip_c": eps_clip_c,
+        "use_tis": use_tis,
+        "use_kl_loss": use_kl_loss,
+        "kl_loss_coef": kl_loss_coef,
+        "kl_loss_type": kl_loss_type,
+        "entropy_coef": entropy_coef,
+        "lr": lr,
+        "min_lr": min_lr,
+        "lr_warmup_iters": lr_warmup_iters,
+        "lr_decay_style": lr_decay_style,
+        "weight_decay": weight_decay,
+        "clip_grad": clip_grad,
+        "save": save,
+        "save_interval": save_interval,
+        "save_interval_minutes": save_interval_minutes,
+        "eval_interval": eval_interval,
+        "n_samples_per_eval_prompt": n_samples_per_eval_prompt,
+        "eval_temperature": eval_temperature,
+        "use_wandb": use_wandb,
+        "wandb_project": wandb_project,
+        "ray_address": ray_address,
+        "actor_num_nodes": actor_num_nodes,
+        "actor_num_gpus_per_node": actor_num_gpus_per_node,
+        "rollout_num_gpus": rollout_num_gpus,
+        "rollout_num_gpus_per_engine": rollout_num_gpus_per_engine,
+        "colocate": colocate,
+        "offload_train": offload_train,
+        "update_weight_transport": update_weight_transport,
+        "update_weight_buffer_size": update_weight_buffer_size,
+        "async_": async_,
+        "update_weights_interval": update_weights_interval,
+        "async_mode": async_mode,
+        "max_staleness": max_staleness,
+        "num_episodes_in_flight": num_episodes_in_flight,
+        "train_backend": train_backend,
+        "tensor_model_parallel_size": tensor_model_parallel_size,
+        "pipeline_model_parallel_size": pipeline_model_parallel_size,
+        "sequence_parallel": sequence_parallel,
+        "recompute_granularity": recompute_granularity,
+        "max_tokens_per_gpu": max_tokens_per_gpu,
+        "micro_batch_size": micro_batch_size,
+        "use_distributed_optimizer": use_distributed_optimizer,
+    }  # every flag that sets a config field (COMMAND_FLAGS are the command's own)
     import errno
     import json
     import logging
@@ -309,7 +318,10 @@ def train_command(
         console.print_json(json.dumps(cfg.to_dict()))
         return
     with user_errors():
-        check_before_writing(cfg)
+        loop_state = check_before_writing(cfg)
+    if loop_state is not None and (line := finished_line(cfg, loop_state)):
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
+        return
     quiet_libraries()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("agentrl").setLevel(logging.INFO)  # ours only: no library INFO chatter
@@ -339,39 +351,6 @@ def train_command(
         fix = f" --override --set engine.mem_fraction_static={lower}"
         fail(f"{e}\n{_saved_line(cfg, fix)}", code=1)
     console.print(done_line(result), soft_wrap=True)
-
-
-def check_before_writing(cfg: RunConfig) -> None:
-    """What fails a run before its directory is made, in one line: the agent (it must import
-    and be an `async def`) and, on resume, every pickle of the checkpoint."""
-    check_agent(cfg)
-    if cfg.checkpoint.resume:
-        from agentrl.run.checkpoint import checkpoint_to_resume, read_loop_state
-        from agentrl.trainer.checkpoint_safety import check_checkpoint
-
-        ckpt = checkpoint_to_resume(cfg.checkpoint.resume)
-        check_checkpoint(ckpt)
-        read_loop_state(ckpt)
-
-
-def check_agent(cfg: RunConfig) -> None:
-    """`--agent module:function` imports and is an `async def`, or a one-line ConfigError."""
-    from agentrl.config import ConfigError
-
-    if not cfg.rollout.agent:
-        return
-    from agentrl.agents import load_agent
-
-    try:
-        load_agent(cfg.rollout.agent)
-    except ValueError as e:
-        raise ConfigError(" ".join(str(e).split())) from None
-    except Exception as e:  # the agent's module ran and raised: its own error, one line
-        raise ConfigError(
-            f"rollout.agent={cfg.rollout.agent!r}: importing it raised "
-            f"{type(e).__name__}: {' '.join(str(e).split())}; fix the module or pass "
-            "another --agent"
-        ) from None
 
 
 def _saved_line(cfg: RunConfig, extra: str = "") -> str:

@@ -1,10 +1,13 @@
-"""`agentrl train`'s flags: slime's names as config keys, a notice where a name means something
-else here than in slime, and the defaults `--help` shows."""
+"""`agentrl train`'s flags: slime's names as config keys, the run config they build with the
+recipe, `--config` and `--set`, a notice where a name means something else here than in slime, and
+the defaults `--help` shows."""
 
 from __future__ import annotations
 
 import functools
+import itertools
 import typing
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentrl.cli import PlainHelp
@@ -113,6 +116,52 @@ def resume_from_load(
     return load, notices
 
 
+def build_config(
+    env: str | None,
+    flags: dict[str, object],
+    overrides: list[str],
+    resume: str | None,
+    *,
+    is_override: bool = False,
+    config_file: str | None = None,
+):
+    """Recipe for the env (or, with `--resume`, the run's saved config), then the `--config` file,
+    then slime-named flags, then `--set` overrides (last wins). On resume, a flag that changes the
+    saved config is refused unless `is_override` (`--override`); the run trains in the directory
+    `--resume` names (or `--save`), never in another its run_config.json names. Returns the
+    config, the changed fields and notices to show."""
+    from agentrl.config import RunConfig, config_from_flags
+    from agentrl.config_file import read_config_file
+    from agentrl.run.run_dir import RunDirError, config_diff, resumed_run_dir, saved_config
+
+    saved = saved_config(resume) if resume else None
+    file = read_config_file(config_file) if config_file else None
+    env = env or (file.values.get("env.id") if file else None)  # the file's env: its recipe
+    values, notices = slime_values(flags)
+    values["env.id"] = env
+    base = RunConfig.from_dict(saved) if saved is not None else env or "calculator"
+    cfg = config_from_flags(base, values, overrides, file)
+    notices += kl_type_notice(cfg, given_keys(values, overrides, file))
+    if resume:
+        cfg.checkpoint.resume = resume
+        if flags.get("save") is None:
+            run_dir = resumed_run_dir(resume)
+            named = str((saved or {}).get("checkpoint", {}).get("save") or run_dir)
+            if Path(named).resolve() != run_dir.resolve():  # a copy, or a moved run
+                notices.append(
+                    f"{run_dir / 'run_config.json'} names checkpoint.save={named!r}; this run "
+                    f"trains in {str(run_dir)!r}, the --resume directory"
+                )
+            cfg.checkpoint.save = str(run_dir)
+    changed = config_diff(saved, cfg.to_dict()) if saved is not None else []
+    if changed and not is_override:
+        raise RunDirError(
+            f"--resume {resume}: these flags change the saved run config: {'; '.join(changed)}; "
+            "add --override to apply them, or drop them to continue as saved"
+        )
+    return cfg, changed, notices
+
+
 def config_key(flag: str) -> str:
     """The config field a slime-named flag sets: the one field named so, else `RENAMED_FLAGS`'s."""
     from agentrl.config import RunConfig
@@ -145,8 +194,30 @@ def _shown(value: object) -> str:
     return "none" if value is None else str(value)
 
 
+def eval_data_path(args: list[str]) -> list[str]:
+    """slime's `--eval-prompt-data NAME PATH` as `--eval-prompt-data PATH`: `train` takes no
+    argument, so a second word after the flag can only be slime's pair. More pairs than one are
+    refused in one line: a run evaluates one held-out file."""
+    from agentrl.cli import fail
+
+    flag = "--eval-prompt-data"
+    if flag not in args[:-1]:
+        return args
+    at = args.index(flag) + 1
+    words = list(itertools.takewhile(lambda arg: not arg.startswith("-"), args[at:]))
+    if len(words) > 2:
+        fail(
+            f"{flag} {' '.join(words)}: a run evaluates one held-out file; give one PATH "
+            f"(or slime's NAME PATH), e.g. {flag} {words[-1]}"
+        )
+    return args[:at] + words[-1:] + args[at + len(words) :]
+
+
 class TrainCommand(PlainHelp):
     """`agentrl train`, whose help gives each config flag its default (unless its text does)."""
+
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, eval_data_path(args))
 
     def help_record(self, ctx: Context, param: Parameter) -> tuple[str, str] | None:
         record = super().help_record(ctx, param)

@@ -14,8 +14,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from agentrl.envs.base import AgentEnv, StepResult
 from agentrl.envs.registry import make
+from agentrl.envs.remote import EnvServerUnavailable, RemoteEnv, server_info
 from agentrl.envs.wrappers import MaxTurns
-from agentrl.tools import ToolRegistry
 from agentrl.types import Message, StatusReason, Task, ToolCall
 
 PLAIN_ACTION = Message(
@@ -121,6 +121,8 @@ async def _run_checks(
     if not isinstance(env, AgentEnv):
         c.fail(f"{c.name} is a {type(env).__name__}, not an AgentEnv")
         return
+    if isinstance(env, RemoteEnv) and not await _server_answers(c, env):
+        return  # every other check would only repeat that nothing answered
     _check_attributes(c, env)
     tasks = await _check_tasks(c, env)
     task = task or (tasks[0] if tasks else None)
@@ -141,6 +143,19 @@ def _check_attributes(c: _Checker, env: AgentEnv) -> None:
     if not isinstance(env.stop, tuple) or not all(isinstance(s, str) for s in env.stop):
         c.fail(f"stop must be a tuple of strings, got {env.stop!r}")
     c.ran("reward_range, tool_call_format and stop are well formed")
+
+
+async def _server_answers(c: _Checker, env: RemoteEnv) -> bool:
+    """Whether a served env's server answers `GET /info`; if not, the one problem says so."""
+    try:
+        await asyncio.to_thread(server_info, env.url)
+    except EnvServerUnavailable as e:
+        c.fail(str(e))
+        return False
+    return True
+
+
+def _check_tools(c: _Checker, env: AgentEnv) -> None:
     tools = getattr(env, "tools", None)
     if not isinstance(tools, ToolSchemas):  # a served env's RemoteTools lists schemas only
         c.fail(
@@ -209,6 +224,7 @@ async def _check_episode(
     c: _Checker, env: AgentEnv, seed: int, options: dict[str, Any] | None
 ) -> None:
     first = await _checked_reset(c, env, seed, options)
+    _check_tools(c, env)  # after a reset: a served env learns its tools from its first session
     if first is None:
         return
     second = await _checked_reset(c, env, seed, options)
@@ -333,7 +349,10 @@ async def _check_max_turns(
 
 def _tool_names(env: AgentEnv) -> list[str]:
     tools = getattr(env, "tools", None)
-    return tools.names if isinstance(tools, ToolRegistry) else []
+    if not isinstance(tools, ToolSchemas):
+        return []
+    names = [s.get("function", {}).get("name") for s in tools.schemas() if isinstance(s, dict)]
+    return [name for name in names if isinstance(name, str) and name]
 
 
 def _describe(value: Any) -> str:

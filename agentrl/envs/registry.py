@@ -12,9 +12,10 @@ import pkgutil
 import sys
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 from agentrl.envs.base import AgentEnv, EnvLoadError
@@ -58,11 +59,24 @@ class EnvSpec:
 
     def check_kwargs(self, kwargs: dict[str, Any]) -> None:
         """Raise `EnvLoadError` naming the argument, its value and the ones the env takes when
-        `make(**kwargs)` could not bind them: before a run starts, not in its first episode."""
+        `make(**kwargs)` could not bind them, or with the env's own words when its constructor
+        refuses a value: before a run starts, not in its first episode. A constructor does no
+        I/O (the env contract: one instance per episode), so making one here costs nothing."""
         cls = self.load_class()
         params = inspect.signature(cls.__init__).parameters
-        if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            return
+        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            self._check_names(cls, params, kwargs)
+        try:
+            self.make(**kwargs)
+        except (ValueError, TypeError) as e:
+            raise EnvLoadError(
+                f"env {self.id!r}: {cls.__name__} refused its arguments (env.kwargs): "
+                f"{' '.join(str(e).split())}"
+            ) from None
+
+    def _check_names(
+        self, cls: type[AgentEnv], params: Mapping[str, inspect.Parameter], kwargs: dict[str, Any]
+    ) -> None:
         takes = [n for n, p in params.items() if n != "self" and p.kind is not p.VAR_POSITIONAL]
         merged = {**self.kwargs, **kwargs}
         unknown = [n for n in merged if n not in takes]
@@ -225,6 +239,8 @@ def list_envs() -> list[str]:
 
 
 def _unknown_message(env_id: str) -> str:
+    if env_id.endswith(".py"):  # `--env my_env.py`: the file's env class was meant
+        return _file_message(Path(env_id))
     known = list_envs()
     close = difflib.get_close_matches(env_id, known, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
@@ -233,4 +249,26 @@ def _unknown_message(env_id: str) -> str:
         f"Register yours with agentrl.envs.register({env_id!r}, 'my_pkg.my_env:MyEnv') before make(), "
         f'or expose an EnvSpec in your package\'s [project.entry-points."{ENTRY_POINT_GROUP}"] '
         "table so every process (Ray workers too) finds it."
+    )
+
+
+def _file_message(path: Path) -> str:
+    """An env id that names a Python file: the `module:Class` id that names its env."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        tree = ast.Module(body=[], type_ignores=[])
+    names = [
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.ClassDef)
+        and any(
+            getattr(base, "id", getattr(base, "attr", "")).endswith("Env") for base in node.bases
+        )
+    ]
+    return (
+        f"env id {str(path)!r} names a file; give its module and env class, e.g. "
+        f"{path.stem}:{names[0] if names else 'MyEnv'}, from the directory that holds {path.name}"
     )

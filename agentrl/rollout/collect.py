@@ -5,7 +5,7 @@ more tasks to refill the batch."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from agentrl.config import RolloutConfig
@@ -42,6 +42,7 @@ class Collected:
     num_engine_reruns: int = 0  # groups run again because an engine died under them
     num_engine_restarts: int = 0
     num_stale_dropped: int = 0  # trajectories past the staleness bound, never trained on
+    dropped: list[Group] = field(default_factory=list)  # by dynamic sampling: tied, or all failed
 
 
 class TaskSupply(Protocol):
@@ -75,8 +76,10 @@ async def collect_groups(
             max_rerun_rounds, heal, out, on_episode,
         )  # fmt: skip
         if cfg.dynamic_sampling:
-            groups, dropped = filter_zero_variance_groups(groups)
+            kept, dropped = filter_zero_variance_groups(groups)
             out.num_zero_variance_dropped += dropped
+            out.dropped += [g for g in groups if not any(g is k for k in kept)]
+            groups = kept
         out.groups.extend(groups)
         if len(out.groups) >= want:
             break

@@ -27,6 +27,7 @@ from agentrl.run.schedules import (
     NothingToTrainError,
     Pace,
     SyncSchedule,
+    how_to_go_on,
     make_schedule,
     why_untrainable,
 )
@@ -158,7 +159,7 @@ class _Steps:
         rollout = await schedule.next_rollout(step)
         if problem := why_untrainable(rollout.collected.groups):
             await schedule.stop()
-            raise NothingToTrainError(f"step {step + 1}: {problem}; {_how_to_go_on(state)}")
+            raise NothingToTrainError(f"step {step + 1}: {problem}; {how_to_go_on(state.run_dir)}")
         t0 = time.perf_counter()
         metrics = await state.learn(step, rollout)
         busy_s, done = time.perf_counter() - t0, step + 1
@@ -185,13 +186,6 @@ class _Steps:
             await state.save(done)
             self.last_save_t = time.monotonic()
             self.pace.restart()
-
-
-def _how_to_go_on(state: RunState) -> str:
-    run_dir = state.run_dir
-    if any((run_dir / "checkpoints").glob("step_*")):
-        return f"fix it, then continue with agentrl train --resume {run_dir}"
-    return f"fix it, then start over with --save {run_dir} --overwrite"
 
 
 def _is_due(interval: int | None, done: int) -> bool:

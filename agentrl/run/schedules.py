@@ -9,6 +9,7 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agentrl.config import ConfigError, RunConfig
@@ -53,6 +54,13 @@ def why_untrainable(groups: list[Group]) -> str | None:
     lines = str(failed.get("error", "")).strip().splitlines()
     first = f"; first error in {failed.get('error_where')}: {lines[-1]}" if lines else ""
     return f"all {len(episodes)} episodes failed ({ended}), nothing to train on{first}"
+
+
+def how_to_go_on(run_dir: Path) -> str:
+    """The end of a NothingToTrainError's line: resume from the last checkpoint, or start over."""
+    if any((run_dir / "checkpoints").glob("step_*")):
+        return f"fix it, then continue with agentrl train --resume {run_dir}"
+    return f"fix it, then start over with --save {run_dir} --overwrite"
 
 
 def rollout_seed(seed: int, step: int, index: int) -> int:

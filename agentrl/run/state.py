@@ -22,7 +22,13 @@ from agentrl.rollout.staleness import drop_stale, lag_gap_metrics, probe_sample,
 from agentrl.rollout.trajectory import write_jsonl
 from agentrl.run.checkpoint import save_run
 from agentrl.run.metrics import MetricsLogger, rollout_metrics
-from agentrl.run.schedules import Rollout, rollout_seed
+from agentrl.run.schedules import (
+    NothingToTrainError,
+    Rollout,
+    how_to_go_on,
+    rollout_seed,
+    why_untrainable,
+)
 from agentrl.trainer.batch import build_train_batches
 
 
@@ -79,12 +85,13 @@ class RunState:
                 heal=self.runtime.heal_engines,
                 on_episode=None if phase is None else lambda _: phase.advance(),
             )
-        if not collected.groups:
-            raise RuntimeError(
-                f"step {step}: every group had zero reward variance after "
-                f"{cfg.rollout.max_sampling_rounds} extra rounds; raise rollout.max_sampling_rounds "
-                "or turn off rollout.dynamic_sampling"
+        if not collected.groups:  # dynamic sampling dropped them all: failed, or tied
+            problem = why_untrainable(collected.dropped) or (
+                f"every group had zero reward variance after {cfg.rollout.max_sampling_rounds} "
+                "extra rounds; raise rollout.max_sampling_rounds or turn off "
+                "rollout.dynamic_sampling"
             )
+            raise NothingToTrainError(f"step {step + 1}: {problem}; {how_to_go_on(self.run_dir)}")
         return Rollout(collected, self.source.state(), time.perf_counter() - t0)
 
     async def learn(self, step: int, rollout: Rollout) -> dict[str, float]:

@@ -12,6 +12,7 @@ import typer
 def register(app: typer.Typer) -> None:
     # Imported here, not at the top: importing agentrl.cli runs its entry points, this one
     # included, which must be whole by then.
+    from agentrl.cli import UserCommand  # a usage error in one line
     from agentrl.cli.serve_options import (
         api_key_option,
         host_option,
@@ -24,7 +25,7 @@ def register(app: typer.Typer) -> None:
         help="Serve a corpus over Search-R1's POST /retrieve API (BM25).", no_args_is_help=True
     )
 
-    @group.command("serve")
+    @group.command("serve", cls=UserCommand)
     def serve(
         corpus: str = typer.Option(
             "embedded",
@@ -68,7 +69,7 @@ def register(app: typer.Typer) -> None:
         Console(stderr=True).print(f"retriever: serving {path} on http://{host}:{port}/retrieve")
         server.run()
 
-    @group.command("build-corpus")
+    @group.command("build-corpus", cls=UserCommand)
     def build_corpus(
         out: Path | None = typer.Option(
             None, "--out", help="Copy the corpus JSONL here (default: print where it is)"
@@ -102,9 +103,7 @@ def resolve_corpus(corpus: str) -> Path:
         return ensure_embedded() / "corpus.jsonl"
     path = Path(corpus).expanduser()
     if not path.is_file():
-        raise typer.BadParameter(
-            f"--corpus {corpus}: no such file; give a JSONL corpus or 'embedded'"
-        )
+        _fail(f"--corpus {corpus}: no such file; give a JSONL corpus or 'embedded'")
     return path
 
 

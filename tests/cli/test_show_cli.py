@@ -243,3 +243,23 @@ def test_the_cli_marks_spans_when_piped_and_its_legend_says_what_marks_mean(
     assert SPAN_MARKS[SpanKind.PROMPT] + "[1 tokens]" in lines
     styled = runner.invoke(app, ["show", str(path), *NO_TOKENIZER, "--no-marks"])
     assert styled.exit_code == 0 and " | " not in styled.output
+
+
+def test_a_reader_that_stops_early_ends_show_quietly_with_status_0(tmp_path: Path) -> None:
+    """`agentrl show FILE | head` exited 1 (rich's broken-pipe exit): `head` closing the pipe
+    is the reader done, as for any Unix tool."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "many.jsonl"
+    write_jsonl(str(path), [_trajectory(float(i)) for i in range(2000)])
+    show = subprocess.Popen(
+        [sys.executable, "-m", "agentrl.cli", "show", str(path), *NO_TOKENIZER],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert show.stdout is not None and show.stderr is not None
+    show.stdout.readline()  # what `head -1` reads, then it closes the pipe
+    show.stdout.close()
+    assert show.wait(120) == 0
+    assert show.stderr.read() == b""

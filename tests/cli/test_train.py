@@ -70,10 +70,42 @@ def test_every_slime_flag_names_one_config_field():
     assert config_key("eps_clip") == "algo.eps_clip" and config_key("model") == "model.path"
 
 
-def test_unsupported_slime_flag_is_named():
-    result = runner.invoke(app, ["train", "--context-parallel-size", "2"])
-    assert result.exit_code != 0
-    assert "--context-parallel-size" in result.output
+def test_every_config_flag_reaches_the_config(monkeypatch):
+    """The command lists its config flags by name (it captured `locals()`): a flag left out of
+    that list would be accepted and then ignored."""
+    from agentrl.cli import train
+    from agentrl.cli.train_flags import COMMAND_FLAGS
+
+    seen: dict[str, object] = {}
+
+    def capture(env, flags, *args, **kwargs):
+        seen.update(flags)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(train, "build_config", capture)
+    runner.invoke(app, ["train", "--show-config"])
+    params = set(inspect.signature(train.train_command).parameters) - set(COMMAND_FLAGS)
+    assert set(seen) == params
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["train", "--context-parallel-size", "2"], "No such option: --context-parallel-size"),
+        (["train", "--lr", "abc"], "Invalid value for '--lr': Input should be a valid number"),
+        (["train", "--num-rollout=x"], "(got 'x'); see agentrl train --help"),
+        (["train", "--hf-checkpoint"], "Option '--hf-checkpoint' requires an argument"),
+        (["eval"], "Missing option '--env'; see agentrl eval --help"),
+        (["rollout", "--num-tasks", "x"], "Invalid value for '--num-tasks'"),
+        (["show"], "Missing argument 'path'"),
+        (["env", "check", "calculator", "--seed", "s"], "Invalid value for '--seed'"),
+    ],
+)
+def test_a_usage_error_is_one_line(args, expected):
+    """An unknown flag or a value of the wrong type printed typer's boxed usage block."""
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert expected in one_line(result.output, prefix="error:")
 
 
 def test_megatron_flags_map_to_the_train_section():
@@ -136,6 +168,12 @@ def test_bad_prompt_data_row_is_named_before_any_model_loads(tmp_path):
         (["--env", "nope"], 'in your package\'s [project.entry-points."agentrl.envs"] table'),
         # an env argument the env does not take: named with its value and what the env takes
         (["--set", "env.kwargs.max_turnz=3"], "env.kwargs.max_turnz=3: CalculatorEnv"),
+        # a value the env's constructor refuses: a traceback at the first episode, the model
+        # loaded and a run dir left behind
+        (
+            ["--set", "env.kwargs.format_weight=2"],
+            "env 'calculator': CalculatorEnv refused its arguments (env.kwargs): format_weight=2",
+        ),
         (["--model", "/does/not/exist"], "model path '/does/not/exist'"),
         # without megatron-core (CI) or CUDA (here) the error says which and names the fix
         (["--train-backend", "megatron"], "use --train-backend torch"),
@@ -144,6 +182,25 @@ def test_bad_prompt_data_row_is_named_before_any_model_loads(tmp_path):
         (["--rollout-batch-size", "0"], "rollout.rollout_batch_size=0 is out of range: it must"),
         (["--lr", "-1"], "train.lr=-1.0 is out of range: it must be greater than or equal to 0"),
         (["--actor-num-gpus-per-node", "0"], "cluster.actor_num_gpus_per_node=0 is out of"),
+        # two values for one field: --set used to win without a word
+        (
+            ["--lr", "1e-5", "--set", "train.lr=2e-5"],
+            "train.lr is given twice: 1e-05 by its flag and 2e-05 by --set train.lr=2e-5; keep "
+            "one of them",
+        ),
+        # slime refuses it too: the last optimizer step of every train step would be short
+        (
+            [
+                "--rollout-batch-size",
+                "3",
+                "--n-samples-per-prompt",
+                "4",
+                "--global-batch-size",
+                "5",
+            ],
+            "--global-batch-size=5 does not divide --rollout-batch-size x --n-samples-per-prompt "
+            "= 3 x 4 = 12 trajectories; use a divisor of 12 (e.g. 4 or 6)",
+        ),
     ],
 )
 def test_a_user_error_is_one_line_and_writes_nothing(tmp_path, flags, named):
@@ -153,6 +210,14 @@ def test_a_user_error_is_one_line_and_writes_nothing(tmp_path, flags, named):
     assert named in result.output and "Traceback" not in result.output
     assert len([line for line in result.output.splitlines() if line.strip()]) == 1
     assert not run_dir.exists()
+
+
+def test_a_set_that_agrees_with_its_flag_is_fine():
+    result = runner.invoke(
+        app, ["train", "--lr", "1e-5", "--set", "train.lr=0.00001", "--show-config"]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["train"]["lr"] == 1e-5
 
 
 def test_a_binary_prompt_data_file_is_one_line(tmp_path):

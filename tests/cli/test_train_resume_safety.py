@@ -213,3 +213,25 @@ def test_eval_with_a_bad_agent_is_one_line_before_the_model_loads(tmp_path, monk
     line = one_line(result.output, prefix="error:")
     assert f"rollout.agent={agent!r}" in line and named in line, line
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_resuming_a_finished_run_says_so_and_loads_nothing(finished_run, tmp_path, monkeypatch):
+    """It loaded the model and the checkpoint, then found nothing to do."""
+    import agentrl.run.loop
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a finished run loaded its model")
+
+    monkeypatch.setattr(agentrl.run.loop, "make_runtime", no_load)
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    before = _checksums(run)
+    result = runner.invoke(app, ["train", "--resume", str(run)])
+    assert result.exit_code == 0, result.output
+    line = one_line(result.stdout)
+    assert line == (
+        f"{run} is finished: step 1 of 1 trained, saved and evaluated; nothing to do (to train "
+        f"more: agentrl train --resume {run} --override --num-rollout N)"
+    )
+    assert _checksums(run) == before

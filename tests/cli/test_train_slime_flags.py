@@ -34,6 +34,29 @@ def test_slime_flags_set_their_homes(tmp_path):
     assert cfg["eval"]["n_samples"] == 4 and cfg["eval"]["temperature"] == 0.6
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--eval-prompt-data", "held_out.jsonl"],
+        ["--eval-prompt-data", "aime", "held_out.jsonl"],  # slime's NAME PATH pair
+        ["--eval-prompt-data", "aime", "held_out.jsonl", "--lr", "1e-6"],
+        ["--lr", "1e-6", "--eval-prompt-data", "aime", "held_out.jsonl"],
+    ],
+)
+def test_eval_prompt_data_takes_a_path_or_slimes_name_path_pair(args):
+    cfg, _ = show_config(*args)
+    assert cfg["env"]["eval_data"] == "held_out.jsonl"
+
+
+def test_eval_prompt_data_with_two_pairs_is_one_line():
+    result = runner.invoke(
+        app, ["train", "--eval-prompt-data", "aime", "a.jsonl", "gsm8k", "b.jsonl"]
+    )
+    assert result.exit_code == 2
+    line = one_line(result.output, prefix="error:")
+    assert "--eval-prompt-data" in line and "one held-out file" in line and "b.jsonl" in line
+
+
 @pytest.mark.parametrize("loss", ["gspo", "cispo"])
 def test_gspo_and_cispo_estimators_set_the_policy_loss(loss):
     cfg, notes = show_config("--advantage-estimator", loss)

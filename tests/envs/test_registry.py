@@ -100,6 +100,25 @@ def test_env_kwargs_are_checked_against_the_env_before_a_run() -> None:
     spec("test-any").check_kwargs({"whatever": 1})  # **kwargs takes anything
 
 
+@pytest.mark.parametrize("given", ["my_env.py", "{tmp}/my_env.py"])
+def test_an_env_id_that_names_a_file_says_to_give_module_and_class(
+    tmp_path, monkeypatch, given
+) -> None:
+    """`--env my_env.py` listed the registered ids and how to register one: the user meant the
+    file's env, which `my_env:CapitalsEnv` names."""
+    (tmp_path / "my_env.py").write_text(
+        "from agentrl.envs import AgentEnv\n\nclass Helper:\n    pass\n\n"
+        "class CapitalsEnv(AgentEnv):\n    pass\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UnknownEnvError) as e:
+        make(given.format(tmp=tmp_path))
+    assert str(e.value).startswith(
+        f"env id {given.format(tmp=tmp_path)!r} names a file; give its module and env class, "
+        "e.g. my_env:CapitalsEnv, from the directory that holds my_env.py"
+    )
+
+
 def test_unknown_id_lists_known_ids_and_how_to_register() -> None:
     with pytest.raises(UnknownEnvError) as e:
         make("calculater")

@@ -166,3 +166,6 @@ def test_env_check_of_a_served_env_passes(tmp_path):
         proc.terminate()
         proc.wait(30)
     assert any("reward_range" in line for line in checked)
+    # the schemas come from the server's first session: it reported "0 tool schema(s)"
+    assert "1 tool schema(s) are valid JSON schemas" in checked
+    assert any("malformed tool call" in line for line in checked)

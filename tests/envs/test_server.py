@@ -248,7 +248,11 @@ def test_a_difficulty_that_is_no_int_is_one_line(tmp_path):
     [
         (["--session-ttl-s", "nan"], "error: --session-ttl-s=nan: use a finite number"),
         (["--max-sessions-per-client", "0"], "error: --max-sessions-per-client=0"),
-        (["--kwargs", '{"difficulty": "abc"}'], "error: env.kwargs.difficulty='abc'"),
+        (
+            ["--kwargs", '{"difficulty": "abc"}'],
+            "error: env 'calculator': CalculatorEnv refused its arguments (env.kwargs): "
+            "env.kwargs.difficulty='abc'",
+        ),
         (["--kwargs", "[1]"], "error: --kwargs '[1]': give a JSON object"),
     ],
 )

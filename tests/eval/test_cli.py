@@ -25,11 +25,14 @@ def test_build_config_applies_flags_then_overrides(tmp_path) -> None:
         k=4,
         num_tasks=5,
         temperature=0.3,
-        overrides=["eval.num_eval_tasks=7", "rollout.max_turns=2"],
+        overrides=["eval.num_eval_tasks=5", "rollout.max_turns=2"],
     )
     assert (cfg.env.id, cfg.env.eval_data, cfg.model.path) == ("calculator", str(data), "m")
-    assert (cfg.eval.n_samples, cfg.eval.num_eval_tasks, cfg.eval.temperature) == (4, 7, 0.3)
+    assert (cfg.eval.n_samples, cfg.eval.num_eval_tasks, cfg.eval.temperature) == (4, 5, 0.3)
     assert cfg.rollout.max_turns == 2
+    # a --set that contradicts a flag is refused, as in train
+    with pytest.raises(ConfigError, match="eval.num_eval_tasks is given twice: 5 by its flag"):
+        build_config("calculator", num_tasks=5, overrides=["eval.num_eval_tasks=7"])
 
 
 def test_a_data_file_is_evaluated_whole_unless_num_tasks_says_fewer(tmp_path) -> None:
@@ -156,6 +159,31 @@ def test_eval_command_reports_bad_flags_without_a_traceback(fakes, tmp_path) -> 
     )
     assert result.exit_code == 2
     assert "eval.n_samples='zero' is not an integer" in result.output
+
+
+@pytest.mark.parametrize("is_run_dir", [True, False])
+def test_eval_of_a_checkpoint_says_which_step_it_evaluates(fakes, tmp_path, is_run_dir) -> None:
+    """`--checkpoint RUN_DIR` picked the newest checkpoint without saying which."""
+    for step in ("step_000001", "step_000002"):
+        (tmp_path / "run" / "checkpoints" / step / "model").mkdir(parents=True)
+        (tmp_path / "run" / "checkpoints" / step / "model" / "config.json").write_text("{}")
+    newest = tmp_path / "run" / "checkpoints" / "step_000002"
+    given = tmp_path / "run" if is_run_dir else newest
+    args = [
+        "eval",
+        "--env",
+        "calculator",
+        "--checkpoint",
+        str(given),
+        "-k",
+        "1",
+        "--num-tasks",
+        "1",
+    ]
+    result = CliRunner().invoke(_app(), [*args, "--set", "log.progress=false"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"evaluating step 2 ({newest / 'model'})\n")
+    assert fakes["model_path"] == str(newest / "model")
 
 
 def test_checkpoint_accepts_a_run_dir_and_picks_the_newest_checkpoint(tmp_path) -> None:

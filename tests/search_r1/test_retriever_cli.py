@@ -27,7 +27,14 @@ def test_an_out_of_range_serve_flag_is_a_usage_error(
     args = ["retriever", "serve", "--corpus", str(corpus_path), *flags]
     result = runner.invoke(app, args, env={"COLUMNS": "200"})
     assert result.exit_code == 2, result.output
-    assert named in result.output and "Traceback" not in result.output
+    assert named in one_line(result.output, prefix="error: ")  # not typer's boxed usage block
+
+
+def test_a_missing_corpus_is_one_error_line(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["retriever", "serve", "--corpus", str(tmp_path / "nope.jsonl")])
+    assert result.exit_code == 2, result.output
+    line = one_line(result.output, prefix="error: ")
+    assert line.endswith("nope.jsonl: no such file; give a JSONL corpus or 'embedded'")
 
 
 @pytest.mark.parametrize(
