@@ -140,6 +140,27 @@ class AlgoConfig:
     use_tis: bool | None = None
     """Truncated importance sampling of rollout vs trainer logprobs; None = on with use_async."""
     tis_cap: PositiveFloat = 2.0
+    rollout_correction: (
+        Literal["token_tis", "seq_tis", "seq_mis", "geo_rs", "geo_rs_seq_tis", "icepop"] | None
+    ) = None
+    """A preset of the rollout_* fields below (verl's presets, IcePop); a field set explicitly
+    wins over its preset. None = only what the fields ask for."""
+    rollout_is: Literal["token", "sequence", "geometric"] | None = None
+    """Importance weight pi_trainer / pi_rollout per token, per sequence (product over its
+    trained tokens) or geometric (their mean in log space), truncated at rollout_is_threshold;
+    None = off (use_tis: token level at tis_cap)."""
+    rollout_is_threshold: PositiveFloat | None = None
+    """Upper bound of the importance weight; None = the preset's, else 2.0."""
+    rollout_rs: Literal["token", "sequence", "geometric"] | None = None
+    """Rejection: tokens (or whole sequences) whose ratio at this level lies outside
+    [rollout_rs_threshold_lower, rollout_rs_threshold] leave the loss; None = off."""
+    rollout_rs_threshold: PositiveFloat | None = None
+    """Upper bound of the kept ratio; None = the preset's, else 2.0."""
+    rollout_rs_threshold_lower: PositiveFloat | None = None
+    """Lower bound of the kept ratio; None = the preset's, else 1 / rollout_rs_threshold."""
+    rollout_token_veto_threshold: PositiveFloat | None = None
+    """A sequence holding any trained token whose ratio is below this leaves the loss (verl's
+    veto); None = off."""
     loss_agg_mode: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] | None = None
     """None = the policy loss's own: seq_mean_token_mean for gspo, token_mean for ppo and cispo."""
 

@@ -8,15 +8,18 @@ import dataclasses
 import importlib.util
 
 from agentrl.config import ConfigError, RunConfig
+from agentrl.config_correction import settings_from_config
 from agentrl.deploy.plan import plan_deployment
 
 
 def resolved(cfg: RunConfig) -> RunConfig:
     """A copy of `cfg` with the defaults that follow from other fields filled in (`cfg` stays
-    as given): TIS on with `--async`, whose turns come from older policies."""
+    as given): TIS on with `--async`, whose turns come from older policies, unless a rollout
+    correction is asked for."""
     algo = cfg.algo
     if algo.use_tis is None:
-        algo = dataclasses.replace(algo, use_tis=cfg.train.use_async)
+        is_corrected = bool(algo.rollout_correction or algo.rollout_is or algo.rollout_rs)
+        algo = dataclasses.replace(algo, use_tis=cfg.train.use_async and not is_corrected)
     return dataclasses.replace(copy.deepcopy(cfg), algo=algo)
 
 
@@ -28,6 +31,7 @@ def check_run(cfg: RunConfig) -> None:
     _check_ignored_url(cfg)
     _check_group_size(cfg)
     _check_global_batch(cfg)
+    _check_rollout_correction(cfg)
     if engine.kind == "http" and not engine.url:
         raise ConfigError(
             "engine.kind=http needs engine.url, e.g. --set engine.url=http://127.0.0.1:30000 "
@@ -107,6 +111,29 @@ def _check_async(cfg: RunConfig) -> None:
             f"--update-weights-interval={lag} makes --async rollouts up to {lag} policy versions "
             f"old, past --max-staleness={train.max_staleness}: raise --max-staleness to {lag}"
         )
+
+
+def _check_rollout_correction(cfg: RunConfig) -> None:
+    """Rejection bounds that keep nothing, and bounds no level would read."""
+    algo = cfg.algo
+    s = settings_from_config(algo)
+    has_bound = s.rollout_rs_threshold is not None or s.rollout_rs_threshold_lower is not None
+    if s.rollout_rs is None and has_bound:
+        field = (
+            "rollout_rs_threshold" if algo.rollout_rs_threshold else "rollout_rs_threshold_lower"
+        )
+        raise ConfigError(
+            f"algo.{field} is set but algo.rollout_rs is off, which would ignore it; add "
+            "--set algo.rollout_rs=token (or sequence, geometric), or drop it"
+        )
+    if s.rollout_rs is not None:
+        upper = s.rollout_rs_threshold or 2.0
+        lower = s.rollout_rs_threshold_lower or 1.0 / upper
+        if lower >= upper:
+            raise ConfigError(
+                f"algo.rollout_rs_threshold_lower={lower} is not below algo.rollout_rs_threshold="
+                f"{upper}: no ratio would be kept; lower the first or raise the second"
+            )
 
 
 def _check_ignored_url(cfg: RunConfig) -> None:

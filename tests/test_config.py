@@ -213,3 +213,32 @@ def test_calculator_recipe_carries_what_the_readme_agent_needs() -> None:
     from agentrl.config import recipe_calculator
 
     assert recipe_calculator().rollout.max_turns == 3
+
+
+def test_a_rollout_correction_without_tis_stays_without_it_under_async():
+    """`--async` turns TIS on by default, but not on top of a correction asked for by name."""
+    cfg = apply_overrides(RunConfig(), ["train.use_async=true", "algo.rollout_correction=geo_rs"])
+    assert resolved(cfg).algo.use_tis is False
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["algo.rollout_rs_threshold=1.5"], "algo.rollout_rs_threshold is set but algo.rollout_rs"),
+        (
+            [
+                "algo.rollout_rs=token",
+                "algo.rollout_rs_threshold=1.5",
+                "algo.rollout_rs_threshold_lower=2",
+            ],
+            "algo.rollout_rs_threshold_lower=2.0 is not below algo.rollout_rs_threshold=1.5",
+        ),
+        (
+            ["algo.rollout_correction=icepop", "algo.rollout_rs_threshold=0.4"],
+            "algo.rollout_rs_threshold_lower=0.5 is not below algo.rollout_rs_threshold=0.4",
+        ),
+    ],
+)
+def test_rollout_rejection_bounds_that_keep_nothing_or_go_unread_are_refused(overrides, named):
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        check_run(apply_overrides(RunConfig(), overrides))

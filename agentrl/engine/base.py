@@ -63,6 +63,12 @@ class Completion:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     served_by: str = ""  # the server that sampled it (its base URL); "" in process
+    is_logprob_truncated: bool = False
+    """The logprobs are of the distribution sampled from, top-k/top-p applied and renormalised
+    (the embedded engine); False: of the whole softmax at the temperature (SGLang)."""
+    version_spans: list[tuple[str, int]] = field(default_factory=list)
+    """(weight version, output tokens it sampled), in order, when the request crossed a weight
+    update (SGLang's `weight_versions`, after a retracting pause); empty: all by weight_version."""
 
     def __post_init__(self) -> None:
         if len(self.ids) != len(self.logprobs):

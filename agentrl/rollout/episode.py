@@ -40,7 +40,7 @@ class EpisodeRecord:
     def add_prompt(self, ids: list[int]) -> None:
         self.token_ids, self.loss_mask, self.prompt_len = list(ids), [0] * len(ids), len(ids)
 
-    def add_sampled(self, completion: Completion, text: str) -> Turn:
+    def add_sampled(self, completion: Completion, text: str, sampling: SamplingParams) -> Turn:
         turn = Turn(
             start=len(self.token_ids),
             num_sampled=len(completion.ids),
@@ -49,6 +49,11 @@ class EpisodeRecord:
             finish_reason=FinishReason(completion.finish_reason).value,
             text=text,
             served_by=completion.served_by,
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            is_logprob_truncated=completion.is_logprob_truncated,
+            version_spans=list(completion.version_spans),
         )
         self.token_ids += completion.ids
         self.loss_mask += [1] * len(completion.ids)
@@ -185,11 +190,10 @@ async def _play(
         room = limits.max_context_len - len(rec.token_ids)
         if room <= 0:
             return EpisodeStatus.TRUNCATED, StatusReason.CONTEXT
+        turn_sampling = _turn_sampling(base, turn_index, room)
         try:
             completion = await engine.generate(  # a copy: the engine may keep what it is given
-                list(rec.token_ids),
-                _turn_sampling(base, turn_index, room),
-                routing_key=rec.episode_id,
+                list(rec.token_ids), turn_sampling, routing_key=rec.episode_id
             )
         except EngineUnavailable:  # a dead or restarted server: infrastructure, run again later
             rec.info.update(error=traceback.format_exc(limit=1), error_where="engine.generate")
@@ -198,7 +202,7 @@ async def _play(
             return rec.fail(StatusReason.ENGINE, "engine.generate")
         if completion.finish_reason == FinishReason.ABORT:
             return EpisodeStatus.ABORTED, StatusReason.CANCELLED
-        turn = rec.add_sampled(completion, codec.decode(completion.ids))
+        turn = rec.add_sampled(completion, codec.decode(completion.ids), turn_sampling)
         if (
             completion.finish_reason == FinishReason.LENGTH
             and len(rec.token_ids) >= limits.max_context_len

@@ -12,17 +12,26 @@ from typing import Any
 Group = list[Any]  # the trajectories of one task
 
 
+def version_lag(version: str, trainer_version: int) -> int:
+    """Versions `version` is behind `trainer_version` (one that is not an integer -- a served
+    checkpoint's own tag -- counts as current)."""
+    return trainer_version - int(version) if str(version).isdigit() else 0
+
+
 def turn_lags(traj: Any, trainer_version: int) -> list[int]:
-    """Versions each turn's weights are behind `trainer_version` (turns whose version is not an
-    integer -- a served checkpoint's own tag -- count as current)."""
+    """The lag of each turn's oldest token: a turn that straddled an update (a retracted request
+    went on under new weights) is as old as its first tokens, not its last."""
     return [
-        trainer_version - int(t.weight_version) if str(t.weight_version).isdigit() else 0
+        max(
+            (version_lag(v, trainer_version) for v in t.token_versions()),
+            default=version_lag(t.weight_version, trainer_version),
+        )
         for t in traj.turns
     ]
 
 
 def trajectory_lag(traj: Any, trainer_version: int) -> int:
-    """The lag of the oldest turn: what the staleness bound is checked against."""
+    """The lag of the oldest sampled token: what the staleness bound is checked against."""
     return max(turn_lags(traj, trainer_version), default=0)
 
 
@@ -58,11 +67,12 @@ def staleness_metrics(groups: Sequence[Group], trainer_version: int) -> dict[str
 
 
 def token_lags(traj: Any, trainer_version: int) -> list[int]:
-    """One lag per sampled token (aligned with `traj.logprobs`)."""
+    """One lag per sampled token (aligned with `traj.logprobs`), from the version that sampled
+    that token."""
     return [
-        lag
-        for turn, lag in zip(traj.turns, turn_lags(traj, trainer_version), strict=True)
-        for _ in range(turn.num_sampled)
+        version_lag(version, trainer_version)
+        for turn in traj.turns
+        for version in turn.token_versions()
     ]
 
 

@@ -22,6 +22,7 @@ class Turn:
     num_observation: int
     """Observation ids appended after them (mask 0); 0 on the last turn."""
     weight_version: str
+    """The version that sampled the turn's last token (and all of them unless version_spans)."""
     finish_reason: str
     num_tool_calls: int = 0
     num_tool_errors: int = 0
@@ -31,6 +32,24 @@ class Turn:
     """The engine server that sampled this turn (its base URL; "" for an in-process engine or
     behind sglang_router, which does not say). All turns of an episode go to one server, which
     holds its prefix (routing key)."""
+    temperature: float = 1.0
+    top_k: int = -1
+    """-1 = off."""
+    top_p: float = 1.0
+    """The sampling parameters of this turn (temperature 0 = greedy)."""
+    is_logprob_truncated: bool = False
+    """The engine's logprobs are of the top-k/top-p truncated distribution (the embedded engine,
+    `agentrl serve`); the trainer then computes its own under the same truncation. False: of the
+    whole softmax (SGLang), and so are the trainer's."""
+    version_spans: list[tuple[str, int]] = field(default_factory=list)
+    """(weight version, sampled tokens) in order when the turn straddled a weight update (a
+    retracted request went on under new weights); empty: every token by weight_version."""
+
+    def token_versions(self) -> list[str]:
+        """The weight version that sampled each of this turn's tokens."""
+        if not self.version_spans:
+            return [self.weight_version] * self.num_sampled
+        return [version for version, n in self.version_spans for _ in range(n)]
 
 
 @dataclass
@@ -83,6 +102,11 @@ class Trajectory:
             ]
             if not all(span) or any(obs):
                 raise ValueError(f"turn at {turn.start} does not match loss_mask")
+            if turn.version_spans and sum(n for _, n in turn.version_spans) != turn.num_sampled:
+                raise ValueError(
+                    f"turn at {turn.start}: version_spans cover "
+                    f"{sum(n for _, n in turn.version_spans)} tokens of {turn.num_sampled}"
+                )
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form (enums as their values), with `num_turns` for readers of the file."""

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from agentrl.config import AlgoConfig
 from agentrl.trainer.losses import ADVANTAGE_ESTIMATORS, LossInputs, Segments
+from agentrl.trainer.sampling_mask import OFF_TOP_K, OFF_TOP_P
 from agentrl.types import EpisodeStatus
 
 Group = Sequence[Any]  # the n trajectories of one task
@@ -46,6 +47,8 @@ class MicroBatch:
     sample_indices: list[int]  # index of each sequence in TrainBatch order (trainable ones only)
     old_logprobs: Tensor | None = None  # [R, T], set by TorchBackend.compute_logprobs
     ref_logprobs: Tensor | None = None  # [R, T], set when a reference model is loaded
+    top_k: Tensor | None = None  # [R, T] long, top-k of the turn that sampled target t (-1: off)
+    top_p: Tensor | None = None  # [R, T] float, its top-p (1: off); both None: no replay
 
     @property
     def num_tokens(self) -> int:
@@ -143,6 +146,8 @@ class _Sample:
     loss_mask: list[float]
     rollout_logprobs: list[float]
     advantage: float
+    top_k: list[int] | None = None  # per target; None: no turn of it reported truncated logprobs
+    top_p: list[float] | None = None
 
     @property
     def length(self) -> int:
@@ -167,7 +172,7 @@ def _make_sample(index: int, traj: Any, advantage: float, pad_id: int) -> _Sampl
     dense = [float(next(it)) if m else 0.0 for m in mask]
     # Tokens after the last sampled one cannot change any trained logprob: cut them.
     end = max(t for t, m in enumerate(mask) if m) + 1
-    return _Sample(
+    sample = _Sample(
         index=index,
         input_ids=ids[:end],
         target_ids=ids[1:end] + [pad_id],
@@ -175,6 +180,22 @@ def _make_sample(index: int, traj: Any, advantage: float, pad_id: int) -> _Sampl
         rollout_logprobs=dense[1:end] + [0.0],
         advantage=advantage,
     )
+    return _with_sampling_masks(sample, getattr(traj, "turns", []))
+
+
+def _with_sampling_masks(sample: _Sample, turns: Sequence[Any]) -> _Sample:
+    """The top-k / top-p of each target sampled by a turn whose engine reported logprobs of the
+    truncated distribution (`Turn.is_logprob_truncated`): the trainer replays that filter."""
+    replayed = [t for t in turns if getattr(t, "is_logprob_truncated", False)]
+    if not replayed:
+        return sample
+    top_k = [OFF_TOP_K] * sample.length
+    top_p = [OFF_TOP_P] * sample.length
+    for turn in replayed:
+        # Token t of the trajectory is the target at position t - 1.
+        for t in range(turn.start, min(turn.start + turn.num_sampled, sample.length + 1)):
+            top_k[t - 1], top_p[t - 1] = int(turn.top_k), float(turn.top_p)
+    return replace(sample, top_k=top_k, top_p=top_p)
 
 
 # ---------------------------------------------------------------- packing
@@ -216,7 +237,20 @@ def _packed_row(samples: list[_Sample]) -> MicroBatch:
         seq_index=row(lambda k, s: [k] * s.length, torch.long),
         seq_num_tokens=torch.tensor([sum(s.loss_mask) for s in samples], dtype=torch.float32),
         sample_indices=[s.index for s in samples],
+        **_sampling_mask_rows(samples),
     )
+
+
+def _sampling_mask_rows(samples: list[_Sample]) -> dict[str, Tensor]:
+    """top_k / top_p rows [1, T] when a sample replays a sampling mask; none otherwise (no cost)."""
+    if all(s.top_k is None for s in samples):
+        return {}
+    top_k = [k for s in samples for k in (s.top_k or [OFF_TOP_K] * s.length)]
+    top_p = [p for s in samples for p in (s.top_p or [OFF_TOP_P] * s.length)]
+    return {
+        "top_k": torch.tensor([top_k], dtype=torch.long),
+        "top_p": torch.tensor([top_p], dtype=torch.float32),
+    }
 
 
 def _empty_micro_batch(pad_id: int) -> MicroBatch:

@@ -11,6 +11,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from agentrl.trainer.packing import PACKED_ATTENTION, packed_attention_kwargs
+from agentrl.trainer.sampling_mask import truncate_logits
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -24,20 +25,26 @@ def _chunk_logprobs(
     temperature: float,
     is_entropy_trained: bool,
     matmul_dtype: torch.dtype | None,
+    top_k: Tensor | None = None,
+    top_p: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """[C, H] -> logprob of target [C] and entropy [C] of softmax(logits / T), in float32; the
-    vocab projection runs in `matmul_dtype` (None = the weight's), as the engine's LM head does."""
+    vocab projection runs in `matmul_dtype` (None = the weight's), as the engine's LM head does.
+    With `top_k` / `top_p` ([C] each), of the distribution their filter leaves (replay)."""
     dtype = matmul_dtype or weight.dtype
     logits = F.linear(
         hidden.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)
     ).float()
     if temperature != 1.0:
         logits = logits / temperature  # [C, V]
+    if top_k is not None and top_p is not None:
+        logits = truncate_logits(logits, target_ids, top_k, top_p)  # dropped tokens at -inf
     # Only log_softmax's output is kept for backward; the logits themselves can be freed.
     all_logprobs = torch.log_softmax(logits, dim=-1)  # [C, V]
     logprobs = all_logprobs.gather(-1, target_ids.unsqueeze(-1)).squeeze(-1)
     with torch.set_grad_enabled(is_entropy_trained and torch.is_grad_enabled()):
-        entropy = -(all_logprobs.exp() * all_logprobs).sum(-1)
+        finite = all_logprobs.clamp_min(torch.finfo(all_logprobs.dtype).min)  # 0 * -inf: 0
+        entropy = -(finite.exp() * finite).sum(-1)
     return logprobs, entropy
 
 
@@ -51,18 +58,31 @@ def chunked_logprobs(
     temperature: float = 1.0,
     is_entropy_trained: bool = True,
     matmul_dtype: torch.dtype | None = None,
+    top_k: Tensor | None = None,
+    top_p: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """log_softmax(hidden @ weight.T / T)[target] and the entropy, for hidden [M, H] -> [M], [M],
     the softmax in float32 over logits from a `matmul_dtype` projection (None = weight's dtype).
 
     With gradients on, each chunk is recomputed in backward (activation checkpointing), so only
     one chunk of logits is alive at any time; the engine's logprobs use the same definition.
-    With `is_entropy_trained` False the entropy carries no gradient (cheaper; a metric only)."""
+    With `is_entropy_trained` False the entropy carries no gradient (cheaper; a metric only).
+    `top_k` / `top_p` ([M] each, the turn's sampling of each target): sampling-mask replay."""
     logprob_parts, entropy_parts = [], []
     for start in range(0, hidden.shape[0], chunk_size):
         h = hidden[start : start + chunk_size]
-        args = (h, weight, bias, target_ids[start : start + chunk_size], temperature,
-                is_entropy_trained, matmul_dtype)  # fmt: skip
+        chunk = slice(start, start + chunk_size)
+        args = (
+            h,
+            weight,
+            bias,
+            target_ids[chunk],
+            temperature,
+            is_entropy_trained,
+            matmul_dtype,
+            None if top_k is None else top_k[chunk],
+            None if top_p is None else top_p[chunk],
+        )
         if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
             lp, ent = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
         else:
@@ -103,8 +123,11 @@ class CausalLMLogprobs(torch.nn.Module):
         target_ids: Tensor,  # [R, T]
         loss_mask: Tensor,  # [R, T]
         is_entropy_trained: bool = False,
+        top_k: Tensor | None = None,  # [R, T] long, the turn's top-k per target (-1: off)
+        top_p: Tensor | None = None,  # [R, T] float, its top-p (1: off)
     ) -> tuple[Tensor, Tensor]:
-        """Logprob of each target and the entropy, 0 off the loss mask."""
+        """Logprob of each target and the entropy, 0 off the loss mask; with top_k / top_p, under
+        the truncated distribution the turn was sampled from (sampling-mask replay)."""
         device_type = input_ids.device.type
         with torch.autocast(
             device_type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
@@ -135,6 +158,8 @@ class CausalLMLogprobs(torch.nn.Module):
             temperature=self.temperature,
             is_entropy_trained=is_entropy_trained,
             matmul_dtype=self.autocast_dtype,
+            top_k=None if top_k is None else top_k[is_loss],
+            top_p=None if top_p is None else top_p[is_loss],
         )
         if is_empty:
             logprobs, entropy = logprobs * 0.0, entropy * 0.0

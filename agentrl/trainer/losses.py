@@ -14,6 +14,8 @@ import torch
 from torch import Tensor
 
 from agentrl.config import AlgoConfig
+from agentrl.config_correction import settings_from_config
+from agentrl.trainer.rollout_correction import RolloutCorrection, build_correction, mismatch_stats
 
 logger = logging.getLogger(__name__)
 GRPO_EPS = 1e-6  # verl/slime: std + eps in the GRPO denominator
@@ -244,7 +246,8 @@ KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
 def tis_weights(
     old_log_probs: Tensor, rollout_log_probs: Tensor, cap: float
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """min(pi_trainer_old / pi_rollout, cap), no gradient; corrects engine/trainer mismatch."""
+    """min(pi_trainer_old / pi_rollout, cap), no gradient: token-level rollout correction
+    (`rollout_correction.token_log_ratio`), kept for its callers."""
     raw = (
         (old_log_probs - rollout_log_probs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp().detach()
     )
@@ -267,7 +270,7 @@ class LossInputs:
 
 
 # How a metric combines over micro-batches: summed shares of a global mean, or max/min.
-MAX_METRICS = ("ratio_max",)
+MAX_METRICS = ("ratio_max", "tis_weight_max")
 MIN_METRICS = ("ratio_min",)
 
 
@@ -281,7 +284,8 @@ class PolicyObjective:
     kl: Callable[[Tensor, Tensor], Tensor] | None
     kl_loss_coef: float
     entropy_coef: float
-    tis_cap: float | None
+    correction: RolloutCorrection | None
+    """Rollout correction (IS weights, rejection); None = metrics only."""
 
     def __call__(
         self, log_probs: Tensor, entropy: Tensor | None, x: LossInputs
@@ -290,21 +294,33 @@ class PolicyObjective:
         pg_losses, stats = self.policy_loss(
             log_probs, x.old_log_probs, x.advantages, seg, self.clip
         )
-        mismatch = (x.old_log_probs - x.rollout_log_probs).abs()
-        stats["logprob_abs_diff"] = mismatch
-        if self.tis_cap is not None:
-            weights, tis_stats = tis_weights(x.old_log_probs, x.rollout_log_probs, self.tis_cap)
-            pg_losses = pg_losses * weights
-            stats.update(tis_stats)
+        stats["logprob_abs_diff"] = (x.old_log_probs - x.rollout_log_probs).abs()
+        mismatch, seq_stats = mismatch_stats(x.old_log_probs, x.rollout_log_probs, seg)
+        stats.update(mismatch)
+        metrics: dict[str, Tensor] = {}
+        # A rejected token leaves every loss term but stays in the step's denominators, as a
+        # clipped PPO token does (NeMo-RL's icepop; verl and slime shrink the mask instead).
+        keep: Tensor | float = 1.0
+        if self.correction is not None:
+            weights, keep, corr_stats, corr_seq_stats = self.correction(
+                x.old_log_probs, x.rollout_log_probs, seg
+            )
+            pg_losses = pg_losses * weights * keep
+            if "tis_weight_max_raw" in corr_stats:
+                metrics.update(
+                    _masked_max("tis_weight_max", corr_stats.pop("tis_weight_max_raw"), seg)
+                )
+            stats.update(corr_stats)
+            seq_stats.update(corr_seq_stats)
         pg_loss = self.aggregate(pg_losses, seg)
         loss = pg_loss
-        metrics: dict[str, Tensor] = {"pg_loss": pg_loss.detach()}
+        metrics["pg_loss"] = pg_loss.detach()
         if self.kl is not None and x.ref_log_probs is not None:
-            kl_loss = self.aggregate(self.kl(log_probs, x.ref_log_probs), seg)
+            kl_loss = self.aggregate(self.kl(log_probs, x.ref_log_probs) * keep, seg)
             loss = loss + self.kl_loss_coef * kl_loss
             metrics["kl_loss"] = kl_loss.detach()
         if entropy is not None and self.entropy_coef:
-            loss = loss - self.entropy_coef * self.aggregate(entropy, seg)
+            loss = loss - self.entropy_coef * self.aggregate(entropy * keep, seg)
         metrics["loss"] = loss.detach()
         with torch.no_grad():
             log_ratio = (log_probs - x.old_log_probs).detach()
@@ -313,6 +329,7 @@ class PolicyObjective:
             if entropy is not None:
                 stats["entropy"] = entropy.detach()
             metrics.update(_trained_token_sums(stats, seg))
+            metrics.update(_packed_sequence_sums(seq_stats, seg))
             metrics.update(_ratio_extremes(ratio, seg))
         return loss, metrics
 
@@ -324,7 +341,9 @@ class PolicyObjective:
 # knows the step's trained-token count, so each sends sums and its count; `diagnostic_means`
 # divides once every micro-batch and rank is combined.
 NUM_PACKED_LOSS_TOKENS = "num_packed_loss_tokens"
+NUM_PACKED_SEQS = "num_packed_seqs"
 _SUM_PREFIX = "sum/"
+_SEQ_SUM_PREFIX = "seq_sum/"  # per-sequence stats, averaged over the packed sequences
 
 
 def _trained_token_sums(stats: Mapping[str, Tensor], seg: Segments) -> dict[str, Tensor]:
@@ -333,16 +352,37 @@ def _trained_token_sums(stats: Mapping[str, Tensor], seg: Segments) -> dict[str,
     return {**sums, NUM_PACKED_LOSS_TOKENS: seg.loss_mask.sum()}
 
 
+def _packed_sequence_sums(stats: Mapping[str, Tensor], seg: Segments) -> dict[str, Tensor]:
+    """Each per-sequence stat [S] summed over this micro-batch's sequences with loss tokens, with
+    their count (a mean over sequences weighs a long one as much as a short one)."""
+    if not stats:
+        return {}
+    is_packed = (seg.seq_num_tokens > 0).to(seg.loss_mask.dtype)  # [S]
+    sums = {_SEQ_SUM_PREFIX + name: (value * is_packed).sum() for name, value in stats.items()}
+    return {**sums, NUM_PACKED_SEQS: is_packed.sum()}
+
+
+def _masked_max(name: str, values: Tensor, seg: Segments) -> dict[str, Tensor]:
+    """`values`' max over this micro-batch's loss tokens (none: no entry)."""
+    is_loss = seg.loss_mask > 0
+    return {name: values[is_loss].max()} if bool(is_loss.any()) else {}
+
+
 def diagnostic_means(metrics: Mapping[str, float]) -> dict[str, float]:
     """Combined metrics with every `sum/<name>` turned into `<name>`, its mean over the step's
-    trained tokens (`num_packed_loss_tokens`, kept as a metric)."""
+    trained tokens (`num_packed_loss_tokens`, kept as a metric), and every `seq_sum/<name>` into
+    its mean over the step's packed sequences (`num_packed_seqs`)."""
     num_tokens = max(float(metrics.get(NUM_PACKED_LOSS_TOKENS, 0.0)), 1.0)
-    return {
-        name.removeprefix(_SUM_PREFIX): value / num_tokens
-        if name.startswith(_SUM_PREFIX)
-        else value
-        for name, value in metrics.items()
-    }
+    num_seqs = max(float(metrics.get(NUM_PACKED_SEQS, 0.0)), 1.0)
+    out = {}
+    for name, value in metrics.items():
+        if name.startswith(_SUM_PREFIX):
+            out[name.removeprefix(_SUM_PREFIX)] = value / num_tokens
+        elif name.startswith(_SEQ_SUM_PREFIX):
+            out[name.removeprefix(_SEQ_SUM_PREFIX)] = value / num_seqs
+        else:
+            out[name] = value
+    return out
 
 
 def _ratio_extremes(ratio: Tensor, seg: Segments) -> dict[str, Tensor]:
@@ -366,7 +406,7 @@ def build_objective(cfg: AlgoConfig) -> PolicyObjective:
         kl=KL_ESTIMATORS[cfg.kl_loss_type] if use_kl else None,
         kl_loss_coef=cfg.kl_loss_coef if use_kl else 0.0,
         entropy_coef=cfg.entropy_coef,
-        tis_cap=cfg.tis_cap if cfg.use_tis else None,
+        correction=build_correction(settings_from_config(cfg)),
     )
 
 

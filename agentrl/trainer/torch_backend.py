@@ -119,7 +119,13 @@ class TorchBackend(TrainerBackend):
         """Logprob of each target token and the policy entropy, [R, T] each (0 off the loss mask)."""
         is_entropy_trained = bool(self.objective.entropy_coef) and torch.is_grad_enabled()
         return policy(
-            mb.input_ids, mb.position_ids, mb.target_ids, mb.loss_mask, is_entropy_trained
+            mb.input_ids,
+            mb.position_ids,
+            mb.target_ids,
+            mb.loss_mask,
+            is_entropy_trained,
+            top_k=mb.top_k,
+            top_p=mb.top_p,
         )
 
     def _reshard(self) -> None:

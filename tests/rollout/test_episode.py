@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from agentrl.engine.base import EngineError, FinishReason, SamplingParams
+from agentrl.engine.base import Completion, EngineError, FinishReason, SamplingParams
 from agentrl.envs.wrappers import MaxTurns
 from agentrl.rollout.codec import ChatCodec
 from agentrl.rollout.episode import run_episode
+from agentrl.rollout.staleness import drop_stale
 from agentrl.rollout.trajectory import Trajectory
 from agentrl.types import EpisodeStatus, Message, StatusReason
 
@@ -231,8 +232,6 @@ async def test_cancellation_aborts_and_keeps_what_was_sampled(
 
 
 async def test_abort_finish_reason_aborts(codec: ChatCodec, smol_tokenizer: Any) -> None:
-    from agentrl.engine.base import Completion
-
     aborted = Completion([], [], FinishReason.ABORT, "v7")
     traj, _, _ = await play(codec, [aborted])
     assert (traj.status, traj.status_reason) == (EpisodeStatus.ABORTED, StatusReason.CANCELLED)
@@ -269,3 +268,35 @@ async def test_the_env_declares_its_observation_budget(codec: ChatCodec) -> None
         traj, _, _ = await play(codec, replies, env=env, max_observation_tokens=runner_budget)
         lengths.append(traj.turns[0].num_observation)
     assert lengths[0] == lengths[1] == lengths[2] < 60 + 12 < lengths[3]
+
+
+async def test_each_turn_records_its_sampling_and_the_versions_of_its_tokens(
+    codec: ChatCodec,
+) -> None:
+    """A first turn retracted mid-way and finished under new weights (3 then 5): its spans are
+    kept, and the staleness bound judges the trajectory by its oldest token, not the turn's
+    last version (slime #2092)."""
+    engine = ScriptedEngine(codec.tokenizer, [])
+    first_ids = engine.spell(call("add", '{"a": 2, "b": 3}')) + [codec.tokenizer.eos_token_id]
+    last_ids = engine.spell("<answer>5</answer>") + [codec.tokenizer.eos_token_id]
+    straddled = Completion(
+        first_ids,
+        [-0.5] * len(first_ids),
+        FinishReason.STOP,
+        "5",
+        version_spans=[("3", 4), ("5", len(first_ids) - 4)],
+        is_logprob_truncated=True,
+    )
+    engine.replies = [
+        straddled,
+        Completion(last_ids, [-0.5] * len(last_ids), FinishReason.STOP, "5"),
+    ]
+    sampling = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, max_new_tokens=200, seed=1)
+    traj, _, _ = await play(codec, [], engine=engine, sampling=sampling)
+    first, last = traj.turns
+    assert (first.temperature, first.top_k, first.top_p) == (0.8, 20, 0.9)
+    assert first.is_logprob_truncated and not last.is_logprob_truncated
+    assert first.token_versions() == ["3"] * 4 + ["5"] * (len(first_ids) - 4)
+    assert last.version_spans == [] and last.token_versions() == ["5"] * len(last_ids)
+    assert drop_stale([[traj]], trainer_version=5, max_staleness=1) == ([], 1)
+    assert drop_stale([[traj]], trainer_version=5, max_staleness=2) == ([[traj]], 0)

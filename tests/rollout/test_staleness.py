@@ -12,6 +12,7 @@ from agentrl.rollout.staleness import (
     lag_gap_metrics,
     probe_sample,
     staleness_metrics,
+    token_lags,
     trajectory_lag,
 )
 from agentrl.rollout.trajectory import Trajectory, Turn
@@ -64,3 +65,23 @@ def test_probe_sample_takes_a_few_trajectories_of_every_lag():
     groups = [[_traj(["5"]) for _ in range(4)], [_traj(["3"]), _traj(["4"])]]
     picked = probe_sample(groups, trainer_version=5, per_lag=2)
     assert sorted(trajectory_lag(t, 5) for t in picked) == [0, 0, 1, 2]
+
+
+def test_a_turn_that_straddled_an_update_is_as_old_as_its_first_token():
+    """slime #2092: a sample trained unmasked on tokens of three weight versions. A retracted
+    request that went on under new weights records each span; its oldest token decides."""
+    straddling = _traj(["5"], logprobs_per_turn=5)
+    straddling.turns[0].version_spans = [("2", 2), ("4", 1), ("5", 2)]
+    straddling.check()
+    assert token_lags(straddling, trainer_version=5) == [3, 3, 1, 0, 0]
+    assert trajectory_lag(straddling, trainer_version=5) == 3
+    kept, num_dropped = drop_stale([[straddling, _traj(["5"])]], trainer_version=5, max_staleness=2)
+    assert num_dropped == 1 and kept == [[_traj(["5"])]]
+    assert staleness_metrics([[straddling]], trainer_version=5)["rollout/staleness_max"] == 3.0
+
+
+def test_version_spans_must_cover_the_turn():
+    traj = _traj(["5"], logprobs_per_turn=3)
+    traj.turns[0].version_spans = [("4", 1), ("5", 1)]
+    with pytest.raises(ValueError, match="version_spans cover 2 tokens of 3"):
+        traj.check()

@@ -67,6 +67,7 @@ class Sequence:
             matched_stop=self.matched_stop,
             prompt_tokens=len(self.prompt_ids),
             cached_tokens=self.num_reused,
+            is_logprob_truncated=self.sampling.top_k > 0 or self.sampling.top_p < 1.0,
         )
 
 

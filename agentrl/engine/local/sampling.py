@@ -1,8 +1,10 @@
 """Next-token sampling for a batch of rows, each with its own temperature, top-k, top-p and seed,
 in tensor ops only (no host sync), so the sampler runs inside a captured CUDA graph.
 
-The logprob of a sampled id is `log_softmax(logits / T)[id]` (T = 1 when greedy), with no
-top-k/top-p renormalisation: the trainer recomputes exactly this quantity. A row samples by the
+The logprob of a sampled id is that of the distribution it was drawn from: `log_softmax` of
+logits / T (T = 1 when greedy) after the row's top-k/top-p filter, renormalised over the tokens
+kept; the trainer replays the same filter from the turn's recorded top-k/top-p, so both sides
+describe the policy that sampled (the whole softmax when the filter is off). A row samples by the
 Gumbel-max trick with noise hashed from (its seed, its output position, the vocabulary id), so a
 seeded request draws the same tokens whatever its batch mates are, on any batch layout.
 """
@@ -74,8 +76,18 @@ def gumbel_noise(seed: torch.Tensor, position: torch.Tensor, terms: torch.Tensor
     `terms` = `vocab_terms(V, device)`."""
     base = _mix(seed * 0x2545F4914F6CDD1D + position)  # [B]
     bits = (_mix(base[:, None] + terms[None, :]) >> 40) & 0xFFFFFF  # [B, V]
-    uniform = (bits.float() + 0.5) / float(1 << 24)  # in (0, 1)
-    return -torch.log(-torch.log(uniform))
+    return -torch.log(-torch.log(uniform_from_bits(bits)))
+
+
+_BELOW_ONE = 1.0 - 2.0**-24  # the largest float32 below 1
+
+
+def uniform_from_bits(bits: torch.Tensor) -> torch.Tensor:
+    """24 random bits -> float32 in (0, 1). The top bucket, (2^24 - 0.5) / 2^24, rounds to 1.0 in
+    float32, whose noise is +inf: that vocabulary id then won every draw (~0.3% of steps at a 49k
+    vocabulary), a token the top-k/top-p filter had dropped too (-inf + inf is NaN, which argmax
+    picks). Clamped below 1, every bucket stays finite."""
+    return ((bits.float() + 0.5) / float(1 << 24)).clamp(max=_BELOW_ONE)
 
 
 def filter_top_k_top_p(
@@ -161,10 +173,10 @@ def sample(
     is_greedy = rows.temperature <= 0.0
     temperature = torch.where(is_greedy, torch.ones_like(rows.temperature), rows.temperature)
     scaled = logits / temperature[:, None]  # [B, V]
-    logprobs = torch.log_softmax(scaled, dim=-1)
     if use_filter:
         filter_rows = filter_top_k_top_p_radix if radix_filter else filter_top_k_top_p
         scaled = filter_rows(scaled, rows.top_k, rows.top_p)
+    logprobs = torch.log_softmax(scaled, dim=-1)  # of the truncated distribution
     if use_noise:
         if terms is None:
             terms = vocab_terms(logits.shape[-1], logits.device)

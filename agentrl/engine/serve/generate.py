@@ -22,7 +22,7 @@ from agentrl.engine.serve.state import (
     State,
     cancel_on_disconnect,
 )
-from agentrl.engine.sglang.protocol import ROUTING_KEY_HEADER
+from agentrl.engine.sglang.protocol import LOGPROB_TRUNCATED_KEY, ROUTING_KEY_HEADER
 
 
 def generate_response(
@@ -50,6 +50,9 @@ def generate_response(
         meta["output_token_logprobs"] = [
             [lp, i, None] for lp, i in zip(completion.logprobs, completion.ids, strict=False)
         ]
+        # agentrl's own key (SGLang has none): its logprobs are of the top-k/top-p truncated
+        # distribution, which the trainer then replays; SGLang's are of the whole softmax.
+        meta[LOGPROB_TRUNCATED_KEY] = completion.is_logprob_truncated
     text = state.decode(completion.ids, skip_special_tokens=skip_special_tokens)
     return {"text": text, "output_ids": completion.ids, "meta_info": meta}
 

@@ -13,6 +13,10 @@ ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
 """sglang-router (SGLang Model Gateway) reads this header for its `consistent_hashing` and
 `manual` policies; slime sends the episode's session id in it."""
 
+LOGPROB_TRUNCATED_KEY = "agentrl_logprob_truncated"
+"""`meta_info` key of `agentrl serve` (absent from SGLang): true when the logprobs are of the
+top-k/top-p truncated distribution the tokens were drawn from (`Completion.is_logprob_truncated`)."""
+
 DEFAULT_WEIGHT_VERSION = "default"  # SGLang ServerArgs.weight_version before any update
 
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
@@ -75,7 +79,22 @@ def completion_from_sglang(out: dict[str, Any]) -> Completion:
         matched_stop=reason.get("matched") if isinstance(reason, dict) else None,
         prompt_tokens=int(meta.get("prompt_tokens") or 0),
         cached_tokens=int(meta.get("cached_tokens") or 0),
+        is_logprob_truncated=bool(meta.get(LOGPROB_TRUNCATED_KEY, False)),
+        version_spans=version_spans_from_sglang(meta.get("weight_versions"), len(pairs)),
     )
+
+
+def version_spans_from_sglang(spans: Any, num_tokens: int) -> list[tuple[str, int]]:
+    """`meta_info.weight_versions` ([{version, start, end}] over the output tokens) -> (version,
+    number of tokens) spans; empty when it names one version only, or is absent or malformed (the
+    completion's `weight_version` then covers every token)."""
+    if not isinstance(spans, list) or len(spans) < 2:
+        return []
+    try:
+        out = [(str(s["version"]), int(s["end"]) - int(s["start"])) for s in spans]
+    except (KeyError, TypeError, ValueError):
+        return []
+    return out if sum(n for _, n in out) == num_tokens else []
 
 
 def aborted_completion(weight_version: str) -> Completion:

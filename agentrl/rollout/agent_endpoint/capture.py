@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.engine.base import Completion
+from agentrl.engine.base import Completion, SamplingParams
 from agentrl.rollout.codec import ChatCodec
 from agentrl.rollout.episode import EpisodeRecord
 from agentrl.rollout.trajectory import Trajectory
@@ -107,7 +107,9 @@ class EpisodeCapture:
                 return segment
         return None
 
-    def record(self, call: PendingCall, completion: Completion, reply: Message) -> None:
+    def record(
+        self, call: PendingCall, completion: Completion, reply: Message, sampling: SamplingParams
+    ) -> None:
         """Add one sampled choice of `call`: its ids and logprobs verbatim (mask 1)."""
         segment = Segment(self.task, self.group_id, self.episode_id)
         segment.messages, segment.tools_key = [*call.messages, reply], call.tools_key
@@ -120,7 +122,7 @@ class EpisodeCapture:
             segment.logprobs, segment.prompt_len = list(parent.logprobs), parent.prompt_len
             segment.turns = [dataclasses.replace(t) for t in parent.turns]
             segment.add_observation(call.prompt_ids[len(parent.token_ids) :])
-        turn = segment.add_sampled(completion, self.codec.decode(completion.ids))
+        turn = segment.add_sampled(completion, self.codec.decode(completion.ids), sampling)
         turn.num_tool_calls = len(reply.tool_calls)
         segment.last_sampled_ids = list(completion.ids)
         self.segments.append(segment)

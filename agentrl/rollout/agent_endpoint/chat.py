@@ -86,18 +86,15 @@ async def complete(
     if room <= 0:
         capture.ending = (EpisodeStatus.TRUNCATED, StatusReason.CONTEXT)
         raise ChatError(400, f"messages: {len(call.prompt_ids)} tokens fill the context window")
+    choices = [_choice_sampling(sampling, body, room, index, i) for i in range(body.n)]
     runs = [
-        engine.generate(
-            list(call.prompt_ids),
-            _choice_sampling(sampling, body, room, index, i),
-            routing_key=capture.episode_id,
-        )
-        for i in range(body.n)
+        engine.generate(list(call.prompt_ids), choice, routing_key=capture.episode_id)
+        for choice in choices
     ]
     completions = await _sample(capture, runs)
     replies = [_reply(capture, c, body) for c in completions]
-    for completion, reply in zip(completions, replies, strict=True):
-        capture.record(call, completion, reply)
+    for completion, reply, choice in zip(completions, replies, choices, strict=True):
+        capture.record(call, completion, reply, choice)
     return _response(call, completions, replies, body)
 
 

@@ -182,6 +182,12 @@ class MegatronBackend(TrainerBackend):
     def _token_logprobs(self, logits: Tensor, staged: _Staged, entropy_grad: bool):
         """[1, N, V/tp] logits -> logprobs and entropy [R, T] (0 off the loss mask)."""
         mb, num_tokens, is_loss = staged.mb, staged.num_tokens, staged.is_loss
+        if mb.top_k is not None:
+            raise NotImplementedError(
+                "turns sampled with top-k/top-p whose engine reported truncated logprobs need "
+                "sampling-mask replay, which --train-backend megatron lacks; use the torch backend "
+                "or --rollout-top-k -1 --rollout-top-p 1"
+            )
         local = logits[0, :num_tokens][is_loss]  # [M, V/tp]: only trained positions
         lp, ent = vocab_parallel_logprobs(
             local, mb.target_ids.reshape(-1)[is_loss],

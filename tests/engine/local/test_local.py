@@ -14,6 +14,7 @@ import torch
 from agentrl.config import EngineConfig, ModelConfig
 from agentrl.engine.base import Engine, EngineError, FinishReason, SamplingParams
 from agentrl.engine.local import LocalEngine
+from agentrl.engine.local.sampling import filter_top_k_top_p
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24)
 PROMPTS = [list(range(100, 100 + n)) for n in (3, 41, 12, 27, 7)]
@@ -35,8 +36,15 @@ def fresh_engine(tiny_model_path: str) -> Iterator[LocalEngine]:
 
 
 def teacher_forced_logprobs(
-    model: torch.nn.Module, prompt: list[int], ids: list[int], temperature: float
+    model: torch.nn.Module,
+    prompt: list[int],
+    ids: list[int],
+    temperature: float,
+    top_k: int = -1,
+    top_p: float = 1.0,
 ) -> torch.Tensor:
+    """Logprobs of `ids` after `prompt` under softmax(logits / T), top-k/top-p applied and
+    renormalised as the sampler does."""
     device = next(model.parameters()).device
     with torch.no_grad():
         logits = (
@@ -45,7 +53,10 @@ def teacher_forced_logprobs(
             .cpu()
         )  # [N, V]
     t = temperature if temperature > 0 else 1.0
-    return torch.log_softmax(logits / t, dim=-1).gather(1, torch.tensor(ids)[:, None])[:, 0]
+    n = len(ids)
+    k = torch.full((n,), top_k if top_k > 0 else logits.shape[-1])
+    scaled = filter_top_k_top_p(logits / t, k, torch.full((n,), top_p))
+    return torch.log_softmax(scaled, dim=-1).gather(1, torch.tensor(ids)[:, None])[:, 0]
 
 
 def test_implements_engine_protocol(engine: LocalEngine) -> None:
@@ -88,7 +99,9 @@ async def test_logprobs_equal_a_teacher_forced_pass(
 ) -> None:
     results = await asyncio.gather(*[engine.generate(p, sampling) for p in PROMPTS[:3]])
     for prompt, c in zip(PROMPTS[:3], results, strict=True):
-        expected = teacher_forced_logprobs(engine.model, prompt, c.ids, sampling.temperature)
+        expected = teacher_forced_logprobs(
+            engine.model, prompt, c.ids, sampling.temperature, sampling.top_k, sampling.top_p
+        )
         assert len(c.ids) == len(c.logprobs) == 16
         assert torch.allclose(torch.tensor(c.logprobs), expected, atol=1e-4)
 
@@ -106,8 +119,9 @@ async def test_top_k_1_and_tiny_top_p_reduce_to_greedy(
     greedy = await engine.generate(PROMPTS[1], SamplingParams(temperature=0.0, max_new_tokens=12))
     sampled = await engine.generate(PROMPTS[1], sampling)
     assert sampled.ids == greedy.ids
-    # Logprobs are not renormalised by the filter: at T=1 they equal the greedy ones.
-    assert torch.allclose(torch.tensor(sampled.logprobs), torch.tensor(greedy.logprobs), atol=1e-5)
+    # The logprobs are of the distribution sampled from: one token is left, log 1 each.
+    assert sampled.is_logprob_truncated and not greedy.is_logprob_truncated
+    assert torch.allclose(torch.tensor(sampled.logprobs), torch.zeros(12), atol=1e-5)
 
 
 async def test_seeded_sampling_ignores_batch_composition(engine: LocalEngine) -> None:
@@ -362,7 +376,9 @@ async def test_sampled_turns_reuse_prefix_and_logprobs_stay_exact(engine: LocalE
     ids, key = list(PROMPTS[1]), "episode-sampled"
     for turn in range(3):
         c = await engine.generate(ids, sampling, routing_key=key)
-        expected = teacher_forced_logprobs(engine.model, ids, c.ids, sampling.temperature)
+        expected = teacher_forced_logprobs(
+            engine.model, ids, c.ids, sampling.temperature, top_p=sampling.top_p
+        )
         assert torch.allclose(torch.tensor(c.logprobs), expected, atol=1e-4)
         assert (c.cached_tokens > 0) == (turn > 0)
         ids = next_turn(ids, c.ids, turn)

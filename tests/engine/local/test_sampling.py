@@ -10,6 +10,7 @@ from agentrl.engine.local.sampling import (
     filter_top_k_top_p,
     filter_top_k_top_p_radix,
     sample,
+    uniform_from_bits,
 )
 
 
@@ -50,8 +51,10 @@ def test_top_k_and_top_p_filter_per_row() -> None:
     out = filter_top_k_top_p(scaled, torch.tensor([2, 4]), torch.tensor([1.0, 0.7]))
     assert torch.isfinite(out).tolist() == [[True, True, False, False], [True, True, False, False]]
     ids, logprobs = sample(scaled, rows(2, 1.0, top_k=1))
-    assert ids.tolist() == [0, 0]  # top-k 1 is greedy, and the logprob is not renormalised
-    assert torch.allclose(logprobs, torch.log(torch.tensor([0.5, 0.5])))
+    # top-k 1 is greedy, and the logprob is of the distribution sampled from: one token, log 1
+    assert ids.tolist() == [0, 0] and logprobs.tolist() == [0.0, 0.0]
+    _, logprobs = sample(scaled, rows(2, 0.0, top_k=2))
+    assert torch.allclose(logprobs, torch.log(torch.tensor([0.5, 0.5]) / 0.8))  # renormalised
 
 
 def test_radix_filter_keeps_the_tokens_the_sorted_filter_keeps() -> None:
@@ -83,3 +86,13 @@ def test_radix_filtered_sampling_equals_sorted_filtered_sampling() -> None:
     want = sample(logits, r)
     got = sample(logits, r, radix_filter=True)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_every_noise_bucket_is_finite() -> None:
+    """The top bucket of 24 bits rounded to 1.0 in float32: its noise was +inf, so that id won the
+    draw whatever its probability, even where top-k/top-p had dropped it (found by the sampling-
+    mask replay test: a sampled token whose logprob under the filter was -inf)."""
+    bits = torch.tensor([0, 1, (1 << 23), (1 << 24) - 2, (1 << 24) - 1])
+    uniform = uniform_from_bits(bits)
+    assert bool(((uniform > 0) & (uniform < 1)).all())
+    assert bool(torch.isfinite(-torch.log(-torch.log(uniform))).all())

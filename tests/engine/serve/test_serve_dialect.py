@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from agentrl.engine.local import LocalEngine
+from agentrl.engine.sglang.protocol import version_spans_from_sglang
 from agentrl.engine.weight_transport import flatten_bucket, serialize_for_ipc
 
 PROMPT = [1, 9690, 198, 2683, 314]
@@ -97,6 +98,9 @@ async def test_retract_sends_running_requests_back_to_go_on_after_continue(fresh
     assert n == meta["completion_tokens"] > 0
     assert [s["version"] for s in spans] == ["0", "v2"], spans
     assert spans[0]["start"] == 0 and spans[0]["end"] == spans[1]["start"] and spans[1]["end"] == n
+    # The client keeps which version sampled which tokens (the trajectory's per-token versions).
+    k = spans[0]["end"]
+    assert version_spans_from_sglang(spans, n) == [("0", k), ("v2", n - k)]
 
 
 async def test_pause_abort_is_the_default_mode(fresh_served) -> None:

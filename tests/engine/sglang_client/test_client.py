@@ -15,7 +15,7 @@ import torch
 from fastapi import Body, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from agentrl.engine.base import EngineError, FinishReason, SamplingParams
+from agentrl.engine.base import Completion, EngineError, FinishReason, SamplingParams
 from agentrl.engine.sglang import SGLangEngine
 from agentrl.engine.sglang.protocol import (
     ROUTING_KEY_HEADER,
@@ -116,6 +116,24 @@ def test_fixture_responses_parse_ids_and_logprobs_from_output_token_logprobs(nam
     assert c.finish_reason is FinishReason(out["meta_info"]["finish_reason"]["type"])
     assert c.weight_version == out["meta_info"]["weight_version"]
     assert c.matched_stop == out["meta_info"]["finish_reason"].get("matched")
+
+
+def test_weight_versions_spans_and_the_truncation_flag_are_read() -> None:
+    """SGLang's `weight_versions` (a request that crossed an update) become (version, tokens)
+    spans; one span, none, or spans that miss tokens leave the completion's weight_version for
+    all. `agentrl serve`'s own key says its logprobs are of the truncated distribution."""
+    pairs = [[-0.1, 5, None], [-0.2, 6, None], [-0.3, 7, None]]
+
+    def parse(**meta: Any) -> Completion:
+        meta = {"output_token_logprobs": pairs, "finish_reason": {"type": "stop"}, **meta}
+        return completion_from_sglang({"meta_info": meta})
+
+    crossed = [{"version": "3", "start": 0, "end": 1}, {"version": "4", "start": 1, "end": 3}]
+    assert parse(weight_versions=crossed).version_spans == [("3", 1), ("4", 2)]
+    assert parse(weight_versions=crossed[:1]).version_spans == []
+    assert parse(weight_versions=crossed[1:] * 2).version_spans == []  # covers 4 of 3 tokens
+    assert parse().version_spans == [] and not parse().is_logprob_truncated
+    assert parse(agentrl_logprob_truncated=True).is_logprob_truncated
 
 
 def test_response_without_logprobs_is_an_error_that_names_the_fix() -> None:
