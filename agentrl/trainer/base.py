@@ -105,7 +105,8 @@ class TrainerBackend(ABC):
 
     @property
     def has_ref_model(self) -> bool:
-        """A KL term is trained: `setup()` loads the reference model its logprobs come from."""
+        """A KL term is trained: `setup()` loads the reference model its logprobs come from (under
+        LoRA the base itself is the reference, its adapters switched off)."""
         return self.objective.kl is not None
 
     @abstractmethod

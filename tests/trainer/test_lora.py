@@ -71,6 +71,12 @@ def test_only_the_adapter_trains_and_the_base_stays_bit_identical(tiny_llama_pat
     assert any(not torch.equal(after[n], before[n]) for n in trainable if ".lora_B." in n)
 
 
+def _num_copies(backend: TorchBackend, name: str) -> int:
+    """Distinct storages of the parameter `name` across every module the backend holds."""
+    modules = [m for m in vars(backend).values() if isinstance(m, torch.nn.Module)]
+    return len({p.data_ptr() for m in modules for n, p in m.named_parameters() if n.endswith(name)})
+
+
 def test_the_kl_reference_is_the_base_model_without_a_second_copy(tiny_llama_path):
     from transformers import AutoModelForCausalLM
 
@@ -83,6 +89,11 @@ def test_the_kl_reference_is_the_base_model_without_a_second_copy(tiny_llama_pat
     assert sum(p.numel() for p in backend._ready(backend._policy).parameters()) == (
         num_base + num_adapter
     )
+    # Full fine-tuning with the same KL term holds the embedding twice (policy, reference).
+    full_kl = TorchBackend(tiny_llama_path, TrainConfig(), KL, device="cpu")
+    full_kl.setup()
+    assert _num_copies(full_kl, "model.embed_tokens.weight") == 2
+    assert _num_copies(backend, "model.embed_tokens.weight") == 1
     for seed in (3, 4):  # two steps: the second one's policy has moved away from the base
         metrics = backend.train_step(_batch(KL, seed))
     assert metrics["kl_loss"] > 0
