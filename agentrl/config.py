@@ -212,6 +212,18 @@ class TrainConfig:
     logprob_chunk_size: PositiveInt = 1024
     """Tokens per chunk when computing logprobs, so [tokens, vocab] logits never exist whole."""
     seed: int = 0
+    lora_rank: NonNegativeInt = 0
+    """LoRA (verl's lora_rank): train adapters of this rank on `lora_target_modules`, the base
+    weights frozen and the optimizer holding the adapters only (torch backend, the `lora` extra:
+    PEFT); 0 = full fine-tuning."""
+    lora_alpha: PositiveInt = 16
+    """LoRA scaling numerator: the adapter adds lora_alpha / lora_rank * B @ A (verl's default)."""
+    lora_dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    """Dropout on the adapters' input while training."""
+    lora_target_modules: list[str] = Field(default_factory=lambda: ["all-linear"])
+    """Layers that get adapters: all-linear (every linear layer but the output head), or names
+    such as q_proj,v_proj; Megatron's linear_qkv, linear_proj, linear_fc1, linear_fc2 name the HF
+    projections they fuse."""
 
 
 @dataclass

@@ -7,7 +7,7 @@ import copy
 import dataclasses
 import importlib.util
 
-from agentrl.config import ConfigError, RunConfig
+from agentrl.config import ConfigError, RunConfig, TrainConfig
 from agentrl.config_correction import settings_from_config
 from agentrl.deploy.plan import plan_deployment
 
@@ -32,6 +32,7 @@ def check_run(cfg: RunConfig) -> None:
     _check_group_size(cfg)
     _check_global_batch(cfg)
     _check_rollout_correction(cfg)
+    _check_lora(cfg)
     if engine.kind == "http" and not engine.url:
         raise ConfigError(
             "engine.kind=http needs engine.url, e.g. --set engine.url=http://127.0.0.1:30000 "
@@ -178,6 +179,51 @@ def _check_global_batch(cfg: RunConfig) -> None:
         f"--n-samples-per-prompt = {rollout.rollout_batch_size} x {rollout.n_samples_per_prompt} "
         f"= {num} trajectories; use a divisor of {num} (e.g. {nearest})"
     )
+
+
+LORA_NOT_TRAINED = ("lm_head", "embed_tokens")
+"""Layers `--lora-target-modules` may not name: merged LoRA on a head tied to the embedding would
+untie them, and only linear layers are adapted."""
+
+
+def _check_lora(cfg: RunConfig) -> None:
+    """`--lora-*` settings: the others need `--lora-rank`; the rank needs the torch backend and
+    peft; the target modules are all-linear alone or names of linear layers."""
+    train, default = cfg.train, TrainConfig()
+    if not train.lora_rank:
+        given = [
+            f"--lora-{name.removeprefix('lora_').replace('_', '-')}"
+            for name in ("lora_alpha", "lora_dropout", "lora_target_modules")
+            if getattr(train, name) != getattr(default, name)
+        ]
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)} without --lora-rank trains no adapter (train.lora_rank=0 is "
+                "full fine-tuning); add --lora-rank 16 (or another rank) or drop it"
+            )
+        return
+    if train.backend != "torch":
+        raise ConfigError(
+            f"--lora-rank={train.lora_rank} is not yet on --train-backend {train.backend}; use "
+            "--train-backend torch, or drop --lora-rank for full fine-tuning"
+        )
+    names = train.lora_target_modules
+    if not names or ("all-linear" in names and len(names) > 1):
+        raise ConfigError(
+            f"--lora-target-modules={','.join(names)!r} must be all-linear alone or a list of "
+            "layer names such as q_proj,k_proj,v_proj,o_proj"
+        )
+    is_name = [n == "all-linear" or n.replace("_", "a").isalnum() for n in names]
+    if bad := [n for n, ok in zip(names, is_name, strict=True) if n in LORA_NOT_TRAINED or not ok]:
+        raise ConfigError(
+            f"--lora-target-modules names {bad[0]!r}, which cannot take an adapter here (only the "
+            "decoder's linear layers, by short name such as q_proj); use all-linear or such names"
+        )
+    if importlib.util.find_spec("peft") is None:
+        raise ConfigError(
+            f"--lora-rank={train.lora_rank} needs peft, which is not installed: "
+            "pip install 'agentrl[lora]', or drop --lora-rank"
+        )
 
 
 def _is_ray_address(address: str) -> bool:

@@ -29,6 +29,14 @@ def resolve_model_path(path_or_name: str, cache_dir: str | None = None) -> str:
     """A checkpoint directory as is, or the bundled model's name converted once into `cache_dir`."""
     if os.path.isdir(os.path.expanduser(path_or_name)):
         path = os.path.expanduser(path_or_name)
+        if os.path.isfile(os.path.join(path, "adapter_config.json")) and not os.path.isfile(
+            os.path.join(path, "config.json")
+        ):
+            raise ModelPathError(
+                f"model path {path_or_name!r} is a LoRA adapter (adapter_config.json), not a whole "
+                "model; write one with the adapter merged in (TorchBackend.export_merged) and pass "
+                "that directory"
+            )
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise ModelPathError(
                 f"model path {path_or_name!r} has no config.json, so it is not a transformers "

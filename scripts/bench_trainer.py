@@ -12,7 +12,9 @@ time / the GPU's dense bf16 peak. Every backend trains on the same sequences, pa
 of --row-tokens tokens. The baseline is what a plain loop gets: transformers' default attention
 over each whole row (causal, sequences not separated -- it builds no block mask from
 position_ids), so its attention does more work than the FLOPs counted for all. Writes JSON and
-a PNG bar chart.
+a PNG bar chart. For the agentrl backends it also times one weight export as a sync sends it
+(the engines' dtype; under LoRA the merged weights, and the adapter alone) and, on a GPU, the
+step's peak memory.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "A100": 312.0, "L40S": 362.0}
-BACKENDS = ("transformers", "torch", "megatron")
+BACKENDS = ("transformers", "torch", "torch_lora", "megatron")
+"""torch_lora: the torch backend with `--lora-rank` adapters on all linear layers (issue 41)."""
 
 
 def log(message: str) -> None:
@@ -153,15 +156,55 @@ def plain_transformers(model_path: str, batch, args, use_gpu: bool, dtype: torch
     return time_steps("transformers", step, args, use_gpu)  # the model is freed on return
 
 
-def agentrl_backend(name: str, model_path: str, batch, args, use_gpu: bool, dtype_name: str):
+def agentrl_backend(
+    name: str, model_path: str, batch, args, use_gpu: bool, dtype_name: str
+) -> tuple[list[float], dict]:
+    """The step times and what one sync would cost: export seconds and bytes (merged weights
+    under LoRA, and the adapter alone), the step's peak GPU memory."""
     from agentrl.config import AlgoConfig, TrainConfig
     from agentrl.trainer.backend import make_trainer_backend
 
-    train_cfg = TrainConfig(backend=name, lr=1e-6, max_tokens_per_micro_batch=args.row_tokens)
-    backend = make_trainer_backend(model_path, train_cfg, AlgoConfig(),
-                                   device="cuda" if use_gpu else "cpu", dtype=dtype_name,
-                                   temperature=1.0, num_optimizer_steps=1000)  # fmt: skip
-    return time_steps(name, lambda: backend.train_step(batch), args, use_gpu)
+    lora_rank = args.lora_rank if name == "torch_lora" else 0
+    train_cfg = TrainConfig(
+        backend="torch" if name == "torch_lora" else name,
+        lr=1e-6,
+        max_tokens_per_micro_batch=args.row_tokens,
+        lora_rank=lora_rank,
+        lora_alpha=2 * lora_rank or 16,
+    )
+    backend = make_trainer_backend(
+        model_path,
+        train_cfg,
+        AlgoConfig(),
+        device="cuda" if use_gpu else "cpu",
+        dtype=dtype_name,
+        temperature=1.0,
+        num_optimizer_steps=1000,
+    )
+    metrics: dict = {}
+
+    def step() -> None:
+        metrics.update(backend.train_step(batch))
+
+    times = time_steps(name, step, args, use_gpu)
+    sync: dict = {"max_memory_allocated_gb": metrics.get("max_memory_allocated_gb")}
+    dtype = getattr(torch, dtype_name)
+    _sync(use_gpu)
+    t0 = time.perf_counter()
+    sync["export_bytes"] = sum(
+        t.numel() * t.element_size()
+        for bucket in backend.export_weights(dtype=dtype)
+        for _, t in bucket
+    )
+    _sync(use_gpu)
+    sync["export_s"] = time.perf_counter() - t0
+    if lora_rank:
+        t0 = time.perf_counter()
+        sync["adapter_bytes"] = backend.export_adapter(dtype=dtype).num_bytes  # type: ignore[attr-defined]
+        _sync(use_gpu)
+        sync["adapter_export_s"] = time.perf_counter() - t0
+    log(f"{name}: one export {sync}")
+    return times, sync
 
 
 def megatron_unavailable(use_gpu: bool) -> str | None:
@@ -215,6 +258,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--num-rows", type=int, default=4, help="packed rows in the batch")
     p.add_argument("--seq-tokens", type=int, default=1024, help="tokens per trajectory")
     p.add_argument("--backends", default=",".join(BACKENDS))
+    p.add_argument("--lora-rank", type=int, default=16, help="torch_lora's adapter rank")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--profile", action="store_true", help="print each backend's top operators")
@@ -252,16 +296,17 @@ def main(argv: list[str] | None = None) -> dict:
             results["backends"][name] = {"skipped": reason}
             continue
         log(f"{name}: starting")
+        sync = {}
         if name == "transformers":
             dtype = torch.bfloat16 if use_gpu else torch.float32
             times = plain_transformers(model_path, batch, args, use_gpu, dtype)
         else:
-            times = agentrl_backend(name, model_path, batch, args, use_gpu, dtype_name)
+            times, sync = agentrl_backend(name, model_path, batch, args, use_gpu, dtype_name)
         gc.collect()
         if use_gpu:
             torch.cuda.empty_cache()
         step_s = sorted(times)[len(times) // 2]  # median
-        row = {"step_s": step_s, "step_s_all": times, "tokens_per_s": tokens / step_s}
+        row = {"step_s": step_s, "step_s_all": times, "tokens_per_s": tokens / step_s, **sync}
         row["mfu"] = flops / step_s / (peak * 1e12) if peak else None
         results["backends"][name] = row
     base = results["backends"].get("transformers", {}).get("tokens_per_s")
@@ -276,6 +321,20 @@ def main(argv: list[str] | None = None) -> dict:
         ratio, mfu = row.get("ratio_to_transformers"), row.get("mfu")
         print(f"{name:<14}{row['step_s']:>10.3f}{row['tokens_per_s']:>12.0f}"
               f"{(f'{ratio:.2f}x' if ratio else '-'):>17}{(f'{mfu:.1%}' if mfu else '-'):>8}")  # fmt: skip
+    print(
+        f"\n{'backend':<14}{'export s':>10}{'export MB':>11}{'adapter s':>11}{'adapter MB':>12}"
+        f"{'peak GB':>9}"
+    )
+    for name, row in results["backends"].items():
+        if "export_s" in row:
+            cells = [
+                f"{row['export_s']:>10.3f}",
+                f"{row['export_bytes'] / 1e6:>11.1f}",
+                f"{row.get('adapter_export_s', float('nan')):>11.3f}",
+                f"{row.get('adapter_bytes', float('nan')) / 1e6:>12.2f}",
+                f"{row['max_memory_allocated_gb'] or float('nan'):>9.2f}",
+            ]
+            print(f"{name:<14}{''.join(cells)}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import importlib.util
 import re
 
 import pytest
@@ -242,3 +243,65 @@ def test_a_rollout_correction_without_tis_stays_without_it_under_async():
 def test_rollout_rejection_bounds_that_keep_nothing_or_go_unread_are_refused(overrides, named):
     with pytest.raises(ConfigError, match=re.escape(named)):
         check_run(apply_overrides(RunConfig(), overrides))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (
+            ["train.lora_alpha=32"],
+            "--lora-alpha without --lora-rank trains no adapter (train.lora_rank=0 is full "
+            "fine-tuning); add --lora-rank 16",
+        ),
+        (
+            ["train.lora_rank=16", "train.backend=megatron"],
+            "--lora-rank=16 is not yet on --train-backend megatron; use --train-backend torch",
+        ),
+        (
+            ["train.lora_rank=16", "train.lora_target_modules=all-linear,q_proj"],
+            "--lora-target-modules='all-linear,q_proj' must be all-linear alone",
+        ),
+        (
+            ["train.lora_rank=16", "train.lora_target_modules=q_proj,lm_head"],
+            "--lora-target-modules names 'lm_head', which cannot take an adapter here",
+        ),
+        (
+            ["train.lora_rank=16", "train.lora_target_modules=model.*"],
+            "--lora-target-modules names 'model.*'",
+        ),
+        (["train.lora_rank=-1"], "train.lora_rank='-1' is out of range"),
+        (
+            ["train.lora_rank=8", "train.lora_dropout=1.5"],
+            "train.lora_dropout='1.5' is out of range",
+        ),
+    ],
+)
+def test_lora_settings_that_cannot_work_are_refused_in_one_line(overrides, named):
+    with pytest.raises(ConfigError, match=re.escape(named)) as caught:
+        check_run(apply_overrides(recipe_for_env("calculator"), overrides))
+    assert "\n" not in str(caught.value)
+
+
+def test_lora_settings_reach_the_train_section(monkeypatch):
+    overrides = [
+        "train.lora_rank=16",
+        "train.lora_alpha=32",
+        "train.lora_dropout=0.05",
+        "train.lora_target_modules=linear_qkv,linear_proj",
+    ]
+    cfg = apply_overrides(recipe_for_env("calculator"), overrides)
+    check_run(cfg)
+    assert (cfg.train.lora_rank, cfg.train.lora_alpha, cfg.train.lora_dropout) == (16, 32, 0.05)
+    assert cfg.train.lora_target_modules == ["linear_qkv", "linear_proj"]
+    assert RunConfig.from_dict(cfg.to_dict()).train == cfg.train  # a saved run's config
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name: None if name == "peft" else real_find_spec(name)
+    )
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            "--lora-rank=16 needs peft, which is not installed: pip install 'agentrl[lora]'"
+        ),
+    ):
+        check_run(cfg)

@@ -21,12 +21,23 @@ def _config(model_path: str, save: Path):
     return cfg
 
 
-def _resume_step_two(model_path: str, run_a: Path, run_b: Path) -> tuple[list, list]:
+def _lora_config(model_path: str, save: Path):
+    """`_config` training a rank-4 LoRA adapter, with an entropy term so the random model's
+    groups (no reward) still move it."""
+    cfg = tiny_train_config(model_path, save)
+    cfg.checkpoint.keep_last = 3
+    cfg.train.lora_rank, cfg.train.lora_alpha, cfg.train.lr = 4, 8, 1e-2
+    return cfg
+
+
+def _resume_step_two(
+    model_path: str, run_a: Path, run_b: Path, make_config=_config
+) -> tuple[list, list]:
     """Run step 2 again in `run_b`, resumed from `run_a`'s step-1 checkpoint; step 2's
     trajectories of both runs."""
     (run_b / "checkpoints").mkdir(parents=True)
     shutil.copytree(run_a / "checkpoints" / "step_000001", run_b / "checkpoints" / "step_000001")
-    cfg_b = _config(model_path, run_b)
+    cfg_b = make_config(model_path, run_b)
     cfg_b.checkpoint.resume = str(run_b)
     train(cfg_b)
     return tuple(read_jsonl(str(r / "rollouts" / "step_000002.jsonl")) for r in (run_a, run_b))
@@ -63,6 +74,35 @@ def test_train_two_steps_then_resume_reproduces_step_two(tiny_model_path, tmp_pa
         _metrics(run_a)[2]["train/loss"], rel=1e-5, abs=1e-7
     )
     assert not (run_b / "rollouts" / "step_000001.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_a_lora_run_trains_syncs_the_merged_weights_and_resumes(tiny_model_path, tmp_path):
+    """Issue 41: `--lora-rank` through `train(config)`: 2 steps, each synced to the embedded
+    engine as merged weights (the adapter's bytes counted beside them), checkpoints that PEFT
+    loads, and a resumed step 2 whose episodes and loss equal the first run's."""
+    run_a = tmp_path / "a"
+    result = train(_lora_config(tiny_model_path, run_a))
+    assert result.num_steps == 2
+    metrics = _metrics(run_a)
+    for step in (1, 2):
+        row = metrics[step]
+        assert row["train/skipped_no_signal"] == 0.0  # the adapter trained
+        assert 0 < row["weight_sync/adapter_bytes"] < row["weight_sync/bytes"] / 10
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    ckpt = run_a / "checkpoints" / "step_000002"
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    assert isinstance(PeftModel.from_pretrained(base, str(ckpt)), PeftModel)
+    assert not (ckpt / "model.safetensors").exists()  # the frozen base is not copied
+
+    run_b = tmp_path / "b"
+    traj_a, traj_b = _resume_step_two(tiny_model_path, run_a, run_b, _lora_config)
+    assert [t.token_ids for t in traj_a] == [t.token_ids for t in traj_b]
+    assert _metrics(run_b)[2]["train/loss"] == pytest.approx(
+        metrics[2]["train/loss"], rel=1e-5, abs=1e-7
+    )
 
 
 @pytest.mark.slow

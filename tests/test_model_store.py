@@ -28,6 +28,15 @@ def test_a_directory_without_config_is_not_a_model(tmp_path: Path) -> None:
         resolve_model_path(str(tmp_path))
 
 
+def test_a_lora_adapter_directory_is_named_as_one(tmp_path: Path) -> None:
+    """A LoRA run's checkpoint holds the adapter, not a model (issue 41)."""
+    (tmp_path / "adapter_config.json").write_text("{}")
+    with pytest.raises(
+        ModelPathError, match="is a LoRA adapter .adapter_config.json., not a whole"
+    ):
+        resolve_model_path(str(tmp_path))
+
+
 @pytest.mark.parametrize("value", ["no-such-model", "/definitely/missing/dir"])
 def test_unknown_name_or_missing_path_names_value_and_choices(value: str) -> None:
     with pytest.raises(ValueError) as err:

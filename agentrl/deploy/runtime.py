@@ -89,6 +89,8 @@ class Runtime:
                 await self.engines.resume_memory(["weights"])
         sent = await self._push(version, timings)
         timings["weight_sync/bytes"] = sent["bytes"]
+        if sent.get("adapter_bytes"):  # LoRA: the adapter alone, beside the merged weights sent
+            timings["weight_sync/adapter_bytes"] = sent["adapter_bytes"]
         timings["time/weight_export_s"] = sent["export_s"]
         timings["time/weight_send_s"] = sent["send_s"]
         if self.check_weight_sync and self.engines.servers():

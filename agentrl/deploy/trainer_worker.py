@@ -149,7 +149,7 @@ class TrainerWorker:
     def send_weights(self, version: str) -> dict[str, float]:
         """Every rank iterates the export (it gathers the shards); a rank with engines sends
         them its buckets in one weight-update session. Returns the bytes exported and the
-        wall time split into exporting and sending."""
+        wall time split into exporting and sending (and under LoRA the adapter's bytes)."""
         num_bytes, send_s, t0 = 0, 0.0, time.perf_counter()
 
         def timed(coro: Any) -> None:
@@ -170,7 +170,14 @@ class TrainerWorker:
         if self.spec.shares_gpu and self.is_cuda:  # the buckets' blocks: the KV cache resumes next
             self.backend.free_step_memory()
         total_s = time.perf_counter() - t0
-        return {"bytes": float(num_bytes), "export_s": total_s - send_s, "send_s": send_s}
+        # LoRA: what an adapter-only sync will send instead of the merged weights (0 without)
+        adapter_bytes = float(self.backend.adapter_size_bytes(self._dtype))
+        return {
+            "bytes": float(num_bytes),
+            "adapter_bytes": adapter_bytes,
+            "export_s": total_s - send_s,
+            "send_s": send_s,
+        }
 
     def _run(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()

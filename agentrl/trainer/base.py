@@ -105,7 +105,8 @@ class TrainerBackend(ABC):
 
     @property
     def has_ref_model(self) -> bool:
-        """A KL term is trained: `setup()` loads the reference model its logprobs come from."""
+        """A KL term is trained: `setup()` loads the reference model its logprobs come from (under
+        LoRA the base itself is the reference, its adapters switched off)."""
         return self.objective.kl is not None
 
     @abstractmethod
@@ -133,6 +134,11 @@ class TrainerBackend(ABC):
             return 0
         params = [p for o in optimizers for group in o.param_groups for p in group["params"]]
         return sum(2 * _local(p).numel() * p.element_size() for p in params)
+
+    def adapter_size_bytes(self, dtype: torch.dtype | None = None) -> int:
+        """Bytes of the trained LoRA adapter in `dtype`, what an adapter-only weight sync sends;
+        0 for a backend training all weights."""
+        return 0
 
     def free_step_memory(self) -> None:
         """After a step on a GPU an engine shares: hand back the allocator's cached blocks (and
@@ -212,6 +218,8 @@ class TrainerBackend(ABC):
         pg_loss are their exact 0, and the lr schedule advances one step per optimizer step."""
         if not self._has_signal(batch):
             return self._skip(batch)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
         self._offload.reload()
         mbs = list(batch.micro_batches())
         need_old = len(batch.steps) > 1 and any(mb.old_logprobs is None for mb in mbs)
@@ -227,6 +235,8 @@ class TrainerBackend(ABC):
         self.num_train_steps += 1
         names = sorted({k for m in per_step for k in m})
         metrics = {k: _mean([m[k] for m in per_step if k in m]) for k in names}
+        if self.device.type == "cuda":  # this rank's peak: LoRA's saving against full tuning
+            metrics["max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 1e9
         return {**metrics, **_batch_counts(batch), "skipped_no_signal": 0.0}
 
     def _has_signal(self, batch: TrainBatch) -> bool:

@@ -16,6 +16,7 @@ from torch import Tensor
 from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
@@ -50,13 +51,21 @@ TOKENIZER_FILES = (
 )
 
 
-def save_sharded(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Collective: every rank writes its shards of the model and optimizer state. An optimizer
+def save_sharded(
+    out: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    trainable_only: bool = False,
+) -> None:
+    """Collective: every rank writes its shards of the model and optimizer state (with
+    `trainable_only`, LoRA's case, the parameters that train and no frozen one). An optimizer
     that has not stepped yet is left out: asking torch for its state dict would create that state
     by stepping with zero gradients, which sets AdamW's `step` to 1 and so shrinks the next real
     update (to 0.744x a first step). `load_sharded` then leaves the optimizer fresh."""
     device = optimizer.param_groups[0]["params"][0].device  # where the collectives run
-    state = _state_dicts(model, optimizer, any_rank(bool(optimizer.state), device))
+    has_state = any_rank(bool(optimizer.state), device)
+    state = _state_dicts(model, optimizer, has_state, trainable_only)
     with _single_process_is_intended():
         try:
             state_dict_saver.save(
@@ -72,14 +81,21 @@ def save_sharded(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optim
             ) from None
 
 
-def load_sharded(src: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Collective: every rank reads the pieces its own shards need. A checkpoint saved before
+def load_sharded(
+    src: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    trainable_only: bool = False,
+) -> None:
+    """Collective: every rank reads the pieces its own shards need (`trainable_only`: what
+    `save_sharded` wrote with it; the frozen parameters stay as loaded). A checkpoint saved before
     the first update holds no optimizer state: the optimizer is left (or made) fresh. Nothing
     is unpickled but DCP's metadata classes and weights-only items (`checkpoint_safety`)."""
     _check_is_checkpoint(src)
     checkpoint_id = str(src / SHARDED_DIR)
     has_optimizer_state = _holds_optimizer_state(checkpoint_id)
-    state = _state_dicts(model, optimizer, has_optimizer_state)
+    state = _state_dicts(model, optimizer, has_optimizer_state, trainable_only)
     with _single_process_is_intended():
         try:
             state_dict_loader.load(
@@ -93,22 +109,37 @@ def load_sharded(src: Path, model: torch.nn.Module, optimizer: torch.optim.Optim
             if isinstance(cause, UnsafeCheckpointError):
                 raise cause from None
             raise RuntimeError(f"could not read {checkpoint_id}: {_first_failure(e)}") from None
+    # A subset of the model's keys when trainable_only; DCP's load above failed on any missing.
+    options = StateDictOptions(strict=not trainable_only)
     if has_optimizer_state:
         set_state_dict(
-            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+            model,
+            optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+            options=options,
         )
     else:
-        set_model_state_dict(model, state["model"])
+        set_model_state_dict(model, state["model"], options=options)
         optimizer.state.clear()  # what an optimizer that never stepped holds
 
 
 def _state_dicts(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, with_optimizer: bool
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    with_optimizer: bool,
+    trainable_only: bool,
 ) -> dict[str, Any]:
     if not with_optimizer:
-        return {"model": get_model_state_dict(model)}
-    model_state, optim_state = get_state_dict(model, optimizer)
-    return {"model": model_state, "optimizer": optim_state}
+        model_state, optim_state = get_model_state_dict(model), None
+    else:
+        model_state, optim_state = get_state_dict(model, optimizer)
+    if trainable_only:
+        # By name, not DCP's ignore_frozen_params, which keeps a frozen lm_head tied to the
+        # embedding (a vocab x hidden copy in every LoRA checkpoint).
+        trained = {name for name, p in model.named_parameters() if p.requires_grad}
+        model_state = {k: v for k, v in model_state.items() if k in trained}
+    return {"model": model_state} | ({"optimizer": optim_state} if with_optimizer else {})
 
 
 def any_rank(flag: bool, device: torch.device) -> bool:
@@ -183,6 +214,11 @@ def save_hf_copy(
     config.save_pretrained(str(out))
     if generation_config is not None:
         generation_config.save_pretrained(str(out))
+    copy_tokenizer_files(out, source_dir)
+
+
+def copy_tokenizer_files(out: Path, source_dir: str) -> None:
+    """The source model's tokenizer (and generation config) files that `out` lacks."""
     for name in TOKENIZER_FILES:
         src = Path(source_dir) / name
         if src.is_file() and not (out / name).exists():

@@ -8,11 +8,12 @@ import math
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
+from agentrl.config import ConfigError
 from agentrl.trainer import sharded_checkpoint
 from agentrl.trainer.base import TrainerBackend, reduce_metrics
 from agentrl.trainer.batch import MicroBatch, StepBatch, TrainBatch
@@ -20,6 +21,15 @@ from agentrl.trainer.checkpoint import read_json, write_json
 from agentrl.trainer.checkpoint_safety import weights_only_load
 from agentrl.trainer.fsdp import apply_fsdp, decoder_layers, dp_world_size
 from agentrl.trainer.logprobs import CausalLMLogprobs
+from agentrl.trainer.lora import (
+    AdapterExport,
+    apply_lora,
+    export_adapter,
+    make_lora_config,
+    merged_named_tensors,
+    num_adapter_params,
+    save_adapter,
+)
 from agentrl.trainer.losses import combine_metrics
 from agentrl.trainer.lr_schedule import lr_scheduler
 from agentrl.trainer.packing import use_packed_attention
@@ -28,6 +38,9 @@ from agentrl.trainer.weights import full_tensor, unique_named_tensors
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+    from agentrl.config import AlgoConfig, TrainConfig
+    from agentrl.trainer.lora import LoraConfig, PeftModel  # peft's, imported in lora.py alone
 
 
 def _enable_activation_checkpointing(model: PreTrainedModel) -> None:
@@ -49,6 +62,13 @@ class TorchBackend(TrainerBackend):
     size > 1), on that rank's `device`; the model is then sharded with FSDP2 over all ranks, and
     every method but `pad_id` is collective (all ranks call it together; `train_step` each with
     its own batch of `build_train_batches(..., dp_size=world_size)`).
+
+    LoRA (`train.lora_rank` > 0): PEFT puts adapters into the loaded model in place and freezes
+    the rest; the optimizer holds the adapters only. The reference model of a KL term is the same
+    model with its adapters switched off (no second copy of the weights). Weight export sends the
+    merged weights under the base's names (`merged_named_tensors`); `export_adapter` gives the
+    adapter alone; a checkpoint holds the adapter as a PEFT directory and the adapter's optimizer
+    state, not the frozen base.
     """
 
     auto_dtype = torch.float32
@@ -56,16 +76,30 @@ class TorchBackend(TrainerBackend):
     _policy: CausalLMLogprobs | None = None  # the model, returning token logprobs
     ref_model: PreTrainedModel | None = None
     _ref_policy: CausalLMLogprobs | None = None
+    _lora: PeftModel | None = None
+    """The PEFT wrapper around `model` under LoRA (the same modules, adapters inside)."""
     dp_size = 1
     """Data-parallel ranks, read from the process group at setup."""
     optimizer: torch.optim.Optimizer | None = None
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+
+    def __init__(
+        self, model_path: str, train_cfg: TrainConfig, algo_cfg: AlgoConfig, **kwargs: Any
+    ) -> None:
+        super().__init__(model_path, train_cfg, algo_cfg, **kwargs)
+        self.lora_config: LoraConfig | None = (
+            make_lora_config(train_cfg) if train_cfg.lora_rank else None
+        )
 
     # ------------------------------------------------------------ setup
 
     @property
     def model(self) -> PreTrainedModel:
         return self._ready(self._model)
+
+    @property
+    def is_lora(self) -> bool:
+        return self.lora_config is not None
 
     def _load(self, path: str) -> PreTrainedModel:
         from transformers import AutoModelForCausalLM
@@ -95,12 +129,14 @@ class TorchBackend(TrainerBackend):
             return
         self.dp_size = dp_world_size()
         model = self._load(self.model_path)
+        if self.lora_config is not None:  # before FSDP: the adapters are sharded with their layer
+            self._lora = apply_lora(model, self.lora_config, seed=self.train_cfg.seed)
         if self.train_cfg.gradient_checkpointing:
             _enable_activation_checkpointing(model)
         model.config.use_cache = False
         self._policy = self._wrap(model)  # sharded before the optimizer sees the parameters
         self._model = model
-        if self.has_ref_model:
+        if self.has_ref_model and self._lora is None:  # under LoRA the reference is the base
             self.ref_model = self._load(self.model_path).eval().requires_grad_(False)
             self._ref_policy = self._wrap(self.ref_model)
         cfg = self.train_cfg
@@ -146,10 +182,17 @@ class TorchBackend(TrainerBackend):
             dev = mb.to(self.device)
             if old:
                 mb.old_logprobs = self._token_logprobs(policy, dev)[0].cpu()
-            if ref and self._ref_policy is not None:
-                mb.ref_logprobs = self._token_logprobs(self._ref_policy, dev)[0].cpu()
+            if ref and self.has_ref_model:
+                mb.ref_logprobs = self._ref_logprobs(dev).cpu()
         self._reshard()
         return batch
+
+    def _ref_logprobs(self, mb: MicroBatch) -> Tensor:
+        """The reference model's logprobs: the base's, with the adapters off, under LoRA."""
+        if self._lora is None:
+            return self._token_logprobs(self._ready(self._ref_policy), mb)[0]
+        with self._lora.disable_adapter():
+            return self._token_logprobs(self._ready(self._policy), mb)[0]
 
     # ------------------------------------------------------------ training
 
@@ -200,36 +243,124 @@ class TorchBackend(TrainerBackend):
     # ------------------------------------------------------------ weights out
 
     def _hf_tensors(self, dtype: torch.dtype | None) -> Iterator[tuple[str, Tensor]]:
+        if self.is_lora:  # what engines load today: the base's names, the adapter merged in
+            return merged_named_tensors(self.model, dtype=dtype)
         return unique_named_tensors(self.model, dtype=dtype)
+
+    def export_adapter(self, *, dtype: torch.dtype | None = None) -> AdapterExport:
+        """The LoRA adapter alone: PEFT-named tensors (whole on every rank: collective) and the
+        PEFT config dict, what SGLang's `/load_lora_adapter_from_tensors` takes."""
+        if self._lora is None:
+            raise RuntimeError(
+                "export_adapter() needs train.lora_rank > 0 (this run trains all weights)"
+            )
+        return export_adapter(self._lora, base_model_path=self.model_path, dtype=dtype)
+
+    def adapter_size_bytes(self, dtype: torch.dtype | None = None) -> int:
+        """Bytes of the adapter in `dtype` (None: the parameters'), what an adapter-only sync
+        sends; 0 without LoRA."""
+        if self._lora is None:
+            return 0
+        size = dtype.itemsize if dtype is not None else self.param_dtype.itemsize
+        return num_adapter_params(self.model) * size
+
+    def export_merged(self, directory: str | Path) -> None:
+        """A transformers checkpoint of the current weights (under LoRA: the adapter merged into
+        the base), with the base's config and tokenizer files. Collective; rank 0 writes."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        model = self.model
+        sharded_checkpoint.save_hf_copy(
+            out,
+            model.config,
+            getattr(model, "generation_config", None),
+            self._hf_tensors(None),
+            source_dir=self.model_path,
+            is_writer=self._is_writer,
+        )
+        if self.dp_size > 1:
+            torch.distributed.barrier()
+
+    @property
+    def _is_writer(self) -> bool:
+        return self.dp_size == 1 or torch.distributed.get_rank() == 0
 
     # ------------------------------------------------------------ save / load
 
     def save(self, directory: str | Path) -> None:
         """Collective, same `directory` on every rank (shared by them). Model and optimizer as DCP
         shards (loadable on any number of ranks); rank 0 adds the scheduler, counters and an HF
-        copy (config, safetensors, tokenizer) that transformers loads as a model."""
+        copy (config, safetensors, tokenizer) that transformers loads as a model. Under LoRA the
+        shards hold the adapter and its optimizer state only, and the HF copy is the adapter as a
+        PEFT directory (adapter_config.json, adapter_model.safetensors, the tokenizer), which
+        `PeftModel.from_pretrained(base, directory)` loads; `export_merged` writes a whole model."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         model, optimizer = self.model, self._ready(self.optimizer)
-        sharded_checkpoint.save_sharded(out, model, optimizer)
-        is_writer = self.dp_size == 1 or torch.distributed.get_rank() == 0
-        sharded_checkpoint.save_hf_copy(
-            out, model.config, getattr(model, "generation_config", None),
-            unique_named_tensors(model), source_dir=self.model_path, is_writer=is_writer,
-        )  # fmt: skip
-        if is_writer:
+        sharded_checkpoint.save_sharded(out, model, optimizer, trainable_only=self.is_lora)
+        if self._lora is not None:
+            adapter = self.export_adapter()
+            if self._is_writer:
+                save_adapter(out, adapter)
+                sharded_checkpoint.copy_tokenizer_files(out, self.model_path)
+        else:
+            sharded_checkpoint.save_hf_copy(
+                out,
+                model.config,
+                getattr(model, "generation_config", None),
+                unique_named_tensors(model),
+                source_dir=self.model_path,
+                is_writer=self._is_writer,
+            )
+        if self._is_writer:
             torch.save(self._ready(self.scheduler).state_dict(), out / SCHEDULER_FILE)
-            write_json(out / STATE_FILE, self._counters(dp_size=self.dp_size))
+            write_json(out / STATE_FILE, self._counters(dp_size=self.dp_size, lora=self._lora_key))
         # No rank returns (and no caller renames the directory) before rank 0 wrote.
         if self.dp_size > 1:
             torch.distributed.barrier()
+
+    @property
+    def _lora_key(self) -> dict[str, Any] | None:
+        """What a checkpoint's adapter must match to be resumed by this backend."""
+        cfg = self.train_cfg
+        if not cfg.lora_rank:
+            return None
+        return {
+            "rank": cfg.lora_rank,
+            "alpha": cfg.lora_alpha,
+            "target_modules": cfg.lora_target_modules,
+        }
 
     def load(self, directory: str | Path) -> None:
         """Collective. Restore weights, optimizer, scheduler and counters written by `save`, on
         this run's number of ranks (DCP reshards)."""
         src = Path(directory)
-        sharded_checkpoint.load_sharded(src, self.model, self._ready(self.optimizer))
+        counters = read_json(src / STATE_FILE) if (src / STATE_FILE).is_file() else {}
+        _check_same_lora(src, counters.get("lora"), self._lora_key)
+        model, optimizer = self.model, self._ready(self.optimizer)
+        sharded_checkpoint.load_sharded(src, model, optimizer, trainable_only=self.is_lora)
         self._offload.forget()  # the loaded state replaced it, on the parameters' device
         scheduler_state = weights_only_load(src / SCHEDULER_FILE, str(src / SCHEDULER_FILE))
         self._ready(self.scheduler).load_state_dict(scheduler_state)
         self._restore_counters(read_json(src / STATE_FILE))
+
+
+def _check_same_lora(src: Path, saved: dict[str, Any] | None, ours: dict[str, Any] | None) -> None:
+    """A checkpoint resumes only into the same kind of training: its adapter shape, or all
+    weights."""
+    if saved == ours:
+        return
+    if ours is None:
+        raise ConfigError(
+            f"{src} holds a LoRA adapter (train.lora_rank={saved and saved['rank']}); resume it "
+            f"with the same --lora-rank, --lora-alpha and --lora-target-modules ({saved})"
+        )
+    if saved is None:
+        raise ConfigError(
+            f"{src} trained all weights (no LoRA adapter); resume it without --lora-rank, or "
+            "start a LoRA run from its HF copy with --model"
+        )
+    raise ConfigError(
+        f"{src} holds a LoRA adapter {saved}, but this run asks for {ours}; resume with the "
+        "checkpoint's --lora-rank, --lora-alpha and --lora-target-modules"
+    )

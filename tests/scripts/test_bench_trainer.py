@@ -31,6 +31,9 @@ def test_smoke_run_writes_json_and_png(tiny_model_path, tmp_path):
     rows = results["backends"]
     assert results["num_tokens"] == 96 and rows["transformers"]["ratio_to_transformers"] == 1.0
     assert rows["torch"]["tokens_per_s"] == pytest.approx(96 / rows["torch"]["step_s"])
+    lora = rows["torch_lora"]  # rank 16 on all linear layers: the merged export is the full size
+    assert lora["export_bytes"] == rows["torch"]["export_bytes"] > 20 * lora["adapter_bytes"] > 0
+    assert lora["adapter_export_s"] > 0 and lora["tokens_per_s"] > 0
     if not torch.cuda.is_available():
         assert "--train-backend torch" in rows["megatron"]["skipped"]
         assert rows["torch"]["mfu"] is None
