@@ -224,6 +224,16 @@ def train_command(
     use_distributed_optimizer: bool | None = _flag(
         "Shard optimizer state over the data-parallel ranks.", TRAINER
     ),
+    lora_rank: int | None = _flag(
+        "LoRA adapter rank on the torch backend (the lora extra); 0 = full fine-tuning.", TRAINER
+    ),
+    lora_alpha: int | None = _flag(
+        "LoRA scale numerator: the adapter adds alpha / rank x B @ A.", TRAINER
+    ),
+    lora_dropout: float | None = _flag("Dropout on the adapters' input while training.", TRAINER),
+    lora_target_modules: str | None = _flag(
+        "all-linear, or comma-separated layer names (q_proj,v_proj or linear_qkv,...).", TRAINER
+    ),
 ) -> None:
     """Train a policy on an env with GRPO-family RL; runs on CPU with the embedded defaults.
 
@@ -291,6 +301,10 @@ def train_command(
         "max_tokens_per_gpu": max_tokens_per_gpu,
         "micro_batch_size": micro_batch_size,
         "use_distributed_optimizer": use_distributed_optimizer,
+        "lora_rank": lora_rank,
+        "lora_alpha": lora_alpha,
+        "lora_dropout": lora_dropout,
+        "lora_target_modules": lora_target_modules,
     }  # every flag that sets a config field (COMMAND_FLAGS are the command's own)
     import errno
     import json
