@@ -18,7 +18,7 @@ from agentrl.config import ClusterConfig, RunConfig
 from agentrl.engine.base import SamplingParams
 from agentrl.run.engines import EngineGroup
 from agentrl.run.trainer_worker import TrainerGroup, WorkerSpec
-from agentrl.run.weight_sync import Transport
+from agentrl.weights.sender import Transport
 
 if TYPE_CHECKING:
     from agentrl.trainer.batch import TrainBatch
@@ -116,9 +116,8 @@ class Runtime:
             await self.engines.resume_memory(["weights"])
             timings["time/resume_weights_s"] = time.perf_counter() - t0
         sent = await self._push(version, timings)
-        timings["weight_sync/bytes"] = sent["bytes"]
-        timings["time/weight_export_s"] = sent["export_s"]
-        timings["time/weight_send_s"] = sent["send_s"]
+        timings["weight_sync/bytes"] = sent.pop("bytes")
+        timings.update({f"time/weight_{phase}": s for phase, s in sent.items()})  # export, send...
         if self.check_weight_sync and self.engines.servers():
             timings["weight_sync/max_logprob_abs_diff"] = await self.served_weights_gap(version)
         timings["engine/num_restarts_total"] = float(self.num_engine_restarts)

@@ -24,7 +24,7 @@ from agentrl.trainer.losses import combine_metrics
 from agentrl.trainer.lr_schedule import lr_scheduler
 from agentrl.trainer.packing import use_packed_attention
 from agentrl.trainer.sharded_checkpoint import SCHEDULER_FILE, STATE_FILE
-from agentrl.trainer.weights import full_tensor, unique_named_tensors
+from agentrl.weights.export import full_tensor, unique_named_tensors
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -208,9 +208,13 @@ class TorchBackend(TrainerBackend):
         sharded_checkpoint.save_sharded(out, model, optimizer)
         is_writer = self.dp_size == 1 or torch.distributed.get_rank() == 0
         sharded_checkpoint.save_hf_copy(
-            out, model.config, getattr(model, "generation_config", None),
-            unique_named_tensors(model), source_dir=self.model_path, is_writer=is_writer,
-        )  # fmt: skip
+            out,
+            model.config,
+            getattr(model, "generation_config", None),
+            unique_named_tensors(model),
+            source_dir=self.model_path,
+            is_writer=is_writer,
+        )
         if is_writer:
             torch.save(self._ready(self.scheduler).state_dict(), out / SCHEDULER_FILE)
             write_json(out / STATE_FILE, self._counters(dp_size=self.dp_size))

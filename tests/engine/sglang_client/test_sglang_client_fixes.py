@@ -108,7 +108,7 @@ async def test_each_tensor_parallel_rank_gets_its_own_serialization(
     rank drops one when done: one payload copied to every rank drops it TP times (SGLang's
     deserialize_own_rank). On CPU the payloads' bytes are equal, so the serializations are
     counted."""
-    from agentrl.engine.sglang import weight_control
+    from agentrl.engine.sglang import weights as weight_control
 
     calls = []
     real = weight_control.serialize_for_ipc

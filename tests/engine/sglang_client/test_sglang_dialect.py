@@ -75,7 +75,7 @@ async def test_tensor_updates_run_in_a_session_and_the_cache_is_flushed_after(
 
 async def test_one_session_spans_the_buckets_of_a_sync(server: StandIn) -> None:
     engine = _engine(server.url)
-    async with engine.weight_update():
+    async with engine.weights.weight_update():
         await engine.update_weights(BUCKET, weight_version="0")
         await engine.update_weights(BUCKET, weight_version="2")
     assert server.paths().count("/begin_weight_update") == 1

@@ -1,4 +1,4 @@
-"""Broadcast weight updates: the run's `DistributedWeightSender` (trainer rank 0) and SGLang's
+"""Broadcast weight updates: the run's `DistributedSender` (trainer rank 0) and SGLang's
 receiver in one gloo group made by SGLang's `init_custom_process_group`, the bucket received as
 SGLang receives it (`FlattenedTensorBucket`), inside a session, the prefix cache flushed after."""
 
@@ -8,7 +8,7 @@ import torch
 
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.sglang import SGLangEngine
-from agentrl.run.weight_sync import make_sender
+from agentrl.weights import make_sender
 from tests.support.sglang_real import StandInServer, assert_loaded, weights
 
 
