@@ -147,12 +147,15 @@ class TrainerWorker:
 
     def send_weights(self, version: str) -> dict[str, float]:
         """Every rank iterates the export (it gathers the shards); a rank with engines sends
-        them its buckets in one weight-update session, each bucket in flight while the next is
-        exported (one bucket more alive at once). Returns the bytes exported, the wall time split
+        them its buckets in one weight-update session. What waits on the engines overlaps this
+        rank's own work: the session opens while the first buckets are exported, each bucket is
+        in flight while the next is exported (one bucket more alive at once), and the session
+        closes while the buckets' blocks go back. Returns the bytes exported, the wall time split
         into exporting and waiting on the sender (`send_s`), and the sender's own phases."""
         t0 = time.perf_counter()
-        self._run(self._sender.begin())
-        num_bytes, wait_s, sending = 0, time.perf_counter() - t0, None
+        num_bytes = 0
+        wait_s = 0.0
+        sending = asyncio.run_coroutine_threadsafe(self._sender.begin(), self._loop)
         buckets = self.backend.export_weights(self.spec.bucket_bytes, dtype=self._dtype)
         bucket = next(buckets, None)
         while bucket is not None:  # one ahead: the weight version goes with the last bucket
@@ -163,11 +166,10 @@ class TrainerWorker:
             sending = asyncio.run_coroutine_threadsafe(send, self._loop)
             bucket = following
         wait_s += _wait(sending)
-        t_end = time.perf_counter()
-        self._run(self._sender.end(version))
-        wait_s += time.perf_counter() - t_end
+        ending = asyncio.run_coroutine_threadsafe(self._sender.end(version), self._loop)
         if self.spec.shares_gpu and self.is_cuda:  # the buckets' blocks: the KV cache resumes next
             self.backend.free_step_memory()
+        wait_s += _wait(ending)
         total_s = time.perf_counter() - t0
         phases = {f"sender_{k}": v for k, v in self._sender.phases.items()}
         return {"bytes": float(num_bytes), "export_s": total_s - wait_s, "send_s": wait_s, **phases}
@@ -187,10 +189,8 @@ class TrainerWorker:
             dist.barrier()
 
 
-def _wait(sending: Future[None] | None) -> float:
-    """Seconds this thread waited for a send in flight to finish (its error raised here)."""
-    if sending is None:
-        return 0.0
+def _wait(sending: Future[None]) -> float:
+    """Seconds this thread waited for a call to the engines to finish (its error raised here)."""
     t0 = time.perf_counter()
     sending.result()
     return time.perf_counter() - t0

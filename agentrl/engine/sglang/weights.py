@@ -76,12 +76,12 @@ class SGLangWeights:
         dialects[url] = dataclasses.replace(dialect, uses_weight_sessions=True)
 
     async def end_weight_update(self, *, flush_cache: bool = True) -> None:
-        """Close the session, then flush the prefix cache: KV computed with the old weights
-        must not be reused (retried while the server still has requests queued)."""
+        """Close the session and flush the prefix cache, both at once (one round trip): KV
+        computed with the old weights must not be reused, and every bucket is in by now (the
+        flush is retried while the server still has requests queued)."""
         self._is_updating = False
-        await asyncio.gather(*(self._end_one(url) for url in self.worker_urls))
-        if flush_cache:
-            await self.client.flush_cache()
+        flush = [self.client.flush_cache()] if flush_cache else []
+        await asyncio.gather(*(self._end_one(url) for url in self.worker_urls), *flush)
 
     async def _end_one(self, url: str) -> None:
         if (await self.client.dialect(url)).uses_weight_sessions:
