@@ -67,15 +67,21 @@ def train_batches(vocab_size: int, num_tokens: int, pad_id: int, dp_size: int) -
     g = torch.Generator().manual_seed(0)
     length, prompt = 256, 64
     trajs = [
-        Trajectory(token_ids=torch.randint(3, vocab_size, (length,), generator=g).tolist(),
-                   loss_mask=[0] * prompt + [1] * (length - prompt),
-                   logprobs=[-1.0] * (length - prompt), prompt_len=prompt, reward=float(k % 2),
-                   status=EpisodeStatus.COMPLETED, status_reason=StatusReason.DONE)
+        Trajectory(
+            token_ids=torch.randint(3, vocab_size, (length,), generator=g).tolist(),
+            loss_mask=[0] * prompt + [1] * (length - prompt),
+            logprobs=[-1.0] * (length - prompt),
+            prompt_len=prompt,
+            reward=float(k % 2),
+            status=EpisodeStatus.COMPLETED,
+            status_reason=StatusReason.DONE,
+        )
         for k in range(4 * max(1, num_tokens // (4 * length)))
-    ]  # fmt: skip
+    ]
     groups = [trajs[i : i + 4] for i in range(0, len(trajs), 4)]
-    return build_train_batches(groups, AlgoConfig(), max_tokens_per_micro_batch=4096,
-                               pad_id=pad_id, dp_size=dp_size)  # fmt: skip
+    return build_train_batches(
+        groups, AlgoConfig(), max_tokens_per_micro_batch=4096, pad_id=pad_id, dp_size=dp_size
+    )
 
 
 async def time_layout(
@@ -125,11 +131,19 @@ async def time_layout(
             assert served == {version}, f"engines serve {served}, expected {version}"
             num_bytes = out["weight_sync/bytes"]
             info = await runtime.engine.clients[0].get_server_info()
-            inside = (info.get("internal_states") or [{}])[0].get("last_resume_s") or {}
+            state = (info.get("internal_states") or [{}])[0]
             phases.append(
                 {k: round(v, 4) for k, v in out.items() if k.startswith("time/")}
-                # the engine's own share of each resume: the rest is HTTP and the actor hop
-                | {f"engine/resume_{tag}_s": round(v, 4) for tag, v in inside.items()}
+                # the engine's own share of each resume and of the update (receive: unpickle or
+                # broadcast; load: into the model): the rest is HTTP and the actor hop
+                | {
+                    f"engine/resume_{k}_s": round(v, 4)
+                    for k, v in state.get("last_resume_s", {}).items()
+                }
+                | {
+                    f"engine/{k}": round(v, 4)
+                    for k, v in state.get("last_weight_update_s", {}).items()
+                }
             )
     finally:
         await runtime.close()
@@ -147,6 +161,31 @@ async def time_layout(
         "pausable_memory": pausable,
         "kv_cache_gb": kv_cache_gb,
     }
+
+
+# The rows of the per-phase table: (label, key in a layout's phases). The sender's phases are
+# rank 0's; "send" holds the engine's receive and load (the server reports them itself).
+PHASES = (
+    ("resume weights", "time/resume_weights_s"),
+    ("export (not overlapped)", "time/weight_export_s"),
+    ("flatten", "time/weight_sender_flatten_s"),
+    ("send (HTTP + transfer)", "time/weight_sender_send_s"),
+    ("  engine receive", "engine/receive_s"),
+    ("  engine load", "engine/load_s"),
+    ("end session + flush", "time/weight_sender_end_s"),
+    ("update under the gate", "time/update_weights_s"),
+    ("resume KV cache", "time/resume_kv_cache_s"),
+)
+
+
+def print_phases(results: list[dict]) -> None:
+    """Seconds per phase of each layout's best repeat ("-": the layout has no such phase)."""
+    print(f"\n{'phase (s, best repeat)':<28}" + "".join(f"{_label(r):>30}" for r in results))
+    for label, key in PHASES:
+        cells = [r["phases_s"].get(key) for r in results]
+        print(f"{label:<28}" + "".join(f"{'-' if c is None else f'{c:.4f}':>30}" for c in cells))
+    totals = [f"{r['s_per_gb'] * r['bytes'] / 1e9:.4f}" for r in results]
+    print(f"{'total (resume -> served)':<28}" + "".join(f"{t:>30}" for t in totals))
 
 
 def copy_floor(num_bytes: int, use_gpu: bool, repeats: int) -> float:
@@ -177,8 +216,10 @@ def _broadcast_worker(
         backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
     device = f"cuda:{gpu}" if use_gpu else "cpu"
-    buckets = [torch.empty(min(bucket, num_bytes - i), dtype=torch.uint8, device=device)
-               for i in range(0, num_bytes, bucket)]  # fmt: skip
+    buckets = [
+        torch.empty(min(bucket, num_bytes - i), dtype=torch.uint8, device=device)
+        for i in range(0, num_bytes, bucket)
+    ]
     best = float("inf")
     for _ in range(4):
         dist.barrier()
@@ -337,6 +378,7 @@ def main() -> None:
     for name, value in floors.items():
         if value is not None:
             print(f"{'floor: ' + name:<34}{value:>10.4f}")
+    print_phases(results)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     record = {

@@ -115,7 +115,7 @@ def _in_process_engines(
     client = sglang_client(cfg.engine, cfg.rollout, launched.url)
     # The client sends control calls (weights, memory) to each worker behind the router and
     # explains a dropped connection with a dead server's log: it reads both from `launched`.
-    client.cluster = launched
+    client.http.cluster = launched
     return InProcessEngines(client, launched=launched)
 
 

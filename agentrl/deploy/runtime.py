@@ -88,11 +88,10 @@ class Runtime:
             with timed(timings, "time/resume_weights_s"):
                 await self.engines.resume_memory(["weights"])
         sent = await self._push(version, timings)
-        timings["weight_sync/bytes"] = sent["bytes"]
-        if sent.get("adapter_bytes"):  # LoRA: the adapter alone, beside the merged weights sent
-            timings["weight_sync/adapter_bytes"] = sent["adapter_bytes"]
-        timings["time/weight_export_s"] = sent["export_s"]
-        timings["time/weight_send_s"] = sent["send_s"]
+        timings["weight_sync/bytes"] = sent.pop("bytes")
+        if adapter_bytes := sent.pop("adapter_bytes", 0.0):  # LoRA: the adapter alone
+            timings["weight_sync/adapter_bytes"] = adapter_bytes
+        timings.update({f"time/weight_{phase}": s for phase, s in sent.items()})  # export, send...
         if self.check_weight_sync and self.engines.servers():
             timings["weight_sync/max_logprob_abs_diff"] = await self.served_weights_gap(version)
         timings["engine/num_restarts_total"] = float(self.num_engine_restarts)

@@ -11,12 +11,15 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from agentrl.run.weight_sync import TensorSender, Transport, WeightSender, make_sender
-from agentrl.weight_buckets import nbytes
+from agentrl.weights import make_sender
+from agentrl.weights.buckets import nbytes
+from agentrl.weights.sender import Transport, WeightSender, WeightTarget
+from agentrl.weights.tensor import EngineTarget, TensorSender
 
 if TYPE_CHECKING:
     from agentrl.config import AlgoConfig, TrainConfig
@@ -133,50 +136,51 @@ class TrainerWorker:
 
     def connect_engines(self, targets: list[Any], transport: Transport) -> None:
         """Send to `targets` from now on: engines (in process) or server URLs (a client each)."""
-        from agentrl.engine.sglang import SGLangEngine
-
         self.close_engines()
-        key = self.spec.api_key
-        engines = [
-            SGLangEngine(t, request_timeout_s=600.0, api_key=key) if isinstance(t, str) else t
-            for t in targets
-        ]
-        self._sender = self._run(
-            make_sender(transport, engines, model_path=self.spec.model_path,
-                        master_address=self.spec.master_addr)
-        )  # fmt: skip
+        weight_targets = [_weight_target(t, self.spec.api_key) for t in targets]
+        connect = make_sender(
+            transport,
+            weight_targets,
+            model_path=self.spec.model_path,
+            master_address=self.spec.master_addr,
+        )
+        self._sender = self._run(connect)
 
     def send_weights(self, version: str) -> dict[str, float]:
         """Every rank iterates the export (it gathers the shards); a rank with engines sends
-        them its buckets in one weight-update session. Returns the bytes exported and the
-        wall time split into exporting and sending (and under LoRA the adapter's bytes)."""
-        num_bytes, send_s, t0 = 0, 0.0, time.perf_counter()
-
-        def timed(coro: Any) -> None:
-            nonlocal send_s
-            t_send = time.perf_counter()
-            self._run(coro)
-            send_s += time.perf_counter() - t_send
-
-        timed(self._sender.begin())
+        them its buckets in one weight-update session. What waits on the engines overlaps this
+        rank's own work: the session opens while the first buckets are exported, each bucket is
+        in flight while the next is exported (one bucket more alive at once), and the session
+        closes while the buckets' blocks go back. Returns the bytes exported, the wall time split
+        into exporting and waiting on the sender (`send_s`), and the sender's own phases."""
+        t0 = time.perf_counter()
+        num_bytes = 0
+        wait_s = 0.0
+        sending = asyncio.run_coroutine_threadsafe(self._sender.begin(), self._loop)
         buckets = self.backend.export_weights(self.spec.bucket_bytes, dtype=self._dtype)
         bucket = next(buckets, None)
         while bucket is not None:  # one ahead: the weight version goes with the last bucket
-            following = next(buckets, None)
+            following = next(buckets, None)  # exported while the bucket before it is sent
             num_bytes += sum(nbytes(t) for _, t in bucket)
-            timed(self._sender.send(bucket, version if following is None else None))
+            wait_s += _wait(sending)
+            send = self._sender.send(bucket, version if following is None else None)
+            sending = asyncio.run_coroutine_threadsafe(send, self._loop)
             bucket = following
-        timed(self._sender.end(version))
+        wait_s += _wait(sending)
+        ending = asyncio.run_coroutine_threadsafe(self._sender.end(version), self._loop)
         if self.spec.shares_gpu and self.is_cuda:  # the buckets' blocks: the KV cache resumes next
             self.backend.free_step_memory()
+        wait_s += _wait(ending)
         total_s = time.perf_counter() - t0
+        phases = {f"sender_{k}": v for k, v in self._sender.phases.items()}
         # LoRA: what an adapter-only sync will send instead of the merged weights (0 without)
         adapter_bytes = float(self.backend.adapter_size_bytes(self._dtype))
         return {
             "bytes": float(num_bytes),
             "adapter_bytes": adapter_bytes,
-            "export_s": total_s - send_s,
-            "send_s": send_s,
+            "export_s": total_s - wait_s,
+            "send_s": wait_s,
+            **phases,
         }
 
     def _run(self, coro: Any) -> Any:
@@ -192,6 +196,25 @@ class TrainerWorker:
         self.close_engines()
         if self.spec.master_port and dist.is_initialized():
             dist.barrier()
+
+
+def _wait(sending: Future[None]) -> float:
+    """Seconds this thread waited for a call to the engines to finish (its error raised here)."""
+    t0 = time.perf_counter()
+    sending.result()
+    return time.perf_counter() - t0
+
+
+def _weight_target(target: Any, api_key: str | None) -> WeightTarget:
+    """What a sender drives for one connect target: a server URL gets a client of its own, an
+    SGLang client its weights part, an in-process engine loads buckets itself."""
+    from agentrl.engine.sglang import SGLangEngine
+
+    if isinstance(target, str):
+        target = SGLangEngine(target, request_timeout_s=600.0, api_key=api_key)
+    if isinstance(target, SGLangEngine):
+        return target.weights
+    return EngineTarget(target)
 
 
 def _join_group(spec: WorkerSpec) -> str:

@@ -66,7 +66,7 @@ def make_engine(cfg: RunConfig, *, model_path: str | None = None, reserve_bytes:
         enable_memory_saver=False,  # no trainer here (a run launches its own: deploy.launch)
     )
     engine = sglang_client(cfg.engine, cfg.rollout, cluster.url)
-    engine.cluster = cluster  # shut down with the engine
+    engine.http.cluster = cluster  # shut down with the engine
     return engine
 
 

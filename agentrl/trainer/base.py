@@ -29,7 +29,7 @@ from agentrl.trainer.batch import (
 )
 from agentrl.trainer.losses import build_objective, combine_metrics, diagnostic_means
 from agentrl.trainer.offload import StateOffload
-from agentrl.weight_buckets import bucket_by_dtype
+from agentrl.weights.buckets import bucket_by_dtype
 
 
 def check_backend_args(*, dtype: str, temperature: float, device: str) -> torch.device:
@@ -188,8 +188,12 @@ class TrainerBackend(ABC):
     def _counters(self, **extra: Any) -> dict[str, Any]:
         """What a checkpoint's trainer_state.json holds: the step counters, the base model and
         the backend's `extra`."""
-        return {"optimizer_step": self.optimizer_step, "num_train_steps": self.num_train_steps,
-                "base_model_path": self.model_path, **extra}  # fmt: skip
+        return {
+            "optimizer_step": self.optimizer_step,
+            "num_train_steps": self.num_train_steps,
+            "base_model_path": self.model_path,
+            **extra,
+        }
 
     def _restore_counters(self, counters: dict[str, Any]) -> None:
         self.optimizer_step = int(counters["optimizer_step"])
@@ -253,8 +257,13 @@ class TrainerBackend(ABC):
         self._advance(len(batch.steps))  # the lr schedule keeps its horizon
         self.num_train_steps += 1
         # Exact, not a stand-in: every per-token loss is 0 (advantage 0, no KL or entropy term).
-        return {**_batch_counts(batch), "skipped_no_signal": 1.0, "lr": lr, "loss": 0.0,
-                "pg_loss": 0.0}  # fmt: skip
+        return {
+            **_batch_counts(batch),
+            "skipped_no_signal": 1.0,
+            "lr": lr,
+            "loss": 0.0,
+            "pg_loss": 0.0,
+        }
 
     def _advance(self, num_steps: int) -> None:
         """Count optimizer steps, those that updated nothing too (a non-finite gradient, a batch
@@ -277,8 +286,17 @@ class TrainerBackend(ABC):
         # Position t predicts token t+1, so the trained positions start at start - 1.
         mask = (torch.arange(n) >= start - 1).float()[None]
         zeros = torch.zeros(1, n)
-        mb = MicroBatch(ids[:, :-1], torch.arange(n)[None], ids[:, 1:], mask, zeros, zeros,
-                        torch.zeros(1, n, dtype=torch.long), mask.sum(-1), [0])  # fmt: skip
+        mb = MicroBatch(
+            ids[:, :-1],
+            torch.arange(n)[None],
+            ids[:, 1:],
+            mask,
+            zeros,
+            zeros,
+            torch.zeros(1, n, dtype=torch.long),
+            mask.sum(-1),
+            [0],
+        )
         self.compute_logprobs(TrainBatch([StepBatch([mb], n, 1)]), ref=False)
         assert mb.old_logprobs is not None  # compute_logprobs filled it
         return mb.old_logprobs[0, start - 1 :].tolist()

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from agentrl.config import ConfigError, TrainConfig
-from agentrl.trainer.weights import full_tensor
+from agentrl.weights.export import full_tensor
 
 if TYPE_CHECKING:
     from peft import LoraConfig, PeftModel

@@ -34,7 +34,7 @@ from agentrl.trainer.losses import combine_metrics
 from agentrl.trainer.lr_schedule import lr_scheduler
 from agentrl.trainer.packing import use_packed_attention
 from agentrl.trainer.sharded_checkpoint import SCHEDULER_FILE, STATE_FILE
-from agentrl.trainer.weights import full_tensor, unique_named_tensors
+from agentrl.weights.export import full_tensor, unique_named_tensors
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 from agentrl.config import AlgoConfig, TrainConfig
 from agentrl.trainer.batch import build_train_batches
 from agentrl.trainer.torch_backend import TorchBackend
-from agentrl.trainer.weights import full_tensor
+from agentrl.weights.export import full_tensor
 
 WORLD = 2
 MAX_REL_DIFF = 1e-5  # fp32: only the order of float sums may differ between 1 and 2 ranks

@@ -139,6 +139,7 @@ def _internal_state(s: ServerState) -> dict[str, Any]:
         "pausable_memory": bool(getattr(s.engine, "is_memory_pausable", False)),
         # the engine's own time for its last resume, per tag (no HTTP in it)
         "last_resume_s": dict(getattr(s.engine, "last_resume_s", {})),
+        "last_weight_update_s": dict(s.last_weight_update_s),
         # the KV cache's size (what a resume maps again) and the room it left
         "kv_cache_bytes": int(getattr(getattr(s.engine, "arena", None), "nbytes", 0)),
         "reserve_bytes": int(getattr(s.engine, "reserve_bytes", 0)),

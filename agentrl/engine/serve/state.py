@@ -73,10 +73,17 @@ class ServerState:
     retract_epoch: int = 0  # counts retracting pauses
     abort_epoch: int = 0  # counts abort_all calls
     weight_session: bool = False  # between /begin_weight_update and /end_weight_update
+    # this server's own seconds of the last weight update (since its session began), by phase:
+    # receive (unpickle, broadcast or disk read) and load (into the engine); no HTTP in them
+    last_weight_update_s: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.is_running.set()
         self.context_len = engine_context_len(self.engine, self.tokenizer, self.limits.context_len)
+
+    def add_weight_update_time(self, **seconds: float) -> None:
+        for phase, value in seconds.items():
+            self.last_weight_update_s[phase] = self.last_weight_update_s.get(phase, 0.0) + value
 
     @property
     def weight_version(self) -> str:

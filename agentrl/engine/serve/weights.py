@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -23,12 +24,12 @@ from agentrl.engine.serve.protocol import (
     WeightUpdateSessionReqInput,
 )
 from agentrl.engine.serve.state import ServerState, State
-from agentrl.engine.weight_receive import (
+from agentrl.weights.group import destroy_process_group, init_weights_update_process_group
+from agentrl.weights.receive import (
     deserialize_named_tensors,
     load_checkpoint_tensors,
     receive_broadcast,
 )
-from agentrl.engine.weight_transport import destroy_process_group, init_weights_update_process_group
 
 
 def _weight_result(success: bool, message: str, **extra: Any) -> JSONResponse:
@@ -54,7 +55,11 @@ async def _load(
     if obj.abort_all_requests:
         await s.abort_all()
     try:
-        await s.update_weights(await asyncio.to_thread(read), obj.weight_version)
+        t0 = time.perf_counter()
+        named = await asyncio.to_thread(read)
+        t1 = time.perf_counter()
+        await s.update_weights(named, obj.weight_version)
+        s.add_weight_update_time(receive_s=t1 - t0, load_s=time.perf_counter() - t1)
     except Exception as e:
         return _weight_result(False, f"{failure}: {type(e).__name__}: {e}", **extra)
     if obj.weight_version is not None:
@@ -66,8 +71,14 @@ async def _load(
 async def update_weights_from_disk(obj: UpdateWeightFromDiskReqInput, s: State) -> JSONResponse:
     read = functools.partial(load_checkpoint_tensors, obj.model_path)
     failure = f"Failed to update weights from {obj.model_path}"
-    return await _load(s, obj, read, failure=failure,
-                       success="Succeeded to update model weights.", num_paused_requests=0)  # fmt: skip
+    return await _load(
+        s,
+        obj,
+        read,
+        failure=failure,
+        success="Succeeded to update model weights.",
+        num_paused_requests=0,
+    )
 
 
 @router.post("/update_weights_from_tensor")
@@ -82,8 +93,13 @@ async def update_weights_from_tensor(
     read = functools.partial(
         deserialize_named_tensors, obj.serialized_named_tensors[0], obj.load_format
     )
-    return await _load(s, obj, read, failure="Failed to update weights from tensor",
-                       success="Succeeded to update model weights.")  # fmt: skip
+    return await _load(
+        s,
+        obj,
+        read,
+        failure="Failed to update weights from tensor",
+        success="Succeeded to update model weights.",
+    )
 
 
 @router.post("/begin_weight_update")
@@ -94,6 +110,7 @@ async def begin_weight_update(obj: WeightUpdateSessionReqInput, s: State) -> JSO
             False, "a weight-update session is already open; call end_weight_update() first"
         )
     s.weight_session = True
+    s.last_weight_update_s = {}
     return _weight_result(True, "Success")
 
 
@@ -160,10 +177,22 @@ async def update_weights_from_distributed(
             f"no weight update group {obj.group_name!r}; call /init_weights_update_group first",
         )
     device = _broadcast_device(pg, s.engine)
-    read = functools.partial(receive_broadcast, pg, obj.names, obj.dtypes, obj.shapes, device,
-                             load_format=obj.load_format)  # fmt: skip
-    return await _load(s, obj, read, failure="Failed to update parameter online",
-                       success="Succeeded to update parameter online.")  # fmt: skip
+    read = functools.partial(
+        receive_broadcast,
+        pg,
+        obj.names,
+        obj.dtypes,
+        obj.shapes,
+        device,
+        load_format=obj.load_format,
+    )
+    return await _load(
+        s,
+        obj,
+        read,
+        failure="Failed to update parameter online",
+        success="Succeeded to update parameter online.",
+    )
 
 
 @router.post("/update_weight_version")

@@ -1,5 +1,5 @@
-"""SGLang's side of the wire: the HTTP client (`SGLangEngine`), its request and response shapes, the
-server launcher, and the trainer's end of the weight-update group."""
+"""SGLang's side of the wire: the HTTP client (`SGLangEngine`, composed of its `SGLangHTTP` plumbing
+and its `SGLangWeights` part), its request and response shapes, and the server launcher."""
 
 from agentrl.engine.sglang.client import SGLangEngine
 

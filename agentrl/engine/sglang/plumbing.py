@@ -1,10 +1,12 @@
-"""`SGLangHTTP`: the HTTP plumbing under `SGLangEngine` -- one httpx client per event loop, the
-API key, retries with backoff (connection errors and 5xx; never 4xx, never the collective
-routes), SGLang's error bodies as one-line `EngineError`s, and calls sent to every worker."""
+"""`SGLangHTTP`: the HTTP plumbing `SGLangEngine` and its weights part hold -- one httpx client per
+event loop, the API key, retries with backoff (connection errors and 5xx; never 4xx, never the
+collective routes), SGLang's error bodies as one-line `EngineError`s, and calls sent to every
+worker."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import uuid
 from http import HTTPStatus
@@ -14,10 +16,9 @@ import httpx
 import tenacity
 
 from agentrl.engine.base import EngineError, EngineMemoryError, EngineUnavailable
-from agentrl.engine.sglang.protocol import API_KEY_ENV, DEFAULT_WEIGHT_VERSION
+from agentrl.engine.sglang.protocol import API_KEY_ENV
 
 if TYPE_CHECKING:
-    from agentrl.engine.sglang.dialect import ServerDialect
     from agentrl.engine.sglang.launcher import SGLangCluster
 
 _RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
@@ -56,8 +57,8 @@ class _Retryable(Exception):
 
 
 class SGLangHTTP:
-    """The base of `SGLangEngine`, its constructor included: requests to `base_url` or to one
-    worker, retried as the class docstring of `SGLangEngine` says."""
+    """Requests to `base_url` or to one worker, retried as the class docstring of `SGLangEngine`
+    says; the workers are `cluster.worker_urls` when agentrl launched the servers."""
 
     def __init__(
         self,
@@ -82,21 +83,12 @@ class SGLangHTTP:
         self.cluster: SGLangCluster | None = None  # set by make_engine for launched servers
         self._client: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
-        self._pending: set[asyncio.Future[Any]] = set()
-        self._background: set[asyncio.Future[Any]] = set()
-        self._is_aborting = False
-        self.weight_version = DEFAULT_WEIGHT_VERSION
-        self._dialects: dict[str, ServerDialect] = {}
-        self._released_tags: dict[str, set[str]] = {}  # per worker: what a resume may map again
-        self._is_updating = False  # inside a weight-update session opened by the caller
 
     @property
     def worker_urls(self) -> list[str]:
         return list(self.cluster.worker_urls) if self.cluster is not None else [self.base_url]
 
-    # -- HTTP plumbing
-
-    def _http(self) -> httpx.AsyncClient:
+    def client(self) -> httpx.AsyncClient:
         loop = asyncio.get_running_loop()
         if self._client is None or self._client_loop is not loop:  # a client is bound to one loop
             limits = httpx.Limits(
@@ -109,7 +101,7 @@ class SGLangHTTP:
             self._client_loop = loop
         return self._client
 
-    async def _request(
+    async def request(
         self,
         method: str,
         url: str,
@@ -150,7 +142,7 @@ class SGLangHTTP:
         if is_fresh_rid:
             json["rid"] = uuid.uuid4().hex  # the caller's dict: a cancel aborts the live rid
         try:
-            response = await self._http().request(method, url, json=json, headers=headers)
+            response = await self.client().request(method, url, json=json, headers=headers)
         except _UNREACHABLE as e:
             raise _Retryable(f"{type(e).__name__}: {e}", is_unreachable=True) from e
         except httpx.TimeoutException as e:
@@ -169,10 +161,16 @@ class SGLangHTTP:
             )
         return response
 
-    async def _post(
+    async def aclose(self) -> None:
+        if self._client is not None:
+            with contextlib.suppress(RuntimeError):  # its loop may be gone already
+                await self._client.aclose()
+            self._client = None
+
+    async def post(
         self, path: str, payload: dict[str, Any] | None = None, *, url: str | None = None
     ) -> Any:
-        response = await self._request("POST", f"{url or self.base_url}{path}", json=payload or {})
+        response = await self.request("POST", f"{url or self.base_url}{path}", json=payload or {})
         if not response.content:
             return None
         try:
@@ -180,20 +178,20 @@ class SGLangHTTP:
         except ValueError:
             return response.text
 
-    async def _get(self, path: str, *, url: str | None = None) -> Any:
-        response = await self._request("GET", f"{url or self.base_url}{path}")
+    async def get(self, path: str, *, url: str | None = None) -> Any:
+        response = await self.request("GET", f"{url or self.base_url}{path}")
         return response.json() if response.content else None
 
-    async def _post_checked(
+    async def post_checked(
         self, path: str, payload: dict[str, Any] | None = None, *, url: str | None = None
     ) -> Any:
-        """`_post` to one server, its `{"success": false, "message"}` answer raised."""
-        return _checked(url or self.base_url, path, await self._post(path, payload, url=url))
+        """`post` to one server, its `{"success": false, "message"}` answer raised."""
+        return _checked(url or self.base_url, path, await self.post(path, payload, url=url))
 
-    async def _post_workers(self, path: str, payload: dict[str, Any] | None = None) -> list[Any]:
-        """`_post` to every worker; any `success: false` among the answers is raised."""
+    async def post_workers(self, path: str, payload: dict[str, Any] | None = None) -> list[Any]:
+        """`post` to every worker; any `success: false` among the answers is raised."""
         urls = self.worker_urls
-        results = await asyncio.gather(*(self._post(path, payload, url=u) for u in urls))
+        results = await asyncio.gather(*(self.post(path, payload, url=u) for u in urls))
         return [_checked(url, path, result) for url, result in zip(urls, results, strict=True)]
 
 

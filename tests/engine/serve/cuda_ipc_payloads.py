@@ -78,7 +78,7 @@ def receive(payload_file: str, out_file: str) -> None:
     import torch
 
     _load_agentrl_files()
-    from agentrl.engine.weight_receive import deserialize_named_tensors
+    from agentrl.weights.receive import deserialize_named_tensors
 
     results: list[Any] = []
     for line in Path(payload_file).read_text().splitlines():
@@ -94,7 +94,7 @@ def main() -> int:
     import torch
 
     _load_agentrl_files()
-    from agentrl.engine.weight_transport import flatten_bucket, serialize_for_ipc
+    from agentrl.weights.wire import flatten_bucket, serialize_for_ipc
 
     gen = torch.Generator().manual_seed(0)
     named = [("w", torch.randn(64, 32, generator=gen)), ("b", torch.randn(32, generator=gen))]

@@ -15,7 +15,7 @@ import torch
 
 from agentrl.engine.local import LocalEngine
 from agentrl.engine.sglang.protocol import version_spans_from_sglang
-from agentrl.engine.weight_transport import flatten_bucket, serialize_for_ipc
+from agentrl.weights.wire import flatten_bucket, serialize_for_ipc
 
 PROMPT = [1, 9690, 198, 2683, 314]
 

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from agentrl.engine.local import LocalEngine
-from tests.engine.test_weight_payload import BYTEARRAY_BOMB, DEQUE_BOMB
+from tests.weights.test_payload import BYTEARRAY_BOMB, DEQUE_BOMB
 
 
 @pytest.fixture(scope="module")

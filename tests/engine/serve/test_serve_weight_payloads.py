@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from agentrl.engine.local import LocalEngine
-from agentrl.engine.weight_receive import ALLOWED_GLOBALS
-from agentrl.engine.weight_transport import flatten_bucket, serialize_for_ipc
+from agentrl.weights.receive import ALLOWED_GLOBALS
+from agentrl.weights.wire import flatten_bucket, serialize_for_ipc
 
 SGLANG_SRC = Path("/work/sglang-src/sglang-0.5.23")  # the unpacked wheel, where there is one
 NAMES = ["model.layers.0.mlp.down_proj.weight", "model.norm.weight"]

@@ -308,7 +308,7 @@ async def test_make_engine_kind_http_talks_to_agentrl_serve(served, local) -> No
     cfg = RunConfig()
     cfg.engine.kind, cfg.engine.url, cfg.engine.max_retries = "http", url, 1
     engine = make_engine(cfg)
-    assert isinstance(engine, SGLangEngine) and engine.max_retries == 1
+    assert isinstance(engine, SGLangEngine) and engine.http.max_retries == 1
     want, got = await both(local, engine, seeded(3), PROMPTS[3])
     assert got.ids == want.ids and got.logprobs == want.logprobs
     await engine.close()

@@ -40,11 +40,11 @@ async def test_weight_update_from_disk_matches_in_process_update(
     await local.update_weights(perturbed(local, 0.25), weight_version="ckpt")
     local.model.save_pretrained(tmp_path, safe_serialization=True)
     http = SGLangEngine(url)
-    await http.update_weights_from_disk(str(tmp_path), weight_version="ckpt")
+    await http.weights.update_weights_from_disk(str(tmp_path), weight_version="ckpt")
     want, got = await both(local, http, seeded(1), PROMPTS[1])
     assert got.ids == want.ids and got.logprobs == want.logprobs and got.weight_version == "ckpt"
     with pytest.raises(EngineError, match="no \\*.safetensors"):
-        await http.update_weights_from_disk(str(tmp_path / "missing"))
+        await http.weights.update_weights_from_disk(str(tmp_path / "missing"))
     await asyncio.gather(local.close(), http.close())
 
 
@@ -54,7 +54,7 @@ async def test_distributed_weight_update_into_agentrl_serve_subprocess(
 ) -> None:
     """`agentrl serve` as a real process joins a gloo group with this process (rank 0) and
     receives a broadcast update; it then generates like an in-process engine with the same weights."""
-    from agentrl.engine.sglang.weight_sender import DistributedWeightSender
+    from agentrl.weights.distributed import DistributedSender
 
     with serve_subprocess(tiny_model_path, tmp_path / "serve.log") as url:
         http = SGLangEngine(url)
@@ -66,7 +66,7 @@ async def test_distributed_weight_update_into_agentrl_serve_subprocess(
             # One bucket of one dtype goes as a flattened bucket; one of mixed dtypes (float64
             # values cast back exactly) goes tensor by tensor.
             mixed = [(n, t.double() if i % 2 else t) for i, (n, t) in enumerate(named[half:])]
-            sender = DistributedWeightSender([http], backend="gloo")
+            sender = DistributedSender([http.weights], backend="gloo")
             await sender.connect()
             async with httpx.AsyncClient(base_url=url) as raw:  # SGLang 0.5.23's session
                 assert (await raw.post("/begin_weight_update", json={})).status_code == 200
@@ -90,7 +90,7 @@ async def test_gpu_weight_update_paths_into_a_cuda_server(tiny_model_path, tmp_p
     """On CUDA: the tensor path sends CUDA IPC handles (what real SGLang receives); the distributed
     path broadcasts over gloo (same GPU) or NCCL (server on a second GPU, as trainer and engine
     would be). The served model then matches an in-process one with the same weights."""
-    from agentrl.engine.sglang.weight_sender import DistributedWeightSender
+    from agentrl.weights.distributed import DistributedSender
 
     if path == "nccl" and torch.cuda.device_count() < 2:
         pytest.skip("NCCL between two ranks needs two GPUs")
@@ -106,9 +106,11 @@ async def test_gpu_weight_update_paths_into_a_cuda_server(tiny_model_path, tmp_p
             if path == "tensor":
                 await http.update_weights(named, weight_version=path)
             else:
-                sender = DistributedWeightSender([http], backend=path)
+                sender = DistributedSender([http.weights], backend=path)
                 await sender.connect()
-                async with http.weight_update():  # SGLang 0.5.23: broadcasts only in a session
+                async with (
+                    http.weights.weight_update()
+                ):  # SGLang 0.5.23: broadcasts only in a session
                     await sender.send(named, path)
                 await sender.close()
             await local.update_weights(named, weight_version=path)

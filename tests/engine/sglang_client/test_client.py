@@ -22,8 +22,8 @@ from agentrl.engine.sglang.protocol import (
     completion_from_sglang,
     num_requests_from_load,
 )
-from agentrl.engine.weight_receive import deserialize_named_tensors
-from agentrl.engine.weight_transport import flatten_bucket, serialize_for_ipc
+from agentrl.weights.receive import deserialize_named_tensors
+from agentrl.weights.wire import flatten_bucket, serialize_for_ipc
 from tests.support.servers import run_app_in_thread
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
@@ -251,7 +251,7 @@ async def test_control_calls_send_sglangs_bodies(replay: Replay) -> None:
     engine = _engine(replay.url)
     await engine.release_memory()
     await engine.resume_memory()
-    await engine.update_weights_from_disk("/ckpt/hf", weight_version="10")
+    await engine.weights.update_weights_from_disk("/ckpt/hf", weight_version="10")
     await engine.pause_generation()
     await engine.continue_generation()
     await engine.flush_cache()
@@ -336,7 +336,7 @@ def test_collective_routes_are_never_retried_and_others_are() -> None:
 
     async def post(path: str) -> None:
         with pytest.raises(EngineError, match="failed after"):
-            await engine._post(path, {})
+            await engine.http.post(path, {})
 
     async def main() -> None:
         await post("/update_weights_from_distributed")

@@ -239,7 +239,7 @@ async def test_make_engine_launches_generates_reports_a_crash_restarts_and_shuts
         cfg
     )  # kind=sglang: launch_servers(path, cfg.engine), then SGLangEngine(cluster.url)
     assert isinstance(engine, SGLangEngine)
-    cluster = engine.cluster
+    cluster = engine.http.cluster
     try:
         completion = await engine.generate([1, 2, 3], SamplingParams(max_new_tokens=4, seed=0))
         assert len(completion.ids) == len(completion.logprobs) > 0

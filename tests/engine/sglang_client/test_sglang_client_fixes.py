@@ -108,12 +108,12 @@ async def test_each_tensor_parallel_rank_gets_its_own_serialization(
     rank drops one when done: one payload copied to every rank drops it TP times (SGLang's
     deserialize_own_rank). On CPU the payloads' bytes are equal, so the serializations are
     counted."""
-    from agentrl.engine.sglang import weight_control
+    from agentrl.engine.sglang import weights as sglang_weights
 
     calls = []
-    real = weight_control.serialize_for_ipc
+    real = sglang_weights.serialize_for_ipc
     monkeypatch.setattr(
-        weight_control, "serialize_for_ipc", lambda obj: calls.append(obj) or real(obj)
+        sglang_weights, "serialize_for_ipc", lambda obj: calls.append(obj) or real(obj)
     )
     engine = _engine(server.url)
     await engine.update_weights([("w", torch.ones(3)), ("i", torch.ones(2, dtype=torch.int64))],

@@ -50,7 +50,7 @@ def sglang() -> ModuleType:
         sys.path.insert(0, SGLANG_PATH)
     import sglang
 
-    from agentrl.engine.sglang import compat
+    from agentrl.weights import sglang_compat as compat
 
     compat.flattened_metadata_class.cache_clear()  # sglang is importable from here on
     return sglang
@@ -110,11 +110,11 @@ async def test_every_body_the_client_sends_validates_as_sglangs_request(
     await engine.pause_generation("retract")
     await engine.update_weights(NAMED, weight_version="1")
     await engine.update_weights([], weight_version="2")
-    async with engine.weight_update():
-        await engine.update_weights_from_distributed(
+    async with engine.weights.weight_update():
+        await engine.weights.update_weights_from_distributed(
             names=["w"], dtypes=["float32"], shapes=[[2, 2]], load_format="flattened_bucket"
         )
-    await engine.update_weights_from_disk("/ckpt", weight_version="3")
+    await engine.weights.update_weights_from_disk("/ckpt", weight_version="3")
     await engine.continue_generation()
     await engine.abort(poll_interval_s=0.01)
     await engine.close()
@@ -159,8 +159,8 @@ def test_the_ipc_payload_passes_sglangs_unpickler_and_rebuilds_bit_exact(
     from sglang.srt.utils.common import MultiprocessingSerializer
     from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket, FlattenedTensorMetadata
 
-    from agentrl.engine.sglang import compat
-    from agentrl.engine.weight_transport import flatten_bucket, serialize_for_ipc
+    from agentrl.weights import sglang_compat as compat
+    from agentrl.weights.wire import flatten_bucket, serialize_for_ipc
 
     if not is_sglang_in_trainer:
         monkeypatch.setattr(compat, "flattened_metadata_class", lambda: None)
@@ -182,7 +182,7 @@ def test_the_broadcast_bucket_is_what_sglangs_receiver_posts(sglang: ModuleType)
     bucket as uint8 bytes (FlattenedTensorBucket.empty); agentrl sent it in the weights' dtype."""
     from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
 
-    from agentrl.engine.sglang.weight_sender import flatten_into
+    from agentrl.weights.wire import flatten_into
 
     tensors = [t.to(torch.bfloat16) for _, t in NAMED]
     sent = flatten_into(tensors)
@@ -241,7 +241,7 @@ async def test_sglangs_receiver_joins_our_broadcast_over_gloo(
     sglang: ModuleType, tmp_path: Path
 ) -> None:
     from agentrl.engine.sglang.launcher import free_ports
-    from agentrl.engine.sglang.weight_sender import DistributedWeightSender
+    from agentrl.weights.distributed import DistributedSender
 
     (port,) = free_ports(1)
     out = tmp_path / "received.pt"
@@ -254,7 +254,7 @@ async def test_sglangs_receiver_joins_our_broadcast_over_gloo(
     ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SGLANG_PATH), os.getcwd()])}
     receiver = subprocess.Popen([sys.executable, "-c", _RECEIVER, json.dumps(spec)], env=env)
-    sender = DistributedWeightSender([_Member()], master_port=port, backend="gloo")  # type: ignore[list-item]
+    sender = DistributedSender([_Member()], master_port=port, backend="gloo")  # type: ignore[list-item]
     try:
         await sender.connect()
         await sender.send(NAMED, "1")

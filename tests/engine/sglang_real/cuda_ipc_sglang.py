@@ -54,8 +54,8 @@ def send(with_sglang: bool, work: str) -> None:
     import torch
 
     _load_agentrl_files()
-    from agentrl.engine.sglang.compat import flattened_metadata_class
-    from agentrl.engine.weight_transport import flatten_bucket, serialize_for_ipc
+    from agentrl.weights.sglang_compat import flattened_metadata_class
+    from agentrl.weights.wire import flatten_bucket, serialize_for_ipc
 
     have = flattened_metadata_class() is not None
     assert have == with_sglang, f"sglang importable in the sender: {have}, wanted {with_sglang}"

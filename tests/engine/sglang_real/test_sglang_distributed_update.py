@@ -1,4 +1,4 @@
-"""Broadcast weight updates: the run's `DistributedWeightSender` (trainer rank 0) and SGLang's
+"""Broadcast weight updates: the run's `DistributedSender` (trainer rank 0) and SGLang's
 receiver in one gloo group made by SGLang's `init_custom_process_group`, the bucket received as
 SGLang receives it (`FlattenedTensorBucket`), inside a session, the prefix cache flushed after."""
 
@@ -8,7 +8,7 @@ import torch
 
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.sglang import SGLangEngine
-from agentrl.run.weight_sync import make_sender
+from agentrl.weights import make_sender
 from tests.support.sglang_real import StandInServer, assert_loaded, weights
 
 
@@ -22,7 +22,9 @@ async def test_broadcast_buckets_arrive_bit_exact_and_the_cache_is_flushed(
     assert warm.cached_tokens > 0  # the prefix cache holds KV of the old weights
     mixed = weights(7)  # float32 and bfloat16: one flat bucket per dtype
     one_dtype = [("layers.8.w", torch.linspace(-1, 1, 12).reshape(3, 4))]
-    sender = await make_sender("distributed", [engine], model_path="", master_address="127.0.0.1")
+    sender = await make_sender(
+        "distributed", [engine.weights], model_path="", master_address="127.0.0.1"
+    )
     await sender.begin()
     await sender.send(mixed, None)
     await sender.send(one_dtype, "d1")  # the version comes with the last bucket

@@ -52,7 +52,7 @@ async def test_update_weights_loads_every_tensor_bit_exact(sglang_server: StandI
 
 async def test_several_buckets_in_one_session(sglang_server: StandInServer) -> None:
     engine = SGLangEngine(sglang_server.url)
-    async with engine.weight_update():
+    async with engine.weights.weight_update():
         await engine.update_weights(weights(2), weight_version="v2")
         await engine.update_weights(weights(3), weight_version="v2")
     state = sglang_server.state()
@@ -93,7 +93,7 @@ import sys
 from tests.support.sglang_real import import_sglang
 import_sglang()
 import torch
-from agentrl.engine.weight_transport import flatten_bucket, serialize_for_ipc
+from agentrl.weights.wire import flatten_bucket, serialize_for_ipc
 named = [("trainer.w", torch.arange(6, dtype=torch.float32).reshape(2, 3))]
 bucket = flatten_bucket(named)  # kept alive until the server has copied it
 print(type(bucket["metadata"][0]).__module__, flush=True)
@@ -116,8 +116,10 @@ async def test_a_trainer_that_imports_sglang_builds_a_payload_sglang_accepts(
         payload = trainer.stdout.readline().strip()  # type: ignore[union-attr]
         assert payload, (tmp_path / "trainer.log").read_text()[-3000:]
         engine = SGLangEngine(sglang_server.url)
-        async with engine.weight_update():
-            await engine.update_weights_from_tensor([payload], weight_version="from-trainer")
+        async with engine.weights.weight_update():
+            await engine.weights.update_weights_from_tensor(
+                [payload], weight_version="from-trainer"
+            )
         await engine.close()
     finally:
         trainer.communicate("\n", timeout=120)

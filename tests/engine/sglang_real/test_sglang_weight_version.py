@@ -18,7 +18,7 @@ async def test_version_update_keeps_requests_in_flight(sglang_server: StandInSer
     with sglang_server.holding():
         task = asyncio.ensure_future(engine.generate([1, 1], SamplingParams(max_new_tokens=3)))
         await sglang_server.wait_until(lambda s: s["num_running"] == 1, "running")
-        await engine.update_weight_version("v7")
+        await engine.weights.update_weight_version("v7")
     completion = await asyncio.wait_for(task, 30)
     assert completion.finish_reason is FinishReason.LENGTH
     assert completion.weight_version == "v7"

@@ -1,4 +1,4 @@
-"""What a weight payload may name and do before `weight_receive` unpickles it: the allow-list of
+"""What a weight payload may name and do before `receive.py` unpickles it: the allow-list of
 globals (SGLang's), the few of them it may call or set the state of, and the opcode walk that
 checks both and bounds what the payload may map or allocate."""
 
@@ -210,8 +210,9 @@ class _PayloadWalk:
             return
         for kind in opcode.stack_after:
             is_constant = isinstance(arg, (str, int)) and kind is not pickletools.markobject
-            self.stack.append(_MARK if kind is pickletools.markobject else
-                              arg if is_constant else None)  # fmt: skip
+            self.stack.append(
+                _MARK if kind is pickletools.markobject else arg if is_constant else None
+            )
 
     def _global(self, arg: Any) -> _Global:
         if arg is None:  # STACK_GLOBAL: the two strings under it

@@ -28,7 +28,8 @@ def bucket_by_dtype(
         bucket, size = open_buckets.get(tensor.dtype, ([], 0))
         if bucket and size + nbytes(tensor) > bucket_size_bytes:
             yield bucket
-            bucket, size = [], 0
+            bucket = []
+            size = 0
         bucket.append((name, tensor))
         open_buckets[tensor.dtype] = (bucket, size + nbytes(tensor))
     for bucket, _ in open_buckets.values():

@@ -1,27 +1,52 @@
-"""`SGLangWeights`: `SGLangEngine`'s weight updates -- from disk, from tensors (flattened buckets
-over CUDA IPC or shared memory, one serialization per tensor-parallel rank) and the routes a
-broadcast (`weight_sender.DistributedWeightSender`) drives --
-inside SGLang's weight-update session where the server wants one, the prefix cache flushed
-once the new weights are in."""
+"""`SGLangWeights`: the weight part of `SGLangEngine` (held as `client.weights`) -- updates from
+disk, from tensors (flattened buckets over CUDA IPC or shared memory, one serialization per
+tensor-parallel rank) and the routes a broadcast (`agentrl.weights.distributed`) drives, inside
+SGLang's weight-update session where the server wants one, the prefix cache flushed once the new
+weights are in. It is the `BroadcastTarget` the run's weight senders talk to."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agentrl.engine.base import EngineError
-from agentrl.engine.sglang.control import SGLangControl
-from agentrl.engine.weight_transport import flatten_bucket, serialize_for_ipc
-from agentrl.weight_buckets import bucket_by_dtype
+from agentrl.weights.buckets import bucket_by_dtype
+from agentrl.weights.wire import flatten_bucket, serialize_for_ipc
 
 if TYPE_CHECKING:
     import torch
 
+    from agentrl.engine.sglang.dialect import ServerDialect
+    from agentrl.engine.sglang.plumbing import SGLangHTTP
 
-class SGLangWeights(SGLangControl):
-    """A base of `SGLangEngine`, on `SGLangControl` (dialects, TP size, flush)."""
+
+class _Client(Protocol):
+    """What the weights part uses of the `SGLangEngine` that holds it."""
+
+    http: SGLangHTTP
+    weight_version: str
+    _dialects: dict[str, ServerDialect]
+
+    async def dialect(self, url: str | None = None) -> ServerDialect: ...
+    async def tp_size(self, url: str | None = None) -> int: ...
+    async def flush_cache(self) -> None: ...
+
+
+class SGLangWeights:
+    def __init__(self, client: _Client) -> None:
+        self.client = client  # its dialects, flush and version; its `http` sends
+        self.http = client.http
+        self._is_updating = False  # inside a weight-update session opened by the caller
+
+    @property
+    def worker_urls(self) -> list[str]:
+        return self.http.worker_urls
+
+    async def tp_size(self, url: str | None = None) -> int:
+        return await self.client.tp_size(url)
 
     # -- the session
 
@@ -29,36 +54,38 @@ class SGLangWeights(SGLangControl):
         """Open a weight-update session on every worker that has them (SGLang 0.5.23 refuses
         tensor and broadcast updates outside one); older servers answer 404 once and are
         remembered as having none."""
-        for url in self.worker_urls:
-            await self._begin_one(url)
+        await asyncio.gather(*(self._begin_one(url) for url in self.worker_urls))
         self._is_updating = True
 
     async def _begin_one(self, url: str) -> None:
-        dialect = await self.dialect(url)
+        dialects = self.client._dialects
+        dialect = await self.client.dialect(url)
         if dialect.uses_weight_sessions is False:
             return
         try:
-            await self._post("/begin_weight_update", {}, url=url)
+            await self.http.post("/begin_weight_update", {}, url=url)
         except EngineError as e:
             if "HTTP 404" in str(e) and dialect.uses_weight_sessions is None:
-                self._dialects[url] = dataclasses.replace(dialect, uses_weight_sessions=False)
+                dialects[url] = dataclasses.replace(dialect, uses_weight_sessions=False)
                 return
             if "already open" not in str(e):
                 raise
             # A trainer that died mid-update left it open: close it, then open ours.
-            await self._post("/end_weight_update", {}, url=url)
-            await self._post("/begin_weight_update", {}, url=url)
-        self._dialects[url] = dataclasses.replace(dialect, uses_weight_sessions=True)
+            await self.http.post("/end_weight_update", {}, url=url)
+            await self.http.post("/begin_weight_update", {}, url=url)
+        dialects[url] = dataclasses.replace(dialect, uses_weight_sessions=True)
 
     async def end_weight_update(self, *, flush_cache: bool = True) -> None:
-        """Close the session, then flush the prefix cache: KV computed with the old weights
-        must not be reused (retried while the server still has requests queued)."""
+        """Close the session and flush the prefix cache, both at once (one round trip): KV
+        computed with the old weights must not be reused, and every bucket is in by now (the
+        flush is retried while the server still has requests queued)."""
         self._is_updating = False
-        for url in self.worker_urls:
-            if (await self.dialect(url)).uses_weight_sessions:
-                await self._post("/end_weight_update", {}, url=url)
-        if flush_cache:
-            await self.flush_cache()
+        flush = [self.client.flush_cache()] if flush_cache else []
+        await asyncio.gather(*(self._end_one(url) for url in self.worker_urls), *flush)
+
+    async def _end_one(self, url: str) -> None:
+        if (await self.client.dialect(url)).uses_weight_sessions:
+            await self.http.post("/end_weight_update", {}, url=url)
 
     @contextlib.asynccontextmanager
     async def weight_update(self) -> AsyncIterator[None]:
@@ -78,8 +105,8 @@ class SGLangWeights(SGLangControl):
         self, model_path: str, *, weight_version: str | None = None
     ) -> None:
         payload = _versioned({"model_path": model_path, "flush_cache": False}, weight_version)
-        await self._post_workers("/update_weights_from_disk", payload)
-        await self.flush_cache()
+        await self.http.post_workers("/update_weights_from_disk", payload)
+        await self.client.flush_cache()
         self._stamp(weight_version)
 
     async def update_weights_from_tensor(
@@ -94,15 +121,16 @@ class SGLangWeights(SGLangControl):
             "flush_cache": False,
             "abort_all_requests": False,
         }
-        await self._post_workers("/update_weights_from_tensor", _versioned(payload, weight_version))
+        path = "/update_weights_from_tensor"
+        await self.http.post_workers(path, _versioned(payload, weight_version))
         self._stamp(weight_version)
 
     async def update_weight_version(self, weight_version: str) -> None:
         """Stamp a version without new weights; running requests go on (SGLang's default for
         `abort_all_requests` is true: it would abort them)."""
         body = {"new_version": weight_version, "abort_all_requests": False}
-        await self._post_workers("/update_weight_version", body)
-        self.weight_version = weight_version
+        await self.http.post_workers("/update_weight_version", body)
+        self.client.weight_version = weight_version
 
     async def init_weights_update_group(
         self,
@@ -123,12 +151,12 @@ class SGLangWeights(SGLangControl):
             "group_name": group_name,
             "backend": backend,
         }
-        await self._post_checked("/init_weights_update_group", body, url=url)
+        await self.http.post_checked("/init_weights_update_group", body, url=url)
 
     async def destroy_weights_update_group(
         self, group_name: str = "weight_update_group", *, url: str | None = None
     ) -> None:
-        await self._post("/destroy_weights_update_group", {"group_name": group_name}, url=url)
+        await self.http.post("/destroy_weights_update_group", {"group_name": group_name}, url=url)
 
     async def update_weights_from_distributed(
         self,
@@ -153,26 +181,28 @@ class SGLangWeights(SGLangControl):
             "load_format": load_format,
         }
         path = "/update_weights_from_distributed"
-        await self._post_checked(path, _versioned(payload, weight_version), url=url)
+        await self.http.post_checked(path, _versioned(payload, weight_version), url=url)
         self._stamp(weight_version)
 
     def _stamp(self, weight_version: str | None) -> None:
-        """The version this client reports, once a server took weights under it."""
+        """The version the client reports, once a server took weights under it."""
         if weight_version is not None:
-            self.weight_version = weight_version
+            self.client.weight_version = weight_version
 
-    # -- the Engine protocol
+    # -- tensors
 
     async def update_weights(
-        self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, weight_version: str
+        self, named_tensors: list[tuple[str, torch.Tensor]], *, weight_version: str | None
     ) -> None:
         """Push one bucket of weights (the trainer's exporter cuts the buckets; call once per
-        bucket, `weight_version` takes effect with the call). Outside `weight_update()` the
-        call is a session of its own."""
+        bucket; `weight_version`, None to keep the served one, takes effect with the call).
+        Outside `weight_update()` the call is a session of its own."""
         async with contextlib.nullcontext() if self._is_updating else self.weight_update():
-            await self._push(list(named_tensors), weight_version)
+            await self._push(named_tensors, weight_version)
 
-    async def _push(self, named: list[tuple[str, torch.Tensor]], weight_version: str) -> None:
+    async def _push(
+        self, named: list[tuple[str, torch.Tensor]], weight_version: str | None
+    ) -> None:
         tp_size = await self.tp_size()
         buckets = list(bucket_by_dtype(named))  # one flat tensor per dtype
         for i, bucket in enumerate(buckets):
@@ -184,7 +214,7 @@ class SGLangWeights(SGLangControl):
                 [serialize_for_ipc(flat) for _ in range(tp_size)],
                 weight_version=weight_version if is_last else None,
             )
-        if not buckets:  # the last bucket stamped the version; with none, stamp it alone
+        if not buckets and weight_version is not None:  # stamp the version alone
             await self.update_weight_version(weight_version)
 
 

@@ -18,9 +18,9 @@ import pytest
 import torch
 import torch.multiprocessing
 
-from agentrl.engine.weight_payload import check_payload
-from agentrl.engine.weight_receive import deserialize_named_tensors
-from agentrl.engine.weight_transport import flatten_bucket, serialize_for_ipc
+from agentrl.weights.payload import check_payload
+from agentrl.weights.receive import deserialize_named_tensors
+from agentrl.weights.wire import flatten_bucket, serialize_for_ipc
 
 
 def _str(text: str) -> bytes:

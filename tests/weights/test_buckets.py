@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from agentrl.weight_buckets import bucket_by_dtype, nbytes
+from agentrl.weights.buckets import bucket_by_dtype, nbytes
 
 
 def test_buckets_hold_one_dtype_and_at_most_the_budget():

@@ -1,5 +1,5 @@
 """Weight export: a model's HF-named tensors, gathered whole from their shards one at a time (the
-exporters cut them into buckets with `agentrl.weight_buckets`)."""
+trainer's exporters cut them into buckets with `buckets.py`)."""
 
 from __future__ import annotations
 

@@ -12,9 +12,9 @@ import sys
 import pytest
 import torch
 
-from agentrl.engine.sglang.weight_sender import flatten_into
-from agentrl.engine.weight_receive import receive_broadcast
-from agentrl.engine.weight_transport import destroy_process_group, init_weights_update_process_group
+from agentrl.weights.group import destroy_process_group, init_weights_update_process_group
+from agentrl.weights.receive import receive_broadcast
+from agentrl.weights.wire import flatten_into
 
 
 def _free_port() -> int:
@@ -80,8 +80,8 @@ def test_flatten_into_matches_the_concatenation() -> None:
 # Rank 0 in its own process: a flattened bucket of two dtypes, then two tensors one by one.
 _SENDER = """
 import sys, torch, torch.distributed as dist
-from agentrl.engine.sglang.weight_sender import flatten_into
-from agentrl.engine.weight_transport import destroy_process_group, init_weights_update_process_group
+from agentrl.weights.wire import flatten_into
+from agentrl.weights.group import destroy_process_group, init_weights_update_process_group
 pg = init_weights_update_process_group(backend="gloo", master_address="127.0.0.1",
     master_port=int(sys.argv[1]), world_size=2, rank=0, group_name="two_ranks", timeout_s=60)
 a, b = torch.arange(6.0).reshape(2, 3), torch.arange(4.0) + 10

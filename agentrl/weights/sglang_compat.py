@@ -1,8 +1,10 @@
 """What agentrl takes from an installed SGLang, when there is one: the class a real SGLang server
 accepts as flattened-bucket metadata, and its patch of torch's CUDA IPC reductions. The one place
-outside the client that imports `sglang`; without it the sender falls back to what SGLang's
+outside the SGLang client that imports `sglang`; without it the sender falls back to what SGLang's
 SafeUnpickler admits anyway (`types.SimpleNamespace`) and torch's own reductions."""
 
+# pyright: reportMissingImports=false
+# (sglang is an optional extra: a dev install leaves it out)
 from __future__ import annotations
 
 import contextlib

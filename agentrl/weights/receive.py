@@ -1,7 +1,7 @@
-"""The engine's side of a weight update: payloads of `/update_weights_from_tensor` walked opcode by
-opcode, then unpickled under an allow-list; checkpoint directories read for
-`/update_weights_from_disk`; the broadcast of `/update_weights_from_distributed` received. The
-format and the sender's side live in `agentrl.engine.weight_transport`."""
+"""The engine's side of a weight update (what `agentrl serve` applies): payloads of
+`/update_weights_from_tensor` walked opcode by opcode (`payload.py`), then unpickled under an
+allow-list; checkpoint directories read for `/update_weights_from_disk`; the broadcast of
+`/update_weights_from_distributed` received. The format is `wire.py`'s."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pickle
 import types
 from typing import Any
 
-from agentrl.engine.weight_payload import (
+from agentrl.weights.payload import (
     ALLOWED_GLOBALS,
     MAX_PAYLOAD_BYTES,
     SGLANG_CUDA_REBUILD,
@@ -24,7 +24,7 @@ from agentrl.engine.weight_payload import (
     check_global,
     check_payload,
 )
-from agentrl.engine.weight_transport import reconstruct_bucket
+from agentrl.weights.wire import reconstruct_bucket
 
 __all__ = ["ALLOWED_GLOBALS", "WeightUnpickler", "deserialize_named_tensors"]
 
@@ -159,7 +159,8 @@ def _empty_byte_bucket(
     must start at a multiple of its item size (SGLang refuses an unaligned bucket too)."""
     import torch
 
-    spans, offset = [], 0
+    spans = []
+    offset = 0
     for name, dtype, shape in zip(names, dtypes, shapes, strict=True):
         if any(dim < 0 for dim in shape):
             raise ValueError(f"negative dimension in received tensor {name}: shape={shape}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from agentrl.trainer.weights import unique_named_tensors
+from agentrl.weights.export import unique_named_tensors
 
 
 def test_tied_weights_are_exported_once_and_dtype_casts_floats_only():

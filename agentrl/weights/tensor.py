@@ -1,0 +1,59 @@
+"""The tensor transport: each bucket handed to the engines as tensors -- to a server on this host
+as SGLang's flattened bucket over CUDA IPC (GPU) or shared memory (CPU), or straight to an
+in-process engine (`EngineTarget`)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from agentrl.weights.sender import Bucket, WeightTarget
+
+
+class EngineTarget:
+    """An in-process engine (`LocalEngine`) as a `WeightTarget`: it loads each bucket in place
+    between its steps, so its session is empty and a bucket without a version keeps its own."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine  # an agentrl.engine.Engine
+
+    async def begin_weight_update(self) -> None:
+        return None
+
+    async def end_weight_update(self) -> None:
+        return None
+
+    async def update_weights(self, named_tensors: Bucket, *, weight_version: str | None) -> None:
+        version = weight_version or self.engine.weight_version
+        await self.engine.update_weights(named_tensors, weight_version=version)
+
+    async def update_weights_from_disk(self, model_path: str, *, weight_version: str) -> None:
+        raise ValueError("an in-process engine takes weights as tensors, not from disk")
+
+
+class TensorSender:
+    def __init__(self, targets: Sequence[WeightTarget]) -> None:
+        self.targets = list(targets)
+        self.phases: dict[str, float] = defaultdict(float)
+
+    async def begin(self) -> None:
+        self.phases = defaultdict(float)
+        await asyncio.gather(*(t.begin_weight_update() for t in self.targets))
+
+    async def send(self, bucket: Bucket, version: str | None) -> None:
+        t0 = time.perf_counter()
+        await asyncio.gather(
+            *(t.update_weights(bucket, weight_version=version) for t in self.targets)
+        )
+        self.phases["send_s"] += time.perf_counter() - t0
+
+    async def end(self, version: str) -> None:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(t.end_weight_update() for t in self.targets))
+        self.phases["end_s"] = time.perf_counter() - t0
+
+    async def close(self) -> None:
+        return None
