@@ -96,7 +96,7 @@ def _planted_groups(path: str, bias: float) -> list[list[Trajectory]]:
     logit: a precision gap everywhere, a planted one on PLANTED_ID."""
     from transformers import LlamaForCausalLM
 
-    rollout_model = LlamaForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16).eval()
+    rollout_model = LlamaForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
     rng = random.Random(0)
     groups = []
     for g in range(2):
