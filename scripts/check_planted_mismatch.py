@@ -133,7 +133,7 @@ def check_mode(name: str, trajectories: list, path: str, device: str, token: int
         mb = mb.to(device)
         assert mb.old_logprobs is not None
         seg = Segments(mb.loss_mask, mb.seq_index, mb.seq_num_tokens, 1.0, 1.0)
-        _, keep, _, _ = correction(mb.old_logprobs, mb.rollout_logprobs, seg)
+        keep = correction(mb.old_logprobs, mb.rollout_logprobs, seg).keep
         is_loss = mb.loss_mask > 0
         is_planted = (mb.target_ids == token) & is_loss
         if level == "sequence":
