@@ -72,13 +72,18 @@ async def sample(path: str, device: str, args: argparse.Namespace) -> list:
 
 
 def planted_id(trajectories: list) -> int:
-    """The most often sampled token id that is not in every episode: planted in some, not all."""
-    counts: dict[int, int] = {}
+    """A sampled token id found in about half the episodes, and rarely within them: planted in
+    some sequences, not all, and seldom likely where it was not sampled."""
+    episodes: dict[int, int] = {}
+    occurrences: dict[int, int] = {}
     for t in trajectories:
-        for tid in {tid for tid, m in zip(t.token_ids, t.loss_mask, strict=True) if m}:
-            counts[tid] = counts.get(tid, 0) + 1
-    candidates = [(n, tid) for tid, n in counts.items() if n < len(trajectories)]
-    return max(candidates)[1]
+        sampled = [tid for tid, m in zip(t.token_ids, t.loss_mask, strict=True) if m]
+        for tid in sampled:
+            occurrences[tid] = occurrences.get(tid, 0) + 1
+        for tid in set(sampled):
+            episodes[tid] = episodes.get(tid, 0) + 1
+    half = len(trajectories) / 2
+    return min(episodes, key=lambda tid: (abs(episodes[tid] - half), occurrences[tid], tid))
 
 
 @torch.no_grad()
