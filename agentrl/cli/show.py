@@ -248,7 +248,7 @@ def render_trajectory(
         _print_spans(console, traj, spans(traj, 0, traj.prompt_len), decode, None, marks=marks)
     for k, turn in enumerate(traj.turns):
         header = (
-            f"turn {k + 1} · finish {turn.finish_reason} · weights {turn.weight_version} · "
+            f"turn {k + 1} · finish {turn.finish_reason} · weights {weights_label(turn)} · "
             f"{turn.num_tool_calls} tool calls, {turn.num_tool_errors} errors"
         )
         _print_line(console, header, "bold cyan", marks=marks)
@@ -257,6 +257,16 @@ def render_trajectory(
         _print_spans(console, traj, turn_spans, decode, turn, marks=marks)
     if "error" in traj.info:
         _print_line(console, str(traj.info["error"]).rstrip(), "red", marks=marks)
+
+
+def weights_label(turn: Turn) -> str:
+    """The weight version that sampled the turn, or each version with its token count when the
+    turn straddled an update: `3 (4 tokens) → 5 (6 tokens)`."""
+    if not turn.version_spans:
+        return turn.weight_version
+    return " → ".join(
+        f"{version} ({n} token{'' if n == 1 else 's'})" for version, n in turn.version_spans
+    )
 
 
 def _print_header(console: Console, index: int, traj: Trajectory, *, marks: bool) -> None:

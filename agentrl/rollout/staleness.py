@@ -99,11 +99,14 @@ def lag_gap_metrics(
 
 def probe_sample(groups: Sequence[Group], trainer_version: int, per_lag: int) -> list[Any]:
     """Up to `per_lag` trajectories for each oldest-turn lag present (the cheap sample the
-    trainer scores for `lag_gap_metrics`)."""
+    trainer scores for `lag_gap_metrics`). The trainer scores them over the whole softmax, so a
+    trajectory whose logprobs are of a top-k/top-p truncated distribution is left out: its gap
+    would be the log of the mass the filter kept (6.3 nats at top-k 50 on a tiny random model),
+    not a mismatch; the step's `mismatch_*` metrics replay the filter and cover it."""
     picked: dict[int, list[Any]] = {}
     for group in groups:
         for traj in group:
-            if not traj.logprobs:
+            if not traj.logprobs or any(t.is_logprob_truncated for t in traj.turns):
                 continue
             bucket = picked.setdefault(trajectory_lag(traj, trainer_version), [])
             if len(bucket) < per_lag:

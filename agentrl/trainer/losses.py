@@ -302,16 +302,11 @@ class PolicyObjective:
         # clipped PPO token does (NeMo-RL's icepop; verl and slime shrink the mask instead).
         keep: Tensor | float = 1.0
         if self.correction is not None:
-            weights, keep, corr_stats, corr_seq_stats = self.correction(
-                x.old_log_probs, x.rollout_log_probs, seg
-            )
-            pg_losses = pg_losses * weights * keep
-            if "tis_weight_max_raw" in corr_stats:
-                metrics.update(
-                    _masked_max("tis_weight_max", corr_stats.pop("tis_weight_max_raw"), seg)
-                )
-            stats.update(corr_stats)
-            seq_stats.update(corr_seq_stats)
+            out = self.correction(x.old_log_probs, x.rollout_log_probs, seg)
+            pg_losses, keep = pg_losses * out.weights * out.keep, out.keep
+            stats.update(out.token_stats)
+            seq_stats.update(out.seq_stats)
+            metrics.update(out.max_stats)
         pg_loss = self.aggregate(pg_losses, seg)
         loss = pg_loss
         metrics["pg_loss"] = pg_loss.detach()
@@ -360,12 +355,6 @@ def _packed_sequence_sums(stats: Mapping[str, Tensor], seg: Segments) -> dict[st
     is_packed = (seg.seq_num_tokens > 0).to(seg.loss_mask.dtype)  # [S]
     sums = {_SEQ_SUM_PREFIX + name: (value * is_packed).sum() for name, value in stats.items()}
     return {**sums, NUM_PACKED_SEQS: is_packed.sum()}
-
-
-def _masked_max(name: str, values: Tensor, seg: Segments) -> dict[str, Tensor]:
-    """`values`' max over this micro-batch's loss tokens (none: no entry)."""
-    is_loss = seg.loss_mask > 0
-    return {name: values[is_loss].max()} if bool(is_loss.any()) else {}
 
 
 def diagnostic_means(metrics: Mapping[str, float]) -> dict[str, float]:

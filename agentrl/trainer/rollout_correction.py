@@ -71,67 +71,113 @@ def _weights(level_log_ratio: Tensor) -> Tensor:
 
 
 @dataclass(frozen=True)
+class CorrectionOutput:
+    """What the correction gives one micro-batch, detached; off the loss mask nothing matters."""
+
+    weights: Tensor  # [B, T] importance weight of each token's policy-gradient term (1: IS off)
+    keep: Tensor  # [B, T] 0/1, 0 where rejection removed the token
+    token_stats: dict[str, Tensor]  # [B, T] each, averaged over trained tokens
+    seq_stats: dict[str, Tensor]  # [S] each, averaged over packed sequences
+    max_stats: dict[str, Tensor]  # scalars, maxima over this micro-batch's trained tokens
+
+
+ImportanceFn = Callable[[Tensor, Segments], tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]]
+RejectionFn = Callable[[Tensor, Segments], Tensor]
+
+
+def no_importance(
+    log_ratio: Tensor, seg: Segments
+) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]:
+    """IS off: every weight 1, nothing to report."""
+    return torch.ones_like(log_ratio), {}, {}
+
+
+@dataclass(frozen=True)
+class TruncatedImportance:
+    """min(ratio at `level`, threshold): TIS at token level, verl's Seq-TIS, slime's geometric."""
+
+    level: LevelFn
+    threshold: float
+
+    def __call__(
+        self, log_ratio: Tensor, seg: Segments
+    ) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]:
+        raw = _weights(self.level(log_ratio, seg))  # [B, T]
+        weights = raw.clamp(max=self.threshold)
+        stats = {"tis_weight_mean": weights, "tis_clip_frac": (raw > self.threshold).to(raw.dtype)}
+        return weights, stats, masked_max("tis_weight_max", raw, seg)  # max before truncation
+
+
+@dataclass(frozen=True)
+class LevelRejection:
+    """Keep a token (token level) or a whole sequence when its ratio at `level` lies in
+    [lower, upper] (verl's rollout_rs, slime's MIS mask mode, IcePop at token level)."""
+
+    level: LevelFn
+    lower: float
+    upper: float
+
+    def __call__(self, log_ratio: Tensor, seg: Segments) -> Tensor:
+        level_weights = _weights(self.level(log_ratio, seg))  # [B, T]
+        return ((level_weights >= self.lower) & (level_weights <= self.upper)).to(log_ratio.dtype)
+
+
+@dataclass(frozen=True)
+class TokenVeto:
+    """Drop every token of a sequence holding a trained token whose ratio is below the
+    threshold (verl's rollout_token_veto_threshold, slime's mis_veto_threshold)."""
+
+    log_threshold: float
+
+    def __call__(self, log_ratio: Tensor, seg: Segments) -> Tensor:
+        is_catastrophic = (log_ratio < self.log_threshold) & (seg.loss_mask > 0)  # [B, T]
+        is_vetoed = seg.seq_sum(is_catastrophic.to(log_ratio.dtype)) > 0  # [S]
+        return (~is_vetoed[seg.seq_index]).to(log_ratio.dtype)
+
+
+@dataclass(frozen=True)
 class RolloutCorrection:
-    """IS weights and a keep mask for one micro-batch, with its per-token diagnostics.
+    """IS weights and a keep mask for one micro-batch, with their diagnostics. Its parts are
+    chosen once from the settings (`build_correction`); the call branches on none of them."""
 
-    Chosen once from the settings (`build_correction`): a level off is a function that returns
-    ones, so the call below has no branch on the configuration."""
-
-    is_level: LevelFn | None
-    is_threshold: float
-    rs_level: LevelFn | None
-    rs_lower: float
-    rs_upper: float
-    log_veto_threshold: float | None
+    importance: ImportanceFn
+    rejections: tuple[RejectionFn, ...]  # a token is kept when every one keeps it
 
     def __call__(
         self, old_log_probs: Tensor, rollout_log_probs: Tensor, seg: Segments
-    ) -> tuple[Tensor, Tensor, dict[str, Tensor], dict[str, Tensor]]:
-        """(IS weights [B, T], keep mask [B, T] 0/1, per-token stats [B, T], per-sequence stats
-        [S]), all detached. Off the loss mask the values mean nothing (the loss mask zeroes them)."""
+    ) -> CorrectionOutput:
         log_ratio = (old_log_probs - rollout_log_probs).detach() * seg.loss_mask  # [B, T]
-        stats: dict[str, Tensor] = {}
-        seq_stats: dict[str, Tensor] = {}
-        ones = torch.ones_like(log_ratio)
-        weights = ones
-        if self.is_level is not None:
-            raw = _weights(self.is_level(log_ratio, seg))  # [B, T]
-            weights = raw.clamp(max=self.is_threshold)
-            stats["tis_weight_mean"] = weights
-            stats["tis_clip_frac"] = (raw > self.is_threshold).to(raw.dtype)
-            stats["tis_weight_max_raw"] = raw  # reduced as a max, not a mean
-        keep = ones
-        if self.rs_level is not None:
-            level_weights = _weights(self.rs_level(log_ratio, seg))
-            keep = ((level_weights >= self.rs_lower) & (level_weights <= self.rs_upper)).to(
-                log_ratio.dtype
-            )
-        if self.log_veto_threshold is not None:
-            is_catastrophic = (log_ratio < self.log_veto_threshold) & (seg.loss_mask > 0)
-            seq_vetoed = seg.seq_sum(is_catastrophic.to(log_ratio.dtype)) > 0  # [S]
-            keep = keep * (~seq_vetoed[seg.seq_index]).to(log_ratio.dtype)
-        if self.rs_level is not None or self.log_veto_threshold is not None:
-            stats["rs_masked_frac"] = 1.0 - keep
-            seq_stats["rs_seq_masked_frac"] = (seg.seq_sum(1.0 - keep) > 0).to(keep.dtype)
-        return weights, keep, stats, seq_stats
+        weights, token_stats, max_stats = self.importance(log_ratio, seg)
+        keep = torch.ones_like(log_ratio)
+        for reject in self.rejections:
+            keep = keep * reject(log_ratio, seg)
+        token_stats["rs_masked_frac"] = 1.0 - keep
+        seq_stats = {"rs_seq_masked_frac": (seg.seq_sum(1.0 - keep) > 0).to(keep.dtype)}
+        return CorrectionOutput(weights, keep, token_stats, seq_stats, max_stats)
 
 
 def build_correction(settings: CorrectionSettings) -> RolloutCorrection | None:
     """The correction the settings ask for; None when every part is off (metrics only)."""
     s = settings
-    if s.rollout_is is None and s.rollout_rs is None and s.rollout_token_veto_threshold is None:
+    importance: ImportanceFn = no_importance
+    if s.rollout_is is not None:
+        importance = TruncatedImportance(LEVELS[s.rollout_is], s.rollout_is_threshold)
+    rejections: list[RejectionFn] = []
+    if s.rollout_rs is not None:
+        upper = s.rollout_rs_threshold or DEFAULT_IS_THRESHOLD
+        lower = s.rollout_rs_threshold_lower or 1.0 / upper
+        rejections.append(LevelRejection(LEVELS[s.rollout_rs], lower, upper))
+    if s.rollout_token_veto_threshold is not None:
+        rejections.append(TokenVeto(math.log(s.rollout_token_veto_threshold)))
+    if importance is no_importance and not rejections:
         return None
-    upper = s.rollout_rs_threshold or DEFAULT_IS_THRESHOLD
-    lower = s.rollout_rs_threshold_lower or 1.0 / upper
-    veto = s.rollout_token_veto_threshold
-    return RolloutCorrection(
-        is_level=LEVELS[s.rollout_is] if s.rollout_is else None,
-        is_threshold=s.rollout_is_threshold,
-        rs_level=LEVELS[s.rollout_rs] if s.rollout_rs else None,
-        rs_lower=lower,
-        rs_upper=upper,
-        log_veto_threshold=math.log(veto) if veto is not None else None,
-    )
+    return RolloutCorrection(importance, tuple(rejections))
+
+
+def masked_max(name: str, values: Tensor, seg: Segments) -> dict[str, Tensor]:
+    """`values`' max over the loss tokens [B, T] (none: no entry)."""
+    is_loss = seg.loss_mask > 0
+    return {name: values[is_loss].max()} if bool(is_loss.any()) else {}
 
 
 # ---------------------------------------------------------------- mismatch metrics

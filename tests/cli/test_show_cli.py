@@ -15,7 +15,7 @@ from rich.text import Text
 from typer.testing import CliRunner
 
 from agentrl.cli import app
-from agentrl.cli.show import SPAN_MARKS, SPAN_STYLES, SpanKind, render_trajectory
+from agentrl.cli.show import SPAN_MARKS, SPAN_STYLES, SpanKind, render_trajectory, weights_label
 from agentrl.rollout.trajectory import Trajectory, Turn, write_jsonl
 from agentrl.types import EpisodeStatus, StatusReason
 from tests.support.cli import one_line
@@ -263,3 +263,15 @@ def test_a_reader_that_stops_early_ends_show_quietly_with_status_0(tmp_path: Pat
     show.stdout.close()
     assert show.wait(120) == 0
     assert show.stderr.read() == b""
+
+
+def test_a_turn_that_straddled_a_weight_update_shows_each_version_and_its_tokens() -> None:
+    straddled = Turn(1, 10, 0, "5", "stop", version_spans=[("3", 4), ("5", 6)])
+    assert weights_label(straddled) == "3 (4 tokens) → 5 (6 tokens)"
+    assert weights_label(Turn(1, 10, 0, "5", "stop")) == "5"
+    traj = _two_turns()
+    traj.turns[1] = Turn(3, 1, 0, "5", "stop", version_spans=[("4", 1)])
+    out = io.StringIO()
+    render_trajectory(Console(file=out, width=200), 0, traj, _decode, marks=True)
+    headers = [line for line in out.getvalue().splitlines() if "· weights " in line]
+    assert "· weights 0 · " in headers[0] and "· weights 4 (1 token) · " in headers[1]

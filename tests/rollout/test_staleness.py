@@ -65,6 +65,10 @@ def test_probe_sample_takes_a_few_trajectories_of_every_lag():
     groups = [[_traj(["5"]) for _ in range(4)], [_traj(["3"]), _traj(["4"])]]
     picked = probe_sample(groups, trainer_version=5, per_lag=2)
     assert sorted(trajectory_lag(t, 5) for t in picked) == [0, 0, 1, 2]
+    truncated = _traj(["2"])
+    truncated.turns[0].is_logprob_truncated = True  # scored without its filter: not a mismatch
+    picked = probe_sample([*groups, [truncated]], trainer_version=5, per_lag=2)
+    assert sorted(trajectory_lag(t, 5) for t in picked) == [0, 0, 1, 2]
 
 
 def test_a_turn_that_straddled_an_update_is_as_old_as_its_first_token():

@@ -96,7 +96,7 @@ def _planted_groups(path: str, bias: float) -> list[list[Trajectory]]:
     logit: a precision gap everywhere, a planted one on PLANTED_ID."""
     from transformers import LlamaForCausalLM
 
-    rollout_model = LlamaForCausalLM.from_pretrained(path, torch_dtype=torch.bfloat16).eval()
+    rollout_model = LlamaForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
     rng = random.Random(0)
     groups = []
     for g in range(2):
@@ -167,7 +167,7 @@ def test_a_planted_mismatch_is_masked_exactly_where_it_was_planted(tiny_llama_pa
     for mb in batch.micro_batches():
         assert mb.old_logprobs is not None
         seg = Segments(mb.loss_mask, mb.seq_index, mb.seq_num_tokens, 1.0, 1.0)
-        _, keep, _, _ = correction(mb.old_logprobs, mb.rollout_logprobs, seg)
+        keep = correction(mb.old_logprobs, mb.rollout_logprobs, seg).keep
         is_loss = mb.loss_mask > 0
         is_planted = (mb.target_ids == PLANTED_ID) & is_loss  # [R, T]
         if level == "sequence":

@@ -79,7 +79,8 @@ class Batch:
         seg, old, rollout, where = self.packed()
         correction = build_correction(settings)
         assert correction is not None
-        weights, keep, _, _ = correction(old, rollout, seg)
+        out = correction(old, rollout, seg)
+        weights, keep = out.weights, out.keep
         spans = {i: (r, at) for r, at, i in sorted(where)}
         out_w, out_k = [], []
         for i, mask in enumerate(self.masks):
