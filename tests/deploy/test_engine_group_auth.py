@@ -68,7 +68,7 @@ async def test_the_groups_clients_send_the_servers_key(monkeypatch):
     urls = ["http://10.0.0.7:31000", "http://10.0.0.8:31000"]
     group = ServedEngineGroup([object(), object()], urls, cfg, plan, api_key="made")
     try:
-        assert [c.api_key for c in group.servers()] == ["made", "made"]
+        assert [c.http.api_key for c in group.servers()] == ["made", "made"]
         assert group.api_key == "made" and cfg.engine.api_key is None  # the run's config untouched
     finally:
         await group.routed.close()  # the clients only: these actors are stand-ins
