@@ -24,6 +24,9 @@ class ExportingBackend:
             event.set()
             yield [(f"w{i}", torch.full((2,), float(i)))]
 
+    def adapter_size_bytes(self, dtype: object) -> int:
+        return 0  # full fine-tuning: no adapter
+
 
 class WaitingSender:
     """Holds bucket 0's send until bucket 2 has been exported."""

@@ -60,7 +60,9 @@ def test_split_k_decode_matches_attention_over_each_sequences_own_keys(
 
 
 def test_num_splits_fills_the_device_twice_in_powers_of_two(kernel: ModuleType) -> None:
-    assert kernel.num_splits(batch=1, kv_heads=32, num_sms=132) == 16  # 264 programs wanted: 9 -> 16
+    assert (
+        kernel.num_splits(batch=1, kv_heads=32, num_sms=132) == 16
+    )  # 264 programs wanted: 9 -> 16
     assert kernel.num_splits(batch=8, kv_heads=32, num_sms=132) == 2
     assert kernel.num_splits(batch=64, kv_heads=32, num_sms=132) == 1
     assert kernel.num_splits(batch=1, kv_heads=1, num_sms=132) == 16  # at most 16

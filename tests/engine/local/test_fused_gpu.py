@@ -11,19 +11,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.local import LocalEngine, LocalEngineOptions
+from tests.engine.local.test_local import teacher_forced_logprobs
 
 pytestmark = pytest.mark.gpu
 
 PROMPTS = [list(range(100, 100 + n)) for n in (3, 41, 12, 27, 7)]
 SAMPLED = SamplingParams(temperature=1.0, max_new_tokens=24, seed=4)
 FILTERED = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, max_new_tokens=24, seed=5)
-
-
-def teacher_forced(model: torch.nn.Module, prompt: list[int], ids: list[int], t: float):
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + ids], device="cuda")).logits[0, len(prompt) - 1 : -1]
-    scaled = logits.float().cpu() / (t if t > 0 else 1.0)
-    return torch.log_softmax(scaled, dim=-1).gather(1, torch.tensor(ids)[:, None])[:, 0]
 
 
 def cuda_engine(path: str, **options) -> LocalEngine:
@@ -33,7 +27,9 @@ def cuda_engine(path: str, **options) -> LocalEngine:
 async def run_checked(engine: LocalEngine, sampling: SamplingParams) -> list:
     results = await asyncio.gather(*[engine.generate(p, sampling) for p in PROMPTS])
     for prompt, c in zip(PROMPTS, results, strict=True):
-        expected = teacher_forced(engine.model, prompt, c.ids, sampling.temperature)
+        expected = teacher_forced_logprobs(
+            engine.model, prompt, c.ids, sampling.temperature, sampling.top_k, sampling.top_p
+        )
         assert (torch.tensor(c.logprobs) - expected).abs().mean() <= 2e-2
     return results
 

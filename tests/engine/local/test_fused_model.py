@@ -22,17 +22,11 @@ from agentrl.engine.local.fused_model import (
 )
 from agentrl.engine.local.param_storage import pack_parameters
 from agentrl.engine.local.sampling import SamplingRows, sample, vocab_terms
+from tests.engine.local.test_local import teacher_forced_logprobs
 
 PROMPTS = [list(range(100, 100 + n)) for n in (3, 41, 12)]
 SAMPLED = SamplingParams(temperature=0.9, top_k=50, top_p=0.95, max_new_tokens=16, seed=3)
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=16)
-
-
-def teacher_forced(model: torch.nn.Module, prompt: list[int], ids: list[int], t: float):
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()
-    scaled = logits / (t if t > 0 else 1.0)
-    return torch.log_softmax(scaled, dim=-1).gather(1, torch.tensor(ids)[:, None])[:, 0]
 
 
 def fused_engine(model_or_path, tokenizer=None, **options) -> LocalEngine:
@@ -57,7 +51,9 @@ async def test_fused_logprobs_equal_a_teacher_forced_pass_and_greedy_equals_unfu
     assert fused.fused is not None and plain.fused is None
     results = await generate_all(fused, sampling)
     for prompt, c in zip(PROMPTS, results, strict=True):
-        expected = teacher_forced(fused.model, prompt, c.ids, sampling.temperature)
+        expected = teacher_forced_logprobs(
+            fused.model, prompt, c.ids, sampling.temperature, sampling.top_k, sampling.top_p
+        )
         assert (torch.tensor(c.logprobs) - expected).abs().mean() <= 1e-4
     if sampling.temperature == 0:
         assert [c.ids for c in await generate_all(plain, sampling)] == [c.ids for c in results]

@@ -67,7 +67,9 @@ async def test_cuda_graph_decode_bf16_matches_teacher_forcing_across_release_and
     async def run_and_check() -> list[int]:
         results = await asyncio.gather(*[eng.generate(p, sampling) for p in PROMPTS])
         for prompt, c in zip(PROMPTS, results, strict=True):
-            expected = teacher_forced_logprobs(eng.model, prompt, c.ids, sampling.temperature)
+            expected = teacher_forced_logprobs(
+                eng.model, prompt, c.ids, sampling.temperature, sampling.top_k, sampling.top_p
+            )
             assert (torch.tensor(c.logprobs) - expected).abs().mean() <= 2e-2
         return (await eng.generate(PROMPTS[1], sampling)).ids  # alone: a deterministic layout
 
@@ -138,7 +140,9 @@ async def test_cuda_run_ahead_decode_ends_rows_exactly_and_keeps_batch_mates_exa
         else:
             assert (c.finish_reason, stopped_at) == (FinishReason.LENGTH, [])
             assert len(c.ids) == sampling.max_new_tokens
-        expected = teacher_forced_logprobs(eng.model, prompt, c.ids, sampling.temperature)
+        expected = teacher_forced_logprobs(
+            eng.model, prompt, c.ids, sampling.temperature, sampling.top_k, sampling.top_p
+        )
         assert (torch.tensor(c.logprobs) - expected).abs().mean() <= 2e-2
     assert any(c.finish_reason == FinishReason.STOP and len(c.ids) > 2 for c in results)
     assert eng.stats.num_run_ahead_steps > 0
@@ -175,7 +179,9 @@ async def test_cuda_release_mid_generation_prefills_again_and_finishes(
     await eng.resume_memory()
     for prompt, c in zip(PROMPTS[:3], await asyncio.gather(*running), strict=True):
         assert len(c.ids) == 400
-        expected = teacher_forced_logprobs(eng.model, prompt, c.ids, sampling.temperature)
+        expected = teacher_forced_logprobs(
+            eng.model, prompt, c.ids, sampling.temperature, sampling.top_k, sampling.top_p
+        )
         assert (torch.tensor(c.logprobs) - expected).abs().mean() <= 2e-2
     await eng.close()
 
