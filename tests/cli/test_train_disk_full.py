@@ -67,11 +67,11 @@ def test_a_disk_that_fills_during_a_save_is_one_line_and_resume_finishes(
     real_save = sharded_checkpoint.save_sharded
     num_saves = []
 
-    def save_on_a_filling_disk(out, model, optimizer):  # the disk fills as step 2 is saved
+    def save_on_a_filling_disk(out, model, optimizer, **kwargs):  # the disk fills at step 2
         num_saves.append(out)
         if len(num_saves) == 2:
             _fill(small_fs)
-        real_save(out, model, optimizer)
+        real_save(out, model, optimizer, **kwargs)
 
     monkeypatch.setattr(sharded_checkpoint, "save_sharded", save_on_a_filling_disk)
     runner = CliRunner()
