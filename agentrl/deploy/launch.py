@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from agentrl.config import RunConfig
-from agentrl.deploy.engines import InProcessEngines
+from agentrl.deploy.engines import EngineGroup, InProcessEngines
 from agentrl.deploy.plan import Deployment
 from agentrl.deploy.runtime import Runtime, worker_spec
 from agentrl.deploy.trainer_worker import TrainerGroup, TrainerWorker
@@ -37,15 +38,7 @@ async def make_runtime(cfg: RunConfig, plan: Deployment, model_path: str) -> Run
     # On a GPU the trainer loads first and the engine's KV cache leaves room for the optimizer
     # state the trainer creates at its first step, unless that state waits in host memory.
     engines = _in_process_engines(cfg, plan, model_path, worker.engine_reserve_bytes())
-    trainer = TrainerGroup([worker], is_remote=False)
-    runtime = Runtime(
-        plan,
-        trainer,
-        engines,
-        temperature=cfg.rollout.rollout_temperature,
-        check_weight_sync=cfg.cluster.check_weight_sync,
-    )
-    return await runtime.start()
+    return await _runtime(cfg, plan, TrainerGroup([worker], is_remote=False), engines).start()
 
 
 async def start_on_ray(cfg: RunConfig, model_path: str, num_optimizer_steps: int) -> Runtime:
@@ -70,14 +63,7 @@ async def start_on_ray(cfg: RunConfig, model_path: str, num_optimizer_steps: int
         trainer = TrainerGroup(await cluster.start_ranks(TrainerWorker, specs), is_remote=True)
         # the engines leave room for the optimizer state of the ranks sharing their GPUs
         engines = await cluster.start_engines(model_path, await trainer.engine_reserve_bytes())
-        runtime = Runtime(
-            plan,
-            trainer,
-            engines,
-            temperature=cfg.rollout.rollout_temperature,
-            check_weight_sync=cfg.cluster.check_weight_sync,
-            on_close=cluster.release,
-        )
+        runtime = _runtime(cfg, plan, trainer, engines, on_close=cluster.release)
         await runtime.start()
     except BaseException:
         cluster.release()
@@ -93,30 +79,35 @@ async def start_on_ray(cfg: RunConfig, model_path: str, num_optimizer_steps: int
     return runtime
 
 
+def _runtime(
+    cfg: RunConfig,
+    plan: Deployment,
+    trainer: TrainerGroup,
+    engines: EngineGroup,
+    on_close: Callable[[], None] | None = None,
+) -> Runtime:
+    return Runtime(
+        plan,
+        trainer,
+        engines,
+        temperature=cfg.rollout.rollout_temperature,
+        check_weight_sync=cfg.cluster.check_weight_sync,
+        on_close=on_close,
+    )
+
+
 def _in_process_engines(
     cfg: RunConfig, plan: Deployment, model_path: str, reserve_bytes: int
 ) -> InProcessEngines:
     """The engine of a run in this process; SGLang servers it launches are the group's to heal
     and stop, not the client's."""
-    from agentrl.engine.factory import make_engine, sglang_client
+    from agentrl.engine.factory import launched_sglang, make_engine
 
     if plan.engine_server != "sglang":
         engine = make_engine(cfg, model_path=model_path, reserve_bytes=reserve_bytes)
         return InProcessEngines(engine)
-    from agentrl.engine.sglang.launcher import launch_servers
-    from agentrl.engine.sglang.protocol import resolve_api_key
-
-    launched = launch_servers(
-        model_path,
-        cfg.engine,
-        api_key=resolve_api_key(cfg.engine),
-        enable_memory_saver=plan.shares_gpu,
-    )
-    client = sglang_client(cfg.engine, cfg.rollout, launched.url)
-    # The client sends control calls (weights, memory) to each worker behind the router and
-    # explains a dropped connection with a dead server's log: it reads both from `launched`.
-    client.http.cluster = launched
-    return InProcessEngines(client, launched=launched)
+    client = launched_sglang(cfg, model_path, enable_memory_saver=plan.shares_gpu)
+    return InProcessEngines(client, launched=client.http.cluster)
 
 
 def _num_optimizer_steps(cfg: RunConfig) -> int:

@@ -56,17 +56,28 @@ def make_engine(cfg: RunConfig, *, model_path: str | None = None, reserve_bytes:
     if kind == "http":
         assert cfg.engine.url, "config_checks.check_run refuses engine.kind=http without a url"
         return sglang_client(cfg.engine, cfg.rollout, cfg.engine.url)
-    from agentrl.engine.sglang.launcher import launch_servers  # sglang: the config's last kind
-    from agentrl.model_store import resolve_model_path
+    from agentrl.model_store import resolve_model_path  # sglang: the config's last kind
+
+    path = model_path or resolve_model_path(model.path, model.cache_dir)
+    # no trainer here to share the GPU with (a run launches its own: deploy.launch)
+    return launched_sglang(cfg, path, enable_memory_saver=False)
+
+
+def launched_sglang(cfg: RunConfig, model_path: str, *, enable_memory_saver: bool) -> SGLangEngine:
+    """SGLang servers launched as `cfg.engine` says, healthy, and a client of them. The client
+    reads the launched servers (`client.http.cluster`) for its control calls to each worker
+    behind the router and to explain a dropped connection with a dead server's log; it shuts
+    them down when it closes."""
+    from agentrl.engine.sglang.launcher import launch_servers
 
     cluster = launch_servers(
-        model_path or resolve_model_path(model.path, model.cache_dir),
+        model_path,
         cfg.engine,
         api_key=resolve_api_key(cfg.engine),
-        enable_memory_saver=False,  # no trainer here (a run launches its own: deploy.launch)
+        enable_memory_saver=enable_memory_saver,
     )
     engine = sglang_client(cfg.engine, cfg.rollout, cluster.url)
-    engine.http.cluster = cluster  # shut down with the engine
+    engine.http.cluster = cluster
     return engine
 
 
