@@ -29,7 +29,7 @@ from agentrl.trainer.batch import (
 )
 from agentrl.trainer.losses import build_objective, combine_metrics, diagnostic_means
 from agentrl.trainer.offload import StateOffload
-from agentrl.weights.buckets import bucket_by_dtype
+from agentrl.weights.buckets import packed_buckets
 
 
 def check_backend_args(*, dtype: str, temperature: float, device: str) -> torch.device:
@@ -308,9 +308,10 @@ class TrainerBackend(ABC):
         dtype: torch.dtype | None = None,
     ) -> Iterator[list[tuple[str, Tensor]]]:
         """Per-dtype buckets of (HF name, whole tensor) of at most `bucket_size_bytes` (a larger
-        tensor alone), a tied lm_head left out. Collective and lazy: every rank iterates to the
-        end together, and every rank receives every tensor."""
-        return bucket_by_dtype(self._hf_tensors(dtype), bucket_size_bytes)
+        tensor alone), a tied lm_head left out, each bucket one flat buffer in `dtype` (floats).
+        Collective and lazy: every rank iterates to the end together, and every rank receives
+        every tensor."""
+        return packed_buckets(self._hf_tensors(dtype), bucket_size_bytes, dtype=dtype)
 
 
 def reduce_metrics(metrics: dict[str, float], group: Any = None) -> dict[str, float]:

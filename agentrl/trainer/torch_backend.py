@@ -245,7 +245,7 @@ class TorchBackend(TrainerBackend):
     def _hf_tensors(self, dtype: torch.dtype | None) -> Iterator[tuple[str, Tensor]]:
         if self.is_lora:  # what engines load today: the base's names, the adapter merged in
             return merged_named_tensors(self.model, dtype=dtype)
-        return unique_named_tensors(self.model, dtype=dtype)
+        return unique_named_tensors(self.model, gather_dtype=dtype)
 
     def export_adapter(self, *, dtype: torch.dtype | None = None) -> AdapterExport:
         """The LoRA adapter alone: PEFT-named tensors (whole on every rank: collective) and the

@@ -34,10 +34,9 @@ def flatten_bucket(named_tensors: list[tuple[str, torch.Tensor]]) -> dict[str, A
 
     Indices count elements of the bucket's own dtype (not bytes), which both the old
     (`.to(dtype)`) and new (`.view(dtype)`) SGLang reconstructions read correctly. The flat
-    tensor is a fresh buffer per bucket: reusing one across buckets corrupts weights (slime).
+    tensor is a fresh buffer per bucket (reusing one across buckets corrupts weights: slime):
+    the one a packed bucket's tensors are views of (`buckets.packed_buckets`), else a new one.
     """
-    import torch
-
     dtypes = {t.dtype for _, t in named_tensors}
     if len(dtypes) != 1:
         raise ValueError(f"a flattened bucket holds one dtype, got {sorted(map(str, dtypes))}")
@@ -46,16 +45,38 @@ def flatten_bucket(named_tensors: list[tuple[str, torch.Tensor]]) -> dict[str, A
     for name, t in named_tensors:
         metadata.append(bucket_metadata(name, t.shape, t.dtype, start, start + t.numel()))
         start += t.numel()
-    flat = torch.cat([t.detach().reshape(-1) for _, t in named_tensors])
+    flat = _flat([t for _, t in named_tensors])
     return {"flattened_tensor": flat, "metadata": metadata}
 
 
 def flatten_into(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """One fresh flat buffer holding `tensors` (one dtype) back to back, in order, viewed as
+    """One flat buffer holding `tensors` (one dtype) back to back, in order, viewed as
     bytes: what SGLang's receiver allocates for a broadcast flattened bucket."""
     import torch
 
-    return torch.cat([t.detach().reshape(-1) for t in tensors]).view(torch.uint8)
+    return _flat(tensors).view(torch.uint8)
+
+
+def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """`tensors` back to back in one flat tensor: the buffer they are consecutive views of when
+    they are (a packed bucket: no copy), else a fresh concatenation."""
+    import torch
+
+    base = flat_base(tensors)
+    return base if base is not None else torch.cat([t.detach().reshape(-1) for t in tensors])
+
+
+def flat_base(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """The 1-D buffer that `tensors` exactly tile, in order and contiguous, or None."""
+    base = tensors[0]._base if tensors else None
+    if base is None or base.dim() != 1 or not base.is_contiguous():
+        return None
+    offset = base.storage_offset()
+    for t in tensors:
+        if t._base is not base or not t.is_contiguous() or t.storage_offset() != offset:
+            return None
+        offset += t.numel()
+    return base.detach() if offset == base.storage_offset() + base.numel() else None
 
 
 def reconstruct_bucket(bucket: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
