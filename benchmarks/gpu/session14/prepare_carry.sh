@@ -39,6 +39,9 @@ build_src() {  # the agentrl wheel (dist-info: entry points) and the tree at HEA
   git rev-parse HEAD >.whl2/COMMIT
   rm -f .whl2/*.sh .whl2/*.py .whl3/*.sh .whl3/*.py
   for f in $DRIVERS; do cp "$HERE/$f" .whl2/; cp "$HERE/$f" .whl3/; done
+  for f in benchmarks/gpu/session15/*.sh benchmarks/gpu/session15/*.py; do  # later sessions' drivers
+    [ -f "$f" ] && cp "$f" .whl2/ && cp "$f" .whl3/
+  done
   if [ -d .whl ]; then cp "$HERE/stage1.sh" "$HERE/check_ray.py" .whl/; fi
   if ! git diff --quiet HEAD -- agentrl envs tests scripts pyproject.toml; then
     echo "note: the working tree differs from HEAD under agentrl/ envs/ tests/ scripts/ pyproject.toml;" \
