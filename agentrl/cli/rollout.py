@@ -91,7 +91,7 @@ async def _rollout(
     from agentrl.envs import spec
     from agentrl.progress import sampled_tokens, single_phase
     from agentrl.rollout import build_runner
-    from agentrl.rollout.trajectory import Trajectory, write_jsonl
+    from agentrl.types import Trajectory, write_jsonl
 
     await probe_engine(cfg.engine)  # a dead engine.url: one line, before --out is written
     env_spec = spec(cfg.env.id)

@@ -14,8 +14,7 @@ from typing import Any
 from agentrl.engine.base import Completion, Engine, EngineUnavailable, FinishReason, SamplingParams
 from agentrl.envs.base import AgentEnv, StepResult
 from agentrl.rollout.codec import ChatCodec
-from agentrl.rollout.trajectory import Trajectory, Turn
-from agentrl.types import EpisodeStatus, StatusReason, Task
+from agentrl.types import EpisodeStatus, StatusReason, Task, Trajectory, Turn
 
 logger = logging.getLogger(__name__)
 

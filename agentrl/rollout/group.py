@@ -24,9 +24,8 @@ from agentrl.rollout.agent_endpoint.episode import (
 from agentrl.rollout.codec import ChatCodec
 from agentrl.rollout.codec_check import check_codec
 from agentrl.rollout.episode import episode_sampling, error_trajectory, run_episode
-from agentrl.rollout.trajectory import Trajectory
 from agentrl.tools.tool import ConcurrencyLimit
-from agentrl.types import Task
+from agentrl.types import Group, Task, Trajectory
 
 if TYPE_CHECKING:
     from agentrl.config import RunConfig
@@ -109,7 +108,7 @@ class RolloutRunner:
         temperature: float | None = None,
         seed: int | None = None,
         on_episode: Callable[[Trajectory], Any] | None = None,
-    ) -> list[list[Trajectory]]:
+    ) -> list[Group]:
         """`run_group` for every task at once (the global limit still applies); results in task
         order. `on_episode(trajectory)` is called once as each episode ends, with its last
         trajectory (progress bars count episodes, not an agent's segments)."""

@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from agentrl.rollout.trajectory import Trajectory, Turn
-from agentrl.types import EpisodeStatus, StatusReason, Task
+from agentrl.types import EpisodeStatus, StatusReason, Task, Trajectory, Turn
 
 _REASONS = {
     EpisodeStatus.COMPLETED: StatusReason.DONE,

@@ -13,8 +13,7 @@ from agentrl.envs.wrappers import MaxTurns
 from agentrl.rollout.codec import ChatCodec
 from agentrl.rollout.episode import run_episode
 from agentrl.rollout.staleness import drop_stale
-from agentrl.rollout.trajectory import Trajectory
-from agentrl.types import EpisodeStatus, Message, StatusReason
+from agentrl.types import EpisodeStatus, Message, StatusReason, Trajectory
 
 from .conftest import TASK, ScriptedEngine, ToolEnv, call
 
