@@ -9,13 +9,13 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrl.eval.report import EvalReport, build_report, write_text_atomic
-from agentrl.progress import RunProgress, sampled_tokens
+from agentrl.progress import RunProgress
 from agentrl.types import EpisodeStatus, Group, StatusReason, Task, Trajectory, write_jsonl
 
 if TYPE_CHECKING:
@@ -181,10 +181,9 @@ async def _run_pending(
         write_jsonl(str(path), group, append=True)
         written[task_id] = group
 
-    cfg = getattr(runner, "cfg", None)  # the token budget of these episodes: an ETA bound
-    budget = len(tasks) * k * cfg.max_turns * cfg.rollout_max_response_len if cfg else None
-    work = sampled_tokens(getattr(runner, "engine", None))
-    with _progress_bar(len(tasks) * k, progress, work, budget) as advance:
+    cfg = runner.cfg  # the token budget of these episodes: an ETA bound
+    budget = len(tasks) * k * cfg.max_turns * cfg.rollout_max_response_len
+    with _progress_bar(len(tasks) * k, progress, runner.sampled_tokens, budget) as advance:
 
         def on_episode(traj: Trajectory) -> None:
             advance()
@@ -206,7 +205,7 @@ async def _run_pending(
 
 @contextmanager
 def _progress_bar(
-    num_episodes: int, progress: bool | RunProgress, work: Any, max_work: float | None
+    num_episodes: int, progress: bool | RunProgress, work: Callable[[], float], max_work: float
 ) -> Iterator[Any]:
     """Yields `advance()`: the "eval" phase of `progress` (a run's display), or of a display of
     its own, shown when `progress` is True."""

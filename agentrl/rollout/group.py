@@ -77,6 +77,7 @@ class RolloutRunner:
         self._limit = ConcurrencyLimit(cfg.max_concurrent_episodes)
         self._is_checked = False
         self._num_groups = 0
+        self._num_sampled_tokens = 0
         self.num_episodes_in_flight = 0
 
     async def run_group(
@@ -178,10 +179,16 @@ class RolloutRunner:
                 trajectories = await self._episode(env, task, sampling, group_id, episode_id)
             finally:
                 self.num_episodes_in_flight -= 1
+        self._num_sampled_tokens += sum(t.num_sampled for t in trajectories)
         # An agent's episode may give several trajectories (segments): still one episode, told
         # once, with its last (the conversation the agent ended on).
         _notify(on_episode, trajectories[-1])
         return trajectories
+
+    def sampled_tokens(self) -> int:
+        """Tokens sampled in this runner's finished episodes (a progress display's work), counted
+        from their trajectories: the same for every engine kind."""
+        return self._num_sampled_tokens
 
     async def _episode(
         self, env: AgentEnv, task: Task, sampling: SamplingParams, group_id: str, episode_id: str

@@ -15,7 +15,7 @@ from agentrl.config import RunConfig
 from agentrl.data import TaskSource
 from agentrl.deploy.runtime import Runtime
 from agentrl.eval import evaluate, plot_eval_history
-from agentrl.progress import RunProgress, sampled_tokens
+from agentrl.progress import RunProgress
 from agentrl.rollout import RolloutRunner
 from agentrl.rollout.collect import collect_groups
 from agentrl.rollout.staleness import drop_stale, lag_gap_metrics, probe_sample, staleness_metrics
@@ -66,7 +66,7 @@ class RunState:
         cfg, t0 = self.cfg, time.perf_counter()
         num_episodes = cfg.rollout.rollout_batch_size * cfg.rollout.n_samples_per_prompt
         name = f"step {step + 1}/{cfg.train.num_rollout} rollout"
-        work = sampled_tokens(self.runtime.engine)  # tokens sampled, and the most a step samples
+        work = self.runner.sampled_tokens  # tokens sampled, and the most a step samples
         max_work = num_episodes * cfg.rollout.max_turns * cfg.rollout.rollout_max_response_len
         shown = (
             self.progress.phase(
