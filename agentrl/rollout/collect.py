@@ -69,9 +69,15 @@ async def collect_groups(
     for round_index in range(1 + extra_rounds):
         tasks = source.next_batch(want - len(out.groups))
         groups = await _run_with_reruns(
-            runner, tasks, cfg.n_samples_per_prompt, seed_for_round(round_index),
-            max_rerun_rounds, heal, out, on_episode,
-        )  # fmt: skip
+            runner,
+            tasks,
+            cfg.n_samples_per_prompt,
+            seed_for_round(round_index),
+            max_rerun_rounds,
+            heal,
+            out,
+            on_episode,
+        )
         if cfg.dynamic_sampling:
             kept, dropped = filter_zero_variance_groups(groups)
             out.num_zero_variance_dropped += dropped

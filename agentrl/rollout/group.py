@@ -197,7 +197,7 @@ class RolloutRunner:
         if self.agent is not None:
             return await self._agent_episode(self.agent, env, task, sampling, group_id, episode_id)
         try:
-            return [await run_episode(
+            traj = await run_episode(
                 env,
                 self.engine,
                 self.codec,
@@ -209,9 +209,10 @@ class RolloutRunner:
                 timeout_s=self.cfg.episode_timeout_s,
                 group_id=group_id,
                 episode_id=episode_id,
-            )]  # fmt: skip
+            )
         except Exception:  # run_episode handles its own failures; this is the last line of defence
             return [error_trajectory(task, group_id, episode_id, "run_episode")]
+        return [traj]
 
     async def _agent_episode(
         self,

@@ -328,8 +328,8 @@ def build_train_batches(
     advantages = compute_advantages(groups, algo_cfg)
     trajs = [t for group in groups for t in group]
     flat_adv = [a for group_adv in advantages for a in group_adv]
-    made = [_make_sample(k, traj, adv, pad_id)
-            for k, (traj, adv) in enumerate(zip(trajs, flat_adv, strict=True)) if adv is not None]  # fmt: skip
+    pairs = zip(trajs, flat_adv, strict=True)
+    made = [_make_sample(k, t, a, pad_id) for k, (t, a) in enumerate(pairs) if a is not None]
     samples = [s for s in made if s is not None]
     num_no_loss = len(made) - len(samples)
     for i, s in enumerate(samples):
