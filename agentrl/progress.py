@@ -385,14 +385,6 @@ def _writes_to_terminal(handler: logging.Handler) -> bool:
     return handler.stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
 
 
-def sampled_tokens(engine: Any) -> Callable[[], float] | None:
-    """The engine's count of sampled tokens, when it keeps one (the in-process engine does)."""
-    stats = getattr(engine, "stats", None)
-    if stats is None or not hasattr(stats, "num_generated_tokens"):
-        return None
-    return lambda: float(stats.num_generated_tokens)
-
-
 def step_line(done: int, num_steps: int, metrics: dict[str, float], eta_s: float | None) -> str:
     """One line per train step: reward, EM, the groups whose rewards differ (the others tied,
     and whether their compute was skipped), where the time went, and the run's ETA."""

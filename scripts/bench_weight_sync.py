@@ -60,9 +60,8 @@ def train_batches(vocab_size: int, num_tokens: int, pad_id: int, dp_size: int) -
     """GRPO batches (one per DP rank) of about `num_tokens` tokens: groups of 4 random
     256-token trajectories, rewards 0/1 so every advantage is non-zero."""
     from agentrl.config import AlgoConfig
-    from agentrl.rollout.trajectory import Trajectory
     from agentrl.trainer.batch import build_train_batches
-    from agentrl.types import EpisodeStatus, StatusReason
+    from agentrl.types import EpisodeStatus, StatusReason, Trajectory
 
     g = torch.Generator().manual_seed(0)
     length, prompt = 256, 64

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from agentrl.config import recipe_for_env
-from agentrl.rollout.trajectory import read_jsonl
 from agentrl.run import train
+from agentrl.types import read_jsonl
 from tests.support.configs import tiny_train_config
 
 

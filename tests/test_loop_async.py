@@ -12,9 +12,8 @@ import pytest
 
 from agentrl.config import ConfigError, recipe_for_env
 from agentrl.rollout.staleness import trajectory_lag
-from agentrl.rollout.trajectory import read_jsonl
 from agentrl.run import train
-from agentrl.types import EpisodeStatus
+from agentrl.types import EpisodeStatus, read_jsonl
 
 
 def _config(model_path: str, save: Path, mode: str | None):

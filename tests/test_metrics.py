@@ -11,9 +11,8 @@ import pytest
 
 from agentrl.config import ConfigError, LogConfig, RunConfig
 from agentrl.config_checks import check_run
-from agentrl.rollout.trajectory import Trajectory, Turn
 from agentrl.run.metrics import MetricsLogger, rollout_metrics
-from agentrl.types import EpisodeStatus, StatusReason
+from agentrl.types import EpisodeStatus, StatusReason, Trajectory, Turn
 
 REASONS = {
     EpisodeStatus.COMPLETED: StatusReason.DONE,

@@ -89,9 +89,9 @@ async def _rollout(
     from agentrl.data import load_tasks
     from agentrl.engine.factory import make_engine, probe_engine
     from agentrl.envs import spec
-    from agentrl.progress import sampled_tokens, single_phase
+    from agentrl.progress import single_phase
     from agentrl.rollout import build_runner
-    from agentrl.rollout.trajectory import Trajectory, write_jsonl
+    from agentrl.types import Trajectory, write_jsonl
 
     await probe_engine(cfg.engine)  # a dead engine.url: one line, before --out is written
     env_spec = spec(cfg.env.id)
@@ -106,7 +106,7 @@ async def _rollout(
         runner = build_runner(cfg, engine)
         total = len(tasks) * n_samples  # the display train and eval have: a line every 15 s piped
         with single_phase(
-            "rollout", total, "episodes", console=console, work=sampled_tokens(engine)
+            "rollout", total, "episodes", console=console, work=runner.sampled_tokens
         ) as phase:
 
             def on_episode(traj: Trajectory) -> None:

@@ -18,7 +18,7 @@ from agentrl.cli import OutputConsole, UserCommand, fail
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from agentrl.rollout.trajectory import Trajectory, Turn
+    from agentrl.types import Trajectory, Turn
 
 MAX_LINE_BYTES = 64 * 1024 * 1024
 """The longest line (one trajectory) shown; a longer one is refused before it is read whole."""
@@ -138,7 +138,7 @@ def selected_trajectories(
 def _trajectory(line_no: int, row: dict[str, Any]) -> Trajectory:
     """A row as a `Trajectory`, or a ValueError naming the line and its first missing field
     (a task file, say, has none of them)."""
-    from agentrl.rollout.trajectory import Trajectory
+    from agentrl.types import Trajectory
 
     required = [
         f.name

@@ -1,4 +1,4 @@
-"""Agent environments: the `AgentEnv` contract, the id registry, wrappers and `check_env`."""
+"""Agent environments: the `AgentEnv` contract, the id registry and `check_env`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from agentrl.envs.registry import (
     register,
     spec,
 )
-from agentrl.envs.wrappers import MaxTurns, TokenBudget, WallClock, Wrapper
 
 register(
     "calculator",
@@ -33,12 +32,8 @@ __all__ = [
     "EnvCheckError",
     "EnvLoadError",
     "EnvSpec",
-    "MaxTurns",
     "StepResult",
-    "TokenBudget",
     "UnknownEnvError",
-    "WallClock",
-    "Wrapper",
     "check_env",
     "list_envs",
     "make",

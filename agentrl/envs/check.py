@@ -15,7 +15,6 @@ from typing import Any, Protocol, runtime_checkable
 from agentrl.envs.base import AgentEnv, StepResult
 from agentrl.envs.registry import make
 from agentrl.envs.remote import EnvServerUnavailable, RemoteEnv, server_info
-from agentrl.envs.wrappers import MaxTurns
 from agentrl.types import Message, StatusReason, Task, ToolCall
 
 PLAIN_ACTION = Message(
@@ -41,7 +40,7 @@ def check_env(
     `verbose=False`) and return what was checked, one line per check.
 
     Checks the types returned by reset/step, seeding (same seed -> same first messages),
-    reward within `reward_range`, truncation through MaxTurns, valid tool schemas and,
+    reward within `reward_range`, a truncation's reason, valid tool schemas and,
     when the env ships data, `load_tasks("train")` / `load_tasks("test")`. `task` is the
     task to reset with (default: the first train task, if any).
     """
@@ -85,7 +84,7 @@ class _Checker:
 
 
 _FAILED = object()
-_OWN_FILES = ("registry.py", "check.py", "wrappers.py", "base.py")
+_OWN_FILES = ("registry.py", "check.py", "base.py")
 
 
 def _where(e: BaseException) -> str:
@@ -129,7 +128,6 @@ async def _run_checks(
     options = {"task": task} if task is not None else None
     try:
         await _check_episode(c, env, seed, options)
-        await _check_max_turns(c, env, seed, options)
     finally:
         await c.attempt("close()", env.close)
 
@@ -319,32 +317,6 @@ def _check_reward(c: _Checker, env: AgentEnv, reward: Any, what: str) -> None:
     low, high = env.reward_range
     if not low <= reward <= high:
         c.fail(f"{what}: reward {reward} is outside reward_range {env.reward_range}")
-
-
-async def _check_max_turns(
-    c: _Checker, env: AgentEnv, seed: int, options: dict[str, Any] | None
-) -> None:
-    wrapped = MaxTurns(env, 1)
-    first = await c.attempt(
-        "MaxTurns(env, 1).reset()", lambda: wrapped.reset(seed=seed, options=options)
-    )
-    if first is _FAILED:
-        return
-    action = PLAIN_ACTION
-    if _tool_names(env):  # a tool call rarely ends an episode, so truncation must set in
-        action = Message(
-            role="assistant", tool_calls=[ToolCall(_tool_names(env)[0], "{}", "call_check_1")]
-        )
-    result = await c.attempt("MaxTurns(env, 1).step()", lambda: wrapped.step(action))
-    if result is _FAILED or not isinstance(result, StepResult):
-        return
-    if not result.terminated and not (
-        result.truncated and result.info.get("truncated_reason") == StatusReason.MAX_TURNS.value
-    ):
-        c.fail(
-            "MaxTurns(env, 1): the first step neither terminated nor truncated with reason 'max_turns'"
-        )
-    c.ran("MaxTurns(env, 1) ends the episode after one turn")
 
 
 def _tool_names(env: AgentEnv) -> list[str]:

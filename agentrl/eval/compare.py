@@ -6,15 +6,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from agentrl.eval import stats
 from agentrl.eval.runner import TRAJECTORIES_FILE
 from agentrl.eval.stats import Interval
-from agentrl.rollout.trajectory import Trajectory, read_jsonl
+from agentrl.types import Group, read_jsonl
 
 
-def task_metrics(groups: Sequence[Sequence[Any]]) -> dict[str, dict[str, float]]:
+def task_metrics(groups: Sequence[Group]) -> dict[str, dict[str, float]]:
     """metric -> task id -> the mean over the task's scored episodes: `reward`, `pass_rate`
     (the env's `correct`) and each reward component. Tasks without a scored episode are left out."""
     out: dict[str, dict[str, float]] = {}
@@ -37,14 +36,14 @@ def task_metrics(groups: Sequence[Sequence[Any]]) -> dict[str, dict[str, float]]
     return out
 
 
-def compare(before: Sequence[Sequence[Any]], after: Sequence[Sequence[Any]]) -> dict[str, Interval]:
+def compare(before: Sequence[Group], after: Sequence[Group]) -> dict[str, Interval]:
     """metric -> mean of (after - before) over the tasks both evaluations scored, with a
     Student-t 95% interval on the per-task differences."""
     a, b = task_metrics(before), task_metrics(after)
     return {name: stats.paired_diff_ci(a[name], b[name]) for name in a if name in b}
 
 
-def load_groups(eval_dir: str | Path) -> list[list[Trajectory]]:
+def load_groups(eval_dir: str | Path) -> list[Group]:
     """The episodes of one evaluation (its `eval_trajectories.jsonl`), grouped by task id."""
     path = Path(eval_dir) / TRAJECTORIES_FILE
     if not path.is_file():
@@ -52,7 +51,7 @@ def load_groups(eval_dir: str | Path) -> list[list[Trajectory]]:
             f"{path} does not exist; pass a directory `agentrl eval` or `agentrl train` wrote "
             "(e.g. RUN/eval/step_000000)"
         )
-    groups: dict[str, list[Trajectory]] = {}
+    groups: dict[str, Group] = {}
     for traj in read_jsonl(str(path)):
         groups.setdefault(str(traj.task.get("id", "")), []).append(traj)
     return list(groups.values())

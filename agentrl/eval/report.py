@@ -18,7 +18,7 @@ import pydantic_core
 from agentrl.eval import plots, stats
 from agentrl.eval.plots import plot_eval_history
 from agentrl.eval.stats import Interval
-from agentrl.types import EpisodeStatus
+from agentrl.types import EpisodeStatus, Group, StatusReason
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -166,13 +166,13 @@ class EvalReport:
 
 
 def build_report(
-    groups: Sequence[Sequence[Any]],
+    groups: Sequence[Group],
     *,
     k: int,
     temperature: float,
     meta: dict[str, Any] | None = None,
 ) -> EvalReport:
-    """One report from the k-episode groups of each task (trajectories are duck-typed)."""
+    """One report from the k-episode groups of each task."""
     episodes = [t for g in groups for t in g]
     scored_groups = [[t for t in g if stats.is_scored(t)] for g in groups]
     scored = [t for g in scored_groups for t in g]
@@ -190,7 +190,7 @@ def build_report(
         pass_at_k={j: _pass_at(scored_groups, j) for j in stats.pass_at_k_levels(k)},
         maj_at_k=_maj(scored_groups),
         status_counts=dict(Counter(EpisodeStatus(t.status).value for t in episodes)),
-        status_reason_counts=dict(Counter(_value(t.status_reason) for t in episodes)),
+        status_reason_counts=dict(Counter(StatusReason(t.status_reason).value for t in episodes)),
         turns_mean=_mean([t.num_turns for t in scored]),
         tool_calls_per_episode=_mean([stats.num_tool_calls(t) for t in scored]),
         tool_calls=stats.task_mean_ci(
@@ -203,7 +203,7 @@ def build_report(
     )
 
 
-def _components(scored_groups: list[list[Any]]) -> dict[str, Interval]:
+def _components(scored_groups: list[Group]) -> dict[str, Interval]:
     """Each reward component's mean over per-task means, in the order the env reports them."""
     per_task = [[stats.reward_components(t) for t in g] for g in scored_groups if g]
     names = list(dict.fromkeys(name for task in per_task for c in task for name in c))
@@ -214,7 +214,7 @@ def _components(scored_groups: list[list[Any]]) -> dict[str, Interval]:
     return out
 
 
-def _pass_at(scored_groups: list[list[Any]], k: int) -> Interval:
+def _pass_at(scored_groups: list[Group], k: int) -> Interval:
     """Mean unbiased pass@k over tasks with at least k scored episodes."""
     values = [
         stats.pass_at_k(len(g), sum(stats.is_correct(t) for t in g), k)
@@ -224,7 +224,7 @@ def _pass_at(scored_groups: list[list[Any]], k: int) -> Interval:
     return stats.task_mean_ci(values)
 
 
-def _maj(scored_groups: list[list[Any]]) -> Interval:
+def _maj(scored_groups: list[Group]) -> Interval:
     votes = [
         stats.maj_at_k([stats.extract_answer(t) for t in g], [stats.is_correct(t) for t in g])
         for g in scored_groups
@@ -235,10 +235,6 @@ def _maj(scored_groups: list[list[Any]]) -> Interval:
 
 def _mean(values: Sequence[float]) -> float:
     return math.fsum(values) / len(values) if values else math.nan
-
-
-def _value(x: Any) -> str:
-    return getattr(x, "value", str(x))
 
 
 def format_value(x: float) -> str:

@@ -9,15 +9,14 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrl.eval.report import EvalReport, build_report, write_text_atomic
-from agentrl.progress import RunProgress, sampled_tokens
-from agentrl.rollout.trajectory import Trajectory, write_jsonl
-from agentrl.types import EpisodeStatus, StatusReason, Task
+from agentrl.progress import RunProgress
+from agentrl.types import EpisodeStatus, Group, StatusReason, Task, Trajectory, write_jsonl
 
 if TYPE_CHECKING:
     from agentrl.rollout import RolloutRunner
@@ -91,12 +90,10 @@ def _check_unique_ids(tasks: Sequence[Task]) -> None:
 # ---------------------------------------------------------------- resumption
 
 
-def _prepare(
-    out: Path, identity: dict[str, Any], k: int, *, resume: bool
-) -> dict[str, list[Trajectory]]:
+def _prepare(out: Path, identity: dict[str, Any], k: int, *, resume: bool) -> dict[str, Group]:
     """Check the saved run matches, keep its complete groups, and record the identity."""
     path, state_path = out / TRAJECTORIES_FILE, out / STATE_FILE
-    done: dict[str, list[Trajectory]] = {}
+    done: dict[str, Group] = {}
     if resume and path.exists():
         if state_path.exists():
             _check_identity(json.loads(state_path.read_text()), identity, out)
@@ -120,8 +117,8 @@ def _check_identity(saved: dict[str, Any], identity: dict[str, Any], out: Path) 
             )
 
 
-def _complete_groups(path: Path, k: int) -> dict[str, list[Trajectory]]:
-    groups: dict[str, list[Trajectory]] = {}
+def _complete_groups(path: Path, k: int) -> dict[str, Group]:
+    groups: dict[str, Group] = {}
     with open(path, encoding="utf-8") as f:
         for line in f:
             try:
@@ -170,24 +167,23 @@ async def _run_pending(
     seed: int | None,
     path: Path,
     progress: bool | RunProgress,
-) -> dict[str, list[Trajectory]]:
+) -> dict[str, Group]:
     """Run the tasks; each group is appended to `path` as soon as its k-th episode ends, one
     trajectory per episode (an agent's last segment), when episodes carry their task id, else
     when `run_groups` returns. The groups as saved: a resumed run reads back the same."""
     ids = {t.id for t in tasks}
-    buffers: dict[str, list[Trajectory]] = {}
-    written: dict[str, list[Trajectory]] = {}
+    buffers: dict[str, Group] = {}
+    written: dict[str, Group] = {}
 
-    def save(task_id: str, group: list[Trajectory]) -> None:
+    def save(task_id: str, group: Group) -> None:
         for traj in group:
             traj.task = {**traj.task, "id": task_id}
         write_jsonl(str(path), group, append=True)
         written[task_id] = group
 
-    cfg = getattr(runner, "cfg", None)  # the token budget of these episodes: an ETA bound
-    budget = len(tasks) * k * cfg.max_turns * cfg.rollout_max_response_len if cfg else None
-    work = sampled_tokens(getattr(runner, "engine", None))
-    with _progress_bar(len(tasks) * k, progress, work, budget) as advance:
+    cfg = runner.cfg  # the token budget of these episodes: an ETA bound
+    budget = len(tasks) * k * cfg.max_turns * cfg.rollout_max_response_len
+    with _progress_bar(len(tasks) * k, progress, runner.sampled_tokens, budget) as advance:
 
         def on_episode(traj: Trajectory) -> None:
             advance()
@@ -209,7 +205,7 @@ async def _run_pending(
 
 @contextmanager
 def _progress_bar(
-    num_episodes: int, progress: bool | RunProgress, work: Any, max_work: float | None
+    num_episodes: int, progress: bool | RunProgress, work: Callable[[], float], max_work: float
 ) -> Iterator[Any]:
     """Yields `advance()`: the "eval" phase of `progress` (a run's display), or of a display of
     its own, shown when `progress` is True."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
 
-from agentrl.types import EpisodeStatus
+from agentrl.types import EpisodeStatus, Trajectory
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ def std(values: Sequence[float]) -> float:
 # ---------------------------------------------------------------- episodes
 
 
-def is_scored(traj: Any) -> bool:
+def is_scored(traj: Trajectory) -> bool:
     """COMPLETED and TRUNCATED episodes are scored; ERROR and ABORTED are infrastructure
     outcomes that never enter a reward mean (they are not a reward of 0). So is a reward that
     is no finite number, in a file written before rewards were checked: one NaN would make
@@ -167,14 +167,14 @@ def is_scored(traj: Any) -> bool:
     return EpisodeStatus(traj.status).is_trainable and math.isfinite(traj.reward)
 
 
-def is_correct(traj: Any) -> bool:
+def is_correct(traj: Trajectory) -> bool:
     """`info["correct"]` when the env reports it, else reward > 0."""
     if "correct" in traj.info:
         return bool(traj.info["correct"])
     return traj.reward > 0
 
 
-def reward_components(traj: Any) -> dict[str, float]:
+def reward_components(traj: Trajectory) -> dict[str, float]:
     """The numeric and boolean entries of `info["reward_components"]`, as floats: what an env
     reports beside the reward it pays (search_r1: em, f1, format, is_answered, ...)."""
     components = traj.info.get("reward_components") or {}
@@ -190,7 +190,7 @@ ANSWER_KEYS = ("predicted", "answer")
 its gold answer under "answer" and the model's under "predicted")."""
 
 
-def extract_answer(traj: Any) -> str:
+def extract_answer(traj: Trajectory) -> str:
     """The model's answer as the env parsed it (`info["predicted"]` or `info["answer"]`; None,
     i.e. no parseable answer, votes as ""), else the last assistant turn's text.
     Whitespace is normalised so formatting differences do not split the vote."""
@@ -201,9 +201,9 @@ def extract_answer(traj: Any) -> str:
     return " ".join(traj.turns[-1].text.split()) if traj.turns else ""
 
 
-def num_tool_calls(traj: Any) -> int:
+def num_tool_calls(traj: Trajectory) -> int:
     return sum(turn.num_tool_calls for turn in traj.turns)
 
 
-def num_tool_errors(traj: Any) -> int:
+def num_tool_errors(traj: Trajectory) -> int:
     return sum(turn.num_tool_errors for turn in traj.turns)

@@ -6,7 +6,7 @@ from agentrl.rollout.codec import ChatCodec, CodecCheckError
 from agentrl.rollout.codec_check import CheckReport, check_codec
 from agentrl.rollout.episode import run_episode
 from agentrl.rollout.group import RolloutRunner, build_runner, episode_seed
-from agentrl.rollout.trajectory import Trajectory, Turn, read_jsonl, write_jsonl
+from agentrl.types import Trajectory, Turn, read_jsonl, write_jsonl
 
 __all__ = [
     "ChatCodec",

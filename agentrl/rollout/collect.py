@@ -10,13 +10,10 @@ from typing import Any, Protocol
 
 from agentrl.config import RolloutConfig
 from agentrl.rollout.group import RolloutRunner
-from agentrl.rollout.trajectory import Trajectory
-from agentrl.types import EpisodeStatus, StatusReason, Task
-
-Group = list[Trajectory]
+from agentrl.types import EpisodeStatus, Group, StatusReason, Task, Trajectory
 
 
-def filter_zero_variance_groups(groups: Sequence[Sequence[Any]]) -> tuple[list[Any], int]:
+def filter_zero_variance_groups(groups: Sequence[Group]) -> tuple[list[Group], int]:
     """Drop groups whose trainable rewards all match (no learning signal): (kept, num_dropped)."""
     kept = []
     for group in groups:
@@ -26,7 +23,7 @@ def filter_zero_variance_groups(groups: Sequence[Sequence[Any]]) -> tuple[list[A
     return kept, len(groups) - len(kept)
 
 
-def is_engine_aborted(group: Sequence[Any]) -> bool:
+def is_engine_aborted(group: Group) -> bool:
     """Some episode of the group was cut by an engine that died: the group is incomplete."""
     return any(
         EpisodeStatus(t.status) == EpisodeStatus.ABORTED
@@ -72,9 +69,15 @@ async def collect_groups(
     for round_index in range(1 + extra_rounds):
         tasks = source.next_batch(want - len(out.groups))
         groups = await _run_with_reruns(
-            runner, tasks, cfg.n_samples_per_prompt, seed_for_round(round_index),
-            max_rerun_rounds, heal, out, on_episode,
-        )  # fmt: skip
+            runner,
+            tasks,
+            cfg.n_samples_per_prompt,
+            seed_for_round(round_index),
+            max_rerun_rounds,
+            heal,
+            out,
+            on_episode,
+        )
         if cfg.dynamic_sampling:
             kept, dropped = filter_zero_variance_groups(groups)
             out.num_zero_variance_dropped += dropped

@@ -1,5 +1,8 @@
 """`run_episode`: one episode from reset to its end, recorded token for token as a Trajectory.
-Sampled ids and logprobs are kept verbatim (mask 1); everything else is masked (mask 0)."""
+Sampled ids and logprobs are kept verbatim (mask 1); everything else is masked (mask 0).
+The loop owns every limit from outside the env (turns, context window, response length, wall
+clock): only it sees the tokens. An env still ends its own episode truncated when it decides to
+(`info["truncated_reason"]`)."""
 
 from __future__ import annotations
 
@@ -14,8 +17,7 @@ from typing import Any
 from agentrl.engine.base import Completion, Engine, EngineUnavailable, FinishReason, SamplingParams
 from agentrl.envs.base import AgentEnv, StepResult
 from agentrl.rollout.codec import ChatCodec
-from agentrl.rollout.trajectory import Trajectory, Turn
-from agentrl.types import EpisodeStatus, StatusReason, Task
+from agentrl.types import EpisodeStatus, StatusReason, Task, Trajectory, Turn
 
 logger = logging.getLogger(__name__)
 

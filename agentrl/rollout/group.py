@@ -24,9 +24,8 @@ from agentrl.rollout.agent_endpoint.episode import (
 from agentrl.rollout.codec import ChatCodec
 from agentrl.rollout.codec_check import check_codec
 from agentrl.rollout.episode import episode_sampling, error_trajectory, run_episode
-from agentrl.rollout.trajectory import Trajectory
 from agentrl.tools.tool import ConcurrencyLimit
-from agentrl.types import Task
+from agentrl.types import Group, Task, Trajectory
 
 if TYPE_CHECKING:
     from agentrl.config import RunConfig
@@ -78,6 +77,7 @@ class RolloutRunner:
         self._limit = ConcurrencyLimit(cfg.max_concurrent_episodes)
         self._is_checked = False
         self._num_groups = 0
+        self._num_sampled_tokens = 0
         self.num_episodes_in_flight = 0
 
     async def run_group(
@@ -109,7 +109,7 @@ class RolloutRunner:
         temperature: float | None = None,
         seed: int | None = None,
         on_episode: Callable[[Trajectory], Any] | None = None,
-    ) -> list[list[Trajectory]]:
+    ) -> list[Group]:
         """`run_group` for every task at once (the global limit still applies); results in task
         order. `on_episode(trajectory)` is called once as each episode ends, with its last
         trajectory (progress bars count episodes, not an agent's segments)."""
@@ -179,10 +179,16 @@ class RolloutRunner:
                 trajectories = await self._episode(env, task, sampling, group_id, episode_id)
             finally:
                 self.num_episodes_in_flight -= 1
+        self._num_sampled_tokens += sum(t.num_sampled for t in trajectories)
         # An agent's episode may give several trajectories (segments): still one episode, told
         # once, with its last (the conversation the agent ended on).
         _notify(on_episode, trajectories[-1])
         return trajectories
+
+    def sampled_tokens(self) -> int:
+        """Tokens sampled in this runner's finished episodes (a progress display's work), counted
+        from their trajectories: the same for every engine kind."""
+        return self._num_sampled_tokens
 
     async def _episode(
         self, env: AgentEnv, task: Task, sampling: SamplingParams, group_id: str, episode_id: str
@@ -191,7 +197,7 @@ class RolloutRunner:
         if self.agent is not None:
             return await self._agent_episode(self.agent, env, task, sampling, group_id, episode_id)
         try:
-            return [await run_episode(
+            traj = await run_episode(
                 env,
                 self.engine,
                 self.codec,
@@ -203,9 +209,10 @@ class RolloutRunner:
                 timeout_s=self.cfg.episode_timeout_s,
                 group_id=group_id,
                 episode_id=episode_id,
-            )]  # fmt: skip
+            )
         except Exception:  # run_episode handles its own failures; this is the last line of defence
             return [error_trajectory(task, group_id, episode_id, "run_episode")]
+        return [traj]
 
     async def _agent_episode(
         self,

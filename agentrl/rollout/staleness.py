@@ -7,9 +7,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
 
-Group = list[Any]  # the trajectories of one task
+from agentrl.types import Group, Trajectory
 
 
 def version_lag(version: str, trainer_version: int) -> int:
@@ -18,7 +17,7 @@ def version_lag(version: str, trainer_version: int) -> int:
     return trainer_version - int(version) if str(version).isdigit() else 0
 
 
-def turn_lags(traj: Any, trainer_version: int) -> list[int]:
+def turn_lags(traj: Trajectory, trainer_version: int) -> list[int]:
     """The lag of each turn's oldest token: a turn that straddled an update (a retracted request
     went on under new weights) is as old as its first tokens, not its last."""
     return [
@@ -30,7 +29,7 @@ def turn_lags(traj: Any, trainer_version: int) -> list[int]:
     ]
 
 
-def trajectory_lag(traj: Any, trainer_version: int) -> int:
+def trajectory_lag(traj: Trajectory, trainer_version: int) -> int:
     """The lag of the oldest sampled token: what the staleness bound is checked against."""
     return max(turn_lags(traj, trainer_version), default=0)
 
@@ -66,7 +65,7 @@ def staleness_metrics(groups: Sequence[Group], trainer_version: int) -> dict[str
     return out
 
 
-def token_lags(traj: Any, trainer_version: int) -> list[int]:
+def token_lags(traj: Trajectory, trainer_version: int) -> list[int]:
     """One lag per sampled token (aligned with `traj.logprobs`), from the version that sampled
     that token."""
     return [
@@ -77,7 +76,7 @@ def token_lags(traj: Any, trainer_version: int) -> list[int]:
 
 
 def lag_gap_metrics(
-    probes: Sequence[tuple[Any, Sequence[float]]], trainer_version: int, tis_cap: float
+    probes: Sequence[tuple[Trajectory, Sequence[float]]], trainer_version: int, tis_cap: float
 ) -> dict[str, float]:
     """By version lag: mean |trainer logprob - rollout logprob| over sampled tokens, and the
     fraction of tokens whose importance weight exp(trainer - rollout) exceeds `tis_cap` (what
@@ -97,13 +96,13 @@ def lag_gap_metrics(
     return out
 
 
-def probe_sample(groups: Sequence[Group], trainer_version: int, per_lag: int) -> list[Any]:
+def probe_sample(groups: Sequence[Group], trainer_version: int, per_lag: int) -> list[Trajectory]:
     """Up to `per_lag` trajectories for each oldest-turn lag present (the cheap sample the
     trainer scores for `lag_gap_metrics`). The trainer scores them over the whole softmax, so a
     trajectory whose logprobs are of a top-k/top-p truncated distribution is left out: its gap
     would be the log of the mass the filter kept (6.3 nats at top-k 50 on a tiny random model),
     not a mismatch; the step's `mismatch_*` metrics replay the filter and cover it."""
-    picked: dict[int, list[Any]] = {}
+    picked: dict[int, list[Trajectory]] = {}
     for group in groups:
         for traj in group:
             if not traj.logprobs or any(t.is_logprob_truncated for t in traj.turns):

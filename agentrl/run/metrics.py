@@ -17,11 +17,11 @@ import pydantic_core
 
 from agentrl.config import LogConfig
 from agentrl.eval import stats
-from agentrl.types import EpisodeStatus
+from agentrl.types import EpisodeStatus, Group, Trajectory
 
 
-def rollout_metrics(groups: Sequence[Sequence[Any]]) -> dict[str, float]:
-    """Scalars over the groups of one rollout batch (trajectories are duck-typed).
+def rollout_metrics(groups: Sequence[Group]) -> dict[str, float]:
+    """Scalars over the groups of one rollout batch.
 
     Reward, pass rate and group statistics use scored episodes only (COMPLETED,
     TRUNCATED); ERROR and ABORTED count in the status fractions, never as reward 0.
@@ -59,12 +59,10 @@ def rollout_metrics(groups: Sequence[Sequence[Any]]) -> dict[str, float]:
     return {"rollout/" + k: v for k, v in out.items()}
 
 
-def _routing_metrics(episodes: Sequence[Any]) -> dict[str, float]:
+def _routing_metrics(episodes: Sequence[Trajectory]) -> dict[str, float]:
     """Over engine servers (none in process): how many served episodes this batch, and how many
     episodes had turns on more than one (0 unless routing by episode key is broken)."""
-    servers = [
-        {turn.served_by for turn in t.turns if getattr(turn, "served_by", "")} for t in episodes
-    ]
+    servers = [{turn.served_by for turn in t.turns if turn.served_by} for t in episodes]
     if not any(servers):
         return {}
     return {

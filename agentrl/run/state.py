@@ -15,11 +15,10 @@ from agentrl.config import RunConfig
 from agentrl.data import TaskSource
 from agentrl.deploy.runtime import Runtime
 from agentrl.eval import evaluate, plot_eval_history
-from agentrl.progress import RunProgress, sampled_tokens
+from agentrl.progress import RunProgress
 from agentrl.rollout import RolloutRunner
 from agentrl.rollout.collect import collect_groups
 from agentrl.rollout.staleness import drop_stale, lag_gap_metrics, probe_sample, staleness_metrics
-from agentrl.rollout.trajectory import write_jsonl
 from agentrl.run.checkpoint import save_run
 from agentrl.run.metrics import MetricsLogger, rollout_metrics
 from agentrl.run.schedules import (
@@ -30,6 +29,7 @@ from agentrl.run.schedules import (
     why_untrainable,
 )
 from agentrl.trainer.batch import build_train_batches
+from agentrl.types import Group, write_jsonl
 
 
 class RunState:
@@ -66,7 +66,7 @@ class RunState:
         cfg, t0 = self.cfg, time.perf_counter()
         num_episodes = cfg.rollout.rollout_batch_size * cfg.rollout.n_samples_per_prompt
         name = f"step {step + 1}/{cfg.train.num_rollout} rollout"
-        work = sampled_tokens(self.runtime.engine)  # tokens sampled, and the most a step samples
+        work = self.runner.sampled_tokens  # tokens sampled, and the most a step samples
         max_work = num_episodes * cfg.rollout.max_turns * cfg.rollout.rollout_max_response_len
         shown = (
             self.progress.phase(
@@ -120,7 +120,7 @@ class RunState:
             raise asyncio.CancelledError
         return metrics
 
-    async def _update(self, step: int, groups: list[Any]) -> tuple[dict[str, float], bool]:
+    async def _update(self, step: int, groups: list[Group]) -> tuple[dict[str, float], bool]:
         """One optimizer update on `groups`; its metrics, and whether an interrupt came."""
         cfg = self.cfg
         batches = build_train_batches(
@@ -145,7 +145,7 @@ class RunState:
             phase.advance(num_tokens)
         return train_metrics, is_interrupted
 
-    async def offpolicy_metrics(self, groups: list[Any], step: int) -> dict[str, float]:
+    async def offpolicy_metrics(self, groups: list[Group], step: int) -> dict[str, float]:
         """Train-vs-rollout logprob gap and TIS clip fraction by version lag, on a few
         trajectories per lag scored by the trainer before this step's update."""
         probes = []
@@ -191,7 +191,7 @@ class RunState:
 
 
 def _step_metrics(
-    groups: list[Any], step: int, rollout: Rollout, num_stale: int, trained: dict[str, float]
+    groups: list[Group], step: int, rollout: Rollout, num_stale: int, trained: dict[str, float]
 ) -> dict[str, float]:
     """What one step logs of its groups, of how they were collected, and of the update."""
     collected = rollout.collected

@@ -1,8 +1,5 @@
 """Groups of trajectories to a `TrainBatch`: advantages, group filtering, shifted per-token
-tensors, and first-fit-decreasing packing of sequences into micro-batches under a token budget.
-
-Trajectories are read by duck typing (`token_ids`, `loss_mask`, `logprobs`, `reward`, `status`).
-"""
+tensors, and first-fit-decreasing packing of sequences into micro-batches under a token budget."""
 
 from __future__ import annotations
 
@@ -17,9 +14,7 @@ from torch import Tensor
 from agentrl.config import AlgoConfig
 from agentrl.trainer.losses import ADVANTAGE_ESTIMATORS, LossInputs, Segments
 from agentrl.trainer.sampling_mask import OFF_TOP_K, OFF_TOP_P
-from agentrl.types import EpisodeStatus
-
-Group = Sequence[Any]  # the n trajectories of one task
+from agentrl.types import EpisodeStatus, Group, Trajectory, Turn
 
 
 def to_device(tensor: Tensor, device: torch.device | str) -> Tensor:
@@ -112,7 +107,7 @@ def compute_advantages(groups: Sequence[Group], algo_cfg: AlgoConfig) -> list[li
     for g, group in enumerate(groups):
         for i, t in enumerate(group):
             if EpisodeStatus(t.status).is_trainable:
-                episode = getattr(t, "episode_id", "") or f"#{i}"  # no id: its own episode
+                episode = t.episode_id or f"#{i}"  # no id: its own episode
                 episodes.setdefault((g, episode), []).append(i)
     out: list[list[float | None]] = [[None] * len(group) for group in groups]
     if not episodes:
@@ -154,11 +149,11 @@ class _Sample:
         return len(self.input_ids)
 
 
-def _make_sample(index: int, traj: Any, advantage: float, pad_id: int) -> _Sample | None:
+def _make_sample(index: int, traj: Trajectory, advantage: float, pad_id: int) -> _Sample | None:
     ids, mask = list(traj.token_ids), [int(m) for m in traj.loss_mask]
     if len(mask) != len(ids) or sum(mask) != len(traj.logprobs):
         raise ValueError(
-            f"trajectory {getattr(traj, 'episode_id', index)!r}: {len(ids)} token ids, {len(mask)} mask "
+            f"trajectory {traj.episode_id or index!r}: {len(ids)} token ids, {len(mask)} mask "
             f"entries, {sum(mask)} trained tokens but {len(traj.logprobs)} logprobs; they must agree "
             "(Trajectory.check() names the broken invariant)"
         )
@@ -166,7 +161,7 @@ def _make_sample(index: int, traj: Any, advantage: float, pad_id: int) -> _Sampl
         return None
     if mask[0]:
         raise ValueError(
-            f"trajectory {getattr(traj, 'episode_id', index)!r}: the first token cannot be trained"
+            f"trajectory {traj.episode_id or index!r}: the first token cannot be trained"
         )
     it = iter(traj.logprobs)  # one per sampled token: spread over the positions
     dense = [float(next(it)) if m else 0.0 for m in mask]
@@ -180,13 +175,13 @@ def _make_sample(index: int, traj: Any, advantage: float, pad_id: int) -> _Sampl
         rollout_logprobs=dense[1:end] + [0.0],
         advantage=advantage,
     )
-    return _with_sampling_masks(sample, getattr(traj, "turns", []))
+    return _with_sampling_masks(sample, traj.turns)
 
 
-def _with_sampling_masks(sample: _Sample, turns: Sequence[Any]) -> _Sample:
+def _with_sampling_masks(sample: _Sample, turns: Sequence[Turn]) -> _Sample:
     """The top-k / top-p of each target sampled by a turn whose engine reported logprobs of the
     truncated distribution (`Turn.is_logprob_truncated`): the trainer replays that filter."""
-    replayed = [t for t in turns if getattr(t, "is_logprob_truncated", False)]
+    replayed = [t for t in turns if t.is_logprob_truncated]
     if not replayed:
         return sample
     top_k = [OFF_TOP_K] * sample.length
@@ -333,8 +328,8 @@ def build_train_batches(
     advantages = compute_advantages(groups, algo_cfg)
     trajs = [t for group in groups for t in group]
     flat_adv = [a for group_adv in advantages for a in group_adv]
-    made = [_make_sample(k, traj, adv, pad_id)
-            for k, (traj, adv) in enumerate(zip(trajs, flat_adv, strict=True)) if adv is not None]  # fmt: skip
+    pairs = zip(trajs, flat_adv, strict=True)
+    made = [_make_sample(k, t, a, pad_id) for k, (t, a) in enumerate(pairs) if a is not None]
     samples = [s for s in made if s is not None]
     num_no_loss = len(made) - len(samples)
     for i, s in enumerate(samples):
@@ -373,7 +368,7 @@ def has_advantage_free_term(algo_cfg: AlgoConfig) -> bool:
 
 
 def _batch_metrics(
-    trajs: list[Any],
+    trajs: list[Trajectory],
     samples: list[_Sample],
     steps: list[list[StepBatch]],
     budget: int,

@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 from agentrl.config import recipe_for_env
-from agentrl.rollout.trajectory import read_jsonl
 from agentrl.run import train
-from agentrl.types import EpisodeStatus, Task
+from agentrl.types import EpisodeStatus, Task, read_jsonl
 from tests.agents.conftest import tool_agent
 
 

@@ -16,8 +16,7 @@ from typer.testing import CliRunner
 
 from agentrl.cli import app
 from agentrl.cli.show import SPAN_MARKS, SPAN_STYLES, SpanKind, render_trajectory, weights_label
-from agentrl.rollout.trajectory import Trajectory, Turn, write_jsonl
-from agentrl.types import EpisodeStatus, StatusReason
+from agentrl.types import EpisodeStatus, StatusReason, Trajectory, Turn, write_jsonl
 from tests.support.cli import one_line
 
 runner = CliRunner()

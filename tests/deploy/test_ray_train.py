@@ -15,8 +15,7 @@ import psutil
 import pytest
 
 from agentrl.config import RunConfig
-from agentrl.rollout.trajectory import read_jsonl
-from agentrl.types import EpisodeStatus
+from agentrl.types import EpisodeStatus, read_jsonl
 from tests.support.configs import tiny_train_config
 
 pytestmark = pytest.mark.slow

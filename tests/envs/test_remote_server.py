@@ -86,8 +86,8 @@ def _eval_metrics(run: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_served_calculator_trains_and_evaluates_as_in_process(tiny_model_path, tmp_path):
-    from agentrl.rollout.trajectory import read_jsonl
     from agentrl.run import train
+    from agentrl.types import read_jsonl
 
     train(_config(tiny_model_path, tmp_path / "local"))
     proc, url = _serve("calculator", tmp_path / "server.log")

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from agentrl.rollout.trajectory import Trajectory, Turn
-from agentrl.types import EpisodeStatus, StatusReason, Task
+from agentrl.config import RolloutConfig
+from agentrl.types import EpisodeStatus, StatusReason, Task, Trajectory, Turn
 
 _REASONS = {
     EpisodeStatus.COMPLETED: StatusReason.DONE,
@@ -69,8 +69,11 @@ def make_traj() -> Callable[..., Trajectory]:
 
 
 class FakeRunner:
-    """Stands in for `RolloutRunner.run_groups` only: records the tasks it is asked to run and
-    returns episodes from `episode_for(task, i)`, calling `on_episode` as each one ends."""
+    """Stands in for `RolloutRunner.run_groups` (and the config and token count a progress bar
+    reads): records the tasks it is asked to run and returns episodes from
+    `episode_for(task, i)`, calling `on_episode` as each one ends."""
+
+    cfg = RolloutConfig()
 
     def __init__(
         self,
@@ -98,6 +101,9 @@ class FakeRunner:
                 group.append(traj)
             groups.append(group)
         return groups
+
+    def sampled_tokens(self) -> int:
+        return 0
 
     @property
     def run_task_ids(self) -> list[list[str]]:

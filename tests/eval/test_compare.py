@@ -7,8 +7,7 @@ import pytest
 
 from agentrl.eval.compare import compare, compare_dirs, format_diff
 from agentrl.eval.report import build_report
-from agentrl.rollout.trajectory import write_jsonl
-from agentrl.types import EpisodeStatus
+from agentrl.types import EpisodeStatus, write_jsonl
 
 
 def _parts(em: float, fmt: float, is_answered: bool) -> dict:

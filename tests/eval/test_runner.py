@@ -7,8 +7,7 @@ import json
 import pytest
 
 from agentrl.eval import evaluate
-from agentrl.rollout.trajectory import read_jsonl
-from agentrl.types import EpisodeStatus
+from agentrl.types import EpisodeStatus, read_jsonl
 
 from .conftest import FakeRunner, build_traj, make_tasks
 

@@ -9,8 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from agentrl.cli import app
-from agentrl.rollout.trajectory import Trajectory, Turn, write_jsonl
-from agentrl.types import EpisodeStatus, StatusReason
+from agentrl.types import EpisodeStatus, StatusReason, Trajectory, Turn, write_jsonl
 
 
 @pytest.mark.slow

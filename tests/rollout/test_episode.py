@@ -9,12 +9,11 @@ from typing import Any
 import pytest
 
 from agentrl.engine.base import Completion, EngineError, FinishReason, SamplingParams
-from agentrl.envs.wrappers import MaxTurns
+from agentrl.envs import StepResult
 from agentrl.rollout.codec import ChatCodec
 from agentrl.rollout.episode import run_episode
 from agentrl.rollout.staleness import drop_stale
-from agentrl.rollout.trajectory import Trajectory
-from agentrl.types import EpisodeStatus, Message, StatusReason
+from agentrl.types import EpisodeStatus, Message, StatusReason, Trajectory
 
 from .conftest import TASK, ScriptedEngine, ToolEnv, call
 
@@ -170,11 +169,43 @@ async def test_max_turns_truncates(codec: ChatCodec) -> None:
     assert traj.turns[-1].num_observation == 0 and len(engine.calls) == 3
 
 
-async def test_max_turns_wrapper_reason_is_kept(codec: ChatCodec) -> None:
-    traj, _, _ = await play(codec, ["thinking..."], env=MaxTurns(ToolEnv(), 2), max_turns=10)  # type: ignore[arg-type]
+async def test_an_answer_on_the_last_turn_completes(codec: ChatCodec) -> None:
+    traj, _, _ = await play(codec, ["thinking...", "<answer>5</answer>"], max_turns=2)
+    assert (traj.status, traj.status_reason, traj.num_turns) == (
+        EpisodeStatus.COMPLETED,
+        StatusReason.DONE,
+        2,
+    )
+
+
+class SelfTruncatingEnv(ToolEnv):
+    """Ends the episode truncated itself on its second step, with `reason` (as search_r1 does at
+    its own turn limit)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__()
+        self.reason = reason
+
+    async def step(self, action: Message) -> StepResult:
+        result = await super().step(action)
+        if len(self.actions) == 2:
+            result.truncated = True
+            result.info["truncated_reason"] = self.reason
+        return result
+
+
+@pytest.mark.parametrize(
+    ("reason", "recorded"),
+    [("context", StatusReason.CONTEXT), ("no such reason", StatusReason.MAX_TURNS)],
+)
+async def test_an_env_truncating_itself_keeps_its_reason(
+    codec: ChatCodec, reason: str, recorded: StatusReason
+) -> None:
+    env = SelfTruncatingEnv(reason)
+    traj, _, _ = await play(codec, ["thinking..."], env=env, max_turns=10)
     assert (traj.status, traj.status_reason, traj.num_turns) == (
         EpisodeStatus.TRUNCATED,
-        StatusReason.MAX_TURNS,
+        recorded,
         2,
     )
 
@@ -216,6 +247,19 @@ async def test_wall_clock_truncates_and_closes_the_env(
     traj, _, env = await play(codec, [], engine=engine, timeout_s=0.1, max_turns=100)
     assert (traj.status, traj.status_reason) == (EpisodeStatus.TRUNCATED, StatusReason.WALL_CLOCK)
     assert traj.num_turns >= 1 and env.events[-1] == "close"
+
+
+class StuckEnv(ToolEnv):
+    async def step(self, action: Message) -> StepResult:
+        self.events.append("step")
+        await asyncio.sleep(3600)
+        return StepResult()
+
+
+async def test_wall_clock_cancels_a_step_that_outlives_it(codec: ChatCodec) -> None:
+    traj, _, env = await play(codec, ["thinking..."], env=StuckEnv(), timeout_s=0.1)
+    assert (traj.status, traj.status_reason) == (EpisodeStatus.TRUNCATED, StatusReason.WALL_CLOCK)
+    assert traj.num_turns == 1 and env.events == ["reset", "step", "close"]
 
 
 async def test_cancellation_aborts_and_keeps_what_was_sampled(

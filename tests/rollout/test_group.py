@@ -35,7 +35,8 @@ async def test_run_group_gives_n_episodes_with_their_own_envs_and_seeds(
 ) -> None:
     envs: list[ToolEnv] = []
     engine = ScriptedEngine(smol_tokenizer, ["<answer>5</answer>"])
-    group = await runner_with(engine, envs=envs, seed=3).run_group(Task("t0", {"answer": 5}), 4)
+    runner = runner_with(engine, envs=envs, seed=3)
+    group = await runner.run_group(Task("t0", {"answer": 5}), 4)
 
     assert [t.status for t in group] == [EpisodeStatus.COMPLETED] * 4
     assert len({t.group_id for t in group}) == 1 and len({t.episode_id for t in group}) == 4
@@ -44,6 +45,8 @@ async def test_run_group_gives_n_episodes_with_their_own_envs_and_seeds(
     seeds = sorted(s.seed for _, s in engine.calls)
     assert seeds == sorted(episode_seed(3, "t0", i) for i in range(4))
     assert len(set(seeds)) == 4
+    # the progress display's work: every sampled token, whatever the engine counts
+    assert runner.sampled_tokens() == sum(len(c.ids) for c in engine.completions) > 0
 
 
 def test_episode_seed_is_deterministic_and_distinct() -> None:
@@ -182,3 +185,4 @@ async def test_an_agents_episode_of_several_segments_is_told_once(smol_tokenizer
     assert len(group) == 4 and {t.info["num_segments"] for t in group} == {2}
     assert len(told) == 2 and {t.episode_id for t in told} == {t.episode_id for t in group}
     assert all(t.info["segment"] == 1 for t in told)  # each episode's last conversation
+    assert runner.sampled_tokens() == sum(t.num_sampled for t in group) > 0  # every segment's

@@ -15,8 +15,7 @@ from agentrl.rollout.staleness import (
     token_lags,
     trajectory_lag,
 )
-from agentrl.rollout.trajectory import Trajectory, Turn
-from agentrl.types import EpisodeStatus, StatusReason
+from agentrl.types import EpisodeStatus, StatusReason, Trajectory, Turn
 
 
 def _traj(versions: list[str], logprobs_per_turn: int = 2) -> Trajectory:

@@ -16,7 +16,6 @@ from agentrl_envs.search_r1.env import (
 from agentrl_envs.search_r1.protocol import INVALID_ACTION_HINT, make_prompt
 
 from agentrl.envs import make
-from agentrl.envs.wrappers import MaxTurns
 from agentrl.types import Message, StatusReason, Task, ToolCall
 
 TASK = Task(
@@ -200,7 +199,7 @@ async def test_without_final_turn_max_turns_is_the_last(corpus_path: Path) -> No
 async def test_observation_budget_is_declared_for_the_codec(corpus_path: Path) -> None:
     """Envs speak messages: the codec applies the budget (see test_episode.py), not the env."""
     env = await started(corpus_path, max_observation_tokens=20)
-    assert env.max_observation_tokens == 20 and MaxTurns(env, 3).max_observation_tokens == 20
+    assert env.max_observation_tokens == 20
     text = (await env.step(say("<search> capital city </search>"))).observation[0].content
     assert len(text) > 20 * 4 and "truncated" not in text
     assert text.startswith("\n\n<information>Doc 1(Title:") and text.endswith("</information>\n\n")

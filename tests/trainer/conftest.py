@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.rollout.trajectory import Trajectory
-from agentrl.types import EpisodeStatus, StatusReason
+from agentrl.types import EpisodeStatus, StatusReason, Trajectory
 
 VOCAB = 64
 

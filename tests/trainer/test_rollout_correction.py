@@ -16,7 +16,6 @@ from agentrl.config_correction import (
     PresetName,
     settings_from_config,
 )
-from agentrl.rollout.trajectory import Trajectory
 from agentrl.trainer.losses import (
     LossInputs,
     Segments,
@@ -25,7 +24,7 @@ from agentrl.trainer.losses import (
     diagnostic_means,
 )
 from agentrl.trainer.rollout_correction import build_correction
-from agentrl.types import EpisodeStatus, StatusReason
+from agentrl.types import EpisodeStatus, StatusReason, Trajectory
 from tests.trainer.conftest import VOCAB
 
 

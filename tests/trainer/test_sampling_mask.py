@@ -14,11 +14,10 @@ from agentrl.engine.base import SamplingParams
 from agentrl.engine.local import LocalEngine
 from agentrl.engine.local.sampling import filter_top_k_top_p
 from agentrl.rollout.episode import EpisodeRecord
-from agentrl.rollout.trajectory import Trajectory
 from agentrl.trainer.batch import TrainBatch, build_train_batches
 from agentrl.trainer.sampling_mask import kept_tokens
 from agentrl.trainer.torch_backend import TorchBackend
-from agentrl.types import EpisodeStatus, StatusReason, Task
+from agentrl.types import EpisodeStatus, StatusReason, Task, Trajectory
 
 
 def test_kept_tokens_are_the_embedded_engines_filter():

@@ -15,8 +15,7 @@ from typing import Any
 from agentrl.engine.base import Completion, SamplingParams
 from agentrl.rollout.codec import ChatCodec
 from agentrl.rollout.episode import EpisodeRecord
-from agentrl.rollout.trajectory import Trajectory
-from agentrl.types import EpisodeStatus, Message, StatusReason, Task
+from agentrl.types import EpisodeStatus, Message, StatusReason, Task, Trajectory
 
 
 @dataclass

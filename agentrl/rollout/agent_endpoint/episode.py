@@ -19,8 +19,7 @@ from agentrl.rollout.agent_endpoint.chat import CallLimits
 from agentrl.rollout.agent_endpoint.endpoint import AgentEndpoint
 from agentrl.rollout.codec import ChatCodec
 from agentrl.rollout.episode import EpisodeRecord, checked_reward, close_env, record_error
-from agentrl.rollout.trajectory import Trajectory
-from agentrl.types import EpisodeStatus, Message, StatusReason, Task
+from agentrl.types import EpisodeStatus, Message, StatusReason, Task, Trajectory
 
 
 @dataclass

@@ -16,8 +16,7 @@ pytestmark = pytest.mark.usefixtures("megatron_on_cpu")
 
 
 def _trajectory(prompt_len: int, answer_len: int, vocab: int, reward: float, g):
-    from agentrl.rollout.trajectory import Trajectory
-    from agentrl.types import EpisodeStatus, StatusReason
+    from agentrl.types import EpisodeStatus, StatusReason, Trajectory
 
     ids = torch.randint(3, vocab, (prompt_len + answer_len,), generator=g).tolist()
     return Trajectory(token_ids=ids, loss_mask=[0] * prompt_len + [1] * answer_len,

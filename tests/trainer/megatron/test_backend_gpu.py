@@ -34,8 +34,7 @@ def _port() -> int:
 
 def _groups(vocab: int, seed: int = 0):
     """Two GRPO groups of 4 trajectories, prompts 12-30 tokens, answers 8-40 tokens."""
-    from agentrl.rollout.trajectory import Trajectory
-    from agentrl.types import EpisodeStatus, StatusReason
+    from agentrl.types import EpisodeStatus, StatusReason, Trajectory
 
     g = torch.Generator().manual_seed(seed)
     groups = []
