@@ -138,7 +138,12 @@ class LoraBranch(torch.nn.Module):
         state = self.state_dict(prefix="", keep_vars=True)
         axis = {"lora_A": 1} if self.is_row else {"lora_B": 0}
         out = make_sharded_tensors_for_checkpoint(
-            state, prefix, axis, sharded_offsets, dp_cp_group=(metadata or {}).get("dp_cp_group")
+            state,
+            prefix,
+            axis,
+            sharded_offsets,
+            tp_group=ps.get_tensor_model_parallel_group(),
+            dp_cp_group=(metadata or {}).get("dp_cp_group"),
         )
         if prefix.endswith(f"linear_fc1{LORA_SUFFIX}."):
             key = f"{prefix}lora_B"
@@ -177,7 +182,9 @@ def _make_branch(
     if is_row:
         a = wmap.split_tp(f"{name}.weight", a)[tp_rank]
     b = torch.zeros(weight.shape[0], rank)
-    a, b = (t.to(weight.device, weight.dtype) for t in (a, b))
+    # contiguous: a column slice of the whole A is a strided view, which the fused Adam step
+    # (and the DDP buffers) would read as if it were packed
+    a, b = (t.to(weight.device, weight.dtype).contiguous() for t in (a, b))
     return LoraBranch(a, b, is_row=is_row, scaling=cfg.lora_alpha / rank, dropout=cfg.lora_dropout)
 
 
