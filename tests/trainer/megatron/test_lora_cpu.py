@@ -87,6 +87,32 @@ def test_only_the_adapter_trains_and_the_base_stays_bit_identical(llama_dir):
     assert max((merged[k] - base[k]).abs().max().item() for k in base) > 1e-4
 
 
+def test_a_lora_step_equals_the_torch_backends_from_the_same_adapter(llama_dir):
+    """The torch backend (PEFT) given Megatron's initial adapter, its shared q/k/v and gate/up A
+    repeated per projection as `export_adapter` writes it: after one step on the same batch
+    (A's gradient is 0 while B is), the loss, gradient norm and merged weights agree."""
+    from agentrl.trainer.torch_backend import TorchBackend
+
+    megatron = _megatron(llama_dir, lr=1e-3, clip_grad=1.0)
+    train = TrainConfig(**{**LORA, "lr": 1e-3, "clip_grad": 1.0})
+    reference = TorchBackend(str(llama_dir), train, AlgoConfig(), device="cpu", dtype="float32")
+    reference.setup()
+    initial = dict(megatron.export_adapter().named_tensors)
+    with torch.no_grad():
+        for name, param in reference.model.named_parameters():
+            if ".lora_" in name:
+                param.copy_(initial["base_model.model." + name.replace(".default", "")])
+    ours, theirs = (b.train_step(_batch(megatron.pad_id)) for b in (megatron, reference))
+    assert ours["loss"] == pytest.approx(theirs["loss"], abs=1e-6)
+    assert ours["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-5)
+    exported, expected = _exported(megatron), _exported(reference)
+    assert sorted(exported) == sorted(expected)
+    worst = max((exported[k] - expected[k]).abs().max().item() for k in expected)
+    base = _exported(_megatron(llama_dir, lora_rank=0))
+    moved = max((expected[k] - base[k]).abs().max().item() for k in base)
+    assert moved > 1e-5 and worst <= 1e-6, (moved, worst)
+
+
 def test_merged_export_and_peft_adapter_score_as_the_trainer(configs, llama_dir, tmp_path):
     """After two steps: transformers on the merged export, and transformers + PEFT on the base
     with the exported adapter (saved as a PEFT directory), give the trainer's logprobs."""
