@@ -36,6 +36,7 @@ from agentrl.trainer.lora import (
     _json_value,
     make_lora_config,
 )
+from agentrl.trainer.megatron.parallel import tp_group
 from agentrl.trainer.megatron.weight_map import WeightMap, to_global_name
 
 LORA_SUFFIX = "_lora"
@@ -93,11 +94,11 @@ def megatron_targets(names: list[str]) -> list[str]:
 class LoraBranch(torch.nn.Module):
     """The adapter beside one tensor-parallel linear: adds scaling * B @ A x to its output.
 
-    As Megatron-Bridge's adapters shard them: beside a column-parallel linear A [r, in] is whole
-    on every TP rank and B [out/tp, r] holds this rank's output rows; the gradient reaching A is
-    summed over TP first, so A's gradient is the whole one everywhere. Beside a row-parallel
-    linear A [r, in/tp] takes this rank's input columns, the product is summed over TP, and B
-    [out, r] is whole."""
+    The products Megatron-Bridge's adapters compute: beside a column-parallel linear A [r, in] is
+    whole on every TP rank (Megatron-Bridge splits it over r and gathers; at rank r it is small)
+    and B [out/tp, r] holds this rank's output rows; the gradient reaching A is summed over TP
+    first, so A's gradient is the whole one everywhere. Beside a row-parallel linear A [r, in/tp]
+    takes this rank's input columns, the product is summed over TP, and B [out, r] is whole."""
 
     def __init__(self, a: Tensor, b: Tensor, *, is_row: bool, scaling: float, dropout: float):
         super().__init__()
@@ -113,7 +114,7 @@ class LoraBranch(torch.nn.Module):
     def delta(self, x: Tensor) -> Tensor:
         x = F.dropout(x, self.dropout, training=self.training)
         u = F.linear(x, self.lora_A)  # [..., r]
-        group = ps.get_tensor_model_parallel_group()
+        group = tp_group()
         if self.is_row:
             u = reduce_from_tensor_model_parallel_region(u, group)
         else:  # backward: the gradient reaching A (and x) summed over TP
@@ -142,7 +143,7 @@ class LoraBranch(torch.nn.Module):
             prefix,
             axis,
             sharded_offsets,
-            tp_group=ps.get_tensor_model_parallel_group(),
+            tp_group=tp_group(),
             dp_cp_group=(metadata or {}).get("dp_cp_group"),
         )
         if prefix.endswith(f"linear_fc1{LORA_SUFFIX}."):
@@ -215,7 +216,7 @@ def _whole(tensor: Tensor, name: str, wmap: WeightMap, is_sharded: bool) -> Tens
     if not is_sharded or wmap.tp_size == 1:
         return tensor
     shards = [torch.empty_like(tensor) for _ in range(wmap.tp_size)]
-    dist.all_gather(shards, tensor.contiguous(), group=ps.get_tensor_model_parallel_group())
+    dist.all_gather(shards, tensor.contiguous(), group=tp_group())
     return wmap.merge_tp(name, shards)
 
 
