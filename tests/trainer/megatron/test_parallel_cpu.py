@@ -119,8 +119,9 @@ def test_tp2_pp2_and_dp2_equal_one_rank(configs, tmp_path):
 @pytest.mark.slow
 def test_lora_tp2_equals_one_rank_and_its_checkpoint_loads_on_one(configs, tmp_path):
     """Two LoRA steps on TP=2 (adapters sharded beside the column- and row-parallel linears):
-    the same logprobs, loss, merged export and PEFT-named adapter as one rank; its checkpoint
-    (dist_checkpointing's TP shards of the adapter) loads on one rank to the same weights."""
+    the same logprobs, loss, merged export and PEFT-named adapter as one rank, and on DP=2 the
+    same loss and adapter; the TP=2 checkpoint (dist_checkpointing's TP shards of the adapter)
+    loads on one rank to the same weights."""
     from conftest import save_random_model
 
     save_random_model(configs["llama"](), tmp_path / "hf")
@@ -136,6 +137,10 @@ def test_lora_tp2_equals_one_rank_and_its_checkpoint_loads_on_one(configs, tmp_p
         worst = max((tp2[key][k] - v).abs().max().item() for k, v in base[key].items())
         assert worst <= 1e-5, (key, worst)
     assert all(base["adapter"][k].abs().max() > 0 for k in base["adapter"])  # A and B moved
+    dp2 = _run(tmp_path / "hf", tmp_path / "dp2", 2, **lora)  # DDP over the adapters alone
+    assert dp2["metrics"]["loss"] == pytest.approx(base["metrics"]["loss"], abs=1e-6)
+    worst = max((dp2["adapter"][k] - v).abs().max().item() for k, v in base["adapter"].items())
+    assert worst <= 1e-5, ("dp2", worst)
     resumed = _run(tmp_path / "hf", tmp_path / "resumed", 1, load=ckpt, **{**lora, "steps": 0})
     worst = max((resumed["export"][k] - v).abs().max().item() for k, v in tp2["export"].items())
     assert worst == 0.0
