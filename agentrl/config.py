@@ -214,7 +214,7 @@ class TrainConfig:
     seed: int = 0
     lora_rank: NonNegativeInt = 0
     """LoRA (verl's lora_rank): train adapters of this rank on `lora_target_modules`, the base
-    weights frozen and the optimizer holding the adapters only (torch backend, the `lora` extra:
+    weights frozen and the optimizer holding the adapters only (both backends; the `lora` extra:
     PEFT); 0 = full fine-tuning."""
     lora_alpha: PositiveInt = 16
     """LoRA scaling numerator: the adapter adds lora_alpha / lora_rank * B @ A (verl's default)."""

@@ -187,8 +187,9 @@ untie them, and only linear layers are adapted."""
 
 
 def _check_lora(cfg: RunConfig) -> None:
-    """`--lora-*` settings: the others need `--lora-rank`; the rank needs the torch backend and
-    peft; the target modules are all-linear alone or names of linear layers."""
+    """`--lora-*` settings: the others need `--lora-rank`; the rank needs peft (and on Megatron
+    no pipeline or sequence parallelism); the target modules are all-linear alone or names of
+    linear layers."""
     train, default = cfg.train, TrainConfig()
     if not train.lora_rank:
         given = [
@@ -202,10 +203,13 @@ def _check_lora(cfg: RunConfig) -> None:
                 "full fine-tuning); add --lora-rank 16 (or another rank) or drop it"
             )
         return
-    if train.backend != "torch":
+    if train.backend == "megatron" and (
+        train.pipeline_model_parallel_size > 1 or train.sequence_parallel
+    ):
         raise ConfigError(
-            f"--lora-rank={train.lora_rank} is not yet on --train-backend {train.backend}; use "
-            "--train-backend torch, or drop --lora-rank for full fine-tuning"
+            f"--lora-rank={train.lora_rank} on --train-backend megatron does not support "
+            "--pipeline-model-parallel-size > 1 or --sequence-parallel yet; drop them, or use "
+            "--train-backend torch"
         )
     names = train.lora_target_modules
     if not names or ("all-linear" in names and len(names) > 1):

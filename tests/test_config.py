@@ -254,8 +254,9 @@ def test_rollout_rejection_bounds_that_keep_nothing_or_go_unread_are_refused(ove
             "fine-tuning); add --lora-rank 16",
         ),
         (
-            ["train.lora_rank=16", "train.backend=megatron"],
-            "--lora-rank=16 is not yet on --train-backend megatron; use --train-backend torch",
+            ["train.lora_rank=16", "train.backend=megatron", "train.sequence_parallel=true"],
+            "--lora-rank=16 on --train-backend megatron does not support "
+            "--pipeline-model-parallel-size > 1 or --sequence-parallel yet",
         ),
         (
             ["train.lora_rank=16", "train.lora_target_modules=all-linear,q_proj"],

@@ -5,6 +5,7 @@ objective of `losses.py` on packed sequences, logprobs and entropy computed voca
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -27,8 +28,9 @@ from torch import Tensor
 from agentrl.config import TrainConfig
 from agentrl.trainer.base import TrainerBackend, reduce_metrics
 from agentrl.trainer.batch import MicroBatch, StepBatch, TrainBatch, to_device
+from agentrl.trainer.lora import AdapterExport
 from agentrl.trainer.losses import combine_metrics
-from agentrl.trainer.megatron import checkpoint, patches, rope
+from agentrl.trainer.megatron import checkpoint, lora, patches, rope
 from agentrl.trainer.megatron import model as gpt
 from agentrl.trainer.megatron.model_config import check_parallel_fit, model_shape
 from agentrl.trainer.megatron.optimizers import build_optimizer, lr_schedule, torch_optimizers
@@ -61,16 +63,23 @@ class _Staged:
 class MegatronBackend(TrainerBackend):
     """Construction checks config and the machine; `setup()` builds and loads the model
     (collectively: every trainer rank constructs one and calls each method together). Parameters
-    are bf16 with fp32 master weights in the optimizer (dtype auto/bfloat16) or fp32 throughout."""
+    are bf16 with fp32 master weights in the optimizer (dtype auto/bfloat16) or fp32 throughout.
+
+    LoRA (`train.lora_rank` > 0, `megatron/lora.py`): adapters beside the frozen linears, the
+    optimizer over them alone, the KL reference the same model with them off. Weight export
+    sends the merged weights under the base's names; `export_adapter` the adapter alone under
+    PEFT's; a checkpoint holds the adapter (dist_checkpointing and a PEFT directory)."""
 
     auto_dtype = torch.bfloat16
     _ddp: Any = None  # DistributedDataParallel around this rank's GPTModel stage
     _ref: Any = None  # the reference model's stage, without gradients
     _optimizer: Any = None
     _scheduler: Any = None  # megatron-core's OptimizerParamScheduler, with the optimizer
+    _lora: dict[str, lora.LoraBranch] | None = None  # by global linear name, under LoRA
 
     def _check_machine(self, train_cfg: TrainConfig) -> None:
         check_megatron_usable(train_cfg)
+        lora.check_lora_fit(train_cfg)
 
     # ------------------------------------------------------------ setup
 
@@ -93,6 +102,8 @@ class MegatronBackend(TrainerBackend):
     def _build(self, is_trained: bool) -> Any:
         stage = gpt.build_gpt(self.shape, self.tf_config, self.use_te)
         gpt.load_hf_weights(stage, self.wmap, self.model_path)
+        if is_trained and self.train_cfg.lora_rank:  # before DDP: it buffers trainable params only
+            self._lora = lora.add_lora(stage, self.train_cfg, self.wmap)
         return stage if is_trained else stage.eval().requires_grad_(False)
 
     def setup(self) -> None:
@@ -106,7 +117,9 @@ class MegatronBackend(TrainerBackend):
         init_parallel(self.train_cfg, self.device)
         self.shape = model_shape(self.hf_config)
         check_parallel_fit(self.shape, self.train_cfg)
-        self.use_te = gpt.has_transformer_engine()
+        # TE's linear_qkv and linear_fc1 fuse the layer norm before them: an adapter beside
+        # them would see the input unnormalised. LoRA builds the local spec.
+        self.use_te = gpt.has_transformer_engine() and not self.train_cfg.lora_rank
         is_cuda = self.device.type == "cuda"
         has_wgrad_fusion = patches.install_all(self.device)
         self.tf_config = gpt.transformer_config(
@@ -124,7 +137,7 @@ class MegatronBackend(TrainerBackend):
             use_distributed_optimizer=self.train_cfg.use_distributed_optimizer,
         )
         self._ddp = DistributedDataParallel(self.tf_config, ddp_config, self._build(True))
-        if self.has_ref_model:
+        if self.has_ref_model and not self._lora:  # LoRA's reference: the base, adapters off
             self._ref = self._build(False)
         self.tf_config.no_sync_func = self._ddp.no_sync
         # Sum, never average: the losses already carry the step's global denominators.
@@ -241,14 +254,17 @@ class MegatronBackend(TrainerBackend):
         """Fill `old_logprobs` (and `ref_logprobs` with a reference model) of every micro-batch,
         on every rank."""
         mbs = list(batch.micro_batches())
+        ref_stage = (self.model if self._lora else self._ref) if self.has_ref_model else None
         for field, stage, wanted in (
             ("old_logprobs", self.model, old),
-            ("ref_logprobs", self._ref, ref),
+            ("ref_logprobs", ref_stage, ref),
         ):
             if not wanted or stage is None:
                 continue
             stage.eval()
-            results = self._run(stage, mbs)  # every stage runs the schedule
+            is_base = field == "ref_logprobs" and self._lora
+            with lora.adapters_off(self._lora) if is_base else nullcontext():  # type: ignore[arg-type]
+                results = self._run(stage, mbs)  # every stage runs the schedule
             outputs = (
                 [o["logprobs"].cpu() for o in results] if ps.is_pipeline_last_stage() else None
             )
@@ -288,15 +304,35 @@ class MegatronBackend(TrainerBackend):
         ranks by the distributed optimizer)."""
         if self._optimizer is not None:
             return super().pending_state_bytes()
-        numel = sum(p.numel() for p in self.model.parameters())
+        numel = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         if self.train_cfg.use_distributed_optimizer:
             numel = -(-numel // ps.get_data_parallel_world_size())
         master = 4 * numel if self.param_dtype != torch.float32 else 0
         return master + 2 * 4 * numel
 
     def _hf_tensors(self, dtype: torch.dtype | None) -> Iterator[tuple[str, Tensor]]:
-        """Collective over the model-parallel ranks of each DP replica."""
-        return gpt.export_hf_tensors(self.model.module, self.wmap, dtype)
+        """Collective over the model-parallel ranks of each DP replica. Under LoRA: the merged
+        weights, what engines load today."""
+        merge = lora.merge_fn(self._lora) if self._lora else None
+        return gpt.export_hf_tensors(self.model.module, self.wmap, dtype, merge)
+
+    def export_adapter(self, *, dtype: torch.dtype | None = None) -> AdapterExport:
+        """The LoRA adapter alone under PEFT's names with its PEFT config (collective over TP),
+        what SGLang's `/load_lora_adapter_from_tensors` takes, as the torch backend's."""
+        if not self._lora:
+            raise RuntimeError(
+                "export_adapter() needs train.lora_rank > 0 (this run trains all weights)"
+            )
+        return lora.export_adapter(
+            self._lora, self.wmap, self.train_cfg, base_model_path=self.model_path, dtype=dtype
+        )
+
+    def adapter_size_bytes(self, dtype: torch.dtype | None = None) -> int:
+        """Bytes of the whole adapter as `export_adapter` sends it; 0 without LoRA."""
+        if not self._lora:
+            return 0
+        size = dtype.itemsize if dtype is not None else self.param_dtype.itemsize
+        return lora.adapter_numel(self._lora, self.wmap) * size
 
     def save(self, directory: str | Path) -> None:
         checkpoint.save(self, Path(directory))

@@ -5,7 +5,7 @@ rank's TP/PP shard, and the whole HF-named tensors gathered back from every rank
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from torch import Tensor
 from agentrl.config import TrainConfig
 from agentrl.trainer.megatron import parallel
 from agentrl.trainer.megatron.attention import PackedCoreAttention
+from agentrl.trainer.megatron.lora import is_lora_name
 from agentrl.trainer.megatron.model_config import (
     ModelShape,
     gpt_model_kwargs,
@@ -103,9 +104,12 @@ def _offset(shape: ModelShape) -> int:
 
 
 def _local_params(model: torch.nn.Module) -> Iterator[tuple[str, Tensor]]:
-    """(stage-local name, tensor) of the model's weights, `_extra_state` and buffers left out."""
+    """(stage-local name, tensor) of the model's weights, `_extra_state`, buffers and LoRA
+    adapters left out."""
     for name, tensor in model.state_dict(keep_vars=True).items():
-        if "_extra_state" not in name and isinstance(tensor, torch.nn.Parameter):
+        if is_lora_name(name) or "_extra_state" in name:
+            continue
+        if isinstance(tensor, torch.nn.Parameter):
             yield name, tensor
 
 
@@ -164,11 +168,15 @@ def _stage_catalog(
 
 @torch.no_grad()
 def export_hf_tensors(
-    model: torch.nn.Module, wmap: WeightMap, dtype: torch.dtype | None = None
+    model: torch.nn.Module,
+    wmap: WeightMap,
+    dtype: torch.dtype | None = None,
+    merge: Callable[[str, Tensor], Tensor] | None = None,
 ) -> Iterator[tuple[str, Tensor]]:
     """(HF name, whole tensor) of the whole model, on every rank. Collective over all model-
     parallel ranks: each tensor is broadcast from its pipeline stage, then all-gathered over TP
-    and merged, one at a time."""
+    and merged, one at a time. `merge(global name, shard)`: what to send of a local shard (the
+    LoRA adapter merged into it)."""
     pp_group, tp_group = parallel.pp_group(), parallel.tp_group()
     my_stage, offset = ps.get_pipeline_model_parallel_rank(), _offset(wmap.shape)
     params = {to_global_name(n, offset): p for n, p in _local_params(model)}
@@ -177,7 +185,8 @@ def export_hf_tensors(
         for name, shard_shape, dtype_name in catalog:
             send_dtype = dtype if dtype is not None else getattr(torch, dtype_name)
             if stage == my_stage:
-                shard = params[name].detach().to(send_dtype).contiguous()
+                shard = params[name].detach()
+                shard = (merge(name, shard) if merge else shard).to(send_dtype).contiguous()
             else:
                 shard = torch.empty(shard_shape, dtype=send_dtype, device=device)
             if dist.get_world_size(pp_group) > 1:
