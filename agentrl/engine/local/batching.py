@@ -38,6 +38,9 @@ class Sequence:
     """Leading tokens of `token_ids` whose K/V are in the slot."""
     num_reused: int = 0
     """Prompt tokens found in the slot at admission (a multi-turn prefix): SGLang's cached_tokens."""
+    version_spans: list[tuple[str, int]] = field(default_factory=list)
+    """(weight version, output tokens) sampled before each weight update this request went on
+    across; the tokens after the last one belong to the version that finishes it."""
 
     @property
     def is_finished(self) -> bool:
@@ -58,12 +61,24 @@ class Sequence:
         s = self.sampling
         return (s.temperature, s.top_p, s.top_k, self.seed, len(self.output_ids))
 
+    def close_span(self, weight_version: str) -> None:
+        """The weights change under this request: its tokens so far are `weight_version`'s."""
+        num_new = len(self.output_ids) - sum(n for _, n in self.version_spans)
+        if num_new:
+            self.version_spans.append((weight_version, num_new))
+
     def to_completion(self, weight_version: str) -> Completion:
+        spans = list(self.version_spans)
+        if spans:  # it went on across an update: every token keeps the version that sampled it
+            num_new = len(self.output_ids) - sum(n for _, n in spans)
+            spans += [(weight_version, num_new)] if num_new else []
+            weight_version = spans[-1][0]
         return Completion(
             ids=list(self.output_ids),
             logprobs=list(self.output_logprobs),
             finish_reason=self.finish_reason or FinishReason.ABORT,
             weight_version=weight_version,
+            version_spans=spans if len(spans) > 1 else [],
             matched_stop=self.matched_stop,
             prompt_tokens=len(self.prompt_ids),
             cached_tokens=self.num_reused,

@@ -412,8 +412,19 @@ class LocalEngine:
                 target = self._tensors[name]
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
         self.memory.weights_written([self._tensors[name] for name, _ in updates])
-        self._weight_version = weight_version
+        if weight_version != self._weight_version:
+            self._continue_under(weight_version)
         self._scheduler.drop_prefixes()
+
+    def _continue_under(self, weight_version: str) -> None:
+        """Requests in flight go on under the new weights, their K/V computed again (as SGLang's
+        retract does), so each later token is exactly the new version's; the tokens sampled so
+        far keep the old version, or a stale token would pass as fresh (slime #2092)."""
+        for seq in self._scheduler.running:
+            seq.num_cached = 0
+        for seq in [*self._scheduler.running, *self._scheduler.pending]:
+            seq.close_span(self._weight_version)
+        self._weight_version = weight_version
 
     def _release(self, keep_weights: bool) -> None:
         # Running requests are prefilled again on resume.
