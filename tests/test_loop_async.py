@@ -60,7 +60,7 @@ def test_async_modes_train_within_the_staleness_bound(tiny_model_path, tmp_path,
     for version, trajs in trained.items():
         assert trajs
         for t in trajs:
-            assert t.turns and all(turn.weight_version.isdigit() for turn in t.turns)
+            assert t.turns and all(isinstance(turn.weight_version, int) for turn in t.turns)
             assert trajectory_lag(t, version) <= cfg.train.max_staleness
     rows = _metrics(tmp_path / mode)
     assert len(rows) == 5
@@ -122,7 +122,7 @@ def test_updates_landing_mid_turn_keep_each_tokens_version(tiny_model_path, tmp_
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path, torch_dtype=torch.float32)
     # version -> weights; named_parameters: a tied lm_head is not there to undo its embedding
-    weights = {"0": {k: v.detach().clone() for k, v in model.named_parameters()}}
+    weights = {0: {k: v.detach().clone() for k, v in model.named_parameters()}}
     sent: dict[str, torch.Tensor] = {}  # an update's buckets so far
     is_training = [False]
 
@@ -144,7 +144,7 @@ def test_updates_landing_mid_turn_keep_each_tokens_version(tiny_model_path, tmp_
     def kept(self, updates, version, apply=LocalEngine._apply_weights):
         sent.update({n: t.detach().clone() for n, t in updates})
         if version != self.weight_version:  # the last bucket: the update is whole
-            weights[version] = {**weights[max(weights, key=int)], **sent}
+            weights[version] = {**weights[max(weights)], **sent}
             sent.clear()
             is_training[0] = False
         apply(self, updates, version)
@@ -162,13 +162,13 @@ def test_updates_landing_mid_turn_keep_each_tokens_version(tiny_model_path, tmp_
     straddling = []
     for version, trajs in _trained(tmp_path / "run").items():
         for t in trajs:
-            token_versions = [int(v) for turn in t.turns for v in turn.token_versions()]
+            token_versions = [v for turn in t.turns for v in turn.token_versions()]
             assert min(token_versions) >= version - cfg.train.max_staleness, (version, t.turns)
             straddling += [(t, turn) for turn in t.turns if len(turn.version_spans) > 1]
     assert straddling, "no trained turn straddled a weight update"
     for traj, turn in straddling[:4]:
         versions = [v for v, _ in turn.version_spans]
-        assert [int(v) for v in versions] == sorted(int(v) for v in versions)
+        assert versions == sorted(versions)
         recorded = torch.tensor(_turn_logprobs(traj, turn))
         by_version = {v: _teacher_forced(model, weights[v], traj, turn) for v in versions}
         start = 0

@@ -58,7 +58,7 @@ class Completion:
     ids: list[int]
     logprobs: list[float]  # one per id, log p(id | prefix) under the sampling distribution's model
     finish_reason: FinishReason
-    weight_version: str
+    weight_version: int
     matched_stop: str | int | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -66,7 +66,7 @@ class Completion:
     is_logprob_truncated: bool = False
     """The logprobs are of the distribution sampled from, top-k/top-p applied and renormalised
     (the embedded engine); False: of the whole softmax at the temperature (SGLang)."""
-    version_spans: list[tuple[str, int]] = field(default_factory=list)
+    version_spans: list[tuple[int, int]] = field(default_factory=list)
     """(weight version, output tokens it sampled), in order, when the request crossed a weight
     update (SGLang's `weight_versions`, after a retracting pause); empty: all by weight_version."""
 
@@ -79,6 +79,20 @@ class Completion:
 
 class EngineError(RuntimeError):
     """The engine failed (5xx after retries, timeout, a bad request). Episodes end ERROR/engine."""
+
+
+def version_from_wire(version: object) -> int:
+    """SGLang's `weight_version` (a string on the wire) as agentrl's policy version, an int: the
+    server's own "default", before any update, is 0, the weights it started with."""
+    if version == "default":
+        return 0
+    try:
+        return int(str(version))
+    except ValueError:
+        raise EngineError(
+            f"weight_version={version!r} is not a policy version (0, 1, ...); let agentrl set "
+            "it (start the server without --weight-version)"
+        ) from None
 
 
 class EngineMemoryError(EngineError):
@@ -103,7 +117,7 @@ class Engine(Protocol):
         ...
 
     async def update_weights(
-        self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, weight_version: str
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, weight_version: int
     ) -> None:
         """Load new weights (HF names); requests after this return `weight_version`."""
         ...
@@ -125,4 +139,4 @@ class Engine(Protocol):
     async def close(self) -> None: ...
 
     @property
-    def weight_version(self) -> str: ...
+    def weight_version(self) -> int: ...

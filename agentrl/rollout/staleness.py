@@ -12,10 +12,9 @@ from typing import Any
 Group = list[Any]  # the trajectories of one task
 
 
-def version_lag(version: str, trainer_version: int) -> int:
-    """Versions `version` is behind `trainer_version` (one that is not an integer -- a served
-    checkpoint's own tag -- counts as current)."""
-    return trainer_version - int(version) if str(version).isdigit() else 0
+def version_lag(version: int, trainer_version: int) -> int:
+    """Versions `version` is behind `trainer_version`."""
+    return trainer_version - version
 
 
 def turn_lags(traj: Any, trainer_version: int) -> list[int]:
@@ -99,14 +98,13 @@ def lag_gap_metrics(
 
 def probe_sample(groups: Sequence[Group], trainer_version: int, per_lag: int) -> list[Any]:
     """Up to `per_lag` trajectories for each oldest-turn lag present (the cheap sample the
-    trainer scores for `lag_gap_metrics`). The trainer scores them over the whole softmax, so a
-    trajectory whose logprobs are of a top-k/top-p truncated distribution is left out: its gap
-    would be the log of the mass the filter kept (6.3 nats at top-k 50 on a tiny random model),
-    not a mismatch; the step's `mismatch_*` metrics replay the filter and cover it."""
+    trainer scores for `lag_gap_metrics`, replaying each turn's top-k/top-p filter as training
+    does: unreplayed, a gap would be the log of the mass the filter kept, 6.3 nats at top-k 50 on
+    a tiny random model, not a mismatch)."""
     picked: dict[int, list[Any]] = {}
     for group in groups:
         for traj in group:
-            if not traj.logprobs or any(t.is_logprob_truncated for t in traj.turns):
+            if not traj.logprobs:
                 continue
             bucket = picked.setdefault(trajectory_lag(traj, trainer_version), [])
             if len(bucket) < per_lag:

@@ -38,7 +38,7 @@ class Sequence:
     """Leading tokens of `token_ids` whose K/V are in the slot."""
     num_reused: int = 0
     """Prompt tokens found in the slot at admission (a multi-turn prefix): SGLang's cached_tokens."""
-    version_spans: list[tuple[str, int]] = field(default_factory=list)
+    version_spans: list[tuple[int, int]] = field(default_factory=list)
     """(weight version, output tokens) sampled before each weight update this request went on
     across; the tokens after the last one belong to the version that finishes it."""
 
@@ -61,13 +61,13 @@ class Sequence:
         s = self.sampling
         return (s.temperature, s.top_p, s.top_k, self.seed, len(self.output_ids))
 
-    def close_span(self, weight_version: str) -> None:
+    def close_span(self, weight_version: int) -> None:
         """The weights change under this request: its tokens so far are `weight_version`'s."""
         num_new = len(self.output_ids) - sum(n for _, n in self.version_spans)
         if num_new:
             self.version_spans.append((weight_version, num_new))
 
-    def to_completion(self, weight_version: str) -> Completion:
+    def to_completion(self, weight_version: int) -> Completion:
         spans = list(self.version_spans)
         if spans:  # it went on across an update: every token keeps the version that sampled it
             num_new = len(self.output_ids) - sum(n for _, n in spans)
