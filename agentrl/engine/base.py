@@ -81,20 +81,6 @@ class EngineError(RuntimeError):
     """The engine failed (5xx after retries, timeout, a bad request). Episodes end ERROR/engine."""
 
 
-def version_from_wire(version: object) -> int:
-    """SGLang's `weight_version` (a string on the wire) as agentrl's policy version, an int: the
-    server's own "default", before any update, is 0, the weights it started with."""
-    if version == "default":
-        return 0
-    try:
-        return int(str(version))
-    except ValueError:
-        raise EngineError(
-            f"weight_version={version!r} is not a policy version (0, 1, ...); let agentrl set "
-            "it (start the server without --weight-version)"
-        ) from None
-
-
 class EngineMemoryError(EngineError):
     """The device has no room for what the engine takes back on resume (its weights or KV cache
     after a colocated train step). The message says how much and what to lower."""

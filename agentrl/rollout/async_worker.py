@@ -130,10 +130,9 @@ class RolloutWorker:
 
     async def _run(self, draw: int, task: Task, seed: int) -> None:
         group = await self.runner.run_group(task, self.n, seed=seed)
-        num_reruns = self._num_reruns.get(draw, 0)
-        if is_engine_aborted(group) and num_reruns < self.max_reruns:
+        if is_engine_aborted(group) and self._num_reruns.get(draw, 0) < self.max_reruns:
             # infrastructure, not the policy: heal and play it again
-            self._num_reruns[draw] = num_reruns + 1
+            self._num_reruns[draw] = self._num_reruns.get(draw, 0) + 1
             self.num_engine_reruns += 1
             if self.heal is not None:
                 self.num_engine_restarts += await self.heal()
@@ -175,11 +174,9 @@ async def take_groups(
     max_staleness: int | None,
     max_flat_groups: int | None,
 ) -> Collected:
-    """`want` groups for the train step at `trainer_version`, taken as they finish. The one place
-    trajectories past the staleness bound are dropped (and counted): the step waits for more.
-    With dynamic sampling (`max_flat_groups` set) zero-variance groups (tied, or every episode
-    failed) are dropped too, and after that many the step ends short, as the synchronous path
-    ends after its extra rounds (with none left, the caller says why)."""
+    """`want` groups for the train step at `trainer_version`, taken as they finish; the one place
+    trajectories past the staleness bound are dropped (counted; the step waits for more). With
+    dynamic sampling, zero-variance groups (tied, or all failed) too, up to `max_flat_groups`."""
     out = Collected(groups=[])
     while len(out.groups) < want:
         fresh, num_stale = drop_stale([await worker.take()], trainer_version, max_staleness)

@@ -12,21 +12,10 @@ from typing import Any
 Group = list[Any]  # the trajectories of one task
 
 
-def version_lag(version: int, trainer_version: int) -> int:
-    """Versions `version` is behind `trainer_version`."""
-    return trainer_version - version
-
-
 def turn_lags(traj: Any, trainer_version: int) -> list[int]:
-    """The lag of each turn's oldest token: a turn that straddled an update (a retracted request
-    went on under new weights) is as old as its first tokens, not its last."""
-    return [
-        max(
-            (version_lag(v, trainer_version) for v in t.token_versions()),
-            default=version_lag(t.weight_version, trainer_version),
-        )
-        for t in traj.turns
-    ]
+    """The lag of each turn's oldest token: a turn that straddled an update (a request that went
+    on under new weights) is as old as its first tokens, not its last."""
+    return [trainer_version - min(t.token_versions(), default=t.weight_version) for t in traj.turns]
 
 
 def trajectory_lag(traj: Any, trainer_version: int) -> int:
@@ -68,11 +57,7 @@ def staleness_metrics(groups: Sequence[Group], trainer_version: int) -> dict[str
 def token_lags(traj: Any, trainer_version: int) -> list[int]:
     """One lag per sampled token (aligned with `traj.logprobs`), from the version that sampled
     that token."""
-    return [
-        version_lag(version, trainer_version)
-        for turn in traj.turns
-        for version in turn.token_versions()
-    ]
+    return [trainer_version - version for turn in traj.turns for version in turn.token_versions()]
 
 
 def lag_gap_metrics(

@@ -162,23 +162,18 @@ class FullAsyncSchedule(SyncSchedule):
 
     async def next_rollout(self, step: int) -> Rollout:
         cfg, t0 = self.state.cfg, time.perf_counter()
-        want = cfg.rollout.rollout_batch_size
+        rollout = cfg.rollout
+        want = rollout.rollout_batch_size
+        # dropped by dynamic sampling: as many groups as the synchronous path samples at most
+        max_flat = want * (1 + rollout.max_sampling_rounds) if rollout.dynamic_sampling else None
+        bound = cfg.train.max_staleness
         collected: Collected = await take_groups(
-            self.worker,
-            want,
-            trainer_version=step,
-            max_staleness=cfg.train.max_staleness,
-            # as many dropped groups as the synchronous path samples at most
-            max_flat_groups=(
-                want * (1 + cfg.rollout.max_sampling_rounds)
-                if cfg.rollout.dynamic_sampling
-                else None
-            ),
+            self.worker, want, trainer_version=step, max_staleness=bound, max_flat_groups=max_flat
         )
         if not collected.groups:
             await self.stop()
             raise NothingToTrainError(
-                nothing_to_train(step, collected, cfg.rollout, self.state.run_dir)
+                nothing_to_train(step, collected, rollout, self.state.run_dir)
             )
         # Not the source's cursor, which ran ahead: the tasks still in flight or queued are
         # drawn again on resume, and the ones taken after them are not.

@@ -84,10 +84,8 @@ class RunState:
         return Rollout(collected, self.source.state(), time.perf_counter() - t0)
 
     async def learn(self, step: int, rollout: Rollout) -> dict[str, float]:
-        """Write the step's trajectories, train on them; metrics (logged by the caller). The
-        trainer is at policy version `step` (its updates so far). None is past the staleness
-        bound: full async drops those as it takes groups (`take_groups`), and one step ahead
-        they lag `update_weights_interval` versions, which `check_run` keeps within it."""
+        """Write the step's trajectories (none past the staleness bound: `take_groups`), train on
+        them; metrics (logged by the caller). The trainer is at policy version `step`."""
         cfg = self.cfg
         groups = rollout.collected.groups
         # Every trajectory trained on is kept, flushed, for `agentrl show` and post-mortems.

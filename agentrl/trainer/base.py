@@ -276,9 +276,8 @@ class TrainerBackend(ABC):
         self, token_ids: list[int], start: int, masks: tuple[list[int], list[float]] | None = None
     ) -> list[float]:
         """Teacher-forced logprob of token_ids[t] for each t >= start under the current weights,
-        float32 log_softmax(logits / temperature) as the engine computes it; with `masks` (top-k
-        and top-p per target, `batch.sampling_masks`), of the distribution their filter leaves.
-        Collective."""
+        float32 log_softmax(logits / temperature) as the engine computes it, under the top-k/top-p
+        `masks` of each target if given (`batch.sampling_masks`). Collective."""
         if not 1 <= start <= len(token_ids):
             raise ValueError(
                 f"start={start} must be in [1, {len(token_ids)}] (len(token_ids)): the first "

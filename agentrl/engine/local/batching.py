@@ -39,8 +39,7 @@ class Sequence:
     num_reused: int = 0
     """Prompt tokens found in the slot at admission (a multi-turn prefix): SGLang's cached_tokens."""
     version_spans: list[tuple[int, int]] = field(default_factory=list)
-    """(weight version, output tokens) sampled before each weight update this request went on
-    across; the tokens after the last one belong to the version that finishes it."""
+    """(weight version, output tokens) before each update the request went on across."""
 
     @property
     def is_finished(self) -> bool:
@@ -68,11 +67,9 @@ class Sequence:
             self.version_spans.append((weight_version, num_new))
 
     def to_completion(self, weight_version: int) -> Completion:
+        self.close_span(weight_version)  # every token keeps the version that sampled it
         spans = list(self.version_spans)
-        if spans:  # it went on across an update: every token keeps the version that sampled it
-            num_new = len(self.output_ids) - sum(n for _, n in spans)
-            spans += [(weight_version, num_new)] if num_new else []
-            weight_version = spans[-1][0]
+        weight_version = spans[-1][0] if spans else weight_version
         return Completion(
             ids=list(self.output_ids),
             logprobs=list(self.output_logprobs),

@@ -12,14 +12,9 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
 
-from agentrl.engine.base import (
-    Completion,
-    Engine,
-    FinishReason,
-    SamplingParams,
-    version_from_wire,
-)
+from agentrl.engine.base import Completion, Engine, FinishReason, SamplingParams
 from agentrl.engine.serve.requests import ServerLimits, engine_context_len
+from agentrl.engine.sglang.protocol import version_from_wire
 
 T = TypeVar("T")
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from agentrl.engine.base import Completion, EngineError, SamplingParams, version_from_wire
+from agentrl.engine.base import Completion, EngineError, SamplingParams
 from agentrl.engine.sglang.dialect import ServerDialect, dialect_from_info
 from agentrl.engine.sglang.plumbing import SGLangHTTP
 from agentrl.engine.sglang.protocol import (
@@ -25,6 +25,7 @@ from agentrl.engine.sglang.protocol import (
     completion_from_sglang,
     generate_payload,
     num_requests_from_load,
+    version_from_wire,
 )
 from agentrl.engine.sglang.weights import SGLangWeights
 

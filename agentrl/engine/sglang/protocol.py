@@ -7,13 +7,7 @@ import os
 import uuid
 from typing import Any
 
-from agentrl.engine.base import (
-    Completion,
-    EngineError,
-    FinishReason,
-    SamplingParams,
-    version_from_wire,
-)
+from agentrl.engine.base import Completion, EngineError, FinishReason, SamplingParams
 
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
 """sglang-router (SGLang Model Gateway) reads this header for its `consistent_hashing` and
@@ -86,6 +80,20 @@ def completion_from_sglang(out: dict[str, Any]) -> Completion:
         is_logprob_truncated=bool(meta.get(LOGPROB_TRUNCATED_KEY, False)),
         version_spans=version_spans_from_sglang(meta.get("weight_versions"), len(pairs)),
     )
+
+
+def version_from_wire(version: object) -> int:
+    """SGLang's `weight_version` (a string on the wire) as agentrl's policy version, an int: the
+    server's own "default", before any update, is 0, the weights it started with."""
+    if version == "default":
+        return 0
+    try:
+        return int(str(version))
+    except ValueError:
+        raise EngineError(
+            f"weight_version={version!r} is not a policy version (0, 1, ...); let agentrl set "
+            "it (start the server without --weight-version)"
+        ) from None
 
 
 def version_spans_from_sglang(spans: Any, num_tokens: int) -> list[tuple[int, int]]:

@@ -219,8 +219,5 @@ class SGLangWeights:
 
 
 def _versioned(payload: dict[str, Any], weight_version: int | None) -> dict[str, Any]:
-    """SGLang's `weight_version`, a string, goes in a weight route's body only when there is one
-    (agentrl's policy version is an int everywhere else)."""
-    if weight_version is None:
-        return payload
-    return {**payload, "weight_version": str(weight_version)}
+    """SGLang's `weight_version`, a string, goes in a weight route's body only when there is one."""
+    return payload if weight_version is None else {**payload, "weight_version": str(weight_version)}

@@ -15,18 +15,13 @@ import torch
 from fastapi import Body, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from agentrl.engine.base import (
-    Completion,
-    EngineError,
-    FinishReason,
-    SamplingParams,
-    version_from_wire,
-)
+from agentrl.engine.base import Completion, EngineError, FinishReason, SamplingParams
 from agentrl.engine.sglang import SGLangEngine
 from agentrl.engine.sglang.protocol import (
     ROUTING_KEY_HEADER,
     completion_from_sglang,
     num_requests_from_load,
+    version_from_wire,
 )
 from agentrl.weights.receive import deserialize_named_tensors
 from agentrl.weights.wire import flatten_bucket, serialize_for_ipc
