@@ -229,7 +229,10 @@ async def test_update_weights_during_generation_applies_between_steps(
         [(n, t.clone() * 1.01) for n, t in state.items()], weight_version=1
     )
     c = await running
-    assert (len(c.ids), c.weight_version) == (300, "1")
+    assert (len(c.ids), c.weight_version) == (300, 1)
+    # Each token keeps the version that sampled it: a stale token must not pass as fresh.
+    [(old, num_old), (new, num_new)] = c.version_spans
+    assert (old, new) == (0, 1) and num_old >= 3 and num_old + num_new == 300
 
 
 async def test_update_weights_rejects_unknown_name_and_bad_shape(fresh_engine: LocalEngine) -> None:
