@@ -13,10 +13,19 @@
 #
 # Usage (after the session's setup: agentrl importable, the model converted):
 #   bash benchmarks/gpu/session15/issue42_async_correction.sh [STEPS]
+#   bash benchmarks/gpu/session15/issue42_async_correction.sh planted   # a call of its own:
+#       the planted mismatch (bf16 rollout with one logit off, fp32 trainer) on the GPU, each
+#       correction mode's masked precision/recall to $OUT/planted.json
 #   DRY_RUN=1 ...: parse both commands' flags (`train --show-config`) and check the configs as
 #                  a run does (`check_run`), on any machine: no model load, no GPU.
 # Env: CORRECTION (icepop), EVAL_TASKS (350), OUT (./issue42_out), RUN_TIMEOUT_S (560).
 set -u
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+if [ "${1:-}" = planted ]; then
+  mkdir -p "${OUT:-$PWD/issue42_out}"
+  exec python3 "$here/../../../scripts/check_planted_mismatch.py" --device cuda \
+    --out "${OUT:-$PWD/issue42_out}/planted.json"
+fi
 steps=${1:-8}
 correction=${CORRECTION:-icepop}
 out=${OUT:-$PWD/issue42_out}
@@ -80,6 +89,7 @@ print(sys.argv[1].rsplit("/", 1)[-1], "ok:", t.async_mode, "staleness", t.max_st
       "steps", t.num_rollout, "correction", settings_from_config(algo))
 PY
   done
+  python3 "$here/../../../scripts/check_planted_mismatch.py" --help >/dev/null || exit 1
   exit 0
 fi
 run uncorrected &
