@@ -129,7 +129,7 @@ class Turn:
     """Sampled ids (mask 1), verbatim from the engine."""
     num_observation: int
     """Observation ids appended after them (mask 0); 0 on the last turn."""
-    weight_version: str
+    weight_version: int
     """The version that sampled the turn's last token (and all of them unless version_spans)."""
     finish_reason: str
     num_tool_calls: int = 0
@@ -149,11 +149,11 @@ class Turn:
     """The engine's logprobs are of the top-k/top-p truncated distribution (the embedded engine,
     `agentrl serve`); the trainer then computes its own under the same truncation. False: of the
     whole softmax (SGLang), and so are the trainer's."""
-    version_spans: list[tuple[str, int]] = field(default_factory=list)
+    version_spans: list[tuple[int, int]] = field(default_factory=list)
     """(weight version, sampled tokens) in order when the turn straddled a weight update (a
     retracted request went on under new weights); empty: every token by weight_version."""
 
-    def token_versions(self) -> list[str]:
+    def token_versions(self) -> list[int]:
         """The weight version that sampled each of this turn's tokens."""
         if not self.version_spans:
             return [self.weight_version] * self.num_sampled

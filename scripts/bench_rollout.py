@@ -137,7 +137,7 @@ class InstantEngine:
     """Answers every request at once with pre-tokenized replies (3 tool calls, then an answer),
     and records when each episode's requests arrive and return."""
 
-    weight_version = "0"
+    weight_version = 0
 
     def __init__(self, tokenizer: Any, replies: list[str]) -> None:
         self.tokenizer = tokenizer

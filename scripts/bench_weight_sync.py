@@ -122,7 +122,7 @@ async def time_layout(
             trained = await runtime.train_step(batches)
             train_s.append(time.perf_counter() - t_train)
             assert not trained.get("skipped_no_signal"), "the bench's train step did no work"
-            version = f"bench-{i}"
+            version = i + 1  # a policy version: an int
             t0 = time.perf_counter()
             out = await runtime.sync_weights(version)
             served = {await c.get_weight_version() for c in runtime.engine.clients}

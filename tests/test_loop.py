@@ -148,14 +148,16 @@ def test_train_through_http_engine_matches_in_process(tiny_model_path, tmp_path)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("is_dynamic_sampling", [False, True])
+@pytest.mark.parametrize(
+    ("async_mode", "is_dynamic_sampling"), [(None, False), (None, True), ("full", True)]
+)
 def test_a_step_whose_episodes_all_failed_stops_the_run_in_one_line(
-    tiny_model_path, tmp_path, monkeypatch, is_dynamic_sampling
+    tiny_model_path, tmp_path, monkeypatch, async_mode, is_dynamic_sampling
 ):
     """Every episode ABORTED by a dead engine: the run trained 0 tokens and ended in a 319-line
     traceback (issue 39); now it stops before the update, in one line saying how to go on. With
     dynamic sampling the failed groups were dropped as ties and the line said "zero reward
-    variance"."""
+    variance"; in full async mode the step waited for trainable groups without bound."""
     from agentrl.engine.base import EngineUnavailable
     from agentrl.engine.local import LocalEngine
     from agentrl.run.schedules import NothingToTrainError
@@ -168,6 +170,8 @@ def test_a_step_whose_episodes_all_failed_stops_the_run_in_one_line(
     cfg = _config(tiny_model_path, run)
     cfg.rollout.dynamic_sampling = is_dynamic_sampling
     cfg.rollout.max_sampling_rounds = 0
+    if async_mode is not None:
+        cfg.train.use_async, cfg.train.async_mode = True, async_mode
     with pytest.raises(NothingToTrainError) as caught:
         train(cfg)
     message = str(caught.value)

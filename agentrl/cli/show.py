@@ -263,7 +263,7 @@ def weights_label(turn: Turn) -> str:
     """The weight version that sampled the turn, or each version with its token count when the
     turn straddled an update: `3 (4 tokens) → 5 (6 tokens)`."""
     if not turn.version_spans:
-        return turn.weight_version
+        return str(turn.weight_version)
     return " → ".join(
         f"{version} ({n} token{'' if n == 1 else 's'})" for version, n in turn.version_spans
     )

@@ -117,7 +117,8 @@ def train_command(
         "Dual-clip constant (> 1) for negative advantages (default: off).", ALGO
     ),
     use_tis: bool | None = _flag(
-        "Truncated importance sampling of rollout vs trainer logprobs (default: on with --async).",
+        "Token-level IS of rollout vs trainer logprobs, capped at --tis-cap (default: on with "
+        "--async unless algo.rollout_correction/rollout_is/rollout_rs is set).",
         ALGO,
     ),
     use_kl_loss: bool | None = _flag("Add KL to the reference policy, the starting model.", ALGO),

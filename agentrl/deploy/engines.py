@@ -39,8 +39,8 @@ class EngineGroup(Protocol):
     engine: GatedEngine  # what episodes generate with
 
     @property
-    def weight_version(self) -> str: ...
-    def set_weight_version(self, version: str) -> None: ...
+    def weight_version(self) -> int: ...
+    def set_weight_version(self, version: int) -> None: ...
     async def pause_generation(self, mode: str) -> None: ...
     async def continue_generation(self) -> None: ...
     async def release_memory(self) -> None: ...
@@ -65,10 +65,10 @@ class InProcessEngines:
         self.launched = launched
 
     @property
-    def weight_version(self) -> str:
+    def weight_version(self) -> int:
         return self.engine.inner.weight_version
 
-    def set_weight_version(self, version: str) -> None:
+    def set_weight_version(self, version: int) -> None:
         return None  # the last bucket stamped it
 
     async def pause_generation(self, mode: str) -> None:
@@ -194,10 +194,10 @@ class ServedEngineGroup:
         return dead
 
     @property
-    def weight_version(self) -> str:
+    def weight_version(self) -> int:
         return self.routed.weight_version
 
-    def set_weight_version(self, version: str) -> None:
+    def set_weight_version(self, version: int) -> None:
         self.routed.set_weight_version(version)
 
     async def pause_generation(self, mode: str) -> None:

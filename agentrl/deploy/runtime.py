@@ -81,7 +81,7 @@ class Runtime:
             metrics["engine/memory_after_release_gb"] = after / 1e9
         return metrics
 
-    async def sync_weights(self, version: str) -> dict[str, float]:
+    async def sync_weights(self, version: int) -> dict[str, float]:
         """Push the trainer's weights to every engine, stamped `version`; returns timings."""
         timings: dict[str, float] = {}
         if self._is_released:  # weights first: the KV cache never sits beside the buckets
@@ -97,7 +97,7 @@ class Runtime:
         timings["engine/num_restarts_total"] = float(self.num_engine_restarts)
         return timings
 
-    async def _push(self, version: str, timings: dict[str, float]) -> dict[str, float]:
+    async def _push(self, version: int, timings: dict[str, float]) -> dict[str, float]:
         """Turns being generated finish on the old weights and the next ones wait (the gate);
         disaggregated servers also hold everyone else's requests (retract: kept, not aborted,
         and continued on the new weights). Rank 0's bytes and its export/send split."""
@@ -131,7 +131,7 @@ class Runtime:
         self.engines.mark_all_up()
         return len(restarted)
 
-    async def served_weights_gap(self, version: str) -> float:
+    async def served_weights_gap(self, version: int) -> float:
         """Largest |engine logprob - trainer logprob| over a few tokens each server samples from
         a fixed prompt; raises if a server does not report `version`."""
         prompt = list(range(1, 9))
@@ -148,9 +148,12 @@ class Runtime:
             gap = max([gap, *(abs(a - b) for a, b in zip(ours, completion.logprobs, strict=True))])
         return gap
 
-    async def policy_logprobs(self, token_ids: list[int], start: int) -> list[float]:
-        """The trainer's logprobs of `token_ids[start:]` (collective over the workers)."""
-        return await self.trainer.sequence_logprobs(token_ids, start)
+    async def policy_logprobs(
+        self, token_ids: list[int], start: int, masks: tuple[list[int], list[float]] | None = None
+    ) -> list[float]:
+        """The trainer's logprobs of `token_ids[start:]` (collective over the workers); `masks`:
+        the top-k / top-p filter each target was sampled under, replayed."""
+        return await self.trainer.sequence_logprobs(token_ids, start, masks)
 
     async def save(self, directory: Path) -> None:
         await self.trainer.save(str(directory))

@@ -121,8 +121,10 @@ class TrainerWorker:
             metrics["time/offload_state_s"] = time.perf_counter() - t0
         return metrics
 
-    def sequence_logprobs(self, token_ids: list[int], start: int) -> list[float]:
-        return self.backend.sequence_logprobs(token_ids, start)
+    def sequence_logprobs(
+        self, token_ids: list[int], start: int, masks: tuple[list[int], list[float]] | None
+    ) -> list[float]:
+        return self.backend.sequence_logprobs(token_ids, start, masks)
 
     def save(self, directory: str) -> None:
         self.backend.save(directory)
@@ -146,7 +148,7 @@ class TrainerWorker:
         )
         self._sender = self._run(connect)
 
-    def send_weights(self, version: str) -> dict[str, float]:
+    def send_weights(self, version: int) -> dict[str, float]:
         """Every rank iterates the export (it gathers the shards); a rank with engines sends
         them its buckets in one weight-update session. What waits on the engines overlaps this
         rank's own work: the session opens while the first buckets are exported, each bucket is
@@ -267,14 +269,16 @@ class TrainerGroup:
         """Rank i steps on `batches[i]`; rank 0's metrics."""
         return (await self._each(TrainerWorker.train_step, [(b,) for b in batches]))[0]
 
-    async def sequence_logprobs(self, token_ids: list[int], start: int) -> list[float]:
-        return (await self._all(TrainerWorker.sequence_logprobs, token_ids, start))[0]
+    async def sequence_logprobs(
+        self, token_ids: list[int], start: int, masks: tuple[list[int], list[float]] | None = None
+    ) -> list[float]:
+        return (await self._all(TrainerWorker.sequence_logprobs, token_ids, start, masks))[0]
 
     async def connect_engines(self, targets: list[list[Any]], transport: Transport) -> None:
         """Rank i sends its weights to `targets[i]` from now on."""
         await self._each(TrainerWorker.connect_engines, [(t, transport) for t in targets])
 
-    async def send_weights(self, version: str) -> dict[str, float]:
+    async def send_weights(self, version: int) -> dict[str, float]:
         """Every rank exports; ranks with engines send. Rank 0's bytes and timings."""
         return (await self._all(TrainerWorker.send_weights, version))[0]
 

@@ -58,7 +58,7 @@ class Completion:
     ids: list[int]
     logprobs: list[float]  # one per id, log p(id | prefix) under the sampling distribution's model
     finish_reason: FinishReason
-    weight_version: str
+    weight_version: int
     matched_stop: str | int | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -66,7 +66,7 @@ class Completion:
     is_logprob_truncated: bool = False
     """The logprobs are of the distribution sampled from, top-k/top-p applied and renormalised
     (the embedded engine); False: of the whole softmax at the temperature (SGLang)."""
-    version_spans: list[tuple[str, int]] = field(default_factory=list)
+    version_spans: list[tuple[int, int]] = field(default_factory=list)
     """(weight version, output tokens it sampled), in order, when the request crossed a weight
     update (SGLang's `weight_versions`, after a retracting pause); empty: all by weight_version."""
 
@@ -103,7 +103,7 @@ class Engine(Protocol):
         ...
 
     async def update_weights(
-        self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, weight_version: str
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, weight_version: int
     ) -> None:
         """Load new weights (HF names); requests after this return `weight_version`."""
         ...
@@ -125,4 +125,4 @@ class Engine(Protocol):
     async def close(self) -> None: ...
 
     @property
-    def weight_version(self) -> str: ...
+    def weight_version(self) -> int: ...

@@ -55,7 +55,7 @@ class RoutedEngine:
         self,
         clients: Sequence[SGLangEngine],
         *,
-        weight_version: str = "0",
+        weight_version: int = 0,
         router: SGLangEngine | None = None,
     ) -> None:
         """`router`: an sglang-router in front of the same servers; generation then goes through
@@ -69,7 +69,7 @@ class RoutedEngine:
         self.weight_version = weight_version
         self._round_robin = itertools.cycle(range(len(self.clients)))
 
-    def set_weight_version(self, version: str) -> None:
+    def set_weight_version(self, version: int) -> None:
         """What every server serves after a sync: answers stamped otherwise are stale."""
         self.weight_version = version
 
@@ -119,7 +119,7 @@ class RoutedEngine:
                 self.mark_down(index)
             raise EngineUnavailable(
                 f"{client.base_url} serves weight version "
-                f"{completion.weight_version!r}, the policy is at {self.weight_version!r} "
+                f"{completion.weight_version}, the policy is at {self.weight_version} "
                 "(restarted without a sync)"
             )
         return completion
@@ -130,7 +130,7 @@ class RoutedEngine:
         )
 
     async def update_weights(
-        self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, weight_version: str
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, weight_version: int
     ) -> None:
         named = list(named_tensors)
         await self._all("update_weights", named, weight_version=weight_version)

@@ -1,6 +1,6 @@
 """`RolloutWorker`: fully asynchronous rollout. Groups keep running across train steps (and
 across weight updates); the trainer takes finished groups as they come, oldest first, and
-drops trajectories past the staleness bound when it takes them."""
+drops trajectories past the staleness bound when it takes them (the only staleness filter)."""
 
 from __future__ import annotations
 
@@ -73,7 +73,8 @@ class DrawLedger:
 class RolloutWorker:
     """Keeps `num_groups_in_flight` groups of `n` episodes running. Backpressure: no new group
     starts while `max_queued` finished groups wait for the trainer, which bounds how far ahead
-    (so how stale) the rollout runs. Groups a dead engine cut are run again after `heal()`."""
+    (so how stale) the rollout runs. Groups a dead engine cut are run again after `heal()`, up
+    to `max_reruns` times each; then they go to the trainer as they ended."""
 
     def __init__(
         self,
@@ -85,6 +86,7 @@ class RolloutWorker:
         max_queued: int,
         seed_for_group: Callable[[int], int],
         heal: Callable[[], Awaitable[int]] | None = None,
+        max_reruns: int = 2,
     ) -> None:
         self.runner, self.source, self.n = runner, source, n
         self.num_groups_in_flight, self.max_queued = num_groups_in_flight, max_queued
@@ -95,7 +97,9 @@ class RolloutWorker:
         self.num_groups_started = 0
         self.num_engine_reruns = 0
         self.num_engine_restarts = 0
+        self.max_reruns = max_reruns
         self._retry: list[tuple[int, Task]] = []
+        self._num_reruns: dict[int, int] = {}  # draw -> times run again
         self._changed = asyncio.Event()
         self._main: asyncio.Task[None] | None = None
 
@@ -126,12 +130,15 @@ class RolloutWorker:
 
     async def _run(self, draw: int, task: Task, seed: int) -> None:
         group = await self.runner.run_group(task, self.n, seed=seed)
-        if is_engine_aborted(group):  # infrastructure, not the policy: heal and play it again
+        if is_engine_aborted(group) and self._num_reruns.get(draw, 0) < self.max_reruns:
+            # infrastructure, not the policy: heal and play it again
+            self._num_reruns[draw] = self._num_reruns.get(draw, 0) + 1
             self.num_engine_reruns += 1
             if self.heal is not None:
                 self.num_engine_restarts += await self.heal()
             self._retry.append((draw, task))
             return
+        self._num_reruns.pop(draw, None)
         self.done.put_nowait((draw, group))
 
     def _finished(self, job: asyncio.Task[None]) -> None:
@@ -165,18 +172,21 @@ async def take_groups(
     *,
     trainer_version: int,
     max_staleness: int | None,
-    dynamic_sampling: bool,
+    max_flat_groups: int | None,
 ) -> Collected:
-    """`want` groups for the train step at `trainer_version`, taken as they finish. Trajectories
-    past the staleness bound are dropped and counted; with dynamic sampling so are
-    zero-variance groups. Either way the step waits for more groups until it has `want`."""
+    """`want` groups for the train step at `trainer_version`, taken as they finish; the one place
+    trajectories past the staleness bound are dropped (counted; the step waits for more). With
+    dynamic sampling, zero-variance groups (tied, or all failed) too, up to `max_flat_groups`."""
     out = Collected(groups=[])
     while len(out.groups) < want:
         fresh, num_stale = drop_stale([await worker.take()], trainer_version, max_staleness)
         out.num_stale_dropped += num_stale
-        if dynamic_sampling:
-            fresh, num_flat = filter_zero_variance_groups(fresh)
-            out.num_zero_variance_dropped += num_flat
+        if max_flat_groups is not None and fresh and not filter_zero_variance_groups(fresh)[0]:
+            out.dropped += fresh
+            out.num_zero_variance_dropped += 1
+            if len(out.dropped) >= max_flat_groups:
+                break
+            continue
         out.groups.extend(fresh)
     out.num_engine_reruns, worker.num_engine_reruns = worker.num_engine_reruns, 0
     out.num_engine_restarts, worker.num_engine_restarts = worker.num_engine_restarts, 0

@@ -47,7 +47,7 @@ class EpisodeRecord:
             start=len(self.token_ids),
             num_sampled=len(completion.ids),
             num_observation=0,
-            weight_version=str(completion.weight_version),
+            weight_version=completion.weight_version,
             finish_reason=FinishReason(completion.finish_reason).value,
             text=text,
             served_by=completion.served_by,

@@ -11,22 +11,10 @@ from collections.abc import Sequence
 from agentrl.types import Group, Trajectory
 
 
-def version_lag(version: str, trainer_version: int) -> int:
-    """Versions `version` is behind `trainer_version` (one that is not an integer -- a served
-    checkpoint's own tag -- counts as current)."""
-    return trainer_version - int(version) if str(version).isdigit() else 0
-
-
 def turn_lags(traj: Trajectory, trainer_version: int) -> list[int]:
-    """The lag of each turn's oldest token: a turn that straddled an update (a retracted request
-    went on under new weights) is as old as its first tokens, not its last."""
-    return [
-        max(
-            (version_lag(v, trainer_version) for v in t.token_versions()),
-            default=version_lag(t.weight_version, trainer_version),
-        )
-        for t in traj.turns
-    ]
+    """The lag of each turn's oldest token: a turn that straddled an update (a request that went
+    on under new weights) is as old as its first tokens, not its last."""
+    return [trainer_version - min(t.token_versions(), default=t.weight_version) for t in traj.turns]
 
 
 def trajectory_lag(traj: Trajectory, trainer_version: int) -> int:
@@ -68,11 +56,7 @@ def staleness_metrics(groups: Sequence[Group], trainer_version: int) -> dict[str
 def token_lags(traj: Trajectory, trainer_version: int) -> list[int]:
     """One lag per sampled token (aligned with `traj.logprobs`), from the version that sampled
     that token."""
-    return [
-        version_lag(version, trainer_version)
-        for turn in traj.turns
-        for version in turn.token_versions()
-    ]
+    return [trainer_version - version for turn in traj.turns for version in turn.token_versions()]
 
 
 def lag_gap_metrics(
@@ -98,14 +82,13 @@ def lag_gap_metrics(
 
 def probe_sample(groups: Sequence[Group], trainer_version: int, per_lag: int) -> list[Trajectory]:
     """Up to `per_lag` trajectories for each oldest-turn lag present (the cheap sample the
-    trainer scores for `lag_gap_metrics`). The trainer scores them over the whole softmax, so a
-    trajectory whose logprobs are of a top-k/top-p truncated distribution is left out: its gap
-    would be the log of the mass the filter kept (6.3 nats at top-k 50 on a tiny random model),
-    not a mismatch; the step's `mismatch_*` metrics replay the filter and cover it."""
+    trainer scores for `lag_gap_metrics`, replaying each turn's top-k/top-p filter as training
+    does: unreplayed, a gap would be the log of the mass the filter kept, 6.3 nats at top-k 50 on
+    a tiny random model, not a mismatch)."""
     picked: dict[int, list[Trajectory]] = {}
     for group in groups:
         for traj in group:
-            if not traj.logprobs or any(t.is_logprob_truncated for t in traj.turns):
+            if not traj.logprobs:
                 continue
             bucket = picked.setdefault(trajectory_lag(traj, trainer_version), [])
             if len(bucket) < per_lag:

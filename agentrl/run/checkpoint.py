@@ -115,6 +115,6 @@ async def resume_run(
     await runtime.load(ckpt)
     source.load_state(extra["data"])
     restore_rng_state(extra["rng"])
-    await runtime.sync_weights(version=str(extra["step"]))
+    await runtime.sync_weights(version=int(extra["step"]))
     log.info("resumed from %s at step %d", ckpt, extra["step"])
     return int(extra["step"]), list(extra.get("evals", []))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from agentrl.config import ConfigError, RunConfig
+from agentrl.config import ConfigError, RolloutConfig, RunConfig
 from agentrl.rollout.async_worker import RolloutWorker, take_groups
 from agentrl.rollout.collect import Collected, Group
 from agentrl.types import EpisodeStatus, StatusReason
@@ -63,6 +63,15 @@ def how_to_go_on(run_dir: Path) -> str:
     return f"fix it, then start over with --save {run_dir} --overwrite"
 
 
+def nothing_to_train(step: int, collected: Collected, cfg: RolloutConfig, run_dir: Path) -> str:
+    """The line a step whose groups dynamic sampling dropped all of ends the run with."""
+    problem = why_untrainable(collected.dropped) or (
+        f"every group had zero reward variance after {cfg.max_sampling_rounds} extra rounds; "
+        "raise rollout.max_sampling_rounds or turn off rollout.dynamic_sampling"
+    )
+    return f"step {step + 1}: {problem}; {how_to_go_on(run_dir)}"
+
+
 def rollout_seed(seed: int, step: int, index: int) -> int:
     """The sampling seed of a step's round (sync) or of the worker's i-th group (full async)."""
     return (seed * 1_000_003 + step * 101 + index) % (2**31)
@@ -73,6 +82,7 @@ class Collector(Protocol):
     and `collect` (one step's groups)."""
 
     cfg: RunConfig
+    run_dir: Path
     runner: RolloutRunner
     source: TaskSource
     runtime: Runtime
@@ -146,18 +156,25 @@ class FullAsyncSchedule(SyncSchedule):
             max_queued=cfg.rollout.rollout_batch_size,
             seed_for_group=lambda i: rollout_seed(cfg.rollout.seed, start_step, i),
             heal=state.runtime.heal_engines,
+            max_reruns=cfg.cluster.max_rerun_rounds,
         )
         self.worker.start()
 
     async def next_rollout(self, step: int) -> Rollout:
         cfg, t0 = self.state.cfg, time.perf_counter()
+        rollout = cfg.rollout
+        want = rollout.rollout_batch_size
+        # dropped by dynamic sampling: as many groups as the synchronous path samples at most
+        max_flat = want * (1 + rollout.max_sampling_rounds) if rollout.dynamic_sampling else None
+        bound = cfg.train.max_staleness
         collected: Collected = await take_groups(
-            self.worker,
-            cfg.rollout.rollout_batch_size,
-            trainer_version=step,
-            max_staleness=cfg.train.max_staleness,
-            dynamic_sampling=cfg.rollout.dynamic_sampling,
+            self.worker, want, trainer_version=step, max_staleness=bound, max_flat_groups=max_flat
         )
+        if not collected.groups:
+            await self.stop()
+            raise NothingToTrainError(
+                nothing_to_train(step, collected, rollout, self.state.run_dir)
+            )
         # Not the source's cursor, which ran ahead: the tasks still in flight or queued are
         # drawn again on resume, and the ones taken after them are not.
         return Rollout(collected, self.worker.ledger.state(), time.perf_counter() - t0)

@@ -18,17 +18,11 @@ from agentrl.eval import evaluate, plot_eval_history
 from agentrl.progress import RunProgress
 from agentrl.rollout import RolloutRunner
 from agentrl.rollout.collect import collect_groups
-from agentrl.rollout.staleness import drop_stale, lag_gap_metrics, probe_sample, staleness_metrics
+from agentrl.rollout.staleness import lag_gap_metrics, probe_sample, staleness_metrics
 from agentrl.run.checkpoint import save_run
 from agentrl.run.metrics import MetricsLogger, rollout_metrics
-from agentrl.run.schedules import (
-    NothingToTrainError,
-    Rollout,
-    how_to_go_on,
-    rollout_seed,
-    why_untrainable,
-)
-from agentrl.trainer.batch import build_train_batches
+from agentrl.run.schedules import NothingToTrainError, Rollout, nothing_to_train, rollout_seed
+from agentrl.trainer.batch import build_train_batches, sampling_masks
 from agentrl.types import Group, write_jsonl
 
 
@@ -86,24 +80,14 @@ class RunState:
                 on_episode=None if phase is None else lambda _: phase.advance(),
             )
         if not collected.groups:  # dynamic sampling dropped them all: failed, or tied
-            problem = why_untrainable(collected.dropped) or (
-                f"every group had zero reward variance after {cfg.rollout.max_sampling_rounds} "
-                "extra rounds; raise rollout.max_sampling_rounds or turn off "
-                "rollout.dynamic_sampling"
-            )
-            raise NothingToTrainError(f"step {step + 1}: {problem}; {how_to_go_on(self.run_dir)}")
+            raise NothingToTrainError(nothing_to_train(step, collected, cfg.rollout, self.run_dir))
         return Rollout(collected, self.source.state(), time.perf_counter() - t0)
 
     async def learn(self, step: int, rollout: Rollout) -> dict[str, float]:
-        """Drop trajectories past the staleness bound, write the rest, train on them; metrics
-        (logged by the caller). The trainer is at policy version `step` (its updates so far)."""
+        """Write the step's trajectories (none past the staleness bound: `take_groups`), train on
+        them; metrics (logged by the caller). The trainer is at policy version `step`."""
         cfg = self.cfg
-        groups, num_stale = drop_stale(rollout.collected.groups, step, cfg.train.max_staleness)
-        if not groups:
-            raise RuntimeError(
-                f"step {step}: every trajectory is more than --max-staleness="
-                f"{cfg.train.max_staleness} policy versions old; raise --max-staleness"
-            )
+        groups = rollout.collected.groups
         # Every trajectory trained on is kept, flushed, for `agentrl show` and post-mortems.
         write_jsonl(
             str(self.run_dir / "rollouts" / f"step_{step + 1:06d}.jsonl"),
@@ -113,7 +97,7 @@ class RunState:
         metrics = await self.offpolicy_metrics(groups, step) if cfg.train.use_async else {}
         train_metrics, is_interrupted = await self._update(step, groups)
         self.step, self.data_state = step + 1, rollout.data_state
-        metrics.update(_step_metrics(groups, step, rollout, num_stale, train_metrics))
+        metrics.update(_step_metrics(groups, step, rollout, train_metrics))
         metrics["time/train_s"] = time.perf_counter() - t0
         if is_interrupted:  # the step counts and is saved on the way out: so is its line
             self.logger.log(step + 1, metrics)
@@ -150,14 +134,15 @@ class RunState:
         trajectories per lag scored by the trainer before this step's update."""
         probes = []
         for traj in probe_sample(groups, step, per_lag=2):
-            scored = await self.runtime.policy_logprobs(traj.token_ids, traj.prompt_len)
+            masks = sampling_masks(traj.turns, len(traj.token_ids) - 1)  # as the trainer replays
+            scored = await self.runtime.policy_logprobs(traj.token_ids, traj.prompt_len, masks)
             mask = traj.loss_mask[traj.prompt_len :]
             probes.append((traj, [lp for lp, m in zip(scored, mask, strict=True) if m]))
         return lag_gap_metrics(probes, step, self.cfg.algo.tis_cap)
 
     async def sync(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
-        metrics = await self.runtime.sync_weights(version=str(step + 1))
+        metrics = await self.runtime.sync_weights(version=step + 1)
         return {**metrics, "time/weight_sync_s": time.perf_counter() - t0}
 
     async def run_eval(self, step: int) -> dict[str, Any]:
@@ -191,7 +176,7 @@ class RunState:
 
 
 def _step_metrics(
-    groups: list[Group], step: int, rollout: Rollout, num_stale: int, trained: dict[str, float]
+    groups: list[Group], step: int, rollout: Rollout, trained: dict[str, float]
 ) -> dict[str, float]:
     """What one step logs of its groups, of how they were collected, and of the update."""
     collected = rollout.collected
@@ -201,7 +186,7 @@ def _step_metrics(
         **_prefixed("train/", trained),
         **staleness_metrics(groups, step),
         "rollout/num_zero_variance_groups_dropped": float(collected.num_zero_variance_dropped),
-        "rollout/num_stale_dropped": float(collected.num_stale_dropped + num_stale),
+        "rollout/num_stale_dropped": float(collected.num_stale_dropped),
         "rollout/num_engine_reruns": float(collected.num_engine_reruns),
         "engine/num_restarts": float(collected.num_engine_restarts),
         "time/rollout_s": rollout.seconds,

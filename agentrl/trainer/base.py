@@ -272,9 +272,12 @@ class TrainerBackend(ABC):
         self.optimizer_step += num_steps
 
     @torch.no_grad()
-    def sequence_logprobs(self, token_ids: list[int], start: int) -> list[float]:
+    def sequence_logprobs(
+        self, token_ids: list[int], start: int, masks: tuple[list[int], list[float]] | None = None
+    ) -> list[float]:
         """Teacher-forced logprob of token_ids[t] for each t >= start under the current weights,
-        float32 log_softmax(logits / temperature) as the engine computes it. Collective."""
+        float32 log_softmax(logits / temperature) as the engine computes it, under the top-k/top-p
+        `masks` of each target if given (`batch.sampling_masks`). Collective."""
         if not 1 <= start <= len(token_ids):
             raise ValueError(
                 f"start={start} must be in [1, {len(token_ids)}] (len(token_ids)): the first "
@@ -296,6 +299,8 @@ class TrainerBackend(ABC):
             torch.zeros(1, n, dtype=torch.long),
             mask.sum(-1),
             [0],
+            top_k=None if masks is None else torch.tensor([masks[0]], dtype=torch.long),
+            top_p=None if masks is None else torch.tensor([masks[1]]),
         )
         self.compute_logprobs(TrainBatch([StepBatch([mb], n, 1)]), ref=False)
         assert mb.old_logprobs is not None  # compute_logprobs filled it

@@ -179,18 +179,23 @@ def _make_sample(index: int, traj: Trajectory, advantage: float, pad_id: int) ->
 
 
 def _with_sampling_masks(sample: _Sample, turns: Sequence[Turn]) -> _Sample:
-    """The top-k / top-p of each target sampled by a turn whose engine reported logprobs of the
-    truncated distribution (`Turn.is_logprob_truncated`): the trainer replays that filter."""
+    masks = sampling_masks(turns, sample.length)
+    return sample if masks is None else replace(sample, top_k=masks[0], top_p=masks[1])
+
+
+def sampling_masks(turns: Sequence[Turn], length: int) -> tuple[list[int], list[float]] | None:
+    """The top-k / top-p of each of `length` targets (position t predicts token t + 1) sampled by
+    a turn whose engine reported logprobs of the truncated distribution
+    (`Turn.is_logprob_truncated`): the trainer replays that filter. None: no turn did."""
     replayed = [t for t in turns if t.is_logprob_truncated]
     if not replayed:
-        return sample
-    top_k = [OFF_TOP_K] * sample.length
-    top_p = [OFF_TOP_P] * sample.length
+        return None
+    top_k = [OFF_TOP_K] * length
+    top_p = [OFF_TOP_P] * length
     for turn in replayed:
-        # Token t of the trajectory is the target at position t - 1.
-        for t in range(turn.start, min(turn.start + turn.num_sampled, sample.length + 1)):
+        for t in range(turn.start, min(turn.start + turn.num_sampled, length + 1)):
             top_k[t - 1], top_p[t - 1] = int(turn.top_k), float(turn.top_p)
-    return replace(sample, top_k=top_k, top_p=top_p)
+    return top_k, top_p
 
 
 # ---------------------------------------------------------------- packing

@@ -31,7 +31,7 @@ class DiskSender:
         self._dir = Path(tempfile.mkdtemp(prefix="agentrl-weights-"))
         self._num_files = 0
 
-    async def send(self, bucket: Bucket, version: str | None) -> None:
+    async def send(self, bucket: Bucket, version: int | None) -> None:
         from safetensors.torch import save_file
 
         assert self._dir is not None, "DiskSender.send before begin()"
@@ -42,7 +42,7 @@ class DiskSender:
         self._num_files += 1
         self.phases["send_s"] += time.perf_counter() - t0
 
-    async def end(self, version: str) -> None:
+    async def end(self, version: int) -> None:
         assert self._dir is not None, "DiskSender.end before begin()"
         t0 = time.perf_counter()
         try:

@@ -87,7 +87,7 @@ class DistributedSender:
         self.phases = defaultdict(float)
         await asyncio.gather(*(e.begin_weight_update() for e in self.engines))
 
-    async def send(self, bucket: Bucket, version: str | None) -> None:
+    async def send(self, bucket: Bucket, version: int | None) -> None:
         """Broadcast one bucket; `version` (pass it with the last bucket) takes effect on
         the engines with this call. A bucket of one dtype goes as one flat tensor."""
         if self._pg is None:
@@ -113,7 +113,7 @@ class DistributedSender:
         self.phases["flatten_s"] += t1 - t0
         self.phases["send_s"] += time.perf_counter() - t1
 
-    async def end(self, version: str) -> None:
+    async def end(self, version: int) -> None:
         t0 = time.perf_counter()
         await asyncio.gather(*(e.end_weight_update() for e in self.engines))
         self.phases["end_s"] = time.perf_counter() - t0

@@ -20,11 +20,11 @@ class WeightTarget(Protocol):
         """Close the session; the engine flushes its prefix cache (once per update)."""
         ...
 
-    async def update_weights(self, named_tensors: Bucket, *, weight_version: str | None) -> None:
+    async def update_weights(self, named_tensors: Bucket, *, weight_version: int | None) -> None:
         """One bucket as tensors (same host); `weight_version` None keeps the served version."""
         ...
 
-    async def update_weights_from_disk(self, model_path: str, *, weight_version: str) -> None: ...
+    async def update_weights_from_disk(self, model_path: str, *, weight_version: int) -> None: ...
 
 
 class BroadcastTarget(WeightTarget, Protocol):
@@ -55,7 +55,7 @@ class BroadcastTarget(WeightTarget, Protocol):
         dtypes: list[str],
         shapes: list[list[int]],
         group_name: str,
-        weight_version: str | None = None,
+        weight_version: int | None = None,
         load_format: str | None = None,
         url: str | None = None,
     ) -> None: ...
@@ -75,11 +75,11 @@ class WeightSender(Protocol):
         """Open the engines' weight-update session."""
         ...
 
-    async def send(self, bucket: Bucket, version: str | None) -> None:
+    async def send(self, bucket: Bucket, version: int | None) -> None:
         """One bucket; `version` comes with the last bucket and takes effect with it."""
         ...
 
-    async def end(self, version: str) -> None:
+    async def end(self, version: int) -> None:
         """Close the session; the engines flush their prefix cache and serve `version`."""
         ...
 

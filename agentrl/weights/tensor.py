@@ -26,11 +26,11 @@ class EngineTarget:
     async def end_weight_update(self) -> None:
         return None
 
-    async def update_weights(self, named_tensors: Bucket, *, weight_version: str | None) -> None:
-        version = weight_version or self.engine.weight_version
+    async def update_weights(self, named_tensors: Bucket, *, weight_version: int | None) -> None:
+        version = self.engine.weight_version if weight_version is None else weight_version
         await self.engine.update_weights(named_tensors, weight_version=version)
 
-    async def update_weights_from_disk(self, model_path: str, *, weight_version: str) -> None:
+    async def update_weights_from_disk(self, model_path: str, *, weight_version: int) -> None:
         raise ValueError("an in-process engine takes weights as tensors, not from disk")
 
 
@@ -43,14 +43,14 @@ class TensorSender:
         self.phases = defaultdict(float)
         await asyncio.gather(*(t.begin_weight_update() for t in self.targets))
 
-    async def send(self, bucket: Bucket, version: str | None) -> None:
+    async def send(self, bucket: Bucket, version: int | None) -> None:
         t0 = time.perf_counter()
         await asyncio.gather(
             *(t.update_weights(bucket, weight_version=version) for t in self.targets)
         )
         self.phases["send_s"] += time.perf_counter() - t0
 
-    async def end(self, version: str) -> None:
+    async def end(self, version: int) -> None:
         t0 = time.perf_counter()
         await asyncio.gather(*(t.end_weight_update() for t in self.targets))
         self.phases["end_s"] = time.perf_counter() - t0

@@ -82,7 +82,7 @@ async def test_an_engine_server_with_a_key_refuses_calls_without_it(tiny_model_p
         assert httpx.get(f"{url}/health_generate", timeout=30).status_code == 200  # probes open
         assert httpx.get(f"{url}/get_model_info", timeout=30).status_code == 401
         engine = SGLangEngine(url, api_key="sekret", max_retries=0)
-        assert await engine.get_weight_version() == "0"
+        assert await engine.get_weight_version() == 0
         completion = await engine.generate([1, 2, 3], SamplingParams(max_new_tokens=2, seed=0))
         assert completion.ids
         await engine.release_memory()

@@ -73,7 +73,7 @@ def test_train_two_steps_on_two_ranks_and_two_engines(
         assert row["weight_sync/bytes"] > 0
         assert row["rollout/num_split_episodes"] == 0  # every turn reached its episode's server
     trajs = read_jsonl(str(tmp_path / "run" / "rollouts" / "step_000002.jsonl"))
-    assert {t.turns[0].weight_version for t in trajs} == {"1"}  # step 2 sampled the synced policy
+    assert {t.turns[0].weight_version for t in trajs} == {1}  # step 2 sampled the synced policy
     # Episodes spread over both servers, each episode on one (its routing key's).
     both = trajs + read_jsonl(str(tmp_path / "run" / "rollouts" / "step_000001.jsonl"))
     assert all(len({turn.served_by for turn in t.turns}) == 1 for t in both)
@@ -242,7 +242,7 @@ def test_async_trains_on_one_step_old_rollouts_and_syncs_between_generations(
         }
         for s in (1, 2, 3)
     }
-    assert versions == {1: {"0"}, 2: {"0"}, 3: {"1"}}  # step 3 was generated after sync 1
+    assert versions == {1: {0}, 2: {0}, 3: {1}}  # step 3 was generated after sync 1
     for s in (1, 2, 3):  # every sync still leaves each engine on exactly the trainer's weights
         assert steps[s]["weight_sync/max_logprob_abs_diff"] < 1e-4
 

@@ -15,7 +15,7 @@ class HeldEngine:
     `all_inside` is set when `expected` generations are inside at once."""
 
     def __init__(self, expected: int = 1) -> None:
-        self.weight_version = "0"
+        self.weight_version = 0
         self.tokenizer = "tok"
         self.release, self.all_inside = asyncio.Event(), asyncio.Event()
         self.expected, self.inside = expected, 0
@@ -28,7 +28,7 @@ class HeldEngine:
         await self.release.wait()
         return Completion([1], [-0.5], FinishReason.STOP, version)
 
-    async def update_weights(self, named_tensors, *, weight_version: str) -> None:
+    async def update_weights(self, named_tensors, *, weight_version: int) -> None:
         self.weight_version = weight_version
 
 
@@ -37,7 +37,7 @@ async def test_an_update_drains_running_turns_and_holds_new_ones():
     gated = GatedEngine(engine)
     assert gated.tokenizer == "tok"  # the rest is delegated
     running = asyncio.create_task(gated.generate([0], SamplingParams()))
-    await engine.all_inside.wait()  # running is in the engine, on version "0"
+    await engine.all_inside.wait()  # running is in the engine, on version 0
     events: list[str] = []
 
     async def update() -> None:
@@ -45,7 +45,7 @@ async def test_an_update_drains_running_turns_and_holds_new_ones():
             events.append(
                 f"update starts, {gated.num_running} running, {gated.num_turns_held} held"
             )
-            await gated.update_weights([], weight_version="1")
+            await gated.update_weights([], weight_version=1)
 
     # tasks start in the order they were made: the update closes the gate before the turn
     # arrives, and both before the running turn is released
@@ -55,7 +55,7 @@ async def test_an_update_drains_running_turns_and_holds_new_ones():
     before, after = await running, await held
     await updating
     assert events == ["update starts, 0 running, 1 held"]
-    assert before.weight_version == "0" and after.weight_version == "1"
+    assert before.weight_version == 0 and after.weight_version == 1
     assert FinishReason.ABORT not in (before.finish_reason, after.finish_reason)
     assert gated.num_turns_held == 1
 

@@ -12,7 +12,7 @@ from agentrl.engine.router import HashRing, RoutedEngine
 class Server:
     """Stands in for one SGLang-API client: the test is about routing, not HTTP."""
 
-    def __init__(self, name: str, version: str = "0") -> None:
+    def __init__(self, name: str, version: int = 0) -> None:
         self.base_url, self.version, self.keys, self.is_dead = name, version, [], False
 
     async def generate(self, input_ids, sampling, *, routing_key=None):
@@ -59,10 +59,10 @@ async def test_a_dead_server_is_marked_down_and_its_keys_fail_over():
 
 
 async def test_a_server_on_other_weights_is_refused():
-    servers = [Server("a", version="3"), Server("b", version="0")]  # b restarted
-    engine = RoutedEngine(servers, weight_version="3")
+    servers = [Server("a", version=3), Server("b", version=0)]  # b restarted
+    engine = RoutedEngine(servers, weight_version=3)
     key = next(k for k in (f"ep{i}" for i in range(100)) if engine.server_for(k) == 1)
-    with pytest.raises(EngineUnavailable, match="weight version '0'.* at '3'"):
+    with pytest.raises(EngineUnavailable, match="weight version 0.* at 3"):
         await engine.generate([1], SamplingParams(), routing_key=key)
     assert engine.is_up == [True, False]
 

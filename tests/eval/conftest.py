@@ -38,7 +38,7 @@ def build_traj(
                 start=len(token_ids),
                 num_sampled=2,
                 num_observation=0 if is_last else 1,
-                weight_version="0",
+                weight_version=0,
                 finish_reason="stop",
                 num_tool_calls=num_tool_calls if i == 0 else 0,
                 num_tool_errors=num_tool_errors if i == 0 else 0,

@@ -84,8 +84,8 @@ class ScriptedEngine:
         self.max_in_flight = 0
 
     @property
-    def weight_version(self) -> str:
-        return "v7"
+    def weight_version(self) -> int:
+        return 7
 
     def spell(self, text: str) -> list[int]:
         return [i for ch in text for i in self.tokenizer.encode(ch, add_special_tokens=False)]

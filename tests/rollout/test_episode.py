@@ -91,7 +91,7 @@ async def test_multi_turn_ids_and_logprobs_are_the_engines_verbatim(codec: ChatC
         first.num_tool_errors,
         first.weight_version,
         first.finish_reason,
-    ) == (1, 0, "v7", "stop")
+    ) == (1, 0, 7, "stop")
     assert env.events == ["reset", "step", "step", "close"]
     assert env.tools.tokenizer is codec  # tools cut their output in the policy's tokens
     assert traj.info["correct"] is True and traj.task["id"] == "t0" and traj.episode_id == "g/0"
@@ -276,7 +276,7 @@ async def test_cancellation_aborts_and_keeps_what_was_sampled(
 
 
 async def test_abort_finish_reason_aborts(codec: ChatCodec, smol_tokenizer: Any) -> None:
-    aborted = Completion([], [], FinishReason.ABORT, "v7")
+    aborted = Completion([], [], FinishReason.ABORT, 7)
     traj, _, _ = await play(codec, [aborted])
     assert (traj.status, traj.status_reason) == (EpisodeStatus.ABORTED, StatusReason.CANCELLED)
 
@@ -327,20 +327,20 @@ async def test_each_turn_records_its_sampling_and_the_versions_of_its_tokens(
         first_ids,
         [-0.5] * len(first_ids),
         FinishReason.STOP,
-        "5",
-        version_spans=[("3", 4), ("5", len(first_ids) - 4)],
+        5,
+        version_spans=[(3, 4), (5, len(first_ids) - 4)],
         is_logprob_truncated=True,
     )
     engine.replies = [
         straddled,
-        Completion(last_ids, [-0.5] * len(last_ids), FinishReason.STOP, "5"),
+        Completion(last_ids, [-0.5] * len(last_ids), FinishReason.STOP, 5),
     ]
     sampling = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, max_new_tokens=200, seed=1)
     traj, _, _ = await play(codec, [], engine=engine, sampling=sampling)
     first, last = traj.turns
     assert (first.temperature, first.top_k, first.top_p) == (0.8, 20, 0.9)
     assert first.is_logprob_truncated and not last.is_logprob_truncated
-    assert first.token_versions() == ["3"] * 4 + ["5"] * (len(first_ids) - 4)
-    assert last.version_spans == [] and last.token_versions() == ["5"] * len(last_ids)
+    assert first.token_versions() == [3] * 4 + [5] * (len(first_ids) - 4)
+    assert last.version_spans == [] and last.token_versions() == [5] * len(last_ids)
     assert drop_stale([[traj]], trainer_version=5, max_staleness=1) == ([], 1)
     assert drop_stale([[traj]], trainer_version=5, max_staleness=2) == ([[traj]], 0)

@@ -285,7 +285,7 @@ def test_the_engine_serves_the_trained_merged_model_exactly(tiny_model_path, tmp
         try:
             backend.train_step(_batch(AlgoConfig(), seed=9))  # ids < 64: in any vocabulary
             for bucket in backend.export_weights(256 * 1024):
-                await engine.update_weights(bucket, weight_version="1")
+                await engine.update_weights(bucket, weight_version=1)
             completion = await engine.generate(prompt, sampling)
             return completion.ids, completion.logprobs
         finally:
@@ -335,7 +335,7 @@ def test_cuda_lora_step_syncs_exactly_and_peaks_below_full_fine_tuning(tiny_mode
         engine = LocalEngine.load(tiny_model_path, device="cuda", seed=0)
         try:
             for bucket in backend.export_weights(dtype=torch.bfloat16):
-                await engine.update_weights(bucket, weight_version="1")
+                await engine.update_weights(bucket, weight_version=1)
             completion = await engine.generate(
                 prompt, SamplingParams(temperature=1.0, max_new_tokens=12, seed=7)
             )

@@ -10,8 +10,9 @@ import torch
 
 from agentrl.config import AlgoConfig, TrainConfig
 from agentrl.trainer.backend import TrainerBackend, make_trainer_backend
-from agentrl.trainer.batch import TrainBatch, build_train_batches
+from agentrl.trainer.batch import TrainBatch, build_train_batches, sampling_masks
 from agentrl.trainer.torch_backend import TorchBackend
+from agentrl.types import Turn
 
 
 def _backend(path: str, algo: AlgoConfig | None = None, **train_kw) -> TorchBackend:
@@ -251,6 +252,30 @@ def test_sequence_logprobs_are_the_tempered_log_softmax_of_the_logits(tiny_llama
     assert backend.sequence_logprobs(ids, len(ids)) == []
     with pytest.raises(ValueError, match="start=0 must be in \\[1, 7\\]"):
         backend.sequence_logprobs(ids, 0)
+
+
+def test_sequence_logprobs_replay_a_turns_top_k(tiny_llama_path):
+    """The lag probe scores a top-k turn under the distribution it was sampled from, as training
+    does: the top-3 renormalised, not the whole softmax (whose gap would be the mass cut)."""
+    backend = TorchBackend(
+        tiny_llama_path, TrainConfig(), AlgoConfig(), device="cpu", temperature=0.7
+    )
+    backend.setup()
+    ids = [5, 9, 17, 33, 8, 41, 12]
+    turn = Turn(start=3, num_sampled=4, num_observation=0, weight_version=0,
+                finish_reason="stop", top_k=3, is_logprob_truncated=True)  # fmt: skip
+    masks = sampling_masks([turn], len(ids) - 1)
+    got = backend.sequence_logprobs(ids, 3, masks)
+    with torch.no_grad():
+        logits = backend.model(torch.tensor([ids])).logits[0, 2:6].float() / 0.7  # [4, V]
+    top = logits.topk(3, dim=-1).values  # [4, 3]
+    targets = logits.gather(1, torch.tensor(ids[3:])[:, None])[:, 0]
+    kept = targets >= top[:, -1]  # a target outside the top 3 keeps its own logit (replay)
+    norm = torch.logsumexp(
+        torch.cat([top, torch.where(kept, -torch.inf, targets)[:, None]], -1), -1
+    )
+    assert got == pytest.approx((targets - norm).tolist(), abs=1e-5)
+    assert got != pytest.approx(backend.sequence_logprobs(ids, 3), abs=1e-3)
 
 
 def test_load_tells_a_model_directory_from_a_checkpoint(tiny_llama_path):

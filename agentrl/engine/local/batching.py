@@ -38,6 +38,8 @@ class Sequence:
     """Leading tokens of `token_ids` whose K/V are in the slot."""
     num_reused: int = 0
     """Prompt tokens found in the slot at admission (a multi-turn prefix): SGLang's cached_tokens."""
+    version_spans: list[tuple[int, int]] = field(default_factory=list)
+    """(weight version, output tokens) before each update the request went on across."""
 
     @property
     def is_finished(self) -> bool:
@@ -58,12 +60,22 @@ class Sequence:
         s = self.sampling
         return (s.temperature, s.top_p, s.top_k, self.seed, len(self.output_ids))
 
-    def to_completion(self, weight_version: str) -> Completion:
+    def close_span(self, weight_version: int) -> None:
+        """The weights change under this request: its tokens so far are `weight_version`'s."""
+        num_new = len(self.output_ids) - sum(n for _, n in self.version_spans)
+        if num_new:
+            self.version_spans.append((weight_version, num_new))
+
+    def to_completion(self, weight_version: int) -> Completion:
+        self.close_span(weight_version)  # every token keeps the version that sampled it
+        spans = list(self.version_spans)
+        weight_version = spans[-1][0] if spans else weight_version
         return Completion(
             ids=list(self.output_ids),
             logprobs=list(self.output_logprobs),
             finish_reason=self.finish_reason or FinishReason.ABORT,
             weight_version=weight_version,
+            version_spans=spans if len(spans) > 1 else [],
             matched_stop=self.matched_stop,
             prompt_tokens=len(self.prompt_ids),
             cached_tokens=self.num_reused,

@@ -112,7 +112,7 @@ class LocalEngine:
         options: LocalEngineOptions | None = None,
         *,
         model_path: str = "",
-        weight_version: str = "0",
+        weight_version: int = 0,
         reserve_bytes: int = 0,
     ) -> None:
         """An engine around a loaded transformers `model` (on its device) and its `tokenizer`;
@@ -269,7 +269,7 @@ class LocalEngine:
     # ------------------------------------------------------------------ public API
 
     @property
-    def weight_version(self) -> str:
+    def weight_version(self) -> int:
         return self._weight_version
 
     @property
@@ -313,7 +313,7 @@ class LocalEngine:
             raise
 
     async def update_weights(
-        self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, weight_version: str
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, weight_version: int
     ) -> None:
         """Copy HF-named tensors into the model in place, between steps (CUDA graphs stay valid).
         Idle multi-turn prefixes are dropped: their K/V came from the old weights."""
@@ -406,14 +406,25 @@ class LocalEngine:
         self._wake.set()
         return await command.future
 
-    def _apply_weights(self, updates: list[tuple[str, torch.Tensor]], weight_version: str) -> None:
+    def _apply_weights(self, updates: list[tuple[str, torch.Tensor]], weight_version: int) -> None:
         with torch.no_grad():
             for name, tensor in updates:
                 target = self._tensors[name]
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
         self.memory.weights_written([self._tensors[name] for name, _ in updates])
-        self._weight_version = weight_version
+        if weight_version != self._weight_version:
+            self._continue_under(weight_version)
         self._scheduler.drop_prefixes()
+
+    def _continue_under(self, weight_version: int) -> None:
+        """Requests in flight go on under the new weights, their K/V computed again (as SGLang's
+        retract does), so each later token is exactly the new version's; the tokens sampled so
+        far keep the old version, or a stale token would pass as fresh (slime #2092)."""
+        for seq in self._scheduler.running:
+            seq.num_cached = 0
+        for seq in [*self._scheduler.running, *self._scheduler.pending]:
+            seq.close_span(self._weight_version)
+        self._weight_version = weight_version
 
     def _release(self, keep_weights: bool) -> None:
         # Running requests are prefilled again on resume.

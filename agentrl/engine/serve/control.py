@@ -41,7 +41,7 @@ async def model_info(s: State) -> dict[str, Any]:
         "tokenizer_path": s.model_path,
         "is_generation": True,
         "preferred_sampling_params": None,
-        "weight_version": s.weight_version,
+        "weight_version": str(s.weight_version),
     }
 
 
@@ -130,7 +130,7 @@ def _internal_state(s: ServerState) -> dict[str, Any]:
     return {
         "num_running_reqs": s.num_running,
         "num_waiting_reqs": s.num_waiting,
-        "weight_version": s.weight_version,
+        "weight_version": str(s.weight_version),
         "released_tags": sorted(s.released_tags),
         # accelerator memory the engine holds (0 on CPU): what a colocated release frees
         "memory_allocated_bytes": int(getattr(s.engine, "device_memory_bytes", lambda: 0)()),

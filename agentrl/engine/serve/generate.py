@@ -40,7 +40,7 @@ def generate_response(
         "id": rid,
         "finish_reason": finish_reason_json(completion),
         "prompt_tokens": prompt_len,
-        "weight_version": completion.weight_version,
+        "weight_version": str(completion.weight_version),
         "weight_versions": generation.weight_versions,
         "completion_tokens": len(completion.ids),
         "cached_tokens": completion.cached_tokens,

@@ -199,8 +199,8 @@ def _response(
             "completion_tokens": num_completion,
             "total_tokens": num_prompt + num_completion,
         },
-        "metadata": {"weight_version": s.weight_version},
-        "weight_version": s.weight_version,
+        "metadata": {"weight_version": str(s.weight_version)},
+        "weight_version": str(s.weight_version),
     }
 
 

@@ -14,6 +14,7 @@ from fastapi import Depends, Request
 
 from agentrl.engine.base import Completion, Engine, FinishReason, SamplingParams
 from agentrl.engine.serve.requests import ServerLimits, engine_context_len
+from agentrl.engine.sglang.protocol import version_from_wire
 
 T = TypeVar("T")
 
@@ -37,11 +38,16 @@ class Generation:
         c.ids, c.logprobs = c.ids + part.ids, c.logprobs + part.logprobs
         c.finish_reason, c.matched_stop = part.finish_reason, part.matched_stop
         c.weight_version, c.prompt_tokens = part.weight_version, prompt_tokens
+        for version, num_tokens in part.version_spans or [(part.weight_version, len(part.ids))]:
+            self._add_span(str(version), num_tokens)  # SGLang's wire form: a string
+
+    def _add_span(self, version: str, num_tokens: int) -> None:
         spans = self.weight_versions
-        if spans and spans[-1]["version"] == part.weight_version:
-            spans[-1]["end"] = len(c.ids)
-        elif part.ids or not spans:
-            spans.append({"version": part.weight_version, "start": start, "end": len(c.ids)})
+        end = (spans[-1]["end"] if spans else 0) + num_tokens
+        if spans and spans[-1]["version"] == version:
+            spans[-1]["end"] = end
+        elif num_tokens or not spans:
+            spans.append({"version": version, "start": end - num_tokens, "end": end})
 
 
 class ClientDisconnectedError(Exception):
@@ -86,7 +92,7 @@ class ServerState:
             self.last_weight_update_s[phase] = self.last_weight_update_s.get(phase, 0.0) + value
 
     @property
-    def weight_version(self) -> str:
+    def weight_version(self) -> int:
         return self.engine.weight_version
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = False) -> str:
@@ -193,10 +199,10 @@ class ServerState:
     async def update_weights(
         self, named_tensors: list[tuple[str, Any]], weight_version: str | None
     ) -> None:
+        """`weight_version`: the request's string (SGLang's wire form); None keeps the served one."""
+        version = version_from_wire(weight_version) if weight_version else self.weight_version
         async with self.weight_lock:
-            await self.engine.update_weights(
-                named_tensors, weight_version=weight_version or self.weight_version
-            )
+            await self.engine.update_weights(named_tensors, weight_version=version)
 
 
 async def cancel_on_disconnect(request: Any, work: asyncio.Future[T] | Any) -> T:

@@ -19,13 +19,13 @@ from agentrl.engine.base import Completion, EngineError, SamplingParams
 from agentrl.engine.sglang.dialect import ServerDialect, dialect_from_info
 from agentrl.engine.sglang.plumbing import SGLangHTTP
 from agentrl.engine.sglang.protocol import (
-    DEFAULT_WEIGHT_VERSION,
     MEMORY_TAGS,
     ROUTING_KEY_HEADER,
     aborted_completion,
     completion_from_sglang,
     generate_payload,
     num_requests_from_load,
+    version_from_wire,
 )
 from agentrl.engine.sglang.weights import SGLangWeights
 
@@ -78,7 +78,7 @@ class SGLangEngine:
         )
         self.base_url = self.http.base_url
         self.weights = SGLangWeights(self)
-        self.weight_version = DEFAULT_WEIGHT_VERSION
+        self.weight_version = 0  # SGLang's "default": the weights it started with
         self._pending: set[asyncio.Future[Any]] = set()
         self._background: set[asyncio.Future[Any]] = set()
         self._is_aborting = False
@@ -90,7 +90,7 @@ class SGLangEngine:
         return self.http.worker_urls
 
     async def update_weights(
-        self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, weight_version: str
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, weight_version: int
     ) -> None:
         """The `Engine` protocol's update: one bucket (outside a session: a session of its own)."""
         await self.weights.update_weights(list(named_tensors), weight_version=weight_version)
@@ -262,9 +262,9 @@ class SGLangEngine:
         await self.dialect(url)
         return await self.http.get("/model_info", url=url)
 
-    async def get_weight_version(self) -> str:
+    async def get_weight_version(self) -> int:
         """The weight version the first worker serves (`weight_version` of its model info)."""
-        version = str((await self.get_model_info())["weight_version"])
+        version = version_from_wire((await self.get_model_info())["weight_version"])
         self.weight_version = version
         return version
 

@@ -17,8 +17,6 @@ LOGPROB_TRUNCATED_KEY = "agentrl_logprob_truncated"
 """`meta_info` key of `agentrl serve` (absent from SGLang): true when the logprobs are of the
 top-k/top-p truncated distribution the tokens were drawn from (`Completion.is_logprob_truncated`)."""
 
-DEFAULT_WEIGHT_VERSION = "default"  # SGLang ServerArgs.weight_version before any update
-
 MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 """SGLang's memory tags; a release or resume without tags means all of them."""
 
@@ -75,7 +73,7 @@ def completion_from_sglang(out: dict[str, Any]) -> Completion:
         ids=[int(p[1]) for p in pairs],
         logprobs=[float(p[0]) for p in pairs],
         finish_reason=finish,
-        weight_version=str(meta.get("weight_version", DEFAULT_WEIGHT_VERSION)),
+        weight_version=version_from_wire(meta.get("weight_version", "default")),
         matched_stop=reason.get("matched") if isinstance(reason, dict) else None,
         prompt_tokens=int(meta.get("prompt_tokens") or 0),
         cached_tokens=int(meta.get("cached_tokens") or 0),
@@ -84,20 +82,34 @@ def completion_from_sglang(out: dict[str, Any]) -> Completion:
     )
 
 
-def version_spans_from_sglang(spans: Any, num_tokens: int) -> list[tuple[str, int]]:
+def version_from_wire(version: object) -> int:
+    """SGLang's `weight_version` (a string on the wire) as agentrl's policy version, an int: the
+    server's own "default", before any update, is 0, the weights it started with."""
+    if version == "default":
+        return 0
+    try:
+        return int(str(version))
+    except ValueError:
+        raise EngineError(
+            f"weight_version={version!r} is not a policy version (0, 1, ...); let agentrl set "
+            "it (start the server without --weight-version)"
+        ) from None
+
+
+def version_spans_from_sglang(spans: Any, num_tokens: int) -> list[tuple[int, int]]:
     """`meta_info.weight_versions` ([{version, start, end}] over the output tokens) -> (version,
     number of tokens) spans; empty when it names one version only, or is absent or malformed (the
     completion's `weight_version` then covers every token)."""
     if not isinstance(spans, list) or len(spans) < 2:
         return []
     try:
-        out = [(str(s["version"]), int(s["end"]) - int(s["start"])) for s in spans]
-    except (KeyError, TypeError, ValueError):
+        out = [(version_from_wire(s["version"]), int(s["end"]) - int(s["start"])) for s in spans]
+    except (KeyError, TypeError, ValueError, EngineError):
         return []
     return out if sum(n for _, n in out) == num_tokens else []
 
 
-def aborted_completion(weight_version: str) -> Completion:
+def aborted_completion(weight_version: int) -> Completion:
     return Completion(
         ids=[], logprobs=[], finish_reason=FinishReason.ABORT, weight_version=weight_version
     )

@@ -27,7 +27,7 @@ class _Client(Protocol):
     """What the weights part uses of the `SGLangEngine` that holds it."""
 
     http: SGLangHTTP
-    weight_version: str
+    weight_version: int
     _dialects: dict[str, ServerDialect]
 
     async def dialect(self, url: str | None = None) -> ServerDialect: ...
@@ -102,7 +102,7 @@ class SGLangWeights:
     # -- raw routes
 
     async def update_weights_from_disk(
-        self, model_path: str, *, weight_version: str | None = None
+        self, model_path: str, *, weight_version: int | None = None
     ) -> None:
         payload = _versioned({"model_path": model_path, "flush_cache": False}, weight_version)
         await self.http.post_workers("/update_weights_from_disk", payload)
@@ -110,7 +110,7 @@ class SGLangWeights:
         self._stamp(weight_version)
 
     async def update_weights_from_tensor(
-        self, serialized_named_tensors: list[str], *, weight_version: str | None = None
+        self, serialized_named_tensors: list[str], *, weight_version: int | None = None
     ) -> None:
         """Raw endpoint: one serialized flattened bucket per tensor-parallel rank (each rank opens
         only its own). Never aborts running requests (SGLang's `abort_all_requests`); the flush
@@ -125,10 +125,10 @@ class SGLangWeights:
         await self.http.post_workers(path, _versioned(payload, weight_version))
         self._stamp(weight_version)
 
-    async def update_weight_version(self, weight_version: str) -> None:
+    async def update_weight_version(self, weight_version: int) -> None:
         """Stamp a version without new weights; running requests go on (SGLang's default for
         `abort_all_requests` is true: it would abort them)."""
-        body = {"new_version": weight_version, "abort_all_requests": False}
+        body = {"new_version": str(weight_version), "abort_all_requests": False}
         await self.http.post_workers("/update_weight_version", body)
         self.client.weight_version = weight_version
 
@@ -165,7 +165,7 @@ class SGLangWeights:
         dtypes: list[str],
         shapes: list[list[int]],
         group_name: str = "weight_update_group",
-        weight_version: str | None = None,
+        weight_version: int | None = None,
         load_format: str | None = None,
         url: str | None = None,
     ) -> None:
@@ -184,7 +184,7 @@ class SGLangWeights:
         await self.http.post_checked(path, _versioned(payload, weight_version), url=url)
         self._stamp(weight_version)
 
-    def _stamp(self, weight_version: str | None) -> None:
+    def _stamp(self, weight_version: int | None) -> None:
         """The version the client reports, once a server took weights under it."""
         if weight_version is not None:
             self.client.weight_version = weight_version
@@ -192,7 +192,7 @@ class SGLangWeights:
     # -- tensors
 
     async def update_weights(
-        self, named_tensors: list[tuple[str, torch.Tensor]], *, weight_version: str | None
+        self, named_tensors: list[tuple[str, torch.Tensor]], *, weight_version: int | None
     ) -> None:
         """Push one bucket of weights (the trainer's exporter cuts the buckets; call once per
         bucket; `weight_version`, None to keep the served one, takes effect with the call).
@@ -201,7 +201,7 @@ class SGLangWeights:
             await self._push(named_tensors, weight_version)
 
     async def _push(
-        self, named: list[tuple[str, torch.Tensor]], weight_version: str | None
+        self, named: list[tuple[str, torch.Tensor]], weight_version: int | None
     ) -> None:
         tp_size = await self.tp_size()
         buckets = list(bucket_by_dtype(named))  # one flat tensor per dtype
@@ -218,6 +218,6 @@ class SGLangWeights:
             await self.update_weight_version(weight_version)
 
 
-def _versioned(payload: dict[str, Any], weight_version: str | None) -> dict[str, Any]:
-    """SGLang's `weight_version` goes in a weight route's body only when there is one."""
-    return payload if weight_version is None else {**payload, "weight_version": weight_version}
+def _versioned(payload: dict[str, Any], weight_version: int | None) -> dict[str, Any]:
+    """SGLang's `weight_version`, a string, goes in a weight route's body only when there is one."""
+    return payload if weight_version is None else {**payload, "weight_version": str(weight_version)}

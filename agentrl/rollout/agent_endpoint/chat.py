@@ -182,5 +182,5 @@ def _response(
             "completion_tokens": num_completion,
             "total_tokens": len(call.prompt_ids) + num_completion,
         },
-        "metadata": {"weight_version": completions[0].weight_version},
+        "metadata": {"weight_version": str(completions[0].weight_version)},
     }

@@ -106,7 +106,7 @@ async def test_weight_update_under_graphs_equals_a_fresh_engine(
     g = torch.Generator().manual_seed(1)
     new = {n: t.float().cpu() + 0.05 * torch.randn(t.shape, generator=g)
            for n, t in engine.model.state_dict().items()}  # fmt: skip
-    await engine.update_weights(list(new.items()), weight_version="1")
+    await engine.update_weights(list(new.items()), weight_version=1)
     await engine.release_memory()  # pages unmapped (pausable) or weights moved to the host
     await engine.resume_memory()
     updated = await run_checked(engine, greedy)

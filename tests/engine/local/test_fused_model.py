@@ -84,7 +84,7 @@ async def test_weight_update_matches_a_fresh_engine_on_the_new_weights(
         n: t + 0.05 * torch.randn(t.shape, generator=g)
         for n, t in engine.model.state_dict().items()
     }
-    await engine.update_weights(list(new.items()), weight_version="1")
+    await engine.update_weights(list(new.items()), weight_version=1)
     updated = await generate_all(engine, SAMPLED)
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval()
@@ -113,7 +113,7 @@ async def test_dropped_weights_are_fused_again_on_resume(tiny_model_path: str) -
         layer.qkv.weight.data_ptr()
         == engine.model.model.layers[0].self_attn.q_proj.weight.data_ptr()
     )
-    await engine.update_weights(weights, weight_version="1")
+    await engine.update_weights(weights, weight_version=1)
     assert [c.ids for c in await generate_all(engine, GREEDY)] == [c.ids for c in before]
     await engine.close()
 

@@ -61,7 +61,7 @@ def teacher_forced_logprobs(
 
 def test_implements_engine_protocol(engine: LocalEngine) -> None:
     assert isinstance(engine, Engine)
-    assert engine.weight_version == "0"
+    assert engine.weight_version == 0
 
 
 async def test_greedy_ids_do_not_depend_on_batch_mates(engine: LocalEngine) -> None:
@@ -207,10 +207,10 @@ async def test_update_weights_changes_outputs_and_version(fresh_engine: LocalEng
         (n, torch.randn(p.shape, generator=generator) * 0.5)
         for n, p in fresh_engine.model.state_dict().items()
     ]
-    await fresh_engine.update_weights(new, weight_version="7")
+    await fresh_engine.update_weights(new, weight_version=7)
     after = await fresh_engine.generate(PROMPTS[1], GREEDY)
-    assert fresh_engine.weight_version == after.weight_version == "7"
-    assert before.weight_version == "0"
+    assert fresh_engine.weight_version == after.weight_version == 7
+    assert before.weight_version == 0
     assert after.ids != before.ids
     name, tensor = next((n, t) for n, t in new if n == "model.layers.0.self_attn.q_proj.weight")
     assert torch.equal(fresh_engine.model.state_dict()[name], tensor)
@@ -226,21 +226,24 @@ async def test_update_weights_during_generation_applies_between_steps(
         await asyncio.sleep(0.001)
     state = fresh_engine.model.state_dict()
     await fresh_engine.update_weights(
-        [(n, t.clone() * 1.01) for n, t in state.items()], weight_version="1"
+        [(n, t.clone() * 1.01) for n, t in state.items()], weight_version=1
     )
     c = await running
-    assert (len(c.ids), c.weight_version) == (300, "1")
+    assert (len(c.ids), c.weight_version) == (300, 1)
+    # Each token keeps the version that sampled it: a stale token must not pass as fresh.
+    [(old, num_old), (new, num_new)] = c.version_spans
+    assert (old, new) == (0, 1) and num_old >= 3 and num_old + num_new == 300
 
 
 async def test_update_weights_rejects_unknown_name_and_bad_shape(fresh_engine: LocalEngine) -> None:
     with pytest.raises(ValueError, match="'model.no_such.weight'"):
         await fresh_engine.update_weights(
-            [("model.no_such.weight", torch.zeros(1))], weight_version="1"
+            [("model.no_such.weight", torch.zeros(1))], weight_version=1
         )
     name = "model.embed_tokens.weight"
     with pytest.raises(ValueError, match="shape"):
-        await fresh_engine.update_weights([(name, torch.zeros(3, 3))], weight_version="1")
-    assert fresh_engine.weight_version == "0"
+        await fresh_engine.update_weights([(name, torch.zeros(3, 3))], weight_version=1)
+    assert fresh_engine.weight_version == 0
 
 
 async def test_abort_returns_partial_ids_and_engine_keeps_serving(
@@ -413,12 +416,12 @@ async def test_update_weights_drops_cached_prefixes(fresh_engine: LocalEngine) -
     first = await fresh_engine.generate(PROMPTS[1], GREEDY, routing_key="episode-w")
     state = fresh_engine.model.state_dict()
     await fresh_engine.update_weights(
-        [(n, t.clone() * 1.01) for n, t in state.items()], weight_version="1"
+        [(n, t.clone() * 1.01) for n, t in state.items()], weight_version=1
     )
     c = await fresh_engine.generate(
         next_turn(PROMPTS[1], first.ids, 0), GREEDY, routing_key="episode-w"
     )
-    assert c.cached_tokens == 0 and c.weight_version == "1"
+    assert c.cached_tokens == 0 and c.weight_version == 1
 
 
 async def test_prefix_reuse_can_be_turned_off(tiny_model_path: str) -> None:

@@ -86,7 +86,7 @@ async def test_cuda_graph_decode_bf16_matches_teacher_forcing_across_release_and
     assert await run_and_check() == first  # same seeded draws on the resumed memory
     assert eng.stats.num_graph_replays > replays
     state = eng.model.state_dict()
-    await eng.update_weights([(n, t * 1.05) for n, t in state.items()], weight_version="2")
+    await eng.update_weights([(n, t * 1.05) for n, t in state.items()], weight_version=2)
     assert await run_and_check() != first  # the graphs read the new weights in place
     await eng.close()
 
@@ -209,7 +209,7 @@ async def test_cuda_release_without_host_copy_refuses_until_weights_are_sent(
     assert device_free_bytes() - free_before >= arena_bytes  # the KV arena is not back yet
     with pytest.raises(EngineError, match="dropped by release_memory"):
         await eng.generate(PROMPTS[0], greedy)
-    await eng.update_weights(weights, weight_version="1")
+    await eng.update_weights(weights, weight_version=1)
     waiting = asyncio.ensure_future(eng.generate(PROMPTS[0], greedy))
     await asyncio.sleep(0.2)
     assert not waiting.done()  # no KV arena yet: the request waits for it
@@ -221,4 +221,4 @@ async def test_cuda_release_without_host_copy_refuses_until_weights_are_sent(
     await eng.close()
     if pausable:  # closing gives the pausable regions back to the device
         assert device_free_bytes() - free_open >= arena_bytes
-    assert after.ids == before.ids and after.weight_version == "1"
+    assert after.ids == before.ids and after.weight_version == 1

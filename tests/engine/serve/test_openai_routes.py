@@ -36,7 +36,7 @@ def test_chat_token_ids_and_weight_version_as_sglang_names_them(served):
     assert choice["response_token_ids"] == choice["token_ids"]
     assert len(choice["response_token_ids"]) == chat.usage.completion_tokens
     assert len(choice["prompt_token_ids"]) == chat.usage.prompt_tokens
-    assert chat.to_dict()["metadata"] == {"weight_version": engine.weight_version}
+    assert chat.to_dict()["metadata"] == {"weight_version": str(engine.weight_version)}
     only_prompt = (
         client.chat.completions.create(
             model="m", messages=MESSAGES, max_tokens=2, extra_body={"return_prompt_token_ids": True}

@@ -25,9 +25,9 @@ def test_info_routes_as_in_sglang_0_5_23(fresh_served) -> None:
     with httpx.Client(base_url=url) as client:
         model = client.get("/model_info").json()
         server = client.get("/server_info").json()
-        assert model["weight_version"] == engine.weight_version and model["is_generation"]
+        assert model["weight_version"] == str(engine.weight_version) and model["is_generation"]
         assert server["version"].startswith("agentrl-serve") and server["tp_size"] == 1
-        assert server["internal_states"][0]["weight_version"] == engine.weight_version
+        assert server["internal_states"][0]["weight_version"] == str(engine.weight_version)
         assert client.get("/get_model_info").json() == model  # deprecated aliases
         assert client.get("/get_server_info").json()["version"] == server["version"]
         assert client.get("/get_weight_version").status_code == 404
@@ -38,7 +38,7 @@ def test_tensor_updates_only_inside_a_session(fresh_served) -> None:
     name = "model.norm.weight"
     bucket = flatten_bucket([(name, torch.full_like(engine.model.state_dict()[name], 0.5))])
     body = {"serialized_named_tensors": [serialize_for_ipc(bucket)],
-            "load_format": "flattened_bucket", "weight_version": "s1"}  # fmt: skip
+            "load_format": "flattened_bucket", "weight_version": "11"}  # fmt: skip
     with httpx.Client(base_url=url, timeout=60) as client:
         outside = client.post("/update_weights_from_tensor", json=body)
         assert outside.status_code == 400 and outside.json() == {
@@ -46,13 +46,13 @@ def test_tensor_updates_only_inside_a_session(fresh_served) -> None:
             "message": "update_weights_from_tensor must run between begin_weight_update() and "
             "end_weight_update()",
         }
-        assert engine.weight_version != "s1"
+        assert engine.weight_version != 11
         assert client.post("/begin_weight_update", json={}).json() == {
             "success": True, "message": "Success"}  # fmt: skip
         inside = client.post("/update_weights_from_tensor", json=body)
         assert inside.status_code == 200, inside.text
         assert client.post("/end_weight_update", json={}).status_code == 200
-    assert engine.weight_version == "s1"
+    assert engine.weight_version == 11
     assert torch.all(engine.model.state_dict()[name] == 0.5)
 
 
@@ -72,7 +72,7 @@ async def test_update_weight_version_aborts_requests_by_default(fresh_served, ab
     url, engine = fresh_served
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
         running = await _started(client, engine, LONG)
-        body = {"new_version": "v2"} | ({} if abort is None else {"abort_all_requests": abort})
+        body = {"new_version": "2"} | ({} if abort is None else {"abort_all_requests": abort})
         assert (await client.post("/update_weight_version", json=body)).json()["success"]
         out = (await running).json()
     finish = out["meta_info"]["finish_reason"]["type"]
@@ -87,20 +87,20 @@ async def test_retract_sends_running_requests_back_to_go_on_after_continue(fresh
         loads = (await client.get("/v1/loads")).json()["loads"][0]
         assert loads["num_waiting_reqs"] == 1 and not running.done()  # held, not ended
         held = engine.stats.num_generated_tokens
-        version = {"new_version": "v2", "abort_all_requests": False}
+        version = {"new_version": "2", "abort_all_requests": False}
         assert (await client.post("/update_weight_version", json=version)).is_success
         assert engine.stats.num_generated_tokens == held  # nothing ran while paused
         assert (await client.post("/continue_generation", json={})).is_success
         out = (await running).json()
     meta = out["meta_info"]
-    assert meta["finish_reason"]["type"] != "abort" and meta["weight_version"] == "v2"
+    assert meta["finish_reason"]["type"] != "abort" and meta["weight_version"] == "2"
     n, spans = len(out["output_ids"]), meta["weight_versions"]
     assert n == meta["completion_tokens"] > 0
-    assert [s["version"] for s in spans] == ["0", "v2"], spans
+    assert [s["version"] for s in spans] == ["0", "2"], spans
     assert spans[0]["start"] == 0 and spans[0]["end"] == spans[1]["start"] and spans[1]["end"] == n
     # The client keeps which version sampled which tokens (the trajectory's per-token versions).
     k = spans[0]["end"]
-    assert version_spans_from_sglang(spans, n) == [("0", k), ("v2", n - k)]
+    assert version_spans_from_sglang(spans, n) == [(0, k), (2, n - k)]
 
 
 async def test_pause_abort_is_the_default_mode(fresh_served) -> None:

@@ -24,11 +24,11 @@ async def test_weight_update_from_tensor_matches_in_process_update(
     local = LocalEngine.load(tiny_model_path, device="cpu", seed=0)
     http = SGLangEngine(url)
     named = perturbed(local, 0.5)
-    await local.update_weights(named, weight_version="7")
-    await http.update_weights(named, weight_version="7")
+    await local.update_weights(named, weight_version=7)
+    await http.update_weights(named, weight_version=7)
     want, got = await both(local, http, seeded(0), PROMPTS[0])
     assert got.ids == want.ids and got.logprobs == want.logprobs
-    assert got.weight_version == "7" and await http.get_weight_version() == "7"
+    assert got.weight_version == 7 and await http.get_weight_version() == 7
     await asyncio.gather(local.close(), http.close())
 
 
@@ -37,12 +37,12 @@ async def test_weight_update_from_disk_matches_in_process_update(
 ) -> None:
     url, _ = fresh_served
     local = LocalEngine.load(tiny_model_path, device="cpu", seed=0)
-    await local.update_weights(perturbed(local, 0.25), weight_version="ckpt")
+    await local.update_weights(perturbed(local, 0.25), weight_version=8)
     local.model.save_pretrained(tmp_path, safe_serialization=True)
     http = SGLangEngine(url)
-    await http.weights.update_weights_from_disk(str(tmp_path), weight_version="ckpt")
+    await http.weights.update_weights_from_disk(str(tmp_path), weight_version=8)
     want, got = await both(local, http, seeded(1), PROMPTS[1])
-    assert got.ids == want.ids and got.logprobs == want.logprobs and got.weight_version == "ckpt"
+    assert got.ids == want.ids and got.logprobs == want.logprobs and got.weight_version == 8
     with pytest.raises(EngineError, match="no \\*.safetensors"):
         await http.weights.update_weights_from_disk(str(tmp_path / "missing"))
     await asyncio.gather(local.close(), http.close())
@@ -71,14 +71,14 @@ async def test_distributed_weight_update_into_agentrl_serve_subprocess(
             async with httpx.AsyncClient(base_url=url) as raw:  # SGLang 0.5.23's session
                 assert (await raw.post("/begin_weight_update", json={})).status_code == 200
                 await sender.send(named[:half], None)
-                assert await http.get_weight_version() != "dist-1"
-                await sender.send(mixed, "dist-1")
+                assert await http.get_weight_version() != 1
+                await sender.send(mixed, 1)
                 assert (await raw.post("/end_weight_update", json={})).status_code == 200
             await sender.close()
-            await local.update_weights(named, weight_version="dist-1")
+            await local.update_weights(named, weight_version=1)
             want, got = await both(local, http, seeded(2), PROMPTS[2])
             assert got.ids == want.ids and got.logprobs == want.logprobs
-            assert got.weight_version == "dist-1" == http.weight_version
+            assert got.weight_version == 1 == http.weight_version
         finally:
             await asyncio.gather(local.close(), http.close())
 
@@ -104,19 +104,19 @@ async def test_gpu_weight_update_paths_into_a_cuda_server(tiny_model_path, tmp_p
             await http.wait_healthy(timeout_s=300, interval_s=0.25)
             named = [(n, t.cuda()) for n, t in perturbed(local, 0.5)]
             if path == "tensor":
-                await http.update_weights(named, weight_version=path)
+                await http.update_weights(named, weight_version=3)
             else:
                 sender = DistributedSender([http.weights], backend=path)
                 await sender.connect()
                 async with (
                     http.weights.weight_update()
                 ):  # SGLang 0.5.23: broadcasts only in a session
-                    await sender.send(named, path)
+                    await sender.send(named, 3)
                 await sender.close()
-            await local.update_weights(named, weight_version=path)
+            await local.update_weights(named, weight_version=3)
             greedy = SamplingParams(temperature=0.0, max_new_tokens=16)
             want, got = await both(local, http, greedy, PROMPTS[0])
-            assert got.ids == want.ids and got.weight_version == path
+            assert got.ids == want.ids and got.weight_version == 3
             assert got.logprobs == pytest.approx(want.logprobs, abs=1e-3)
         finally:
             await asyncio.gather(local.close(), http.close())

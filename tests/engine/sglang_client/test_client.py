@@ -21,6 +21,7 @@ from agentrl.engine.sglang.protocol import (
     ROUTING_KEY_HEADER,
     completion_from_sglang,
     num_requests_from_load,
+    version_from_wire,
 )
 from agentrl.weights.receive import deserialize_named_tensors
 from agentrl.weights.wire import flatten_bucket, serialize_for_ipc
@@ -114,8 +115,15 @@ def test_fixture_responses_parse_ids_and_logprobs_from_output_token_logprobs(nam
     assert c.ids == [p[1] for p in pairs] == out["output_ids"]
     assert c.logprobs == [p[0] for p in pairs]
     assert c.finish_reason is FinishReason(out["meta_info"]["finish_reason"]["type"])
-    assert c.weight_version == out["meta_info"]["weight_version"]
+    assert c.weight_version == version_from_wire(out["meta_info"]["weight_version"])
     assert c.matched_stop == out["meta_info"]["finish_reason"].get("matched")
+
+
+def test_a_weight_version_agentrl_did_not_set_is_refused_in_one_line() -> None:
+    """Policy versions are ints inside agentrl; SGLang's strings are read at its boundary."""
+    assert version_from_wire("default") == 0 and version_from_wire("12") == 12
+    with pytest.raises(EngineError, match="weight_version='ckpt-a' is not a policy version"):
+        version_from_wire("ckpt-a")
 
 
 def test_weight_versions_spans_and_the_truncation_flag_are_read() -> None:
@@ -129,7 +137,7 @@ def test_weight_versions_spans_and_the_truncation_flag_are_read() -> None:
         return completion_from_sglang({"meta_info": meta})
 
     crossed = [{"version": "3", "start": 0, "end": 1}, {"version": "4", "start": 1, "end": 3}]
-    assert parse(weight_versions=crossed).version_spans == [("3", 1), ("4", 2)]
+    assert parse(weight_versions=crossed).version_spans == [(3, 1), (4, 2)]
     assert parse(weight_versions=crossed[:1]).version_spans == []
     assert parse(weight_versions=crossed[1:] * 2).version_spans == []  # covers 4 of 3 tokens
     assert parse().version_spans == [] and not parse().is_logprob_truncated
@@ -161,7 +169,7 @@ async def test_generate_sends_sglangs_request_shape_and_routing_header(replay: R
     assert headers[ROUTING_KEY_HEADER.lower()] == "episode-7"
     assert c.ids == GENERATE["responses"]["stop_token"]["output_ids"]
     assert c.served_by == replay.url  # trajectories record which server sampled each turn
-    assert engine.weight_version == "default"
+    assert engine.weight_version == 0  # SGLang's "default": the weights it started with
     await engine.close()
 
 
@@ -251,7 +259,7 @@ async def test_control_calls_send_sglangs_bodies(replay: Replay) -> None:
     engine = _engine(replay.url)
     await engine.release_memory()
     await engine.resume_memory()
-    await engine.weights.update_weights_from_disk("/ckpt/hf", weight_version="10")
+    await engine.weights.update_weights_from_disk("/ckpt/hf", weight_version=10)
     await engine.pause_generation()
     await engine.continue_generation()
     await engine.flush_cache()
@@ -264,8 +272,8 @@ async def test_control_calls_send_sglangs_bodies(replay: Replay) -> None:
         {"model_path": "/ckpt/hf", "weight_version": "10", "flush_cache": False}
     ]  # flushed after the update instead (a refused flush would fail the update)
     assert len(replay.bodies("/flush_cache")) == 2
-    assert engine.weight_version == "10"
-    assert await engine.get_weight_version() == "default"
+    assert engine.weight_version == 10
+    assert await engine.get_weight_version() == 0
     await engine.close()
 
 
@@ -274,12 +282,12 @@ async def test_update_weights_sends_flattened_buckets_with_version_on_the_last(
 ) -> None:
     engine = _engine(replay.url)
     named = [("a", torch.ones(8)), ("b", torch.zeros(8)), ("c", torch.arange(4, dtype=torch.int64))]
-    await engine.update_weights(named, weight_version="3")
+    await engine.update_weights(named, weight_version=3)
     bodies = replay.bodies("/update_weights_from_tensor")
     assert len(bodies) == 2  # one flattened tensor per dtype: (a, b) and (c)
     assert all(b["load_format"] == "flattened_bucket" for b in bodies)
     assert [b.get("weight_version") for b in bodies] == [None, "3"]
-    assert engine.weight_version == "3"
+    assert engine.weight_version == 3
     await engine.close()
 
 

@@ -57,7 +57,7 @@ async def test_the_api_key_goes_with_every_call(
     await engine.generate([1], SamplingParams())
     await engine.release_memory()
     await engine.resume_memory()
-    await engine.update_weights([("w", torch.ones(2))], weight_version="1")
+    await engine.update_weights([("w", torch.ones(2))], weight_version=1)
     await engine.abort(poll_interval_s=0.01, max_wait_s=0.1)
     assert await engine.health()
     sent = [(p, h.get("authorization")) for p, _, h in server.requests if p != "/v1/loads"]
@@ -92,11 +92,11 @@ async def test_a_flush_refused_while_requests_are_queued_is_retried(server: Stan
 
 async def test_a_version_stamp_without_weights_aborts_nothing(server: StandIn) -> None:
     engine = _engine(server.url)
-    await engine.update_weights([], weight_version="5")
+    await engine.update_weights([], weight_version=5)
     assert server.bodies("/update_weight_version") == [
         {"new_version": "5", "abort_all_requests": False}  # SGLang's default aborts them all
     ]
-    assert engine.weight_version == "5"
+    assert engine.weight_version == 5
     await engine.close()
 
 
@@ -117,7 +117,7 @@ async def test_each_tensor_parallel_rank_gets_its_own_serialization(
     )
     engine = _engine(server.url)
     await engine.update_weights([("w", torch.ones(3)), ("i", torch.ones(2, dtype=torch.int64))],
-                                weight_version="1")  # fmt: skip
+                                weight_version=1)  # fmt: skip
     bodies = server.bodies("/update_weights_from_tensor")
     assert [len(b["serialized_named_tensors"]) for b in bodies] == [2, 2]  # two dtypes
     assert len(calls) == 4 and calls[0] is calls[1] and calls[2] is calls[3]

@@ -45,7 +45,7 @@ async def test_the_version_is_read_once_and_the_weight_version_from_model_info(
 ) -> None:
     """0.5.23 has no /get_weight_version (404) and only deprecated aliases of the info routes."""
     engine = _engine(server.url)
-    assert await engine.get_weight_version() == "default"
+    assert await engine.get_weight_version() == 0
     await engine.get_server_info()
     await engine.get_weight_version()
     assert server.paths().count("/server_info") == 2  # the dialect read + one info call
@@ -58,7 +58,7 @@ async def test_tensor_updates_run_in_a_session_and_the_cache_is_flushed_after(
     server: StandIn,
 ) -> None:
     engine = _engine(server.url)
-    await engine.update_weights(BUCKET, weight_version="1")
+    await engine.update_weights(BUCKET, weight_version=1)
     update_paths = [p for p in server.paths() if not p.endswith("_info")]
     assert update_paths == [
         "/begin_weight_update",
@@ -76,8 +76,8 @@ async def test_tensor_updates_run_in_a_session_and_the_cache_is_flushed_after(
 async def test_one_session_spans_the_buckets_of_a_sync(server: StandIn) -> None:
     engine = _engine(server.url)
     async with engine.weights.weight_update():
-        await engine.update_weights(BUCKET, weight_version="0")
-        await engine.update_weights(BUCKET, weight_version="2")
+        await engine.update_weights(BUCKET, weight_version=0)
+        await engine.update_weights(BUCKET, weight_version=2)
     assert server.paths().count("/begin_weight_update") == 1
     assert server.paths().count("/end_weight_update") == 1
     paths = server.paths()
@@ -95,7 +95,7 @@ async def test_a_session_left_open_by_a_dead_trainer_is_closed_and_reopened(
 ) -> None:
     server.is_session_open = True
     engine = _engine(server.url)
-    await engine.update_weights(BUCKET, weight_version="1")
+    await engine.update_weights(BUCKET, weight_version=1)
     assert server.weight_version == "1" and not server.is_session_open
     await engine.close()
 
@@ -107,8 +107,8 @@ async def test_a_release_without_sessions_is_asked_once_then_updated_directly(
     server: StandIn,
 ) -> None:
     engine = _engine(server.url)
-    await engine.update_weights(BUCKET, weight_version="1")
-    await engine.update_weights(BUCKET, weight_version="2")
+    await engine.update_weights(BUCKET, weight_version=1)
+    await engine.update_weights(BUCKET, weight_version=2)
     assert server.paths().count("/begin_weight_update") == 1  # 404 once, remembered
     assert "/end_weight_update" not in server.paths()
     assert server.weight_version == "2"
@@ -120,9 +120,9 @@ async def test_a_release_without_sessions_is_asked_once_then_updated_directly(
 )
 async def test_agentrl_serve_is_known_by_its_version(server: StandIn) -> None:
     engine = _engine(server.url)
-    assert await engine.get_weight_version() == "default"
+    assert await engine.get_weight_version() == 0
     assert (await engine.dialect()).is_agentrl_serve
     assert server.paths() == ["/server_info", "/model_info"]
-    await engine.update_weights(BUCKET, weight_version="3")
+    await engine.update_weights(BUCKET, weight_version=3)
     assert server.weight_version == "3"
     await engine.close()

@@ -108,13 +108,13 @@ async def test_every_body_the_client_sends_validates_as_sglangs_request(
     await engine.release_memory()
     await engine.resume_memory()
     await engine.pause_generation("retract")
-    await engine.update_weights(NAMED, weight_version="1")
-    await engine.update_weights([], weight_version="2")
+    await engine.update_weights(NAMED, weight_version=1)
+    await engine.update_weights([], weight_version=2)
     async with engine.weights.weight_update():
         await engine.weights.update_weights_from_distributed(
             names=["w"], dtypes=["float32"], shapes=[[2, 2]], load_format="flattened_bucket"
         )
-    await engine.weights.update_weights_from_disk("/ckpt", weight_version="3")
+    await engine.weights.update_weights_from_disk("/ckpt", weight_version=3)
     await engine.continue_generation()
     await engine.abort(poll_interval_s=0.01)
     await engine.close()

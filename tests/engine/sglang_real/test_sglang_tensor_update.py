@@ -41,23 +41,23 @@ async def test_update_weights_loads_every_tensor_bit_exact(sglang_server: StandI
     assert not sglang_is_importable()  # the trainer here cannot import SGLang
     engine = SGLangEngine(sglang_server.url)
     named = weights(1)
-    await engine.update_weights(named, weight_version="v1")
+    await engine.update_weights(named, weight_version=1)
     state = sglang_server.state()
     assert_loaded(state, named)
-    assert state["weight_version"] == "v1" and state["in_session"] is False
+    assert state["weight_version"] == "1" and state["in_session"] is False
     completion = await engine.generate([1, 2], SamplingParams(max_new_tokens=1))
-    assert completion.weight_version == "v1"
+    assert completion.weight_version == 1
     await engine.close()
 
 
 async def test_several_buckets_in_one_session(sglang_server: StandInServer) -> None:
     engine = SGLangEngine(sglang_server.url)
     async with engine.weights.weight_update():
-        await engine.update_weights(weights(2), weight_version="v2")
-        await engine.update_weights(weights(3), weight_version="v2")
+        await engine.update_weights(weights(2), weight_version=2)
+        await engine.update_weights(weights(3), weight_version=2)
     state = sglang_server.state()
     assert_loaded(state, weights(2) + weights(3))
-    assert state["weight_version"] == "v2" and state["in_session"] is False
+    assert state["weight_version"] == "2" and state["in_session"] is False
     await engine.close()
 
 
@@ -65,7 +65,7 @@ async def test_one_serialization_per_tp_rank(standin_factory: Callable[..., Stan
     server = standin_factory("--tp-size", "2")
     engine = SGLangEngine(server.url)
     named = weights(4)
-    await engine.update_weights(named, weight_version="tp2")
+    await engine.update_weights(named, weight_version=2)
     assert_loaded(server.state(), named)
     await engine.close()
 
@@ -117,13 +117,11 @@ async def test_a_trainer_that_imports_sglang_builds_a_payload_sglang_accepts(
         assert payload, (tmp_path / "trainer.log").read_text()[-3000:]
         engine = SGLangEngine(sglang_server.url)
         async with engine.weights.weight_update():
-            await engine.weights.update_weights_from_tensor(
-                [payload], weight_version="from-trainer"
-            )
+            await engine.weights.update_weights_from_tensor([payload], weight_version=5)
         await engine.close()
     finally:
         trainer.communicate("\n", timeout=120)
     assert metadata_module.startswith("sglang.")  # SGLang's own metadata class
     state = sglang_server.state()
     assert state["weights"]["trainer.w"]["values"] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
-    assert state["weight_version"] == "from-trainer"
+    assert state["weight_version"] == "5"

@@ -18,11 +18,11 @@ async def test_version_update_keeps_requests_in_flight(sglang_server: StandInSer
     with sglang_server.holding():
         task = asyncio.ensure_future(engine.generate([1, 1], SamplingParams(max_new_tokens=3)))
         await sglang_server.wait_until(lambda s: s["num_running"] == 1, "running")
-        await engine.weights.update_weight_version("v7")
+        await engine.weights.update_weight_version(7)
     completion = await asyncio.wait_for(task, 30)
     assert completion.finish_reason is FinishReason.LENGTH
-    assert completion.weight_version == "v7"
-    assert await engine.get_weight_version() == "v7"  # read back from /model_info
+    assert completion.weight_version == 7
+    assert await engine.get_weight_version() == 7  # read back from /model_info
     await engine.close()
 
 
@@ -34,7 +34,7 @@ async def test_sglangs_default_aborts_requests_in_flight(sglang_server: StandInS
         await sglang_server.wait_until(lambda s: s["num_running"] == 1, "running")
         async with httpx.AsyncClient(timeout=30) as client:
             response = await client.post(
-                f"{sglang_server.url}/update_weight_version", json={"new_version": "v8"}
+                f"{sglang_server.url}/update_weight_version", json={"new_version": "8"}
             )
     completion = await asyncio.wait_for(task, 30)
     assert response.status_code == 200
