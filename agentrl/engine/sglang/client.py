@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -40,7 +40,7 @@ class SGLangEngine:
 
     Generation goes to `base_url` (a router spreads it; the `routing_key` header keeps an episode
     on one server, so its prefix cache stays warm). Control calls (weights, memory, pause, flush,
-    abort) go to every worker: `cluster.worker_urls` when launched by agentrl, else `base_url`.
+    abort) go to `base_url`: a group of servers has a client per server (`RoutedEngine`).
 
     Retries: connection errors and 500/502/503/504 are retried `max_retries` times with
     exponential backoff; 4xx never (the request is wrong, a retry cannot help). A request that
@@ -67,7 +67,9 @@ class SGLangEngine:
         max_retries: int = 3,
         retry_backoff_s: float = 0.5,
         api_key: str | None = None,
+        failure_report: Callable[[], Awaitable[str | None]] | None = None,
     ) -> None:
+        """`failure_report`: what explains a dropped connection (`SGLangHTTP`)."""
         self.http = SGLangHTTP(
             base_url,
             max_connections=max_connections,
@@ -75,6 +77,7 @@ class SGLangEngine:
             max_retries=max_retries,
             retry_backoff_s=retry_backoff_s,
             api_key=api_key,
+            failure_report=failure_report,
         )
         self.base_url = self.http.base_url
         self.weights = SGLangWeights(self)
@@ -170,16 +173,9 @@ class SGLangEngine:
         self._dialects[self.base_url] = dialect_from_info(info, self.base_url)  # version check
         return str(info["version"])
 
-    async def heal(self) -> list[int]:
-        """Restart the servers agentrl launched that died (`SGLangCluster.heal`): their indices."""
-        cluster = self.http.cluster
-        return await cluster.heal() if cluster is not None else []
-
     async def close(self) -> None:
+        """Closes the connections; the servers stay up (whoever launched them stops them)."""
         await self.http.aclose()
-        if self.http.cluster is not None:
-            self.http.cluster.shutdown()
-            self.http.cluster = None
 
     # -- abort and drain
 
