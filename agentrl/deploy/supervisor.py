@@ -29,11 +29,13 @@ class ServerExecutor(Protocol):
 
 @dataclass(frozen=True)
 class RouterOptions:
-    """A router in front of the servers, started in this process. `port` 0: a free one."""
+    """A router in front of the servers, started in this process. `port` 0: a free one; `env`:
+    its environment (None: this process's)."""
 
     log_path: Path
     policy: str
     port: int = 0
+    env: dict[str, str] | None = None
 
 
 class ServerSupervisor:
@@ -76,6 +78,7 @@ class ServerSupervisor:
                     port=opts.port,
                     api_key=self.api_key,
                     policy=opts.policy,
+                    env=opts.env,
                     die_with_parent=True,
                 )
         except BaseException:

@@ -188,7 +188,7 @@ def test_ray_address_joins_a_running_cluster_and_leaves_it_running(
     import subprocess
     import sys
 
-    from agentrl.engine.sglang.launcher import free_ports
+    from agentrl.deploy.processes import free_ports
 
     (port,) = free_ports(1)
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # a throwaway loopback cluster, no token

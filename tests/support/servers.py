@@ -65,7 +65,7 @@ def serve_subprocess(
 ) -> Iterator[str]:
     """`agentrl serve` as its own process, as in production; yields its URL (the caller waits for
     health) and terminates it on exit. Output goes to `log_path`."""
-    from agentrl.engine.sglang.launcher import free_ports
+    from agentrl.deploy.processes import free_ports
 
     (port,) = free_ports(1)
     # The child imports this same agentrl, installed or not.
