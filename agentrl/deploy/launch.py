@@ -47,11 +47,7 @@ async def make_runtime(cfg: RunConfig, plan: Deployment, model_path: str) -> Run
     # state the trainer creates at its first step, unless that state waits in host memory.
     reserve_bytes = worker.engine_reserve_bytes()
     engines = await in_process_engines(cfg, plan, model_path, reserve_bytes=reserve_bytes)
-    try:
-        return await _runtime(cfg, plan, TrainerGroup([worker], is_remote=False), engines).start()
-    except BaseException:
-        await engines.close()
-        raise
+    return await _runtime(cfg, plan, TrainerGroup([worker], is_remote=False), engines).start()
 
 
 async def start_on_ray(cfg: RunConfig, model_path: str, num_optimizer_steps: int) -> Runtime:

@@ -135,14 +135,15 @@ def in_process_plan(cfg: RunConfig, *, use_gpu: bool) -> Deployment:
     servers: dict[str, EngineServer] = {"local": "embedded", "http": "remote", "sglang": "sglang"}
     server = servers[cfg.engine.kind]
     is_launched = server == "sglang"
-    num_gpus = _num_rollout_gpus(cfg, c.rollout_num_gpus or c.rollout_num_gpus_per_engine)
+    num_gpus = c.rollout_num_gpus or c.rollout_num_gpus_per_engine
+    num_engines = _num_engines(cfg, num_gpus) if is_launched else 1
     return Deployment(
         kind="in_process",
         is_on_ray=False,
         use_gpu=use_gpu,
         num_trainer_ranks=1,
         engine_server=server,
-        num_engines=num_gpus // c.rollout_num_gpus_per_engine if is_launched else 1,
+        num_engines=num_engines,
         gpus_per_engine=c.rollout_num_gpus_per_engine if is_launched else 1,
         shares_gpu=use_gpu and server != "remote",
         transport=_transport(cfg, "in_process"),
@@ -159,8 +160,8 @@ def _ray_plan(cfg: RunConfig, *, use_gpu: bool) -> Deployment:
     num_rollout = c.rollout_num_gpus
     if num_rollout is None:
         num_rollout = num_trainer if c.colocate else 1
-    num_rollout = _num_rollout_gpus(cfg, num_rollout)
     per_engine = c.rollout_num_gpus_per_engine
+    num_engines = _num_engines(cfg, num_rollout)
     if c.colocate and num_rollout > num_trainer:
         raise ConfigError(
             f"--colocate puts the engines on the trainer's GPUs, but --rollout-num-gpus={num_rollout} "
@@ -170,7 +171,7 @@ def _ray_plan(cfg: RunConfig, *, use_gpu: bool) -> Deployment:
     offset = 0 if c.colocate else num_trainer
     engine_bundles = tuple(
         tuple(range(offset + e * per_engine, offset + (e + 1) * per_engine))
-        for e in range(num_rollout // per_engine)
+        for e in range(num_engines)
     )
     kind: PlacementKind = "colocated" if c.colocate else "disaggregated"
     return Deployment(
@@ -192,14 +193,14 @@ def _ray_plan(cfg: RunConfig, *, use_gpu: bool) -> Deployment:
     )
 
 
-def _num_rollout_gpus(cfg: RunConfig, num_gpus: int) -> int:
+def _num_engines(cfg: RunConfig, num_gpus: int) -> int:
     per_engine = cfg.cluster.rollout_num_gpus_per_engine
     if num_gpus % per_engine:
         raise ConfigError(
             f"--rollout-num-gpus={num_gpus} is not a multiple of --rollout-num-gpus-per-engine="
             f"{per_engine}: every engine needs exactly that many GPUs"
         )
-    return num_gpus
+    return num_gpus // per_engine
 
 
 def _ray_server(cfg: RunConfig, *, use_gpu: bool) -> EngineServer:

@@ -145,34 +145,6 @@ def router_command(
     return module_command(f"{module}.launch_router", args, is_keyed=bool(api_key))
 
 
-def start_router(
-    worker_urls: list[str],
-    *,
-    log_path: Path,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    api_key: str | None = None,
-    policy: str = "consistent_hashing",
-    env: dict[str, str] | None = None,
-    die_with_parent: bool = False,
-) -> ManagedProcess:
-    """A router (`choose_router`) over `worker_urls`, returned once `/health` answers (stopped if
-    it never does); `port=0` picks a free port."""
-    choice = choose_router(policy)
-    port = port or free_ports(1, host)[0]
-    cmd = router_command(worker_urls, host=host, port=port, policy=choice.policy,
-                         module=choice.module, api_key=api_key)  # fmt: skip
-    router = ManagedProcess("sglang-router", f"http://{host}:{port}", cmd, log_path,
-                            keyed_env(env, api_key), die_with_parent=die_with_parent)  # fmt: skip
-    router.start()
-    try:
-        wait_healthy(router, timeout_s=120.0, path="/health")
-    except BaseException:
-        router.stop()
-        raise
-    return router
-
-
 @dataclass
 class ManagedProcess:
     """One child process (server or router) with its log file; started in its own session so the

@@ -261,7 +261,9 @@ def local_supervisor(
     require_module("sglang")
     if plan.use_router:
         choose_router(plan.router_policy)  # a missing router package fails before any start
-    host, tp_size, api_key = "127.0.0.1", plan.gpus_per_engine, engine.api_key
+    host = "127.0.0.1"
+    tp_size = plan.gpus_per_engine
+    api_key = engine.api_key
     count = plan.num_engines + plan.use_router
     ports = [engine.port + i for i in range(count)] if engine.port else free_ports(count, host)
     logs = Path(tempfile.mkdtemp(prefix="agentrl-sglang-"))

@@ -12,10 +12,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from agentrl.deploy.processes import ManagedProcess, start_router, wait_healthy
+from agentrl.deploy.processes import (
+    ManagedProcess,
+    choose_router,
+    free_ports,
+    keyed_env,
+    router_command,
+    wait_healthy,
+)
 from agentrl.engine.sglang.router_admin import replace_worker
 
 log = logging.getLogger(__name__)
+ROUTER_START_TIMEOUT_S = 120.0
 
 
 class ServerExecutor(Protocol):
@@ -70,17 +78,7 @@ class ServerSupervisor:
         try:
             self.urls = list(await asyncio.gather(*(s.start() for s in self.servers)))
             if self.router_options is not None:
-                opts = self.router_options
-                # the thread that starts the router lives as long as the run (it dies with it)
-                self.router = start_router(
-                    self.urls,
-                    log_path=opts.log_path,
-                    port=opts.port,
-                    api_key=self.api_key,
-                    policy=opts.policy,
-                    env=opts.env,
-                    die_with_parent=True,
-                )
+                self._start_router(self.router_options)
         except BaseException:
             await self.stop()
             raise
@@ -113,11 +111,29 @@ class ServerSupervisor:
             self.urls[i] = url
         return dead
 
+    def _start_router(self, opts: RouterOptions) -> None:
+        """The router (`choose_router`) over the servers, on 127.0.0.1; it dies with the thread
+        that starts it, which lives as long as the run."""
+        choice = choose_router(opts.policy)
+        port = opts.port or free_ports(1)[0]
+        cmd = router_command(
+            self.urls,
+            host="127.0.0.1",
+            port=port,
+            policy=choice.policy,
+            module=choice.module,
+            api_key=self.api_key,
+        )
+        env = keyed_env(opts.env, self.api_key)
+        url = f"http://127.0.0.1:{port}"
+        self.router = ManagedProcess("sglang-router", url, cmd, opts.log_path, env, True)
+        self._restart_router()
+
     def _restart_router(self) -> None:
         assert self.router is not None
         self.router.stop()
         self.router.start()
-        wait_healthy(self.router, timeout_s=self.health_timeout_s, path="/health")
+        wait_healthy(self.router, timeout_s=ROUTER_START_TIMEOUT_S, path="/health")
 
     async def failure_report(self) -> str | None:
         """How a dead server or the router exited, with its last log lines (None while all

@@ -227,16 +227,6 @@ class SGLangEngine:
             return False
         return response.status_code == 200
 
-    async def wait_healthy(self, timeout_s: float = 600.0, interval_s: float = 1.0) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while not await self.health():
-            if loop.time() > deadline:
-                raise EngineError(
-                    f"{self.base_url}/health_generate did not answer 200 within {timeout_s}s"
-                )
-            await asyncio.sleep(interval_s)
-
     async def dialect(self, url: str | None = None) -> ServerDialect:
         """What one worker (default: the first) speaks, read once from `/server_info` (every
         SGLang of the supported window and `agentrl serve`); refuses an unsupported SGLang."""
