@@ -131,11 +131,12 @@ async def in_process_engines(
 async def open_engines(cfg: RunConfig) -> EngineGroup:
     """`agentrl eval` and `rollout`'s engines: engine.kind's, in this process, whatever the
     placement flags say, sharing a GPU with no trainer. Close the group to stop them."""
+    from agentrl.engine.factory import make_engine
     from agentrl.model_store import resolve_model_path
 
-    model_path = cfg.model.path
-    if cfg.engine.kind == "sglang":
-        model_path = resolve_model_path(cfg.model.path, cfg.model.cache_dir)
+    if cfg.engine.kind != "sglang":
+        return InProcessEngines(make_engine(cfg))
+    model_path = resolve_model_path(cfg.model.path, cfg.model.cache_dir)
     return await in_process_engines(cfg, in_process_plan(cfg, use_gpu=False), model_path)
 
 
