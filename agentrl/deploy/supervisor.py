@@ -126,7 +126,9 @@ class ServerSupervisor:
         )
         env = keyed_env(opts.env, self.api_key)
         url = f"http://127.0.0.1:{port}"
-        self.router = ManagedProcess("sglang-router", url, cmd, opts.log_path, env, True)
+        self.router = ManagedProcess(
+            "sglang-router", url, cmd, opts.log_path, env, die_with_parent=True
+        )
         self._restart_router()
 
     def _restart_router(self) -> None:

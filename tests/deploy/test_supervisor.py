@@ -7,20 +7,24 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from agentrl.config import ClusterConfig, EngineConfig, RunConfig
 from agentrl.deploy.plan import Deployment, in_process_plan
 from agentrl.deploy.processes import ManagedProcess, SGLangNotInstalled, free_ports
 from agentrl.deploy.servers import LocalServer, local_supervisor
-from agentrl.deploy.supervisor import ServerSupervisor
+from agentrl.deploy.supervisor import RouterOptions, ServerSupervisor
 from agentrl.engine.base import EngineError, SamplingParams
+from agentrl.engine.sglang.router_admin import list_workers
 
 FAKE_SGLANG = Path(__file__).parents[1] / "engine" / "fixtures" / "fake_sglang"
+FAKE_SMG = Path(__file__).parent / "fixtures" / "fake_smg"
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -29,12 +33,8 @@ def fake_sglang(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """Servers started from here find the stand-in; each records its argv in the directory
     returned."""
     monkeypatch.syspath_prepend(str(FAKE_SGLANG))
-    path = [
-        str(FAKE_SGLANG),
-        str(REPO),
-        *filter(None, [__import__("os").environ.get("PYTHONPATH")]),
-    ]
-    monkeypatch.setenv("PYTHONPATH", ":".join(path))
+    path = [str(FAKE_SGLANG), str(REPO), os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in path if p))
     monkeypatch.setenv("FAKE_SGLANG_ARGV_DIR", str(tmp_path))
     return tmp_path
 
@@ -181,6 +181,38 @@ async def test_heal_restarts_a_dead_router_on_its_port(tmp_path: Path) -> None:
     finally:
         await supervisor.stop()
     assert not router.is_alive()
+
+
+async def _listed(router_url: str, api_key: str) -> list[str]:
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {api_key}"}) as client:
+        return sorted(w["url"] for w in await list_workers(client, router_url))
+
+
+async def test_a_router_starts_over_the_servers_takes_a_restarted_one_and_is_restarted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cluster.use_sglang_router: the router (smg's worker API; a stand-in package here) starts
+    over the servers, keyed off its command line; a restarted server takes its place in it; a
+    dead router is restarted on its port."""
+    monkeypatch.syspath_prepend(str(FAKE_SMG))  # choose_router looks in this process
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FAKE_SMG), str(REPO)])}
+    servers = [LocalServer(_crashed(tmp_path / name), health_timeout_s=60) for name in "ab"]
+    router = RouterOptions(tmp_path / "router.log", "consistent_hashing", env=env)
+    supervisor = ServerSupervisor(servers, max_restarts=1, router=router, api_key="k3y")
+    try:
+        urls = await supervisor.start()
+        assert supervisor.router is not None and "k3y" not in supervisor.router.cmd
+        router_url = supervisor.router.url
+        assert await _listed(router_url, "k3y") == sorted(urls)
+        servers[0].process.stop()
+        assert await supervisor.heal() == [0]
+        assert supervisor.urls == urls and await _listed(router_url, "k3y") == sorted(urls)
+        supervisor.router.stop()
+        assert await supervisor.heal() == []  # the router alone died
+        assert supervisor.router.is_alive() and supervisor.router_url == router_url
+    finally:
+        await supervisor.stop()
+    assert supervisor.router is not None and not supervisor.router.is_alive()
 
 
 @pytest.mark.slow
