@@ -398,7 +398,7 @@ def _choices(hint: Any) -> str:
 
 _REPLACED = {
     "engine.weight_update_path": ("tensor", "cluster.update_weight_transport={value}"),
-    "engine.num_servers": (1, "cluster.rollout_num_gpus (all servers' GPUs: {value} x tp)"),
+    "engine.num_servers": (1, "cluster.rollout_num_gpus={value} x rollout_num_gpus_per_engine"),
     "engine.tp_size": (1, "cluster.rollout_num_gpus_per_engine={value}"),
     "engine.restart_on_failure": (False, "cluster.max_engine_restarts (default 3; 0: none)"),
     "engine.router_policy": ("consistent_hashing", "cluster.router_policy={value}"),

@@ -58,7 +58,10 @@ def make_engine(cfg: RunConfig, *, model_path: str | None = None, reserve_bytes:
     if kind == "http":
         assert cfg.engine.url, "config_checks.check_run refuses engine.kind=http without a url"
         return sglang_client(cfg.engine, cfg.rollout, cfg.engine.url)
-    raise ValueError("engine.kind=sglang launches servers: agentrl.deploy.launch.open_engines")
+    raise ValueError(
+        "make_engine builds local and http engines; engine.kind=sglang servers are launched by "
+        "agentrl.deploy.launch.open_engines (or in_process_engines)"
+    )
 
 
 def sglang_client(
