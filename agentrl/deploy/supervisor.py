@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -53,14 +54,14 @@ class ServerSupervisor:
 
     def __init__(
         self,
-        servers: list[ServerExecutor],
+        servers: Sequence[ServerExecutor],
         *,
         max_restarts: int,
         router: RouterOptions | None = None,
         api_key: str | None = None,
         health_timeout_s: float = 900.0,
     ) -> None:
-        self.servers = servers
+        self.servers = list(servers)
         self.max_restarts = max_restarts
         self.router_options = router
         self.api_key = api_key

@@ -127,7 +127,7 @@ async def test_a_healed_worker_takes_its_place_in_the_router_the_supervisor_star
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*PATHS, *sys.path])}
     router = RouterOptions(tmp_path / "r.log", "consistent_hashing", env=env)
     executors = [Worker(w) for w in workers]
-    supervisor = ServerSupervisor(executors, max_restarts=1, router=router)  # type: ignore[arg-type]
+    supervisor = ServerSupervisor(executors, max_restarts=1, router=router)
     try:
         urls = list(await supervisor.start())
         assert supervisor.router_url is not None
