@@ -261,3 +261,32 @@ async def test_launched_servers_generate_report_a_crash_restart_and_stop_with_th
     finally:
         await engines.close()
     assert not await supervisor.servers[0].is_alive()
+
+
+@pytest.mark.slow
+def test_a_run_in_this_process_trains_through_two_servers_it_launched(
+    fake_sglang: Path, tiny_model_path: str, tmp_path: Path
+) -> None:
+    """engine.kind=sglang sized by slime's flag (two servers, no Ray), keyed by engine.api_key:
+    the trainer's weights reach both servers (by URL, with the key) after every step, each
+    episode stays on one server, and the servers end with the run."""
+    import psutil
+
+    from agentrl.rollout.trajectory import read_jsonl
+    from agentrl.run import train
+    from tests.support.configs import tiny_train_config
+
+    cfg = tiny_train_config(tiny_model_path, tmp_path / "run", rollout_num_gpus=2)
+    cfg.engine = _engine(api_key="k3y")
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    assert train(cfg).num_steps == 2
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "train/loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["weight_sync/max_logprob_abs_diff"] < 1e-4 for r in steps), steps
+    trajs = read_jsonl(str(tmp_path / "run" / "rollouts" / "step_000002.jsonl"))
+    assert {t.turns[0].weight_version for t in trajs} == {"1"}
+    assert all(len({turn.served_by for turn in t.turns}) == 1 for t in trajs)
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    servers = [p for p in left if "sglang.launch_server" in " ".join(p.cmdline())]
+    assert not [p for p in servers if p.status() != "zombie"]  # torch's shm manager may stay
