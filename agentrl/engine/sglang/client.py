@@ -86,7 +86,7 @@ class SGLangEngine:
         self._background: set[asyncio.Future[Any]] = set()
         self._is_aborting = False
         self._dialects: dict[str, ServerDialect] = {}
-        self._released_tags: dict[str, set[str]] = {}  # per worker: what a resume may map again
+        self._released_tags: set[str] = set()  # what a resume may map again
 
     @property
     def worker_urls(self) -> list[str]:
@@ -181,36 +181,29 @@ class SGLangEngine:
 
     async def _abort_rid(self, rid: str) -> None:
         with contextlib.suppress(EngineError):
-            await asyncio.gather(
-                *(self.http.post("/abort_request", {"rid": rid}, url=u) for u in self.worker_urls)
-            )
+            await self.http.post("/abort_request", {"rid": rid})
 
     async def abort(self, *, poll_interval_s: float = 0.5, max_wait_s: float = 60.0) -> None:
         """Drain: refuse new requests, cancel the pending local ones (they return ABORT), then
-        `abort_request {abort_all: true}` on every worker until it reports nothing running."""
+        `abort_request {abort_all: true}` until the server reports nothing running."""
         self._is_aborting = True
         try:
             for request in list(self._pending):
                 request.cancel()
-            await asyncio.gather(
-                *(self._abort_until_idle(u, poll_interval_s, max_wait_s) for u in self.worker_urls)
-            )
+            deadline = asyncio.get_running_loop().time() + max_wait_s
+            while True:
+                await self.http.post("/abort_request", {"abort_all": True})
+                num_requests = await self.num_requests()
+                if num_requests <= 0:
+                    return
+                if asyncio.get_running_loop().time() > deadline:
+                    raise EngineError(
+                        f"{self.base_url} still runs {num_requests} requests {max_wait_s}s after "
+                        "abort_request"
+                    )
+                await asyncio.sleep(poll_interval_s)
         finally:
             self._is_aborting = False
-
-    async def _abort_until_idle(self, url: str, poll_interval_s: float, max_wait_s: float) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max_wait_s
-        while True:
-            await self.http.post("/abort_request", {"abort_all": True}, url=url)
-            num_requests = await self.num_requests(url)
-            if num_requests <= 0:
-                return
-            if loop.time() > deadline:
-                raise EngineError(
-                    f"{url} still runs {num_requests} requests {max_wait_s}s after abort_request"
-                )
-            await asyncio.sleep(poll_interval_s)
 
     async def num_requests(self, url: str | None = None) -> int:
         """Running + waiting requests on one server (`/v1/loads`: SGLang since before 0.5.15)."""
@@ -260,31 +253,26 @@ class SGLangEngine:
     # -- control
 
     async def flush_cache(self, *, max_wait_s: float = 60.0, poll_interval_s: float = 0.2) -> None:
-        """Flush every worker's prefix cache. SGLang answers 400 while requests are running or
+        """Flush the server's prefix cache. SGLang answers 400 while requests are running or
         queued (unless paused): retried until `max_wait_s`."""
-        await asyncio.gather(
-            *(self._flush_one(u, max_wait_s, poll_interval_s) for u in self.worker_urls)
-        )
-
-    async def _flush_one(self, url: str, max_wait_s: float, poll_interval_s: float) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max_wait_s
         while True:
             try:
-                await self.http.post("/flush_cache", url=url)
+                await self.http.post("/flush_cache")
                 return
             except EngineError as e:
                 if "HTTP 400" not in str(e):
                     raise
                 if loop.time() > deadline:
                     raise EngineError(
-                        f"{url}/flush_cache still refused after {max_wait_s}s (requests running "
+                        f"{self.base_url}/flush_cache still refused after {max_wait_s}s (requests running "
                         "or queued); pause generation or let them finish before a weight update"
                     ) from None
             await asyncio.sleep(poll_interval_s)
 
     async def pause_generation(self, mode: str = "abort") -> None:
-        """Hold generation on every worker. SGLang's modes: abort (running requests return
+        """Hold generation on the server. SGLang's modes: abort (running requests return
         ABORT; its default), retract (running requests go back to the queue and are recomputed
         on the new weights after `continue_generation`), in_place (they stay where they are)."""
         await self.http.post_workers("/pause_generation", {"mode": mode})
@@ -293,34 +281,27 @@ class SGLangEngine:
         await self.http.post_workers("/continue_generation")
 
     async def release_memory(self, tags: list[str] | None = None) -> None:
-        """`/release_memory_occupation` on every worker: tags None = everything; SGLang tags are
+        """`/release_memory_occupation`: tags None = everything; SGLang tags are
         "weights", "kv_cache", "cuda_graph" (they free memory only on a server started with
         --enable-memory-saver)."""
-        await self.http.post_workers("/release_memory_occupation", {"tags": tags})
-        for url in self.worker_urls:
-            self._released_tags.setdefault(url, set()).update(tags or MEMORY_TAGS)
+        await self.http.post_checked("/release_memory_occupation", {"tags": tags})
+        self._released_tags.update(tags or MEMORY_TAGS)
 
     async def resume_memory(self, tags: Iterable[str] | None = None) -> None:
-        """Resume those of `tags` each worker released: SGLang kills a server asked to resume
+        """Resume those of `tags` the server released: SGLang kills a server asked to resume
         memory it never released (as after a colocated `--resume`). tags None: weights first,
         then the KV cache (the peak never holds both next to the trainer's memory)."""
         if tags is None:
             await self.resume_memory(["weights"])
             tags = ["kv_cache", "cuda_graph"]
-        due = list(tags)
-        await asyncio.gather(*(self._resume_one(u, due) for u in self.worker_urls))
+        due = [t for t in tags if t in self._released_tags]
+        if due:
+            await self.http.post("/resume_memory_occupation", {"tags": due})
+            self._released_tags.difference_update(due)
 
-    async def _resume_one(self, url: str, tags: list[str]) -> None:
-        released = self._released_tags.get(url, set())
-        due = [t for t in tags if t in released]
-        if not due:
-            return
-        await self.http.post("/resume_memory_occupation", {"tags": due}, url=url)
-        released.difference_update(due)
-
-    def released_tags(self, url: str | None = None) -> set[str]:
-        """What one worker (default: the first) has released and not resumed."""
-        return set(self._released_tags.get(url or self.worker_urls[0], set()))
+    def released_tags(self) -> set[str]:
+        """What the server has released and not resumed."""
+        return set(self._released_tags)
 
 
 def _no_connection(error: httpx.HTTPError) -> str:
