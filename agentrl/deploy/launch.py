@@ -118,13 +118,8 @@ async def in_process_engines(
         engine = make_engine(cfg, model_path=model_path, reserve_bytes=reserve_bytes)
         return InProcessEngines(engine)
     engine_cfg = dataclasses.replace(cfg.engine, api_key=resolve_api_key(cfg.engine))
-    supervisor = local_supervisor(
-        engine_cfg,
-        plan,
-        model_path,
-        health_timeout_s=cfg.cluster.engine_start_timeout_s,
-        enable_memory_saver=plan.shares_gpu,
-    )
+    timeout_s = cfg.cluster.engine_start_timeout_s
+    supervisor = local_supervisor(engine_cfg, plan, model_path, health_timeout_s=timeout_s)
     return await ServedEngineGroup.start(supervisor, engine_cfg, cfg.rollout, plan)
 
 

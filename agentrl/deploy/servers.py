@@ -251,13 +251,12 @@ def local_supervisor(
     model_path: str,
     *,
     health_timeout_s: float,
-    enable_memory_saver: bool,
 ) -> ServerSupervisor:
     """`plan.num_engines` SGLang servers of `plan.gpus_per_engine` GPUs each (disjoint GPU ids) on
     127.0.0.1, keyed with `engine.api_key`, and a router over them if the plan says so. Port
     layout: one server listens on `engine.port`; with a router, the router takes it and the
     servers the next ports (`port=0` picks free ports). Logs go to a fresh temporary directory.
-    `enable_memory_saver`: the servers share their GPUs with the trainer."""
+    Servers that share their GPUs with the trainer (`plan.shares_gpu`) can release memory."""
     require_module("sglang")
     if plan.use_router:
         choose_router(plan.router_policy)  # a missing router package fails before any start
@@ -276,7 +275,7 @@ def local_supervisor(
             port=port,
             tp_size=tp_size,
             base_gpu_id=i * tp_size,
-            enable_memory_saver=enable_memory_saver,
+            enable_memory_saver=plan.shares_gpu,
             api_key=api_key,
         )
         process = ManagedProcess(

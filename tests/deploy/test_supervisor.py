@@ -49,9 +49,7 @@ def _plan(**cluster) -> Deployment:
 
 
 def _supervisor(engine: EngineConfig, plan: Deployment) -> ServerSupervisor:
-    return local_supervisor(
-        engine, plan, "/models/x", health_timeout_s=60, enable_memory_saver=False
-    )
+    return local_supervisor(engine, plan, "/models/x", health_timeout_s=60)
 
 
 def test_missing_sglang_extra_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
