@@ -177,7 +177,6 @@ class RayCluster:
             max_restarts=plan.max_engine_restarts,
             router=RouterOptions(log_path, plan.router_policy) if plan.use_router else None,
             api_key=api_key,
-            health_timeout_s=cfg.cluster.engine_start_timeout_s,
         )
         # the clients' copy of the engine section carries the key; the run's config does not
         engine_cfg = dataclasses.replace(cfg.engine, api_key=api_key)

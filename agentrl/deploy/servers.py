@@ -293,5 +293,4 @@ def local_supervisor(
         max_restarts=plan.max_engine_restarts,
         router=router if plan.use_router else None,
         api_key=api_key,
-        health_timeout_s=health_timeout_s,
     )

@@ -59,13 +59,11 @@ class ServerSupervisor:
         max_restarts: int,
         router: RouterOptions | None = None,
         api_key: str | None = None,
-        health_timeout_s: float = 900.0,
     ) -> None:
         self.servers = list(servers)
         self.max_restarts = max_restarts
         self.router_options = router
         self.api_key = api_key
-        self.health_timeout_s = health_timeout_s
         self.urls: list[str] = []
         self.num_restarts = [0] * len(servers)
         self.router: ManagedProcess | None = None
