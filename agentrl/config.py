@@ -53,16 +53,11 @@ class EngineConfig:
     """LocalEngine: most sequences decoded together."""
     request_timeout_s: PositiveFloat = 600.0
     max_retries: NonNegativeInt = 3
-    num_servers: PositiveInt = 1
-    """kind=sglang: servers to launch (a router is started over them when > 1)."""
-    port: Annotated[int, Field(ge=0, le=65535)] = 30000  # 0: free ports, picked at launch
-    tp_size: PositiveInt = 1
+    port: Annotated[int, Field(ge=0, le=65535)] = 30000
+    """kind=sglang: the first server's port (the router's, with one; 0: free ports)."""
     mem_fraction_static: Fraction = 0.8
     sglang_args: list[str] = Field(default_factory=list)
     """Passed verbatim to `sglang.launch_server`, e.g. ["--context-length", "8192"]."""
-    restart_on_failure: bool = False
-    router_policy: str = "consistent_hashing"
-    """Router policy when num_servers > 1 (sglang-router alone: manual, sticky on the same key)."""
     api_key: str | None = None
     """The servers' --api-key, sent as a Bearer key; None = $AGENTRL_API_KEY (none if unset)."""
 
@@ -264,7 +259,12 @@ class LogConfig:
 
 @dataclass
 class ClusterConfig:
-    """Placement on Ray, with slime's flag names. Default: everything in this one process."""
+    """Placement, with slime's flag names. Default: everything in this one process.
+
+    The engine servers agentrl launches -- on Ray, or from this process with engine.kind=sglang --
+    are sized, restarted and routed by the fields here alone: slime users know them as
+    --rollout-num-gpus, --rollout-num-gpus-per-engine and --use-sglang-router (the engine section's
+    old num_servers, tp_size, restart_on_failure and router_policy are refused, naming these)."""
 
     use_ray: bool | None = None
     """None = auto: Ray when `ray_address`/RAY_ADDRESS is set or a placement flag below asks for
@@ -276,7 +276,9 @@ class ClusterConfig:
     actor_num_gpus_per_node: PositiveInt = 1
     """Trainer ranks per node (one GPU each; one CPU process each on a machine without CUDA)."""
     rollout_num_gpus: PositiveInt | None = None
-    """GPUs for all engines together; None = the trainer's GPUs when colocated, else 1."""
+    """GPUs for all engines together (servers = this / rollout_num_gpus_per_engine); None = the
+    trainer's GPUs when colocated, else one server's. Sets Ray placement, but with
+    engine.kind=sglang: the servers launched from this process."""
     rollout_num_gpus_per_engine: PositiveInt = 1
     """GPUs of one engine server (its tensor-parallel size)."""
     colocate: bool = False
@@ -296,8 +298,11 @@ class ClusterConfig:
     use_sglang_router: bool = False
     """A router in front of the engines instead of agentrl's client-side consistent hashing:
     `smg` when installed, else sglang-router."""
+    router_policy: str = "consistent_hashing"
+    """The router's --policy (sglang-router alone: manual, sticky on the same key)."""
     max_engine_restarts: NonNegativeInt = 3
-    """Restarts per engine server before the run stops with its last log lines."""
+    """Restarts per engine server (and of the router) before the run stops with its last log
+    lines; 0: a dead server stops the run."""
     max_rerun_rounds: NonNegativeInt = 2
     """Times a step re-runs the tasks whose episodes a dead engine aborted."""
     engine_start_timeout_s: PositiveFloat = 900.0
@@ -391,8 +396,15 @@ def _choices(hint: Any) -> str:
     return ", ".join(str(v) for v in typing.get_args(literals[0])) if literals else ""
 
 
-_REPLACED = {"engine.weight_update_path": ("cluster.update_weight_transport", "tensor")}
-"""Fields that are gone -> (the field that replaced them, the old default a saved run holds)."""
+_REPLACED = {
+    "engine.weight_update_path": ("tensor", "cluster.update_weight_transport={value}"),
+    "engine.num_servers": (1, "cluster.rollout_num_gpus={value} x rollout_num_gpus_per_engine"),
+    "engine.tp_size": (1, "cluster.rollout_num_gpus_per_engine={value}"),
+    "engine.restart_on_failure": (False, "cluster.max_engine_restarts (default 3; 0: none)"),
+    "engine.router_policy": ("consistent_hashing", "cluster.router_policy={value}"),
+}
+"""Fields that are gone -> (the old default a saved run holds, what to set instead). The launched
+servers' count, size, restarts and router have one spelling, slime's (cluster.*)."""
 
 POLICY_LOSS_ESTIMATORS = ("gspo", "cispo")
 """slime's advantage estimators that are policy losses here (grpo advantages, another loss)."""
@@ -401,10 +413,10 @@ POLICY_LOSS_ESTIMATORS = ("gspo", "cispo")
 def set_field(cfg: RunConfig, key: str, value: Any) -> None:
     """Set `section.field` (or `section.dict_field.key`) on `cfg`, checking name and type."""
     if key in _REPLACED:
-        replacement, old_default = _REPLACED[key]
+        old_default, replacement = _REPLACED[key]
         if value == old_default:  # a run saved before the change: nothing asked for
             return
-        raise ConfigError(f"{key} is gone; set {replacement}={value} instead")
+        raise ConfigError(f"{key} is gone; set {replacement.format(value=value)} instead")
     if key == "algo.advantage_estimator" and value in POLICY_LOSS_ESTIMATORS:
         raise ConfigError(
             f"{key}={value!r} is a policy loss here: set algo.policy_loss={value} (with "

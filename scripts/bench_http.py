@@ -102,7 +102,6 @@ async def run(args: argparse.Namespace) -> dict:
 async def measure(args, console, local, prompts, url) -> dict:
     http = SGLangEngine(url, max_connections=args.concurrency)
     try:
-        await http.wait_healthy(timeout_s=300, interval_s=0.5)
         short = prompts[0][:8]
         one_token = SamplingParams(temperature=0.0, max_new_tokens=1)
         for engine in (local, http):  # warm up both paths

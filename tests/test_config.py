@@ -193,6 +193,25 @@ def test_a_replaced_field_names_its_replacement():
     assert RunConfig.from_dict(saved).cluster.update_weight_transport == "auto"
 
 
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("engine.num_servers=2", "cluster.rollout_num_gpus"),
+        ("engine.tp_size=2", "cluster.rollout_num_gpus_per_engine=2"),
+        ("engine.restart_on_failure=true", "cluster.max_engine_restarts"),
+        ("engine.router_policy=manual", "cluster.router_policy=manual"),
+    ],
+)
+def test_the_engine_sections_old_server_knobs_name_their_one_spelling(old, new):
+    """Issue 40: the launched servers' count, size, restarts and router live in cluster.*."""
+    with pytest.raises(ConfigError, match=rf"^{old.split('=')[0]} is gone; set {re.escape(new)}"):
+        apply_overrides(RunConfig(), [old])
+    saved = RunConfig().to_dict()  # a run saved before the change resumes
+    saved["engine"].update(num_servers=1, tp_size=1, restart_on_failure=False)
+    saved["engine"]["router_policy"] = "consistent_hashing"
+    assert RunConfig.from_dict(saved).cluster.rollout_num_gpus is None
+
+
 def test_an_in_process_engine_takes_tensors_only():
     cfg = apply_overrides(RunConfig(), ["cluster.update_weight_transport=disk"])
     with pytest.raises(ConfigError, match="--update-weight-transport=disk needs engine servers"):

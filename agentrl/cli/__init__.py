@@ -59,7 +59,7 @@ def user_errors(*extra: type[BaseException]) -> Iterator[None]:
     extra), and `extra`."""
     from agentrl.config import ConfigError
     from agentrl.data import DataError
-    from agentrl.engine.sglang.launcher import SGLangNotInstalled
+    from agentrl.deploy.processes import SGLangNotInstalled
     from agentrl.envs.registry import EnvLoadError, UnknownEnvError
     from agentrl.model_store import ModelPathError
 

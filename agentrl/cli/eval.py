@@ -227,7 +227,8 @@ async def _run(
     seed: int,
 ) -> EvalReport:
     from agentrl.data import load_tasks
-    from agentrl.engine.factory import make_engine, probe_engine
+    from agentrl.deploy.launch import open_engines
+    from agentrl.engine.factory import probe_engine
     from agentrl.envs import spec
     from agentrl.eval import evaluate
     from agentrl.rollout import build_runner
@@ -242,7 +243,8 @@ async def _run(
         raise typer.BadParameter(
             f"no tasks for env {cfg.env.id!r} split {split!r} (data: {cfg.env.eval_data})"
         )
-    engine = make_engine(cfg)
+    engines = await open_engines(cfg)
+    engine = engines.engine.inner  # no weight update here: the gate stays open
     try:
         runner = build_runner(cfg, engine)
         return await evaluate(
@@ -257,7 +259,7 @@ async def _run(
             meta=meta,
         )
     finally:
-        await engine.close()
+        await engines.close()
 
 
 def print_report(console: Any, report: EvalReport, out_dir: Path) -> None:

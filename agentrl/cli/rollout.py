@@ -87,7 +87,8 @@ async def _rollout(
     from collections import Counter
 
     from agentrl.data import load_tasks
-    from agentrl.engine.factory import make_engine, probe_engine
+    from agentrl.deploy.launch import open_engines
+    from agentrl.engine.factory import probe_engine
     from agentrl.envs import spec
     from agentrl.progress import single_phase
     from agentrl.rollout import build_runner
@@ -98,7 +99,8 @@ async def _rollout(
     env_spec.check_kwargs(cfg.env.kwargs)  # a bad argument fails here, not in every episode
     tasks = load_tasks(cfg.env, split, env_spec.load_class())[:num_tasks]
     with console.status("[bold]Loading the engine…"):
-        engine = make_engine(cfg)
+        engines = await open_engines(cfg)
+    engine = engines.engine.inner  # no weight update here: the gate stays open
     statuses: Counter[str] = Counter()
     rewards: list[float] = []
     open(out, "w").close()  # a fresh file once env and engine loaded; groups are appended
@@ -122,7 +124,7 @@ async def _rollout(
             for finished in asyncio.as_completed(groups):
                 write_jsonl(out, await finished, append=True)
     finally:
-        await engine.close()
+        await engines.close()
     counts = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()))
     mean = sum(rewards) / max(len(rewards), 1)
     return f"[green]wrote[/green] {len(rewards)} trajectories to {out}: mean reward {mean:.3f}; {counts}"

@@ -159,7 +159,9 @@ def train_command(
         "Trainer ranks per node, one GPU each, FSDP2 data parallel.", PLACEMENT
     ),
     rollout_num_gpus: int | None = _flag(
-        "GPUs for all engine servers (default: the trainer's when colocated, else 1).", PLACEMENT
+        "GPUs for all engine servers (default: the trainer's when colocated, else 1; with "
+        "--set engine.kind=sglang, of the servers launched from this process, without Ray).",
+        PLACEMENT,
     ),
     rollout_num_gpus_per_engine: int | None = _flag(
         "GPUs of one engine server, its TP size.", PLACEMENT

@@ -3,30 +3,25 @@ generation behind the weight-update gate (`engine`), `pause_generation(mode)` /
 `continue_generation()`, `release_memory()` / `resume_memory(tags)`, `heal()` -- and the weight
 version the group serves. Two implementations: `InProcessEngines` (one engine object: a gated
 `LocalEngine`, or a client of servers agentrl does not supervise) and `ServedEngineGroup` (the
-servers of Ray actors, routed and supervised)."""
+servers agentrl launched -- subprocesses or Ray actors -- routed, and healed and stopped by their
+`ServerSupervisor`)."""
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import functools
 import logging
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from agentrl.config import RunConfig
+from agentrl.config import EngineConfig, RolloutConfig
 from agentrl.deploy.plan import Deployment
+from agentrl.deploy.supervisor import ServerSupervisor
 from agentrl.engine.factory import sglang_client
 from agentrl.engine.gate import GatedEngine
 from agentrl.engine.router import RoutedEngine
 from agentrl.engine.sglang import SGLangEngine
-from agentrl.engine.sglang.launcher import ManagedProcess, start_router
-from agentrl.engine.sglang.protocol import resolve_api_key
-from agentrl.engine.sglang.supervisor import heal_servers
 
 if TYPE_CHECKING:
     from agentrl.engine.base import Engine
-    from agentrl.engine.sglang.launcher import SGLangCluster
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +50,12 @@ class EngineGroup(Protocol):
 
 
 class InProcessEngines:
-    """One engine object in this process: a `LocalEngine`, or a client of servers agentrl
-    does not supervise (`engine.kind=http`) or launched (`engine.kind=sglang`: `launched`, which
-    heals and stops them). The gate is its pause: no other client sends it requests. It stamps
-    its own weight version."""
+    """One engine object in this process: a `LocalEngine`, or a client of servers agentrl does
+    not supervise (`engine.kind=http`). The gate is its pause: no other client sends it requests.
+    It stamps its own weight version."""
 
-    def __init__(self, engine: Engine, *, launched: SGLangCluster | None = None) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = GatedEngine(engine)
-        self.launched = launched
 
     @property
     def weight_version(self) -> int:
@@ -93,7 +86,7 @@ class InProcessEngines:
         return [[self.engine.inner]]
 
     async def heal(self) -> list[int]:
-        return await self.launched.heal() if self.launched is not None else []
+        return []
 
     def servers_down(self) -> list[int]:
         return []
@@ -103,53 +96,59 @@ class InProcessEngines:
 
     async def close(self) -> None:
         await self.engine.close()
-        if self.launched is not None:
-            self.launched.shutdown()
 
 
 class ServedEngineGroup:
-    """The run's `EngineGroup` on Ray: the servers of the `EngineServer` actors, reached through
-    one `RoutedEngine` (`routed`: sticky per episode, or a router; it tracks the weight version
-    they serve), behind the weight-update gate for rollouts (`engine`)."""
+    """The run's `EngineGroup` over the servers agentrl launched: reached through one
+    `RoutedEngine` (`routed`: sticky per episode, or the router; it tracks the weight version
+    they serve), behind the weight-update gate for rollouts (`engine`); `supervisor` heals and
+    stops them. `engine_cfg` carries the servers' key."""
 
     def __init__(
         self,
-        actors: list[Any],
-        urls: list[str],
-        cfg: RunConfig,
+        supervisor: ServerSupervisor,
+        engine_cfg: EngineConfig,
+        rollout: RolloutConfig,
         plan: Deployment,
-        *,
-        api_key: str | None = None,
     ) -> None:
-        """`api_key`: the key the servers want (`engine_api_key`), else the config's."""
-        self.actors, self.urls, self.cfg, self.plan = actors, urls, cfg, plan
-        self.api_key = api_key or resolve_api_key(cfg.engine)
-        # the clients' copy of the engine section carries the key; the run's config does not
-        self.engine_cfg = dataclasses.replace(cfg.engine, api_key=self.api_key)
-        self.num_restarts = [0] * len(actors)
-        self.router_process: ManagedProcess | None = None
-        if plan.use_router:
-            logs = Path(cfg.checkpoint.save) / "engine_logs"
-            self.router_process = start_router(
-                urls, log_path=logs / "router.log", api_key=self.api_key, die_with_parent=True
-            )
-        client = functools.partial(sglang_client, self.engine_cfg, cfg.rollout)
-        router = client(self.router_process.url) if self.router_process else None
-        self.routed = RoutedEngine([client(u) for u in urls], router=router)
+        self.supervisor = supervisor
+        self.plan = plan
+        # a dropped connection is explained by the server that died, with its log
+        self._client = functools.partial(
+            sglang_client, engine_cfg, rollout, failure_report=supervisor.failure_report
+        )
+        router_url = supervisor.router_url
+        router = self._client(router_url) if router_url else None
+        self.routed = RoutedEngine([self._client(u) for u in supervisor.urls], router=router)
         self.engine = GatedEngine(self.routed)
 
     @classmethod
     async def start(
-        cls, actors: list[Any], cfg: RunConfig, plan: Deployment, *, api_key: str | None = None
+        cls,
+        supervisor: ServerSupervisor,
+        engine_cfg: EngineConfig,
+        rollout: RolloutConfig,
+        plan: Deployment,
     ) -> ServedEngineGroup:
-        urls = await asyncio.gather(*(a.start.remote() for a in actors))
-        group = cls(actors, list(urls), cfg, plan, api_key=api_key)
-        versions = {await c.get_weight_version() for c in group.routed.clients}
-        if len(versions) != 1:
-            raise RuntimeError(f"engine servers started with different weight versions {versions}")
+        """The servers started (stopped again if the group cannot use them) and their group."""
+        await supervisor.start()
+        try:
+            group = cls(supervisor, engine_cfg, rollout, plan)
+            versions = {await c.get_weight_version() for c in group.routed.clients}
+            if len(versions) != 1:
+                raise RuntimeError(
+                    f"engine servers started with different weight versions {versions}"
+                )
+        except BaseException:
+            await supervisor.stop()
+            raise
         group.set_weight_version(versions.pop())
         log.info("engine group ready: %s", group.urls)
         return group
+
+    @property
+    def urls(self) -> list[str]:
+        return self.supervisor.urls
 
     async def memory_bytes(self) -> float | None:
         """Accelerator memory engine 0 holds, as its server reports it (SGLang: the sizes of the
@@ -175,22 +174,12 @@ class ServedEngineGroup:
         return per_rank
 
     async def heal(self) -> list[int]:
-        """Restart every server that died (`heal_servers`, up to `cluster.max_engine_restarts`
-        each, on a fresh port); returns the indices restarted."""
-        alive = await asyncio.gather(*(a.is_alive.remote() for a in self.actors))
-        dead = await heal_servers(
-            list(alive),
-            self.urls,
-            self.num_restarts,
-            restart=lambda i: self.actors[i].start.remote(),
-            report=lambda i: self.actors[i].report.remote(),
-            max_restarts=self.plan.max_engine_restarts,
-            router_url=self.router_process.url if self.router_process else None,
-            api_key=self.api_key,
-        )
+        """Restart every server that died (the supervisor: up to `cluster.max_engine_restarts`
+        each); a fresh client for each. Returns the indices restarted."""
+        dead = await self.supervisor.heal()
         for i in dead:
             await self.routed.clients[i].close()
-            self.routed.clients[i] = sglang_client(self.engine_cfg, self.cfg.rollout, self.urls[i])
+            self.routed.clients[i] = self._client(self.urls[i])
         return dead
 
     @property
@@ -220,6 +209,4 @@ class ServedEngineGroup:
 
     async def close(self) -> None:
         await self.routed.close()
-        if self.router_process is not None:
-            self.router_process.stop()
-        await asyncio.gather(*(a.stop.remote() for a in self.actors), return_exceptions=True)
+        await self.supervisor.stop()

@@ -4,14 +4,16 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable
 
 from agentrl.config import RunConfig
-from agentrl.deploy.engines import EngineGroup, InProcessEngines
-from agentrl.deploy.plan import Deployment
+from agentrl.deploy.engines import EngineGroup, InProcessEngines, ServedEngineGroup
+from agentrl.deploy.plan import Deployment, in_process_plan
 from agentrl.deploy.runtime import Runtime, worker_spec
 from agentrl.deploy.trainer_worker import TrainerGroup, TrainerWorker
+from agentrl.engine.sglang.protocol import resolve_api_key
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +35,18 @@ async def make_runtime(cfg: RunConfig, plan: Deployment, model_path: str) -> Run
     num_optimizer_steps = _num_optimizer_steps(cfg)
     if plan.is_on_ray:
         return await start_on_ray(cfg, model_path, num_optimizer_steps)
-    spec = worker_spec(cfg, model_path, num_optimizer_steps, shares_gpu=plan.shares_gpu)
+    spec = worker_spec(
+        cfg,
+        model_path,
+        num_optimizer_steps,
+        shares_gpu=plan.shares_gpu,
+        api_key=resolve_api_key(cfg.engine),
+    )
     worker = TrainerWorker(spec, loop=asyncio.get_running_loop())
     # On a GPU the trainer loads first and the engine's KV cache leaves room for the optimizer
     # state the trainer creates at its first step, unless that state waits in host memory.
-    engines = _in_process_engines(cfg, plan, model_path, worker.engine_reserve_bytes())
+    reserve_bytes = worker.engine_reserve_bytes()
+    engines = await in_process_engines(cfg, plan, model_path, reserve_bytes=reserve_bytes)
     return await _runtime(cfg, plan, TrainerGroup([worker], is_remote=False), engines).start()
 
 
@@ -96,18 +105,34 @@ def _runtime(
     )
 
 
-def _in_process_engines(
-    cfg: RunConfig, plan: Deployment, model_path: str, reserve_bytes: int
-) -> InProcessEngines:
-    """The engine of a run in this process; SGLang servers it launches are the group's to heal
-    and stop, not the client's."""
-    from agentrl.engine.factory import launched_sglang, make_engine
+async def in_process_engines(
+    cfg: RunConfig, plan: Deployment, model_path: str, *, reserve_bytes: int = 0
+) -> EngineGroup:
+    """The engines of a run without Ray: an engine object (local, or a client of engine.url), or
+    SGLang servers launched from this process, healthy, which their group supervises and stops.
+    `reserve_bytes`: what the local engine leaves for the trainer beside it."""
+    from agentrl.deploy.servers import local_supervisor
+    from agentrl.engine.factory import make_engine
 
     if plan.engine_server != "sglang":
         engine = make_engine(cfg, model_path=model_path, reserve_bytes=reserve_bytes)
         return InProcessEngines(engine)
-    client = launched_sglang(cfg, model_path, enable_memory_saver=plan.shares_gpu)
-    return InProcessEngines(client, launched=client.http.cluster)
+    engine_cfg = dataclasses.replace(cfg.engine, api_key=resolve_api_key(cfg.engine))
+    timeout_s = cfg.cluster.engine_start_timeout_s
+    supervisor = local_supervisor(engine_cfg, plan, model_path, health_timeout_s=timeout_s)
+    return await ServedEngineGroup.start(supervisor, engine_cfg, cfg.rollout, plan)
+
+
+async def open_engines(cfg: RunConfig) -> EngineGroup:
+    """`agentrl eval` and `rollout`'s engines: engine.kind's, in this process, whatever the
+    placement flags say, sharing a GPU with no trainer. Close the group to stop them."""
+    from agentrl.engine.factory import make_engine
+    from agentrl.model_store import resolve_model_path
+
+    if cfg.engine.kind != "sglang":
+        return InProcessEngines(make_engine(cfg))
+    model_path = resolve_model_path(cfg.model.path, cfg.model.cache_dir)
+    return await in_process_engines(cfg, in_process_plan(cfg, use_gpu=False), model_path)
 
 
 def _num_optimizer_steps(cfg: RunConfig) -> int:

@@ -106,13 +106,14 @@ def plan_deployment(cfg: RunConfig, *, has_cuda: bool | None = None) -> Deployme
     if is_on_ray(cfg):
         plan = _ray_plan(cfg, use_gpu=has_cuda)
     else:
-        plan = _in_process_plan(cfg, use_gpu=has_cuda)
+        plan = in_process_plan(cfg, use_gpu=has_cuda)
     _check(cfg, plan)
     return plan
 
 
 def is_on_ray(cfg: RunConfig) -> bool:
-    """Whether the run places trainer and engines on Ray (`cluster.use_ray`, else the flags)."""
+    """Whether the run places trainer and engines on Ray (`cluster.use_ray`, else the flags;
+    --rollout-num-gpus sizes the servers engine.kind=sglang launches from this process)."""
     c = cfg.cluster
     if c.use_ray is not None:
         return c.use_ray
@@ -120,33 +121,36 @@ def is_on_ray(cfg: RunConfig) -> bool:
         c.ray_address
         or os.environ.get("RAY_ADDRESS")
         or c.colocate
-        or c.rollout_num_gpus is not None
+        or (c.rollout_num_gpus is not None and cfg.engine.kind != "sglang")
         or c.actor_num_nodes * c.actor_num_gpus_per_node > 1
     )
 
 
-def _in_process_plan(cfg: RunConfig, *, use_gpu: bool) -> Deployment:
-    """One trainer rank and one engine object in this process. An embedded engine, or servers
-    agentrl launched, share the trainer's GPU and take turns with its memory; a remote
+def in_process_plan(cfg: RunConfig, *, use_gpu: bool) -> Deployment:
+    """One trainer rank in this process, and one engine object or the SGLang servers it launches
+    (sized, restarted and routed by the cluster section, as on Ray). An embedded engine, or
+    launched servers, share the trainer's GPU and take turns with its memory; a remote
     `engine.kind=http` server does not."""
-    engine = cfg.engine
+    c = cfg.cluster
     servers: dict[str, EngineServer] = {"local": "embedded", "http": "remote", "sglang": "sglang"}
-    server = servers[engine.kind]
+    server = servers[cfg.engine.kind]
     is_launched = server == "sglang"
+    num_gpus = c.rollout_num_gpus or c.rollout_num_gpus_per_engine
+    num_engines = _num_engines(cfg, num_gpus) if is_launched else 1
     return Deployment(
         kind="in_process",
         is_on_ray=False,
         use_gpu=use_gpu,
         num_trainer_ranks=1,
         engine_server=server,
-        num_engines=engine.num_servers if is_launched else 1,
-        gpus_per_engine=engine.tp_size if is_launched else 1,
+        num_engines=num_engines,
+        gpus_per_engine=c.rollout_num_gpus_per_engine if is_launched else 1,
         shares_gpu=use_gpu and server != "remote",
         transport=_transport(cfg, "in_process"),
-        offload_train=cfg.cluster.offload_train,
-        max_engine_restarts=3 if is_launched and engine.restart_on_failure else 0,
-        use_router=is_launched and engine.num_servers > 1,
-        router_policy=engine.router_policy,
+        offload_train=c.offload_train,
+        max_engine_restarts=c.max_engine_restarts if is_launched else 0,
+        use_router=is_launched and c.use_sglang_router,
+        router_policy=c.router_policy,
     )
 
 
@@ -157,11 +161,7 @@ def _ray_plan(cfg: RunConfig, *, use_gpu: bool) -> Deployment:
     if num_rollout is None:
         num_rollout = num_trainer if c.colocate else 1
     per_engine = c.rollout_num_gpus_per_engine
-    if num_rollout % per_engine:
-        raise ConfigError(
-            f"--rollout-num-gpus={num_rollout} is not a multiple of --rollout-num-gpus-per-engine="
-            f"{per_engine}: every engine needs exactly that many GPUs"
-        )
+    num_engines = _num_engines(cfg, num_rollout)
     if c.colocate and num_rollout > num_trainer:
         raise ConfigError(
             f"--colocate puts the engines on the trainer's GPUs, but --rollout-num-gpus={num_rollout} "
@@ -171,7 +171,7 @@ def _ray_plan(cfg: RunConfig, *, use_gpu: bool) -> Deployment:
     offset = 0 if c.colocate else num_trainer
     engine_bundles = tuple(
         tuple(range(offset + e * per_engine, offset + (e + 1) * per_engine))
-        for e in range(num_rollout // per_engine)
+        for e in range(num_engines)
     )
     kind: PlacementKind = "colocated" if c.colocate else "disaggregated"
     return Deployment(
@@ -187,10 +187,20 @@ def _ray_plan(cfg: RunConfig, *, use_gpu: bool) -> Deployment:
         offload_train=c.offload_train,
         max_engine_restarts=c.max_engine_restarts,
         use_router=c.use_sglang_router,
-        router_policy=cfg.engine.router_policy,
+        router_policy=c.router_policy,
         trainer_bundles=tuple(range(num_trainer)),
         engine_bundles=engine_bundles,
     )
+
+
+def _num_engines(cfg: RunConfig, num_gpus: int) -> int:
+    per_engine = cfg.cluster.rollout_num_gpus_per_engine
+    if num_gpus % per_engine:
+        raise ConfigError(
+            f"--rollout-num-gpus={num_gpus} is not a multiple of --rollout-num-gpus-per-engine="
+            f"{per_engine}: every engine needs exactly that many GPUs"
+        )
+    return num_gpus // per_engine
 
 
 def _ray_server(cfg: RunConfig, *, use_gpu: bool) -> EngineServer:

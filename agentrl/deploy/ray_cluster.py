@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import importlib.util
 import logging
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from agentrl.config import ConfigError, RunConfig
@@ -23,8 +25,9 @@ from agentrl.deploy.placement_group import (
     create_placement_group,
 )
 from agentrl.deploy.plan import Deployment, plan_deployment
-from agentrl.deploy.servers import engine_api_key, engine_hosts, start_engine_actors
-from agentrl.engine.sglang.launcher import choose_router, free_ports, require_module
+from agentrl.deploy.processes import choose_router, free_ports, require_module
+from agentrl.deploy.servers import RayServer, engine_api_key, engine_hosts, start_engine_actors
+from agentrl.deploy.supervisor import RouterOptions, ServerSupervisor
 
 log = logging.getLogger(__name__)
 
@@ -161,13 +164,23 @@ class RayCluster:
     async def start_engines(self, model_path: str, reserves: list[int]) -> ServedEngineGroup:
         """The engine servers, healthy, and their group; `reserves[rank]`: what a colocated
         engine leaves for the trainer rank on its GPU."""
-        servers = start_engine_actors(
-            self.cfg, self.plan, self.pg, self.bundles, model_path, reserves, self.engine_api_key
+        cfg = self.cfg
+        plan = self.plan
+        api_key = self.engine_api_key
+        actors = start_engine_actors(
+            cfg, plan, self.pg, self.bundles, model_path, reserves, api_key
         )
-        self.actors.extend(servers)
-        return await ServedEngineGroup.start(
-            servers, self.cfg, self.plan, api_key=self.engine_api_key
+        self.actors.extend(actors)
+        log_path = Path(cfg.checkpoint.save) / "engine_logs" / "router.log"
+        supervisor = ServerSupervisor(
+            [RayServer(a) for a in actors],
+            max_restarts=plan.max_engine_restarts,
+            router=RouterOptions(log_path, plan.router_policy) if plan.use_router else None,
+            api_key=api_key,
         )
+        # the clients' copy of the engine section carries the key; the run's config does not
+        engine_cfg = dataclasses.replace(cfg.engine, api_key=api_key)
+        return await ServedEngineGroup.start(supervisor, engine_cfg, cfg.rollout, plan)
 
     def release(self) -> None:
         import ray

@@ -1,9 +1,12 @@
-"""Engine servers on Ray: one inference server per engine of the `Deployment`, each launched from
-a Ray actor (`EngineServer`) on its bundle -- real SGLang or `agentrl serve` (the same HTTP API),
-as the plan says -- health-waited at start and restarted on a fresh port when it dies."""
+"""The engine servers of a `Deployment` and the two `ServerExecutor`s the supervisor drives:
+`LocalServer`, a SGLang subprocess of this process (engine.kind=sglang; restarted on its port), and
+`RayServer`, the server of a Ray actor (`EngineServer`) on its bundle -- real SGLang or `agentrl
+serve` (the same HTTP API), as the plan says -- restarted on a fresh port."""
 
 from __future__ import annotations
 
+import asyncio
+import atexit
 import logging
 import os
 import secrets
@@ -16,12 +19,16 @@ from typing import Any
 from agentrl.config import EngineConfig, RunConfig
 from agentrl.deploy.placement_group import BundleInfo, bundle_strategy
 from agentrl.deploy.plan import Deployment
-from agentrl.engine.sglang.launcher import (
+from agentrl.deploy.processes import (
     ManagedProcess,
+    choose_router,
     free_ports,
+    keyed_env,
+    require_module,
     server_command,
     wait_healthy,
 )
+from agentrl.deploy.supervisor import RouterOptions, ServerSupervisor
 from agentrl.engine.sglang.protocol import API_KEY_ENV, resolve_api_key
 
 log = logging.getLogger(__name__)
@@ -190,3 +197,100 @@ def engine_api_key(cfg: RunConfig, hosts: list[str]) -> str | None:
 def reserve_for(plan: Deployment, engine: int, reserves: list[int]) -> int:
     rank = plan.colocated_rank(engine)
     return reserves[rank] if rank is not None else 0
+
+
+class RayServer:
+    """The `ServerExecutor` of an `EngineServer` actor."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    async def start(self) -> str:
+        return await self.actor.start.remote()
+
+    async def is_alive(self) -> bool:
+        return await self.actor.is_alive.remote()
+
+    async def report(self) -> str:
+        return await self.actor.report.remote()
+
+    async def stop(self) -> None:
+        await self.actor.stop.remote()
+
+
+class LocalServer:
+    """The `ServerExecutor` of a subprocess of this process, restarted on its port."""
+
+    def __init__(self, process: ManagedProcess, health_timeout_s: float) -> None:
+        self.process = process
+        self.health_timeout_s = health_timeout_s
+        atexit.register(process.stop)  # never leave GPU servers behind
+
+    async def start(self) -> str:
+        await asyncio.to_thread(self._start)
+        return self.process.url
+
+    def _start(self) -> None:
+        self.process.stop()
+        self.process.start()
+        wait_healthy(self.process, timeout_s=self.health_timeout_s)
+
+    async def is_alive(self) -> bool:
+        return self.process.is_alive()
+
+    async def report(self) -> str:
+        return self.process.report()
+
+    async def stop(self) -> None:
+        self.process.stop()
+
+
+def local_supervisor(
+    engine: EngineConfig,
+    plan: Deployment,
+    model_path: str,
+    *,
+    health_timeout_s: float,
+) -> ServerSupervisor:
+    """`plan.num_engines` SGLang servers of `plan.gpus_per_engine` GPUs each (disjoint GPU ids) on
+    127.0.0.1, keyed with `engine.api_key`, and a router over them if the plan says so. Port
+    layout: one server listens on `engine.port`; with a router, the router takes it and the
+    servers the next ports (`port=0` picks free ports). Logs go to a fresh temporary directory.
+    Servers that share their GPUs with the trainer (`plan.shares_gpu`) can release memory."""
+    require_module("sglang")
+    if plan.use_router:
+        choose_router(plan.router_policy)  # a missing router package fails before any start
+    host = "127.0.0.1"
+    tp_size = plan.gpus_per_engine
+    api_key = engine.api_key
+    count = plan.num_engines + plan.use_router
+    ports = [engine.port + i for i in range(count)] if engine.port else free_ports(count, host)
+    logs = Path(tempfile.mkdtemp(prefix="agentrl-sglang-"))
+    servers = []
+    for i, port in enumerate(ports[plan.use_router :]):
+        cmd = server_command(
+            model_path,
+            engine,
+            host=host,
+            port=port,
+            tp_size=tp_size,
+            base_gpu_id=i * tp_size,
+            enable_memory_saver=plan.shares_gpu,
+            api_key=api_key,
+        )
+        process = ManagedProcess(
+            f"sglang-server-{i}",
+            f"http://{host}:{port}",
+            cmd,
+            logs / f"server-{i}.log",
+            keyed_env(None, api_key),
+        )
+        servers.append(LocalServer(process, health_timeout_s))
+    router = RouterOptions(logs / "router.log", plan.router_policy, port=ports[0])
+    log.info("SGLang servers log to %s", logs)
+    return ServerSupervisor(
+        servers,
+        max_restarts=plan.max_engine_restarts,
+        router=router if plan.use_router else None,
+        api_key=api_key,
+    )

@@ -4,6 +4,7 @@ server a run names answers before anything runs."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from agentrl.config import ConfigError, EngineConfig, RolloutConfig, RunConfig
@@ -21,7 +22,7 @@ class EngineUnreachable(ConfigError):
 async def probe_engine(engine: EngineConfig) -> None:
     """Before anything loads or is written: the server at `engine.url` (kind=http) answers as
     SGLang, its router or `agentrl serve` do, else one line naming the URL and what answered.
-    (Launched servers, kind=sglang, are waited for by their launcher.)"""
+    (Launched servers, kind=sglang, are waited for by their supervisor.)"""
     if engine.kind != "http" or not engine.url:
         return
     from agentrl.engine.sglang import SGLangEngine
@@ -44,45 +45,34 @@ async def probe_engine(engine: EngineConfig) -> None:
 
 def make_engine(cfg: RunConfig, *, model_path: str | None = None, reserve_bytes: int = 0) -> Engine:
     """local = transformers in-process; http = an SGLang-API endpoint (or router) at
-    `engine.url`; sglang = servers launched and supervised by agentrl. `model_path`: the run's
-    model, resolved already (None: resolved here). `reserve_bytes`: device memory the local
-    engine leaves for a trainer in the same process (its state to come)."""
+    `engine.url`. (sglang: servers agentrl launches, which `agentrl.deploy.launch` starts and
+    supervises.) `model_path`: the run's model, resolved already (None: resolved here).
+    `reserve_bytes`: device memory the local engine leaves for a trainer in the same process (its
+    state to come)."""
     kind = cfg.engine.kind
-    model = cfg.model if model_path is None else dataclasses.replace(cfg.model, path=model_path)
     if kind == "local":
         from agentrl.engine.local import LocalEngine
 
+        model = cfg.model if model_path is None else dataclasses.replace(cfg.model, path=model_path)
         return LocalEngine.from_config(model, cfg.engine, reserve_bytes=reserve_bytes)
     if kind == "http":
         assert cfg.engine.url, "config_checks.check_run refuses engine.kind=http without a url"
         return sglang_client(cfg.engine, cfg.rollout, cfg.engine.url)
-    from agentrl.model_store import resolve_model_path  # sglang: the config's last kind
-
-    path = model_path or resolve_model_path(model.path, model.cache_dir)
-    # no trainer here to share the GPU with (a run launches its own: deploy.launch)
-    return launched_sglang(cfg, path, enable_memory_saver=False)
-
-
-def launched_sglang(cfg: RunConfig, model_path: str, *, enable_memory_saver: bool) -> SGLangEngine:
-    """SGLang servers launched as `cfg.engine` says, healthy, and a client of them. The client
-    reads the launched servers (`client.http.cluster`) for its control calls to each worker
-    behind the router and to explain a dropped connection with a dead server's log; it shuts
-    them down when it closes."""
-    from agentrl.engine.sglang.launcher import launch_servers
-
-    cluster = launch_servers(
-        model_path,
-        cfg.engine,
-        api_key=resolve_api_key(cfg.engine),
-        enable_memory_saver=enable_memory_saver,
+    raise ValueError(
+        "make_engine builds local and http engines; engine.kind=sglang servers are launched by "
+        "agentrl.deploy.launch.open_engines (or in_process_engines)"
     )
-    engine = sglang_client(cfg.engine, cfg.rollout, cluster.url)
-    engine.http.cluster = cluster
-    return engine
 
 
-def sglang_client(engine: EngineConfig, rollout: RolloutConfig, url: str) -> SGLangEngine:
-    """A client of the SGLang-API server at `url`, as the run's engine section says."""
+def sglang_client(
+    engine: EngineConfig,
+    rollout: RolloutConfig,
+    url: str,
+    *,
+    failure_report: Callable[[], Awaitable[str | None]] | None = None,
+) -> SGLangEngine:
+    """A client of the SGLang-API server at `url`, as the run's engine section says.
+    `failure_report`: what explains a dropped connection (a launched server's exit and log)."""
     from agentrl.engine.sglang import SGLangEngine
 
     return SGLangEngine(
@@ -91,4 +81,5 @@ def sglang_client(engine: EngineConfig, rollout: RolloutConfig, url: str) -> SGL
         max_retries=engine.max_retries,
         max_connections=max(1, rollout.max_concurrent_episodes),  # one connection per episode
         api_key=resolve_api_key(engine),
+        failure_report=failure_report,
     )

@@ -5,12 +5,15 @@ the run when none is configured (issue 38)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import httpx
 import pytest
 
 from agentrl.config import EngineConfig, RunConfig
 from agentrl.deploy.engines import ServedEngineGroup
 from agentrl.deploy.plan import plan_deployment
+from agentrl.deploy.processes import KEYED_LAUNCHER
 from agentrl.deploy.servers import (
     EngineServer,
     ServerSpec,
@@ -18,9 +21,9 @@ from agentrl.deploy.servers import (
     server_cmd,
     server_env,
 )
+from agentrl.deploy.supervisor import ServerSupervisor
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.sglang import SGLangEngine
-from agentrl.engine.sglang.launcher import KEYED_LAUNCHER
 
 
 def _spec(model_path: str, log_dir: str, **kw) -> ServerSpec:
@@ -65,13 +68,14 @@ async def test_the_groups_clients_send_the_servers_key(monkeypatch):
     cfg = RunConfig()
     cfg.cluster.rollout_num_gpus = 2
     plan = plan_deployment(cfg, has_cuda=False)
-    urls = ["http://10.0.0.7:31000", "http://10.0.0.8:31000"]
-    group = ServedEngineGroup([object(), object()], urls, cfg, plan, api_key="made")
+    supervisor = ServerSupervisor([], max_restarts=0)  # started elsewhere: its URLs
+    supervisor.urls = ["http://10.0.0.7:31000", "http://10.0.0.8:31000"]
+    engine_cfg = dataclasses.replace(cfg.engine, api_key="made")  # as RayCluster passes it
+    group = ServedEngineGroup(supervisor, engine_cfg, cfg.rollout, plan)
     try:
         assert [c.http.api_key for c in group.servers()] == ["made", "made"]
-        assert group.api_key == "made" and cfg.engine.api_key is None  # the run's config untouched
     finally:
-        await group.routed.close()  # the clients only: these actors are stand-ins
+        await group.routed.close()
 
 
 @pytest.mark.slow

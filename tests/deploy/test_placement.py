@@ -48,13 +48,43 @@ def test_in_process_engines_share_the_trainers_gpu_unless_remote():
     assert not plan_deployment(RunConfig(), has_cuda=False).shares_gpu
 
 
-def test_launched_servers_take_their_count_restarts_and_router_from_the_engine_section():
-    engine = EngineConfig(kind="sglang", num_servers=2, tp_size=2, restart_on_failure=True)
-    plan = plan_deployment(RunConfig(engine=engine), has_cuda=True)
-    assert plan.engine_server == "sglang"
-    assert (plan.num_engines, plan.gpus_per_engine, plan.max_engine_restarts) == (2, 2, 3)
-    assert plan.use_router
+def test_launched_servers_take_their_count_restarts_and_router_from_the_cluster_section():
+    """One spelling for the servers launched from this process and on Ray: slime's flags;
+    with engine.kind=sglang, --rollout-num-gpus sizes the servers this process launches."""
+    cluster = ClusterConfig(
+        rollout_num_gpus=4,
+        rollout_num_gpus_per_engine=2,
+        max_engine_restarts=1,
+        use_sglang_router=True,
+        router_policy="round_robin",
+    )
+    plan = plan_deployment(
+        RunConfig(engine=EngineConfig(kind="sglang"), cluster=cluster), has_cuda=True
+    )
+    assert (plan.kind, plan.engine_server) == ("in_process", "sglang")
+    assert (plan.num_engines, plan.gpus_per_engine, plan.max_engine_restarts) == (2, 2, 1)
+    assert (plan.use_router, plan.router_policy) == (True, "round_robin")
+    on_ray = plan_deployment(RunConfig(cluster=cluster), has_cuda=True)
+    assert (on_ray.kind, on_ray.num_engines, on_ray.gpus_per_engine) == ("disaggregated", 2, 2)
+    assert (on_ray.max_engine_restarts, on_ray.use_router, on_ray.router_policy) == (
+        1,
+        True,
+        "round_robin",
+    )
+    one = plan_deployment(RunConfig(engine=EngineConfig(kind="sglang")), has_cuda=True)
+    assert (one.num_engines, one.gpus_per_engine, one.use_router) == (1, 1, False)
     assert plan_deployment(RunConfig(), has_cuda=False).engine_server == "embedded"
+
+
+def test_launched_servers_must_fill_their_gpus():
+    cfg = RunConfig(
+        engine=EngineConfig(kind="sglang"),
+        cluster=ClusterConfig(rollout_num_gpus=3, rollout_num_gpus_per_engine=2),
+    )
+    with pytest.raises(
+        ConfigError, match=r"--rollout-num-gpus=3 .*--rollout-num-gpus-per-engine=2"
+    ):
+        plan_deployment(cfg, has_cuda=True)
 
 
 def test_async_next_to_an_engine_that_shares_the_gpu_is_refused():
@@ -104,7 +134,7 @@ async def test_asking_for_sglang_router_without_it_fails_before_anything_starts(
 
     from agentrl.config import RunConfig
     from agentrl.deploy.launch import start_on_ray
-    from agentrl.engine.sglang.launcher import SGLangNotInstalled
+    from agentrl.deploy.processes import SGLangNotInstalled
 
     cfg = RunConfig()
     cfg.cluster.colocate = True

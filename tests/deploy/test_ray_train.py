@@ -36,7 +36,7 @@ def _our_children() -> set[int]:
 
 async def _server_pids(runtime) -> list[int | None]:
     """The pid of each engine server (its Ray actor's child process)."""
-    return [await a.pid.remote() for a in runtime.engines.actors]
+    return [await s.actor.pid.remote() for s in runtime.engines.supervisor.servers]
 
 
 def _alive(pids: set[int]) -> set[int]:
@@ -147,7 +147,7 @@ def test_a_killed_engine_is_restarted_synced_and_its_tasks_rerun(tiny_model_path
             statuses = {t.status for g in collected.groups for t in g}
             assert EpisodeStatus.ABORTED not in statuses
             new_pid = (await _server_pids(runtime))[0]
-            assert new_pid != victim and runtime.engines.num_restarts == [1, 0]
+            assert new_pid != victim and runtime.engines.supervisor.num_restarts == [1, 0]
             # The restarted server was brought to the policy's weights and version.
             assert await runtime.served_weights_gap("1") < 1e-4
         finally:
@@ -170,7 +170,7 @@ async def main():
     try:
         await runtime.sync_weights("1")
         gap = await runtime.served_weights_gap("1")
-        pids = [await a.pid.remote() for a in runtime.engines.actors]
+        pids = [await s.actor.pid.remote() for s in runtime.engines.supervisor.servers]
     finally:
         await runtime.close()
     print(json.dumps({"gap": gap, "pids": pids, "connected": ray.is_initialized()}))
@@ -187,7 +187,7 @@ def test_ray_address_joins_a_running_cluster_and_leaves_it_running(
     import subprocess
     import sys
 
-    from agentrl.engine.sglang.launcher import free_ports
+    from agentrl.deploy.processes import free_ports
 
     (port,) = free_ports(1)
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # a throwaway loopback cluster, no token

@@ -154,33 +154,3 @@ async def test_disaggregated_servers_pause_for_the_sync_and_keep_their_memory():
     assert calls[4] == ("pause", "retract")
     assert sorted(calls[5:7]) == [("send", 0, "1"), ("send", 1, "1")]
     assert calls[7:] == [("continue",), ("version", "1")]
-
-
-async def test_in_process_engines_heal_and_stop_the_servers_they_launched() -> None:
-    """`engine.kind=sglang` in process: the group holds the launched servers (the client owns no
-    processes); it heals them, and stops them when it closes. An engine without servers has
-    nothing to heal."""
-    from agentrl.deploy.engines import InProcessEngines
-
-    class Launched:  # stands in for SGLangCluster: what is under test is the ownership
-        calls: list[str] = []
-
-        async def heal(self) -> list[int]:
-            self.calls.append("heal")
-            return [1]
-
-        def shutdown(self) -> None:
-            self.calls.append("shutdown")
-
-    class Client:
-        weight_version = "0"
-
-        async def close(self) -> None:
-            return None
-
-    launched = Launched()
-    group = InProcessEngines(Client(), launched=launched)  # type: ignore[arg-type]
-    assert await group.heal() == [1]
-    await group.close()
-    assert launched.calls == ["heal", "shutdown"]
-    assert await InProcessEngines(Client()).heal() == []  # type: ignore[arg-type]

@@ -33,7 +33,7 @@ def test_env_check_fails_with_problems_and_exit_code_1() -> None:
 def test_env_check_of_a_dead_url_is_one_line_naming_it() -> None:
     """A URL where nothing listens listed 4 side effects (load_tasks twice, reset twice); it is
     one problem naming the URL and how to start a server there."""
-    from agentrl.engine.sglang.launcher import free_ports
+    from agentrl.deploy.processes import free_ports
 
     (port,) = free_ports(1)
     url = f"http://127.0.0.1:{port}"

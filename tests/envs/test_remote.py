@@ -103,7 +103,7 @@ async def test_sessions_are_bounded_and_expire(served):
 
 
 async def test_a_dead_server_ends_the_episode_error_env(smol_tokenizer):
-    from agentrl.engine.sglang.launcher import free_ports
+    from agentrl.deploy.processes import free_ports
 
     (port,) = free_ports(1)
     traj = await _episode(RemoteEnv(f"http://127.0.0.1:{port}"), smol_tokenizer)

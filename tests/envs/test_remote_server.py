@@ -39,7 +39,7 @@ class HangingCalculator(CalculatorEnv):
 
 
 def _serve(env_id: str, log: Path, **env: str) -> tuple[subprocess.Popen, str]:
-    from agentrl.engine.sglang.launcher import free_ports
+    from agentrl.deploy.processes import free_ports
 
     (port,) = free_ports(1)
     cmd = [sys.executable, "-m", "agentrl.cli", "env", "serve", env_id, "--port", str(port)]

@@ -229,7 +229,7 @@ def _cli(*args: str) -> list[str]:
 
 
 def test_a_dead_env_url_is_one_line_naming_it(tmp_path):
-    from agentrl.engine.sglang.launcher import free_ports
+    from agentrl.deploy.processes import free_ports
 
     (port,) = free_ports(1)
     url = f"http://127.0.0.1:{port}"

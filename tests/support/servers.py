@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -63,9 +62,9 @@ def start_server_thread(
 def serve_subprocess(
     model_path: str, log_path: str | Path, *, device: str = "cpu", env: dict[str, str] | None = None
 ) -> Iterator[str]:
-    """`agentrl serve` as its own process, as in production; yields its URL (the caller waits for
-    health) and terminates it on exit. Output goes to `log_path`."""
-    from agentrl.engine.sglang.launcher import free_ports
+    """`agentrl serve` as its own process, as agentrl's supervisor starts one; yields its URL once
+    it serves, and stops it on exit. Output goes to `log_path`."""
+    from agentrl.deploy.processes import ManagedProcess, free_ports, wait_healthy
 
     (port,) = free_ports(1)
     # The child imports this same agentrl, installed or not.
@@ -73,16 +72,11 @@ def serve_subprocess(
     python_path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "agentrl.cli", "serve", "--model", model_path,
            "--port", str(port), "--device", device, "--log-level", "warning"]  # fmt: skip
-    with open(log_path, "wb") as log:  # the child keeps its own copy
-        proc = subprocess.Popen(
-            cmd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {}), "PYTHONPATH": python_path},
-            start_new_session=True,
-        )
+    env = {**os.environ, **(env or {}), "PYTHONPATH": python_path}
+    server = ManagedProcess("agentrl-serve", f"http://127.0.0.1:{port}", cmd, Path(log_path), env)
+    server.start()
     try:
-        yield f"http://127.0.0.1:{port}"
+        wait_healthy(server, timeout_s=300)
+        yield server.url
     finally:
-        proc.terminate()
-        proc.wait(30)
+        server.stop(timeout_s=30)

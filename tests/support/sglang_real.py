@@ -146,7 +146,7 @@ MAX_SGLANG_PORT = 55535
 
 def free_port() -> int:
     """A free loopback port every supported SGLang accepts as its --port."""
-    from agentrl.engine.sglang.launcher import free_ports
+    from agentrl.deploy.processes import free_ports
 
     for _ in range(200):  # most of Linux's ephemeral range (32768-60999) is below the limit
         (port,) = free_ports(1)

@@ -1,5 +1,6 @@
 """SGLang's side of the wire: the HTTP client (`SGLangEngine`, composed of its `SGLangHTTP` plumbing
-and its `SGLangWeights` part), its request and response shapes, and the server launcher."""
+and its `SGLangWeights` part), and its request and response shapes; it starts no process
+(the servers agentrl launches are `agentrl.deploy`'s)."""
 
 from agentrl.engine.sglang.client import SGLangEngine
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -40,7 +40,7 @@ class SGLangEngine:
 
     Generation goes to `base_url` (a router spreads it; the `routing_key` header keeps an episode
     on one server, so its prefix cache stays warm). Control calls (weights, memory, pause, flush,
-    abort) go to every worker: `cluster.worker_urls` when launched by agentrl, else `base_url`.
+    abort) go to `base_url`: a group of servers has a client per server (`RoutedEngine`).
 
     Retries: connection errors and 500/502/503/504 are retried `max_retries` times with
     exponential backoff; 4xx never (the request is wrong, a retry cannot help). A request that
@@ -67,7 +67,9 @@ class SGLangEngine:
         max_retries: int = 3,
         retry_backoff_s: float = 0.5,
         api_key: str | None = None,
+        failure_report: Callable[[], Awaitable[str | None]] | None = None,
     ) -> None:
+        """`failure_report`: what explains a dropped connection (`SGLangHTTP`)."""
         self.http = SGLangHTTP(
             base_url,
             max_connections=max_connections,
@@ -75,6 +77,7 @@ class SGLangEngine:
             max_retries=max_retries,
             retry_backoff_s=retry_backoff_s,
             api_key=api_key,
+            failure_report=failure_report,
         )
         self.base_url = self.http.base_url
         self.weights = SGLangWeights(self)
@@ -83,7 +86,7 @@ class SGLangEngine:
         self._background: set[asyncio.Future[Any]] = set()
         self._is_aborting = False
         self._dialects: dict[str, ServerDialect] = {}
-        self._released_tags: dict[str, set[str]] = {}  # per worker: what a resume may map again
+        self._released_tags: set[str] = set()  # what a resume may map again
 
     @property
     def worker_urls(self) -> list[str]:
@@ -170,51 +173,37 @@ class SGLangEngine:
         self._dialects[self.base_url] = dialect_from_info(info, self.base_url)  # version check
         return str(info["version"])
 
-    async def heal(self) -> list[int]:
-        """Restart the servers agentrl launched that died (`SGLangCluster.heal`): their indices."""
-        cluster = self.http.cluster
-        return await cluster.heal() if cluster is not None else []
-
     async def close(self) -> None:
+        """Closes the connections; the servers stay up (whoever launched them stops them)."""
         await self.http.aclose()
-        if self.http.cluster is not None:
-            self.http.cluster.shutdown()
-            self.http.cluster = None
 
     # -- abort and drain
 
     async def _abort_rid(self, rid: str) -> None:
         with contextlib.suppress(EngineError):
-            await asyncio.gather(
-                *(self.http.post("/abort_request", {"rid": rid}, url=u) for u in self.worker_urls)
-            )
+            await self.http.post("/abort_request", {"rid": rid})
 
     async def abort(self, *, poll_interval_s: float = 0.5, max_wait_s: float = 60.0) -> None:
         """Drain: refuse new requests, cancel the pending local ones (they return ABORT), then
-        `abort_request {abort_all: true}` on every worker until it reports nothing running."""
+        `abort_request {abort_all: true}` until the server reports nothing running."""
         self._is_aborting = True
         try:
             for request in list(self._pending):
                 request.cancel()
-            await asyncio.gather(
-                *(self._abort_until_idle(u, poll_interval_s, max_wait_s) for u in self.worker_urls)
-            )
+            deadline = asyncio.get_running_loop().time() + max_wait_s
+            while True:
+                await self.http.post("/abort_request", {"abort_all": True})
+                num_requests = await self.num_requests()
+                if num_requests <= 0:
+                    return
+                if asyncio.get_running_loop().time() > deadline:
+                    raise EngineError(
+                        f"{self.base_url} still runs {num_requests} requests {max_wait_s}s after "
+                        "abort_request"
+                    )
+                await asyncio.sleep(poll_interval_s)
         finally:
             self._is_aborting = False
-
-    async def _abort_until_idle(self, url: str, poll_interval_s: float, max_wait_s: float) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max_wait_s
-        while True:
-            await self.http.post("/abort_request", {"abort_all": True}, url=url)
-            num_requests = await self.num_requests(url)
-            if num_requests <= 0:
-                return
-            if loop.time() > deadline:
-                raise EngineError(
-                    f"{url} still runs {num_requests} requests {max_wait_s}s after abort_request"
-                )
-            await asyncio.sleep(poll_interval_s)
 
     async def num_requests(self, url: str | None = None) -> int:
         """Running + waiting requests on one server (`/v1/loads`: SGLang since before 0.5.15)."""
@@ -230,16 +219,6 @@ class SGLangEngine:
         except httpx.HTTPError:
             return False
         return response.status_code == 200
-
-    async def wait_healthy(self, timeout_s: float = 600.0, interval_s: float = 1.0) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while not await self.health():
-            if loop.time() > deadline:
-                raise EngineError(
-                    f"{self.base_url}/health_generate did not answer 200 within {timeout_s}s"
-                )
-            await asyncio.sleep(interval_s)
 
     async def dialect(self, url: str | None = None) -> ServerDialect:
         """What one worker (default: the first) speaks, read once from `/server_info` (every
@@ -274,31 +253,26 @@ class SGLangEngine:
     # -- control
 
     async def flush_cache(self, *, max_wait_s: float = 60.0, poll_interval_s: float = 0.2) -> None:
-        """Flush every worker's prefix cache. SGLang answers 400 while requests are running or
+        """Flush the server's prefix cache. SGLang answers 400 while requests are running or
         queued (unless paused): retried until `max_wait_s`."""
-        await asyncio.gather(
-            *(self._flush_one(u, max_wait_s, poll_interval_s) for u in self.worker_urls)
-        )
-
-    async def _flush_one(self, url: str, max_wait_s: float, poll_interval_s: float) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max_wait_s
         while True:
             try:
-                await self.http.post("/flush_cache", url=url)
+                await self.http.post("/flush_cache")
                 return
             except EngineError as e:
                 if "HTTP 400" not in str(e):
                     raise
                 if loop.time() > deadline:
                     raise EngineError(
-                        f"{url}/flush_cache still refused after {max_wait_s}s (requests running "
+                        f"{self.base_url}/flush_cache still refused after {max_wait_s}s (requests running "
                         "or queued); pause generation or let them finish before a weight update"
                     ) from None
             await asyncio.sleep(poll_interval_s)
 
     async def pause_generation(self, mode: str = "abort") -> None:
-        """Hold generation on every worker. SGLang's modes: abort (running requests return
+        """Hold generation on the server. SGLang's modes: abort (running requests return
         ABORT; its default), retract (running requests go back to the queue and are recomputed
         on the new weights after `continue_generation`), in_place (they stay where they are)."""
         await self.http.post_workers("/pause_generation", {"mode": mode})
@@ -307,34 +281,27 @@ class SGLangEngine:
         await self.http.post_workers("/continue_generation")
 
     async def release_memory(self, tags: list[str] | None = None) -> None:
-        """`/release_memory_occupation` on every worker: tags None = everything; SGLang tags are
+        """`/release_memory_occupation`: tags None = everything; SGLang tags are
         "weights", "kv_cache", "cuda_graph" (they free memory only on a server started with
         --enable-memory-saver)."""
-        await self.http.post_workers("/release_memory_occupation", {"tags": tags})
-        for url in self.worker_urls:
-            self._released_tags.setdefault(url, set()).update(tags or MEMORY_TAGS)
+        await self.http.post_checked("/release_memory_occupation", {"tags": tags})
+        self._released_tags.update(tags or MEMORY_TAGS)
 
     async def resume_memory(self, tags: Iterable[str] | None = None) -> None:
-        """Resume those of `tags` each worker released: SGLang kills a server asked to resume
+        """Resume those of `tags` the server released: SGLang kills a server asked to resume
         memory it never released (as after a colocated `--resume`). tags None: weights first,
         then the KV cache (the peak never holds both next to the trainer's memory)."""
         if tags is None:
             await self.resume_memory(["weights"])
             tags = ["kv_cache", "cuda_graph"]
-        due = list(tags)
-        await asyncio.gather(*(self._resume_one(u, due) for u in self.worker_urls))
+        due = [t for t in tags if t in self._released_tags]
+        if due:
+            await self.http.post("/resume_memory_occupation", {"tags": due})
+            self._released_tags.difference_update(due)
 
-    async def _resume_one(self, url: str, tags: list[str]) -> None:
-        released = self._released_tags.get(url, set())
-        due = [t for t in tags if t in released]
-        if not due:
-            return
-        await self.http.post("/resume_memory_occupation", {"tags": due}, url=url)
-        released.difference_update(due)
-
-    def released_tags(self, url: str | None = None) -> set[str]:
-        """What one worker (default: the first) has released and not resumed."""
-        return set(self._released_tags.get(url or self.worker_urls[0], set()))
+    def released_tags(self) -> set[str]:
+        """What the server has released and not resumed."""
+        return set(self._released_tags)
 
 
 def _no_connection(error: httpx.HTTPError) -> str:

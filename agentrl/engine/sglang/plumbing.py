@@ -9,17 +9,15 @@ import asyncio
 import contextlib
 import os
 import uuid
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 import tenacity
 
 from agentrl.engine.base import EngineError, EngineMemoryError, EngineUnavailable
 from agentrl.engine.sglang.protocol import API_KEY_ENV
-
-if TYPE_CHECKING:
-    from agentrl.engine.sglang.launcher import SGLangCluster
 
 _RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
 # Routes whose server side joins a collective (a rendezvous, a broadcast receive): a second
@@ -57,8 +55,9 @@ class _Retryable(Exception):
 
 
 class SGLangHTTP:
-    """Requests to `base_url` or to one worker, retried as the class docstring of `SGLangEngine`
-    says; the workers are `cluster.worker_urls` when agentrl launched the servers."""
+    """Requests to `base_url`, retried as the class docstring of `SGLangEngine` says.
+    `failure_report`: what explains a request that never got through (a launched server that
+    died, with its last log lines), quoted in its error."""
 
     def __init__(
         self,
@@ -69,6 +68,7 @@ class SGLangHTTP:
         max_retries: int = 3,
         retry_backoff_s: float = 0.5,
         api_key: str | None = None,
+        failure_report: Callable[[], Awaitable[str | None]] | None = None,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(
@@ -80,13 +80,13 @@ class SGLangHTTP:
         self.max_retries = max_retries
         self.retry_backoff_s = retry_backoff_s
         self.api_key = api_key if api_key is not None else os.environ.get(API_KEY_ENV) or None
-        self.cluster: SGLangCluster | None = None  # set by make_engine for launched servers
+        self.failure_report = failure_report
         self._client: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def worker_urls(self) -> list[str]:
-        return list(self.cluster.worker_urls) if self.cluster is not None else [self.base_url]
+        return [self.base_url]
 
     def client(self) -> httpx.AsyncClient:
         loop = asyncio.get_running_loop()
@@ -125,7 +125,7 @@ class SGLangHTTP:
         except _Retryable as e:
             error_cls = EngineUnavailable if e.is_unreachable else EngineError
             # a launched server that died explains the connection errors: say so, with its logs
-            report = self.cluster.failure_report() if self.cluster is not None else None
+            report = await self.failure_report() if self.failure_report is not None else None
             raise error_cls(
                 f"{method} {url} failed after {attempts} attempt{'s' * (attempts > 1)}; "
                 f"last error: {e}" + (f"\n{report}" if report else "")

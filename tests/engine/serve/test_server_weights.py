@@ -60,7 +60,6 @@ async def test_distributed_weight_update_into_agentrl_serve_subprocess(
         http = SGLangEngine(url)
         local = LocalEngine.load(tiny_model_path, device="cpu", seed=0)
         try:
-            await http.wait_healthy(timeout_s=120, interval_s=0.25)
             named = perturbed(local, 0.5)
             half = len(named) // 2
             # One bucket of one dtype goes as a flattened bucket; one of mixed dtypes (float64
@@ -101,7 +100,6 @@ async def test_gpu_weight_update_paths_into_a_cuda_server(tiny_model_path, tmp_p
         http = SGLangEngine(url)
         local = LocalEngine.load(tiny_model_path, device="cuda", seed=0)
         try:
-            await http.wait_healthy(timeout_s=300, interval_s=0.25)
             named = [(n, t.cuda()) for n, t in perturbed(local, 0.5)]
             if path == "tensor":
                 await http.update_weights(named, weight_version=3)

@@ -216,8 +216,6 @@ async def test_server_down_raises_engine_error_after_retries() -> None:
     with pytest.raises(EngineError, match="after 3 attempts.*ConnectError"):
         await engine.generate([1, 2], SamplingParams())
     assert await engine.health() is False
-    with pytest.raises(EngineError, match="did not answer 200 within 0.3s"):
-        await engine.wait_healthy(timeout_s=0.3, interval_s=0.05)
     await engine.close()
 
 

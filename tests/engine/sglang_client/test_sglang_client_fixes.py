@@ -11,9 +11,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from agentrl.deploy.processes import choose_router
 from agentrl.engine.base import EngineError, SamplingParams
 from agentrl.engine.sglang import SGLangEngine
-from agentrl.engine.sglang.launcher import choose_router
 from agentrl.engine.sglang.protocol import memory_bytes_from_server_info
 from tests.engine.sglang_client.standin import StandIn
 

@@ -69,8 +69,8 @@ def test_server_args_parse_the_launch_commands(sglang: ModuleType) -> None:
     from sglang.srt.server_args import ServerArgs
 
     from agentrl.config import EngineConfig
+    from agentrl.deploy.processes import KEYED_LAUNCHER, server_command
     from agentrl.deploy.servers import ServerSpec, server_cmd
-    from agentrl.engine.sglang.launcher import KEYED_LAUNCHER, server_command
 
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
@@ -240,7 +240,7 @@ class _Member:
 async def test_sglangs_receiver_joins_our_broadcast_over_gloo(
     sglang: ModuleType, tmp_path: Path
 ) -> None:
-    from agentrl.engine.sglang.launcher import free_ports
+    from agentrl.deploy.processes import free_ports
     from agentrl.weights.distributed import DistributedSender
 
     (port,) = free_ports(1)

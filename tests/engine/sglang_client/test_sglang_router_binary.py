@@ -17,17 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from agentrl.deploy.processes import ManagedProcess, free_ports, router_command, wait_healthy
+from agentrl.deploy.supervisor import RouterOptions, ServerSupervisor
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.sglang import SGLangEngine
-from agentrl.engine.sglang.launcher import (
-    ManagedProcess,
-    free_ports,
-    router_command,
-    start_router,
-    wait_healthy,
-)
 from agentrl.engine.sglang.router_admin import add_worker, list_workers, remove_worker
-from agentrl.engine.sglang.supervisor import heal_servers
 from tests.engine.sglang_client.standin import StandIn
 
 pytestmark = pytest.mark.slow
@@ -92,39 +86,60 @@ async def test_the_routing_key_is_sticky_and_a_worker_is_replaced(
         router.stop()
 
 
-async def test_a_healed_worker_takes_its_place_in_the_router_start_router_made(
+class Worker:
+    """A `ServerExecutor` over stand-ins: each start a fresh one, on a new port."""
+
+    def __init__(self, first: StandIn) -> None:
+        self.standins = [first]
+        self.is_dead = False
+
+    def kill(self) -> None:
+        self.standins[-1].stop()
+        self.is_dead = True
+
+    async def start(self) -> str:
+        if self.is_dead:
+            self.standins.append(StandIn().start())
+            self.is_dead = False
+        return self.standins[-1].url
+
+    async def is_alive(self) -> bool:
+        return not self.is_dead
+
+    async def report(self) -> str:
+        return "exited with code 9"
+
+    async def stop(self) -> None:
+        for standin in self.standins:
+            standin.stop()
+
+
+async def test_a_healed_worker_takes_its_place_in_the_router_the_supervisor_started(
     workers: list[StandIn], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The one supervisor (`heal_servers`) with the one router starter: the dead worker's
-    restart, on a new port, replaces it in the router; the live one is left alone."""
+    """The one supervisor with the one router starter: the dead worker's restart, on a new
+    port, replaces it in the router; the live one is left alone; past the limit, the run stops."""
     path = _router_path("smg") or _router_path("sglang_router")
     if path is None:
         pytest.skip("no router package (set AGENTRL_SMG_PATH / AGENTRL_SGLANG_PATH)")
     if path:
         monkeypatch.syspath_prepend(path)  # choose_router looks in this process
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*PATHS, *sys.path])}
-    urls = [w.url for w in workers]
-    router = start_router(urls, log_path=tmp_path / "r.log", env=env)
-    replacement = StandIn().start()
-
-    async def restart(i: int) -> str:
-        return replacement.url
-
-    async def report(i: int) -> str:
-        return "exited with code 9"
-
+    router = RouterOptions(tmp_path / "r.log", "consistent_hashing", env=env)
+    executors = [Worker(w) for w in workers]
+    supervisor = ServerSupervisor(executors, max_restarts=1, router=router)
     try:
-        workers[0].stop()
-        num_restarts = [0, 0]
-        healed = await heal_servers([False, True], urls, num_restarts, restart=restart,
-                                    report=report, max_restarts=1, router_url=router.url)  # fmt: skip
-        assert healed == [0] and num_restarts == [1, 0]
-        assert urls == [replacement.url, workers[1].url]
+        urls = list(await supervisor.start())
+        assert supervisor.router_url is not None
+        executors[0].kill()
+        assert await supervisor.heal() == [0] and supervisor.num_restarts == [1, 0]
+        replacement = executors[0].standins[-1]
+        assert supervisor.urls == [replacement.url, urls[1]] and replacement.url != urls[0]
         async with httpx.AsyncClient() as client:
-            assert sorted(w["url"] for w in await list_workers(client, router.url)) == sorted(urls)
+            listed = await list_workers(client, supervisor.router_url)
+        assert sorted(w["url"] for w in listed) == sorted(supervisor.urls)
+        executors[0].kill()
         with pytest.raises(RuntimeError, match="engine 0 .*limit 1.*exited with code 9"):
-            await heal_servers([False, True], urls, num_restarts, restart=restart, report=report,
-                               max_restarts=1, router_url=router.url)  # fmt: skip
+            await supervisor.heal()
     finally:
-        replacement.stop()
-        router.stop()
+        await supervisor.stop()  # the stand-ins of the fixture too: a second stop is harmless

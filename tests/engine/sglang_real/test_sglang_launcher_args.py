@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from agentrl.config import EngineConfig
+from agentrl.deploy.processes import KEYED_LAUNCHER, free_ports, server_command
 from agentrl.deploy.servers import ServerSpec, server_cmd, server_env
-from agentrl.engine.sglang.launcher import KEYED_LAUNCHER, free_ports, server_command
 from tests.support.sglang_real import REPO_ROOT
 
 LAUNCH_PREFIX = ["-m", "sglang.launch_server"]

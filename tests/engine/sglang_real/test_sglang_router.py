@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
+from agentrl.deploy.processes import choose_router, router_command
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.sglang import SGLangEngine
-from agentrl.engine.sglang.launcher import choose_router, router_command
 from agentrl.engine.sglang.router_admin import add_worker, remove_worker
 from tests.support.sglang_real import StandInServer, free_port, sglang_path
 

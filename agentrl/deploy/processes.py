@@ -1,5 +1,6 @@
-"""Launch and supervise real SGLang servers (`python -m sglang.launch_server`), and a router
-(`smg`, else `sglang_router`) over several of them; the one module that needs the `sglang` extra.
+"""One server or router process: its command line (`python -m sglang.launch_server`; a router,
+`smg` else `sglang_router`), started in its own session, health-waited, stopped with its tree
+(`ManagedProcess`); free ports. The one module that needs the `sglang` extra.
 
 Flags follow SGLang's ServerArgs (`--model-path --port --tp-size --mem-fraction-static
 --base-gpu-id --enable-memory-saver --api-key`) and the routers' launch_router (`--worker-urls
@@ -7,18 +8,15 @@ Flags follow SGLang's ServerArgs (`--model-path --port --tp-size --mem-fraction-
 
 An API key never goes on a command line, where every local user reads it in `ps`: neither SGLang
 (0.5.15-0.5.23 read no variable for it) nor the routers read one from the environment, so a
-keyed process is started as `python -m agentrl.engine.sglang.launcher MODULE ARGS` with the key
+keyed process is started as `python -m agentrl.deploy.processes MODULE ARGS` with the key
 in `AGENTRL_API_KEY` (`keyed_env`), and `main` below adds `--api-key` to MODULE's argv inside
 the process (`/proc/PID/environ` is readable by the owner alone).
 """
 
 from __future__ import annotations
 
-import asyncio
-import atexit
 import contextlib
 import importlib.util
-import logging
 import os
 import random
 import runpy
@@ -26,10 +24,9 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,12 +34,9 @@ import httpx
 
 from agentrl.engine.base import EngineError
 from agentrl.engine.sglang.protocol import API_KEY_ENV
-from agentrl.engine.sglang.supervisor import heal_servers
 
 if TYPE_CHECKING:
     from agentrl.config import EngineConfig
-
-logger = logging.getLogger(__name__)
 
 SGLANG_MISSING = (
     "engine.kind=sglang launches SGLang servers, but the `{module}` package is not installed. "
@@ -60,7 +54,7 @@ def require_module(module: str, *, hint: str | None = None) -> None:
         raise SGLangNotInstalled(SGLANG_MISSING.format(module=hint or module))
 
 
-KEYED_LAUNCHER = "agentrl.engine.sglang.launcher"
+KEYED_LAUNCHER = "agentrl.deploy.processes"
 """Run as `python -m`: `main` starts a module with `--api-key $AGENTRL_API_KEY` added."""
 
 
@@ -78,7 +72,7 @@ def keyed_env(env: dict[str, str] | None, api_key: str | None) -> dict[str, str]
 
 
 def main(argv: list[str]) -> None:
-    """`python -m agentrl.engine.sglang.launcher MODULE ARGS...`: run MODULE as `python -m`
+    """`python -m agentrl.deploy.processes MODULE ARGS...`: run MODULE as `python -m`
     would, its argv ARGS plus `--api-key` from AGENTRL_API_KEY (last: it wins over any other)."""
     module, *args = argv
     key = os.environ.get(API_KEY_ENV)
@@ -149,34 +143,6 @@ def router_command(
     args = ["--worker-urls", *worker_urls, "--policy", policy, "--host", host, "--port", str(port),
             "--prometheus-host", host, "--prometheus-port", str(metrics_port)]  # fmt: skip
     return module_command(f"{module}.launch_router", args, is_keyed=bool(api_key))
-
-
-def start_router(
-    worker_urls: list[str],
-    *,
-    log_path: Path,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    api_key: str | None = None,
-    policy: str = "consistent_hashing",
-    env: dict[str, str] | None = None,
-    die_with_parent: bool = False,
-) -> ManagedProcess:
-    """A router (`choose_router`) over `worker_urls`, returned once `/health` answers (stopped if
-    it never does); `port=0` picks a free port."""
-    choice = choose_router(policy)
-    port = port or free_ports(1, host)[0]
-    cmd = router_command(worker_urls, host=host, port=port, policy=choice.policy,
-                         module=choice.module, api_key=api_key)  # fmt: skip
-    router = ManagedProcess("sglang-router", f"http://{host}:{port}", cmd, log_path,
-                            keyed_env(env, api_key), die_with_parent=die_with_parent)  # fmt: skip
-    router.start()
-    try:
-        wait_healthy(router, timeout_s=120.0, path="/health")
-    except BaseException:
-        router.stop()
-        raise
-    return router
 
 
 @dataclass
@@ -251,134 +217,6 @@ def wait_healthy(
     raise EngineError(
         f"{process.name} at {process.url} not healthy after {timeout_s}s; last log lines:\n{process.tail()}"
     )
-
-
-@dataclass
-class SGLangCluster:
-    """Launched servers (and a router over them). `url` is where generation goes; `worker_urls`
-    receive control calls (weights, memory, abort). `heal()`, which the run calls between steps
-    (`supervisor.heal_servers`), restarts a dead server up to `max_restarts` times."""
-
-    url: str
-    servers: list[ManagedProcess]
-    router: ManagedProcess | None = None
-    max_restarts: int = 0
-    health_timeout_s: float = 900.0
-    api_key: str | None = None
-    num_restarts: list[int] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.num_restarts = self.num_restarts or [0] * len(self.servers)
-
-    @property
-    def worker_urls(self) -> list[str]:
-        return [s.url for s in self.servers]
-
-    async def heal(self) -> list[int]:
-        """The indices of the dead servers restarted (each on its old port); a dead router is
-        restarted first (its workers are the same URLs), without a limit but `max_restarts=0`."""
-        if self.router is not None and not self.router.is_alive():
-            if not self.max_restarts:
-                raise RuntimeError(f"the router died; {self.router.report()}")
-            logger.warning("restarting the router: %s", self.router.report())
-            await asyncio.to_thread(self._restart, self.router, "/health")
-
-        return await heal_servers(
-            [s.is_alive() for s in self.servers],
-            self.worker_urls,
-            self.num_restarts,
-            restart=lambda i: asyncio.to_thread(self._restart, self.servers[i]),
-            report=lambda i: asyncio.to_thread(self.servers[i].report),
-            max_restarts=self.max_restarts,
-            router_url=self.router.url if self.router else None,
-            api_key=self.api_key,
-        )
-
-    def _restart(self, process: ManagedProcess, path: str = "/health_generate") -> str:
-        process.stop()
-        process.start()
-        wait_healthy(process, timeout_s=self.health_timeout_s, path=path)
-        return process.url
-
-    def failure_report(self) -> str | None:
-        """How a dead server or router exited, with its last log lines (None while all run): what
-        explains a client's connection errors."""
-        processes = [*self.servers, *([self.router] if self.router else [])]
-        return next((p.report() for p in processes if not p.is_alive()), None)
-
-    def shutdown(self) -> None:
-        for process in [*([self.router] if self.router else []), *self.servers]:
-            process.stop()
-
-
-def launch_servers(
-    model_path: str,
-    engine_cfg: EngineConfig,
-    *,
-    health_timeout_s: float = 900.0,
-    env: dict[str, str] | None = None,
-    api_key: str | None = None,
-    enable_memory_saver: bool = False,
-) -> SGLangCluster:
-    """Start `engine_cfg.num_servers` SGLang servers (each `tp_size` GPUs, disjoint GPU ids) on
-    127.0.0.1, wait for `/health_generate`, and put a router (`choose_router`, with
-    `engine_cfg.router_policy`) in front when there are several. Port layout: one server listens
-    on `engine_cfg.port`; with a router, the router takes it and the servers the next ports
-    (`port=0` picks free ports). Logs go to a fresh temporary directory. `enable_memory_saver`:
-    the servers share their GPUs with the trainer and release memory while it steps."""
-    host, router_policy = "127.0.0.1", engine_cfg.router_policy
-    num_servers = engine_cfg.num_servers  # PositiveInt: the config refused 0
-    require_module("sglang")
-    has_router = num_servers > 1
-    if has_router:
-        choose_router(router_policy)  # a missing router package fails before any server starts
-    logs = Path(tempfile.mkdtemp(prefix="agentrl-sglang-"))
-    count, base = num_servers + has_router, engine_cfg.port
-    ports = [base + i for i in range(count)] if base else free_ports(count, host)
-    servers = [
-        ManagedProcess(
-            f"sglang-server-{i}",
-            f"http://{host}:{port}",
-            server_command(
-                model_path,
-                engine_cfg,
-                host=host,
-                port=port,
-                tp_size=engine_cfg.tp_size,
-                base_gpu_id=i * engine_cfg.tp_size,
-                enable_memory_saver=enable_memory_saver,
-                api_key=api_key,
-            ),
-            logs / f"server-{i}.log",
-            keyed_env(env, api_key),
-        )
-        for i, port in enumerate(ports[has_router:])
-    ]
-    cluster = SGLangCluster(
-        servers[0].url,
-        servers,
-        max_restarts=3 if engine_cfg.restart_on_failure else 0,
-        health_timeout_s=health_timeout_s,
-        api_key=api_key,
-    )
-    atexit.register(cluster.shutdown)  # never leave GPU servers behind
-    try:
-        for server in servers:
-            server.start()
-        for server in servers:
-            wait_healthy(server, timeout_s=health_timeout_s)
-        if has_router:
-            cluster.router = start_router(cluster.worker_urls, host=host, port=ports[0],
-                                          log_path=logs / "router.log", api_key=api_key,
-                                          policy=router_policy, env=env)  # fmt: skip
-            cluster.url = cluster.router.url
-    except BaseException:
-        cluster.shutdown()
-        raise
-    logger.info(
-        "SGLang ready at %s (workers %s; logs in %s)", cluster.url, cluster.worker_urls, logs
-    )
-    return cluster
 
 
 # SGLang derives a gRPC port of --port + 10000 and refuses to start when that passes 65535
