@@ -110,7 +110,7 @@ async def time_layout(
     batches = train_batches(vocab, train_tokens, runtime.pad_id, runtime.dp_size)
     try:
         await runtime.train_step(batches)  # warm-up: kernels, optimizer state, allocator
-        await runtime.sync_weights("warmup")
+        await runtime.sync_weights(0)  # the warm-up version
         info = await runtime.engine.clients[0].get_server_info()
         state = (info.get("internal_states") or [{}])[0]
         pausable = bool(state.get("pausable_memory", False))

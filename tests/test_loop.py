@@ -128,7 +128,7 @@ def test_train_through_http_engine_matches_in_process(tiny_model_path, tmp_path)
         http_cfg.engine.kind = "http"
         http_cfg.engine.url = thread.url
         train(http_cfg)
-        assert served.weight_version == "1"
+        assert served.weight_version == 1
         from safetensors.torch import load_file
 
         ckpt = next((tmp_path / "http" / "checkpoints" / "step_000001").rglob("*.safetensors"))

@@ -124,7 +124,7 @@ def test_a_killed_engine_is_restarted_synced_and_its_tasks_rerun(tiny_model_path
     async def scenario() -> None:
         runtime = await start_on_ray(cfg, tiny_model_path, num_optimizer_steps=1)
         try:
-            await runtime.sync_weights("1")
+            await runtime.sync_weights(1)
             runner = build_runner(cfg, runtime.engine)
             source = TaskSource(load_tasks(cfg.env, "train", spec(cfg.env.id).load_class()), seed=0)
             (victim,) = (await _server_pids(runtime))[:1]
@@ -149,7 +149,7 @@ def test_a_killed_engine_is_restarted_synced_and_its_tasks_rerun(tiny_model_path
             new_pid = (await _server_pids(runtime))[0]
             assert new_pid != victim and runtime.engines.supervisor.num_restarts == [1, 0]
             # The restarted server was brought to the policy's weights and version.
-            assert await runtime.served_weights_gap("1") < 1e-4
+            assert await runtime.served_weights_gap(1) < 1e-4
         finally:
             await runtime.close()
 
@@ -168,8 +168,8 @@ cfg = RunConfig.from_dict(json.loads(sys.argv[1]))
 async def main():
     runtime = await start_on_ray(cfg, cfg.model.path, num_optimizer_steps=1)
     try:
-        await runtime.sync_weights("1")
-        gap = await runtime.served_weights_gap("1")
+        await runtime.sync_weights(1)
+        gap = await runtime.served_weights_gap(1)
         pids = [await s.actor.pid.remote() for s in runtime.engines.supervisor.servers]
     finally:
         await runtime.close()
@@ -273,9 +273,9 @@ def test_disk_transport_loads_a_full_model_dir_on_every_engine(tiny_model_path, 
     async def scenario() -> None:
         runtime = await start_on_ray(cfg, tiny_model_path, num_optimizer_steps=1)
         try:
-            out = await runtime.sync_weights("7")
+            out = await runtime.sync_weights(7)
             assert out["weight_sync/bytes"] > 0
-            assert await runtime.served_weights_gap("7") < 1e-4
+            assert await runtime.served_weights_gap(7) < 1e-4
         finally:
             await runtime.close()
 

@@ -132,7 +132,7 @@ async def _choreography(kind: str, shares_gpu: bool) -> list:
     await runtime.start()
     metrics = await runtime.train_step(["batch-0", "batch-1"])
     assert metrics["loss"] == 1.0
-    sync = await runtime.sync_weights("1")
+    sync = await runtime.sync_weights(1)
     assert sync["weight_sync/bytes"] == 8.0
     return sorted(calls[:2]) + [c for c in calls[2:]]
 
