@@ -283,7 +283,7 @@ def test_a_run_in_this_process_trains_through_two_servers_it_launched(
     assert [r["step"] for r in steps] == [1, 2]
     assert all(r["weight_sync/max_logprob_abs_diff"] < 1e-4 for r in steps), steps
     trajs = read_jsonl(str(tmp_path / "run" / "rollouts" / "step_000002.jsonl"))
-    assert {t.turns[0].weight_version for t in trajs} == {"1"}
+    assert {t.turns[0].weight_version for t in trajs} == {1}
     assert all(len({turn.served_by for turn in t.turns}) == 1 for t in trajs)
     left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
     servers = [p for p in left if "sglang.launch_server" in " ".join(p.cmdline())]
