@@ -24,9 +24,6 @@ class ExportingBackend:
             event.set()
             yield [(f"w{i}", torch.full((2,), float(i)))]
 
-    def adapter_size_bytes(self, dtype: object) -> int:
-        return 0  # full fine-tuning: no adapter
-
 
 class WaitingSender:
     """Holds bucket 0's send until bucket 2 has been exported."""
@@ -55,7 +52,8 @@ class WaitingSender:
 def _worker(backend: ExportingBackend, loop: asyncio.AbstractEventLoop) -> TrainerWorker:
     """A worker around `backend` (no model: the export and the sends are what is tested)."""
     worker = TrainerWorker.__new__(TrainerWorker)
-    worker.spec = SimpleNamespace(bucket_bytes=1 << 20, shares_gpu=False)  # type: ignore[assignment]
+    train = SimpleNamespace(lora_rank=0)  # full fine-tuning: the buckets go
+    worker.spec = SimpleNamespace(bucket_bytes=1 << 20, shares_gpu=False, train=train)  # type: ignore[assignment]
     worker.backend = backend  # type: ignore[assignment]
     worker.is_cuda = False
     worker._dtype = torch.float32

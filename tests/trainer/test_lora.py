@@ -266,48 +266,75 @@ def test_export_merged_writes_a_model_transformers_loads(tiny_llama_path, tmp_pa
         assert torch.equal(loaded[name], tensor), name
 
 
-@pytest.mark.slow
-def test_the_engine_serves_the_trained_merged_model_exactly(tiny_model_path, tmp_path):
-    """Issue 41's exactness: after one LoRA step and the weight sync, the embedded engine's
-    logprobs of a sampled sequence equal teacher-forced transformers on the merged model
-    (fp32, CPU), and the trainer's own."""
+def _worker(path: str, **train_kw):
+    from agentrl.deploy.trainer_worker import TrainerWorker, WorkerSpec
+
+    train_kw = {"lora_rank": 4, "lora_alpha": 8, "lr": 5e-2, **train_kw}
+    spec = WorkerSpec(
+        model_path=path,
+        train=TrainConfig(**train_kw),
+        algo=AlgoConfig(),
+        dtype="float32",
+        device="cpu",
+        temperature=1.0,
+        num_optimizer_steps=10,
+        bucket_bytes=256 * 1024,
+    )
+    return TrainerWorker(spec)
+
+
+def _teacher_forced(path: str, sequence: list[int], n: int) -> list[float]:
     from transformers import AutoModelForCausalLM
 
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(torch.tensor([sequence])).logits.float()[0], dim=-1)
+    return [float(logprobs[n - 1 + i, t]) for i, t in enumerate(sequence[n:])]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fuse", [False, True], ids=["per_projection", "fused_qkv_gate_up"])
+def test_the_engine_serves_the_trained_merged_model_exactly(tiny_model_path, tmp_path, fuse):
+    """Issue 41's exactness with adapter-only sync: after one LoRA step, the trainer rank sends
+    the adapter alone (`send_weights` under LoRA) and the embedded engine merges it; its logprobs
+    of a sampled sequence equal teacher-forced transformers on the merged model (fp32, CPU), and
+    the trainer's own. A second step's adapter replaces the first exactly. With fused q/k/v and
+    gate/up weights too: the projections' weights are views of the fused ones."""
     from agentrl.engine.base import SamplingParams
     from agentrl.engine.local import LocalEngine
 
-    backend = _backend(tiny_model_path, lr=5e-2)
+    worker = _worker(tiny_model_path)
     prompt = list(range(5, 17))
     sampling = SamplingParams(temperature=1.0, max_new_tokens=12, seed=7)
-
-    async def sync_and_generate() -> tuple[list[int], list[float]]:
-        engine = LocalEngine.load(tiny_model_path, device="cpu", seed=0)
-        try:
-            backend.train_step(_batch(AlgoConfig(), seed=9))  # ids < 64: in any vocabulary
-            for bucket in backend.export_weights(256 * 1024):
-                await engine.update_weights(bucket, weight_version="1")
-            completion = await engine.generate(prompt, sampling)
-            return completion.ids, completion.logprobs
-        finally:
-            await engine.close()
-
-    ids, engine_logprobs = asyncio.run(sync_and_generate())
-    backend.export_merged(tmp_path / "merged")
-    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged")).eval()
-    base = AutoModelForCausalLM.from_pretrained(tiny_model_path).eval()
-    sequence = torch.tensor([prompt + ids])
     n = len(prompt)
-
-    def teacher_forced(model) -> list[float]:
-        with torch.no_grad():
-            logprobs = torch.log_softmax(model(sequence).logits.float()[0], dim=-1)
-        return [float(logprobs[n - 1 + i, t]) for i, t in enumerate(ids)]
-
-    want = teacher_forced(merged)
-    assert engine_logprobs == pytest.approx(want, abs=1e-5, rel=0)
-    assert backend.sequence_logprobs(prompt + ids, n) == pytest.approx(want, abs=1e-5, rel=0)
-    untrained = teacher_forced(base)  # the step moved these logprobs: the test can fail
-    assert max(abs(a - b) for a, b in zip(want, untrained, strict=True)) > 1e-3
+    engine = LocalEngine.load(tiny_model_path, device="cpu", seed=0, fuse_projections=fuse)
+    assert (engine.fused is not None) == fuse
+    full_bytes = sum(p.numel() * 4 for p in engine.model.parameters())
+    worker.connect_engines([engine], "tensor")
+    try:
+        for step, version in enumerate(["1", "2"]):
+            worker.train_step(_batch(AlgoConfig(), seed=9 + step))  # ids < 64: any vocabulary
+            sent = worker.send_weights(version)
+            assert sent["bytes"] == sent["adapter_bytes"] == worker.backend.adapter_size_bytes()
+            assert sent["bytes"] < 0.2 * full_bytes  # the tiny model: hidden 64, rank 4
+            completion = asyncio.run(engine.generate(prompt, sampling))
+            assert completion.weight_version == version
+            assert engine.adapter.name == f"agentrl-v{version}"
+            worker.backend.export_merged(tmp_path / f"merged{version}")
+            want = _teacher_forced(str(tmp_path / f"merged{version}"), prompt + completion.ids, n)
+            assert completion.logprobs == pytest.approx(want, abs=1e-5, rel=0)
+            ours = worker.sequence_logprobs(prompt + completion.ids, n)
+            assert ours == pytest.approx(want, abs=1e-5, rel=0)
+        untrained = _teacher_forced(tiny_model_path, prompt + completion.ids, n)
+        assert max(abs(a - b) for a, b in zip(want, untrained, strict=True)) > 1e-3
+        asyncio.run(engine.unload_lora_adapter("agentrl-v2"))  # the base is back, bit for bit
+        base = LocalEngine.load(tiny_model_path, device="cpu", seed=0)
+        for name, tensor in base.model.state_dict().items():
+            assert torch.equal(engine.model.state_dict()[name], tensor), name
+        asyncio.run(base.close())
+    finally:
+        worker.shutdown()
+        asyncio.run(engine.close())
 
 
 @pytest.mark.gpu
