@@ -80,3 +80,25 @@ def test_each_bucket_is_sent_while_the_next_is_exported() -> None:
     ]
     assert sent["bytes"] == 3 * 2 * 4
     assert "sender_send_s" in sent and sent["send_s"] >= 0.0
+
+
+def test_a_lora_run_refuses_a_transport_other_than_tensors_in_one_line() -> None:
+    import pytest
+
+    from agentrl.weights.tensor import TensorSender
+
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    worker = _worker(ExportingBackend(), loop)
+    worker.spec = SimpleNamespace(train=SimpleNamespace(lora_rank=16), api_key=None)  # type: ignore[assignment]
+    worker._sender = TensorSender([])
+    try:
+        for transport in ("distributed", "disk"):
+            with pytest.raises(
+                ValueError, match=f"update_weight_transport={transport}: a LoRA run"
+            ):
+                worker.connect_engines([object()], transport)  # type: ignore[arg-type]
+        worker.connect_engines([object()], "tensor")
+        assert isinstance(worker._sender, TensorSender) and len(worker._sender.targets) == 1
+    finally:
+        loop.call_soon_threadsafe(loop.stop)

@@ -283,6 +283,11 @@ def _worker(path: str, **train_kw):
     return TrainerWorker(spec)
 
 
+def backend_of(worker) -> TorchBackend:
+    assert isinstance(worker.backend, TorchBackend)
+    return worker.backend
+
+
 def _teacher_forced(path: str, sequence: list[int], n: int) -> list[float]:
     from transformers import AutoModelForCausalLM
 
@@ -320,7 +325,7 @@ def test_the_engine_serves_the_trained_merged_model_exactly(tiny_model_path, tmp
             completion = asyncio.run(engine.generate(prompt, sampling))
             assert completion.weight_version == version
             assert engine.adapter.name == f"agentrl-v{version}"
-            worker.backend.export_merged(tmp_path / f"merged{version}")
+            backend_of(worker).export_merged(tmp_path / f"merged{version}")
             want = _teacher_forced(str(tmp_path / f"merged{version}"), prompt + completion.ids, n)
             assert completion.logprobs == pytest.approx(want, abs=1e-5, rel=0)
             ours = worker.sequence_logprobs(prompt + completion.ids, n)
@@ -439,3 +444,32 @@ def test_two_fsdp_ranks_take_the_one_rank_lora_step(tiny_llama_path, tmp_path):
     for name, want in single["adapter"].items():
         got = dict(resumed.export_adapter().named_tensors)[name]
         assert torch.allclose(got, want, rtol=1e-5, atol=1e-7), name
+
+
+@pytest.mark.parametrize(
+    ("shape", "targets", "max_fraction"),
+    [
+        ("smollm2-1.7b", ["all-linear"], 0.02),
+        ("smollm2-135m", ["linear_qkv", "linear_proj"], 0.02),
+        # all-linear on the 135M shape is 3.6%: its 576-wide layers are thin next to rank 16,
+        # and its tied 28M-parameter embedding is a fifth of the model
+        ("smollm2-135m", ["all-linear"], 0.037),
+    ],
+)
+def test_a_rank_16_adapter_sync_sends_a_small_fraction_of_the_model(shape, targets, max_fraction):
+    """Bytes per adapter-only sync (the adapter PEFT puts in, in the model's dtype) against the
+    full model's, for the model shapes of the issue's acceptance, at rank 16."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from agentrl.trainer.lora import apply_lora, make_lora_config, num_adapter_params
+    from tests.support.random_models import SHAPES
+
+    config = LlamaConfig.from_dict(
+        {**SHAPES[shape], "vocab_size": 49152, "tie_word_embeddings": True}
+    )
+    with torch.device("meta"):  # shapes only: no memory
+        model = AutoModelForCausalLM.from_config(config)
+    full = sum(p.numel() for p in model.parameters())
+    train = TrainConfig(lora_rank=16, lora_alpha=32, lora_target_modules=targets)
+    adapter = num_adapter_params(apply_lora(model, make_lora_config(train), seed=0))
+    assert 0.2 * max_fraction < adapter / full <= max_fraction

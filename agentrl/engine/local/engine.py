@@ -433,7 +433,8 @@ class LocalEngine:
             for name, tensor in updates:
                 target = self._tensors[name]
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
-        self.adapter = MergedAdapter()  # new base weights: an adapter merges into them next
+        if updates:  # new base weights (a version stamp alone sends none): adapters merge into them
+            self.adapter = MergedAdapter()
         self._weights_written([self._tensors[name] for name, _ in updates])
         self._weight_version = weight_version
 
