@@ -184,3 +184,29 @@ async def test_in_process_engines_heal_and_stop_the_servers_they_launched() -> N
     await group.close()
     assert launched.calls == ["heal", "shutdown"]
     assert await InProcessEngines(Client()).heal() == []  # type: ignore[arg-type]
+
+
+async def test_a_lora_sync_names_its_adapter_on_the_served_clients() -> None:
+    """On Ray the trainer's sender has clients of its own: after an adapter-only sync the runtime
+    names the version's adapter on the routed clients the rollouts generate with."""
+    from types import SimpleNamespace
+
+    from agentrl.config import ClusterConfig, RunConfig
+    from agentrl.deploy.plan import plan_deployment
+    from agentrl.deploy.runtime import Runtime
+    from agentrl.deploy.trainer_worker import TrainerGroup
+
+    class LoraWorker(_Worker):
+        def send_weights(self, version):
+            return {"bytes": 8.0, "adapter_bytes": 8.0, "export_s": 0.0, "send_s": 0.0}
+
+    clients = [SimpleNamespace(lora_name=None), SimpleNamespace(lora_name=None)]
+    engines = _Engines([])
+    engines.servers = lambda: clients  # type: ignore[method-assign]
+    cluster = ClusterConfig(actor_num_gpus_per_node=1, rollout_num_gpus=2)
+    plan = plan_deployment(RunConfig(cluster=cluster), has_cuda=True)
+    trainer = TrainerGroup([LoraWorker(0, [])], is_remote=False)
+    runtime = Runtime(plan, trainer, engines, temperature=1.0, check_weight_sync=False)
+    sync = await runtime.sync_weights("3")
+    assert sync["weight_sync/bytes"] == sync["weight_sync/adapter_bytes"] == 8.0
+    assert [c.lora_name for c in clients] == ["agentrl-v3", "agentrl-v3"]
