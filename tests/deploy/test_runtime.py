@@ -210,3 +210,22 @@ async def test_a_lora_sync_names_its_adapter_on_the_served_clients() -> None:
     sync = await runtime.sync_weights("3")
     assert sync["weight_sync/bytes"] == sync["weight_sync/adapter_bytes"] == 8.0
     assert [c.lora_name for c in clients] == ["agentrl-v3", "agentrl-v3"]
+
+
+def test_a_lora_runs_servers_keep_their_base_and_take_adapters():
+    """Under LoRA the trainer sends the adapter alone: a colocated server keeps a host copy of
+    its base through a release, and SGLang starts with LoRA on (rank, every linear target)."""
+    from agentrl.config import EngineConfig
+    from agentrl.deploy.servers import ServerSpec, server_cmd
+
+    def spec(**kw) -> ServerSpec:
+        fields = dict(index=0, model_path="m", device_ids=[0], use_gpu=True, host="127.0.0.1")
+        fields |= dict(dtype="bfloat16", engine=EngineConfig(), log_dir=".", health_timeout_s=1)
+        return ServerSpec(**fields, is_colocated=True, **kw)
+
+    assert "--no-weights-cpu-backup" in server_cmd(spec(use_sglang=False), port=1)
+    assert "--weights-cpu-backup" in server_cmd(spec(use_sglang=False, lora_rank=16), port=1)
+    sglang = server_cmd(spec(use_sglang=True, lora_rank=16), port=1)
+    assert sglang[sglang.index("--max-lora-rank") + 1] == "16" and "--enable-lora" in sglang
+    assert "--enable-weights-cpu-backup" in sglang and "--lora-target-modules" in sglang
+    assert "--enable-lora" not in server_cmd(spec(use_sglang=True), port=1)
