@@ -344,8 +344,8 @@ def test_the_engine_serves_the_trained_merged_model_exactly(tiny_model_path, tmp
 
 @pytest.mark.gpu
 def test_cuda_lora_step_syncs_exactly_and_peaks_below_full_fine_tuning(tiny_model_path):
-    """On one GPU (bf16 engine, fp32 weights under bf16 autocast): after a LoRA step the engine's
-    logprobs match the trainer's within bf16's 2e-2, and the step's peak memory is below a full
+    """On one GPU (bf16 engine, fp32 weights under bf16 autocast): after a LoRA step and an
+    adapter-only sync the engine's logprobs match the trainer's within bf16's 2e-2, and the step's peak memory is below a full
     fine-tuning step's (no gradients nor Adam moments for the base)."""
     from agentrl.engine.base import SamplingParams
     from agentrl.engine.local import LocalEngine
@@ -366,8 +366,9 @@ def test_cuda_lora_step_syncs_exactly_and_peaks_below_full_fine_tuning(tiny_mode
     async def sync_and_generate() -> tuple[list[int], list[float]]:
         engine = LocalEngine.load(tiny_model_path, device="cuda", seed=0)
         try:
-            for bucket in backend.export_weights(dtype=torch.bfloat16):
-                await engine.update_weights(bucket, weight_version="1")
+            # adapter-only sync: the bf16 adapter merged into the engine's bf16 base (fused q/k/v)
+            adapter = backend.export_adapter(dtype=torch.bfloat16)
+            await engine.load_lora_adapter("agentrl-v1", adapter, weight_version="1")
             completion = await engine.generate(
                 prompt, SamplingParams(temperature=1.0, max_new_tokens=12, seed=7)
             )
