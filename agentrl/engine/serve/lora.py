@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from agentrl.engine.local import LocalEngine
 from agentrl.engine.serve.auth import ADMIN
-from agentrl.engine.serve.state import State
+from agentrl.engine.serve.state import ServerState, State
 from agentrl.weights.adapter import AdapterExport
 from agentrl.weights.receive import deserialize_named_tensors
 
@@ -33,7 +33,7 @@ class UnloadLoRAAdapterReqInput(BaseModel):
     lora_name: str
 
 
-def _lora_result(s: Any, error: str | None = None) -> JSONResponse:
+def _lora_result(s: ServerState, error: str | None = None) -> JSONResponse:
     """SGLang's `LoRAUpdateOutput`: 400 with `success: false` on failure."""
     body = {
         "success": error is None,
@@ -80,7 +80,7 @@ async def unload_lora_adapter(obj: UnloadLoRAAdapterReqInput, s: State) -> JSONR
     return _lora_result(s)
 
 
-def check_lora_paths(s: Any, lora_path: str | list[str | None] | None) -> None:
+def check_lora_paths(s: ServerState, lora_path: str | list[str | None] | None) -> None:
     """A `/generate`'s `lora_path` (one, or one per prompt) names the adapter the engine has
     merged, or none; anything else is a ValueError naming it."""
     paths = lora_path if isinstance(lora_path, list) else [lora_path]
