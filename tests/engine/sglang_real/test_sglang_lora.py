@@ -7,17 +7,24 @@ line naming the flag."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
 
 from agentrl.engine.base import EngineError, SamplingParams
 from agentrl.engine.sglang import SGLangEngine
+from agentrl.weights.adapter import AdapterExport
 from agentrl.weights.tensor import TensorSender
-from tests.support.sglang_real import StandInServer
+from tests.support.sglang_real import REPO_ROOT, StandInServer
 
-pytest.importorskip("peft")
+if importlib.util.find_spec("peft") is None:  # the trainer's process needs it; this one must not
+    pytest.skip("LoRA needs peft: pip install 'agentrl[lora]'", allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
@@ -25,28 +32,55 @@ def lora_server(standin_factory: Callable[..., StandInServer]) -> StandInServer:
     return standin_factory("--enable-lora", "--max-lora-rank", "8", "--tp-size", "2")
 
 
-def _trained_adapter(model_path: str, version: int):
-    from agentrl.config import AlgoConfig, TrainConfig
-    from agentrl.trainer.batch import build_train_batches
-    from agentrl.trainer.torch_backend import TorchBackend
-    from tests.trainer.conftest import make_groups
+TRAIN_AND_EXPORT = """
+import sys
+from pathlib import Path
+from agentrl.config import AlgoConfig, TrainConfig
+from agentrl.trainer.batch import build_train_batches
+from agentrl.trainer.lora import save_adapter
+from agentrl.trainer.torch_backend import TorchBackend
+from tests.support.models import make_tiny_model
+from tests.trainer.conftest import make_groups
 
-    train = TrainConfig(lora_rank=4, lora_alpha=8, lr=1e-2)
-    backend = TorchBackend(model_path, train, AlgoConfig(), device="cpu")
-    backend.setup()
+tokenizer_path, out = sys.argv[1], Path(sys.argv[2])
+model_path = make_tiny_model(str(out / "model"), tokenizer_path, num_layers=2, hidden_size=64)
+backend = TorchBackend(model_path, TrainConfig(lora_rank=4, lora_alpha=8, lr=1e-2), AlgoConfig(),
+                       device="cpu")
+backend.setup()
+for version in (1, 2):
     groups = make_groups(num_groups=2, group_size=4, seed=version)
-    backend.train_step(
-        build_train_batches(groups, AlgoConfig(), max_tokens_per_micro_batch=64, pad_id=0)[0]
-    )
-    return backend.export_adapter(dtype=torch.float32)
+    batch = build_train_batches(groups, AlgoConfig(), max_tokens_per_micro_batch=64, pad_id=0)[0]
+    backend.train_step(batch)
+    (out / str(version)).mkdir()
+    save_adapter(out / str(version), backend.export_adapter())
+"""
+
+
+@pytest.fixture(scope="module")
+def trained_adapters(smollm2_path: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny model's adapter after steps 1 and 2, exported and saved by the trainer in a process
+    of its own: transformers' filled config registry (the tiny model's, PEFT's) makes SGLang's
+    own registrations fail in any process that imports it later."""
+    out = tmp_path_factory.mktemp("adapters")
+    cmd = [sys.executable, "-c", TRAIN_AND_EXPORT, smollm2_path, str(out)]
+    subprocess.run(cmd, check=True, cwd=REPO_ROOT, capture_output=True, timeout=600)
+    return out
+
+
+def _trained_adapter(adapters: Path, version: int) -> AdapterExport:
+    from safetensors.torch import load_file
+
+    saved = adapters / str(version)
+    config = json.loads((saved / "adapter_config.json").read_text())
+    return AdapterExport(list(load_file(str(saved / "adapter_model.safetensors")).items()), config)
 
 
 async def test_sglang_loads_the_trainers_adapter_and_serves_it_by_name(
-    lora_server: StandInServer, tiny_model_path: str
+    lora_server: StandInServer, trained_adapters: Path
 ) -> None:
     client = SGLangEngine(lora_server.url)
     sender = TensorSender([client.weights])
-    first = _trained_adapter(tiny_model_path, 1)
+    first = _trained_adapter(trained_adapters, 1)
     await sender.send_adapter(first, "1")
     state = lora_server.state()
     assert list(state["loras"]) == ["agentrl-v1"] and state["weight_version"] == "1"
@@ -66,7 +100,7 @@ async def test_sglang_loads_the_trainers_adapter_and_serves_it_by_name(
 
     completion = await client.generate([1, 2, 3], SamplingParams(max_new_tokens=2))
     assert completion.weight_version == "1"
-    await sender.send_adapter(_trained_adapter(tiny_model_path, 2), "2")
+    await sender.send_adapter(_trained_adapter(trained_adapters, 2), "2")
     await client.generate([1, 2, 3], SamplingParams(max_new_tokens=2))
     state = lora_server.state()
     assert list(state["loras"]) == ["agentrl-v2"] and state["weight_version"] == "2"
@@ -76,13 +110,13 @@ async def test_sglang_loads_the_trainers_adapter_and_serves_it_by_name(
 
 
 async def test_a_server_without_enable_lora_is_refused_in_one_line(
-    standin_factory: Callable[..., StandInServer], tiny_model_path: str
+    standin_factory: Callable[..., StandInServer], trained_adapters: Path
 ) -> None:
     server = standin_factory()
     client = SGLangEngine(server.url)
     with pytest.raises(EngineError, match="Please set `--enable-lora`") as error:
         await client.weights.load_lora_adapter(
-            "agentrl-v1", _trained_adapter(tiny_model_path, 1), weight_version="1"
+            "agentrl-v1", _trained_adapter(trained_adapters, 1), weight_version="1"
         )
     assert "\n" not in str(error.value)
     await client.close()
