@@ -5,6 +5,7 @@ the same bytes between two processes -- NCCL on GPU, gloo on CPU -- and a same-d
     python scripts/bench_weight_sync.py --shape smollm2-1.7b          # GPU: 1.7B shape, bf16
     python scripts/bench_weight_sync.py --shape tiny --layouts colocated,disaggregated   # CPU
     python scripts/bench_weight_sync.py --trainer-gpus 2 --engines 2 --layouts disaggregated  # 4 GPUs
+    python scripts/bench_weight_sync.py --shape tiny --layouts colocated --lora-rank 4  # + LoRA, CPU
 
 Each repeat runs a real GRPO train step first (`--train-tokens` of synthetic trajectories; colocated,
 the engines release their memory for it, as in `agentrl train`), then times from "optimizer step
@@ -13,7 +14,9 @@ timed span covers resume {weights} -> CUDA IPC buckets -> resume {kv_cache}, aft
 step has used (and handed back) the memory the engines gave up. Disaggregated: trainer on the first `--trainer-gpus` GPUs,
 `--engines` engines on the next ones, an NCCL broadcast per bucket from trainer rank 0 to all of
 them; its floor is a broadcast of the same bytes from GPU 0 to the engines' GPUs. Writes JSON and
-a PNG bar chart; prints a table.
+a PNG bar chart; prints a table. With `--lora-rank R` each layout also runs as a LoRA run of rank R
+(all-linear, the tensor transport: the adapter alone is sent) and a table compares its bytes and
+seconds per sync with full fine-tuning's.
 """
 
 from __future__ import annotations
@@ -91,6 +94,7 @@ async def time_layout(
     bucket_bytes: int,
     flags: dict,
     train_tokens: int,
+    lora_rank: int = 0,
 ) -> dict:
     from transformers import AutoConfig
 
@@ -105,6 +109,9 @@ async def time_layout(
     cfg.cluster.update_weight_buffer_size = bucket_bytes
     for key, value in flags.items():
         setattr(cfg.cluster, key, value)
+    if lora_rank:  # the adapter alone goes, as tensors, whatever the layout
+        cfg.train.lora_rank, cfg.train.lora_alpha = lora_rank, 2 * lora_rank
+        cfg.cluster.update_weight_transport = "tensor"
     runtime = await start_on_ray(cfg, model_path, num_optimizer_steps=1000)
     vocab = AutoConfig.from_pretrained(model_path).vocab_size
     batches = train_batches(vocab, train_tokens, runtime.pad_id, runtime.dp_size)
@@ -149,6 +156,7 @@ async def time_layout(
     best = min(times)
     return {
         "layout": name,
+        "lora_rank": lora_rank,
         "placement": flags,
         "num_engines": len(runtime.engine.clients),
         "bucket_mib": bucket_bytes // 2**20,
@@ -265,7 +273,25 @@ def broadcast_floor(
 
 
 def _label(r: dict) -> str:
-    return f"{r['layout']} x{r['num_engines']} ({r['bucket_mib']} MiB)"
+    lora = f" LoRA r{r['lora_rank']}" if r.get("lora_rank") else ""
+    return f"{r['layout']}{lora} x{r['num_engines']} ({r['bucket_mib']} MiB)"
+
+
+def print_lora(results: list[dict]) -> None:
+    """Each LoRA row against the full fine-tuning row of its layout (same bucket size)."""
+    full = {(r["layout"], r["bucket_mib"]): r for r in results if not r.get("lora_rank")}
+    rows = [(r, full.get((r["layout"], r["bucket_mib"]))) for r in results if r.get("lora_rank")]
+    if not rows:
+        return
+    print(
+        f"\n{'adapter-only sync vs full':<34}{'MB':>10}{'% of full':>11}{'s/sync':>10}{'full s':>10}"
+    )
+    for lora, whole in rows:
+        if whole is None:
+            continue
+        share = 100 * lora["bytes"] / whole["bytes"]
+        line = f"{_label(lora):<34}{lora['bytes'] / 1e6:>10.2f}{share:>10.2f}%"
+        print(line + f"{min(lora['seconds']):>10.4f}{min(whole['seconds']):>10.4f}")
 
 
 def plot(results: list[dict], floors: dict, path: Path) -> None:
@@ -314,6 +340,9 @@ def main() -> None:
         default="512,2048",
         help="comma list of update_weight_buffer_size values in MiB (slime's default: 512)",
     )
+    parser.add_argument(
+        "--lora-rank", type=int, default=0, help="also run each layout as LoRA of this rank (0: no)"
+    )
     parser.add_argument("--out", default="benchmarks/weight_sync.json")
     args = parser.parse_args()
     use_gpu = torch.cuda.is_available()
@@ -350,6 +379,21 @@ def main() -> None:
         for name in layouts
         for bucket in buckets
     ]
+    results += [  # the adapter is one small bucket: one bucket size says it all
+        asyncio.run(
+            time_layout(
+                name,
+                model_dir,
+                args.repeats,
+                use_gpu,
+                buckets[0],
+                layout_flags(name, args.trainer_gpus, args.engines),
+                args.train_tokens,
+                lora_rank=args.lora_rank,
+            )
+        )
+        for name in (layouts if args.lora_rank else [])
+    ]
     num_bytes = int(results[0]["bytes"])
     bucket = 512 * 2**20
     receivers = [args.trainer_gpus + i for i in range(args.engines)]
@@ -378,6 +422,7 @@ def main() -> None:
         if value is not None:
             print(f"{'floor: ' + name:<34}{value:>10.4f}")
     print_phases(results)
+    print_lora(results)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     record = {

@@ -79,8 +79,9 @@ def test_train_two_steps_then_resume_reproduces_step_two(tiny_model_path, tmp_pa
 @pytest.mark.slow
 def test_a_lora_run_trains_syncs_the_merged_weights_and_resumes(tiny_model_path, tmp_path):
     """Issue 41: `--lora-rank` through `train(config)`: 2 steps, each synced to the embedded
-    engine as merged weights (the adapter's bytes counted beside them), checkpoints that PEFT
-    loads, and a resumed step 2 whose episodes and loss equal the first run's."""
+    engine as the adapter alone (its bytes are the sync's), checkpoints that PEFT loads, and a
+    resumed step 2 whose episodes and loss equal the first run's (the resumed engine gets the
+    checkpoint's adapter)."""
     run_a = tmp_path / "a"
     result = train(_lora_config(tiny_model_path, run_a))
     assert result.num_steps == 2
@@ -88,7 +89,7 @@ def test_a_lora_run_trains_syncs_the_merged_weights_and_resumes(tiny_model_path,
     for step in (1, 2):
         row = metrics[step]
         assert row["train/skipped_no_signal"] == 0.0  # the adapter trained
-        assert 0 < row["weight_sync/adapter_bytes"] < row["weight_sync/bytes"] / 10
+        assert 0 < row["weight_sync/adapter_bytes"] == row["weight_sync/bytes"]
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 

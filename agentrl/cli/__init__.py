@@ -139,7 +139,7 @@ def quiet_libraries() -> None:
 
 
 # Each module defines `register(app)`; heavy imports stay inside the commands.
-for _name in ("env", "rollout", "show", "train", "eval", "serve", "sandbox"):
+for _name in ("env", "rollout", "show", "train", "eval", "export", "serve", "sandbox"):
     importlib.import_module(f"agentrl.cli.{_name}").register(app)
 for _entry in entry_points(group=CLI_ENTRY_POINT_GROUP):
     try:

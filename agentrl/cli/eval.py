@@ -91,12 +91,17 @@ def eval_command(
             temperature=temperature,
             overrides=([f"rollout.agent={agent}"] if agent else []) + (overrides or []),
         )
+    from agentrl.cli.merged_model import is_lora_adapter, merged_for_eval
     from agentrl.cli.train_checks import check_agent
 
     with user_errors():
         check_agent(cfg)  # before the model loads: a bad --agent is one line, not a traceback
     if checkpoint is not None:  # a run dir evaluates its newest checkpoint: say which
         console.print(evaluated_line(Path(cfg.model.path)), soft_wrap=True, markup=False)
+    evaluated = cfg.model.path  # the report's model: the checkpoint, not a temporary merge
+    if is_lora_adapter(Path(cfg.model.path)):  # a LoRA checkpoint: engines load whole models
+        with user_errors(ValueError, FileNotFoundError):
+            cfg.model.path = merged_for_eval(Path(cfg.model.path))
     if cfg.eval.temperature == 0 and cfg.eval.n_samples > 1:
         console.print(
             f"[yellow]note:[/] temperature 0 is greedy, so the k={cfg.eval.n_samples} episodes of a "
@@ -107,7 +112,7 @@ def eval_command(
     meta = {
         "env": cfg.env.id,
         "split": cfg.env.eval_data or split,
-        "model": cfg.model.path,
+        "model": evaluated,
         "seed": seed,
     }
     from agentrl.eval.runner import ResumeMismatchError

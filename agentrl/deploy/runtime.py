@@ -18,6 +18,7 @@ from agentrl.deploy.plan import Deployment
 from agentrl.deploy.trainer_worker import TrainerGroup, WorkerSpec
 from agentrl.engine.base import SamplingParams
 from agentrl.timing import timed
+from agentrl.weights.adapter import adapter_name
 
 if TYPE_CHECKING:
     from agentrl.trainer.batch import TrainBatch
@@ -89,7 +90,7 @@ class Runtime:
                 await self.engines.resume_memory(["weights"])
         sent = await self._push(version, timings)
         timings["weight_sync/bytes"] = sent.pop("bytes")
-        if adapter_bytes := sent.pop("adapter_bytes", 0.0):  # LoRA: the adapter alone
+        if adapter_bytes := sent.pop("adapter_bytes", 0.0):  # LoRA: the adapter alone was sent
             timings["weight_sync/adapter_bytes"] = adapter_bytes
         timings.update({f"time/weight_{phase}": s for phase, s in sent.items()})  # export, send...
         if self.check_weight_sync and self.engines.servers():
@@ -109,6 +110,9 @@ class Runtime:
                     await self.engines.pause_generation("retract")
                 try:
                     sent = await self.trainer.send_weights(version)
+                    if sent.get("adapter_bytes"):  # LoRA: rollouts name the version's adapter
+                        for client in self.engines.servers():
+                            client.lora_name = adapter_name(version)
                 finally:
                     if self.plan.pauses_servers:
                         await self.engines.continue_generation()

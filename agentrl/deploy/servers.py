@@ -51,11 +51,12 @@ class ServerSpec:
     reserve_bytes: int = 0  # colocated: the trainer's state to come, left out of the KV cache
     is_colocated: bool = False  # shares its GPUs with trainer ranks: releases memory per step
     api_key: str | None = None  # the server wants `Authorization: Bearer <key>`
+    lora_rank: int = 0  # a LoRA run: the server takes adapters of this rank (and keeps its base)
 
 
 def server_cmd(spec: ServerSpec, port: int) -> list[str]:
     if spec.use_sglang:
-        return server_command(
+        cmd = server_command(
             spec.model_path,
             spec.engine,
             host=spec.host,
@@ -65,6 +66,12 @@ def server_cmd(spec: ServerSpec, port: int) -> list[str]:
             enable_memory_saver=spec.is_colocated,
             api_key=spec.api_key,
         )
+        if spec.lora_rank:  # SGLang loads adapters only when started for them
+            cmd += ["--enable-lora", "--max-lora-rank", str(spec.lora_rank)]
+            cmd += ["--lora-target-modules", "all"]
+            if spec.is_colocated:  # a release keeps the base: only the adapter is sent again
+                cmd += ["--enable-weights-cpu-backup"]
+        return cmd
     device = f"cuda:{spec.device_ids[0]}" if spec.use_gpu else "cpu"
     return [sys.executable, "-m", "agentrl.cli", "serve", "--model", spec.model_path,
             "--host", spec.host, "--port", str(port), "--device", device,
@@ -72,8 +79,10 @@ def server_cmd(spec: ServerSpec, port: int) -> list[str]:
             "--mem-fraction-static", str(spec.engine.mem_fraction_static),
             "--reserve-gb", f"{spec.reserve_bytes / 2**30:.3f}",
             "--log-level", "warning",
-            # Colocated: the trainer resends every weight after a release, no host copy needed.
-            "--no-weights-cpu-backup" if spec.is_colocated else "--weights-cpu-backup",
+            # Colocated: the trainer resends every weight after a release, no host copy needed;
+            # under LoRA it sends the adapter alone, so the base must survive the release.
+            "--no-weights-cpu-backup" if spec.is_colocated and not spec.lora_rank
+            else "--weights-cpu-backup",
             ]  # fmt: skip
 
 
@@ -155,6 +164,7 @@ def start_engine_actors(
             reserve_bytes=reserve_for(plan, e, reserves),
             is_colocated=plan.is_colocated,
             api_key=api_key,
+            lora_rank=cfg.train.lora_rank,
         )
         if use_sglang and spec.reserve_bytes:
             log.warning(

@@ -10,6 +10,7 @@ import ctypes
 import os
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -140,6 +141,15 @@ class TrainerWorker:
         """Send to `targets` from now on: engines (in process) or server URLs (a client each)."""
         self.close_engines()
         weight_targets = [_weight_target(t, self.spec.api_key) for t in targets]
+        if self.spec.train.lora_rank:  # the adapter goes as tensors, whatever the transport
+            if weight_targets and transport != "tensor":
+                raise ValueError(
+                    f"update_weight_transport={transport}: a LoRA run (train.lora_rank="
+                    f"{self.spec.train.lora_rank}) sends its adapter as tensors; set "
+                    "cluster.update_weight_transport=tensor"
+                )
+            self._sender = TensorSender(weight_targets)
+            return
         connect = make_sender(
             transport,
             weight_targets,
@@ -155,6 +165,8 @@ class TrainerWorker:
         in flight while the next is exported (one bucket more alive at once), and the session
         closes while the buckets' blocks go back. Returns the bytes exported, the wall time split
         into exporting and waiting on the sender (`send_s`), and the sender's own phases."""
+        if self.spec.train.lora_rank:
+            return self._send_adapter(version)
         t0 = time.perf_counter()
         num_bytes = 0
         wait_s = 0.0
@@ -175,13 +187,26 @@ class TrainerWorker:
         wait_s += _wait(ending)
         total_s = time.perf_counter() - t0
         phases = {f"sender_{k}": v for k, v in self._sender.phases.items()}
-        # LoRA: what an adapter-only sync will send instead of the merged weights (0 without)
-        adapter_bytes = float(self.backend.adapter_size_bytes(self._dtype))
+        return {"bytes": float(num_bytes), "export_s": total_s - wait_s, "send_s": wait_s, **phases}
+
+    def _send_adapter(self, version: int) -> dict[str, float]:
+        """LoRA: every rank gathers the adapter (collective); a rank with engines loads it into
+        them under `adapter_name(version)` and unloads the one before (`TensorSender`)."""
+        t0 = time.perf_counter()
+        adapter = self.backend.export_adapter(dtype=self._dtype)
+        t1 = time.perf_counter()
+        sender = self._sender
+        if isinstance(sender, TensorSender) and sender.targets:
+            sender.phases = defaultdict(float)
+            self._run(sender.send_adapter(adapter, version))
+        phases = {f"sender_{k}": v for k, v in self._sender.phases.items()}
+        send_s = time.perf_counter() - t1
+        num_bytes = float(adapter.num_bytes)
         return {
-            "bytes": float(num_bytes),
-            "adapter_bytes": adapter_bytes,
-            "export_s": total_s - wait_s,
-            "send_s": wait_s,
+            "bytes": num_bytes,
+            "adapter_bytes": num_bytes,
+            "export_s": t1 - t0,
+            "send_s": send_s,
             **phases,
         }
 

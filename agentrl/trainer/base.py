@@ -29,6 +29,7 @@ from agentrl.trainer.batch import (
 )
 from agentrl.trainer.losses import build_objective, combine_metrics, diagnostic_means
 from agentrl.trainer.offload import StateOffload
+from agentrl.weights.adapter import AdapterExport
 from agentrl.weights.buckets import packed_buckets
 
 
@@ -139,6 +140,12 @@ class TrainerBackend(ABC):
         """Bytes of the trained LoRA adapter in `dtype`, what an adapter-only weight sync sends;
         0 for a backend training all weights."""
         return 0
+
+    def export_adapter(self, *, dtype: torch.dtype | None = None) -> AdapterExport:
+        """The LoRA adapter alone (`agentrl.weights.adapter`'s format; collective)."""
+        raise RuntimeError(
+            "export_adapter() needs train.lora_rank > 0 (this run trains all weights)"
+        )
 
     def free_step_memory(self) -> None:
         """After a step on a GPU an engine shares: hand back the allocator's cached blocks (and

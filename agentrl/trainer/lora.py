@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +15,7 @@ import torch
 from torch import Tensor
 
 from agentrl.config import ConfigError, TrainConfig
+from agentrl.weights.adapter import AdapterExport
 from agentrl.weights.export import full_tensor
 
 if TYPE_CHECKING:
@@ -146,20 +146,6 @@ def _merged(weight: Tensor, layer: Any) -> Tensor:
     a = full_tensor(layer.lora_A[ADAPTER].weight.detach()).float()  # [r, in]
     b = full_tensor(layer.lora_B[ADAPTER].weight.detach()).float()  # [out, r]
     return (weight.float() + layer.scaling[ADAPTER] * (b @ a)).to(weight.dtype)
-
-
-@dataclass
-class AdapterExport:
-    """The adapter as PEFT saves it and SGLang's `/load_lora_adapter_from_tensors` takes it:
-    tensors under PEFT's saved names (`base_model.model.<module>.lora_A.weight`) and the
-    `adapter_config.json` dict."""
-
-    named_tensors: list[tuple[str, Tensor]]
-    config_dict: dict[str, Any]
-
-    @property
-    def num_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for _, t in self.named_tensors)
 
 
 def export_adapter(

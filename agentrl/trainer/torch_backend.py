@@ -251,9 +251,7 @@ class TorchBackend(TrainerBackend):
         """The LoRA adapter alone: PEFT-named tensors (whole on every rank: collective) and the
         PEFT config dict, what SGLang's `/load_lora_adapter_from_tensors` takes."""
         if self._lora is None:
-            raise RuntimeError(
-                "export_adapter() needs train.lora_rank > 0 (this run trains all weights)"
-            )
+            return super().export_adapter(dtype=dtype)
         return export_adapter(self._lora, base_model_path=self.model_path, dtype=dtype)
 
     def adapter_size_bytes(self, dtype: torch.dtype | None = None) -> int:

@@ -4,7 +4,10 @@ connects one) and the engine side it talks to (`WeightTarget`, `BroadcastTarget`
 
 from __future__ import annotations
 
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from agentrl.weights.adapter import AdapterExport
 
 Transport = Literal["tensor", "distributed", "disk"]
 Bucket = list[tuple[str, Any]]  # (HF name, tensor)
@@ -25,6 +28,15 @@ class WeightTarget(Protocol):
         ...
 
     async def update_weights_from_disk(self, model_path: str, *, weight_version: int) -> None: ...
+
+    async def load_lora_adapter(
+        self, name: str, adapter: AdapterExport, *, weight_version: int
+    ) -> None:
+        """Load a LoRA adapter under `name` (SGLang's `/load_lora_adapter_from_tensors`); the
+        engine serves `weight_version` from then on, with requests naming `name`."""
+        ...
+
+    async def unload_lora_adapter(self, name: str) -> None: ...
 
 
 class BroadcastTarget(WeightTarget, Protocol):

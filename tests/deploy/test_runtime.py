@@ -154,3 +154,48 @@ async def test_disaggregated_servers_pause_for_the_sync_and_keep_their_memory():
     assert calls[4] == ("pause", "retract")
     assert sorted(calls[5:7]) == [("send", 0, "1"), ("send", 1, "1")]
     assert calls[7:] == [("continue",), ("version", "1")]
+
+
+async def test_a_lora_sync_names_its_adapter_on_the_served_clients() -> None:
+    """On Ray the trainer's sender has clients of its own: after an adapter-only sync the runtime
+    names the version's adapter on the routed clients the rollouts generate with."""
+    from types import SimpleNamespace
+
+    from agentrl.config import ClusterConfig, RunConfig
+    from agentrl.deploy.plan import plan_deployment
+    from agentrl.deploy.runtime import Runtime
+    from agentrl.deploy.trainer_worker import TrainerGroup
+
+    class LoraWorker(_Worker):
+        def send_weights(self, version):
+            return {"bytes": 8.0, "adapter_bytes": 8.0, "export_s": 0.0, "send_s": 0.0}
+
+    clients = [SimpleNamespace(lora_name=None), SimpleNamespace(lora_name=None)]
+    engines = _Engines([])
+    engines.servers = lambda: clients  # type: ignore[method-assign]
+    cluster = ClusterConfig(actor_num_gpus_per_node=1, rollout_num_gpus=2)
+    plan = plan_deployment(RunConfig(cluster=cluster), has_cuda=True)
+    trainer = TrainerGroup([LoraWorker(0, [])], is_remote=False)
+    runtime = Runtime(plan, trainer, engines, temperature=1.0, check_weight_sync=False)
+    sync = await runtime.sync_weights(3)
+    assert sync["weight_sync/bytes"] == sync["weight_sync/adapter_bytes"] == 8.0
+    assert [c.lora_name for c in clients] == ["agentrl-v3", "agentrl-v3"]
+
+
+def test_a_lora_runs_servers_keep_their_base_and_take_adapters():
+    """Under LoRA the trainer sends the adapter alone: a colocated server keeps a host copy of
+    its base through a release, and SGLang starts with LoRA on (rank, every linear target)."""
+    from agentrl.config import EngineConfig
+    from agentrl.deploy.servers import ServerSpec, server_cmd
+
+    def spec(**kw) -> ServerSpec:
+        fields = dict(index=0, model_path="m", device_ids=[0], use_gpu=True, host="127.0.0.1")
+        fields |= dict(dtype="bfloat16", engine=EngineConfig(), log_dir=".", health_timeout_s=1)
+        return ServerSpec(**fields, is_colocated=True, **kw)
+
+    assert "--no-weights-cpu-backup" in server_cmd(spec(use_sglang=False), port=1)
+    assert "--weights-cpu-backup" in server_cmd(spec(use_sglang=False, lora_rank=16), port=1)
+    sglang = server_cmd(spec(use_sglang=True, lora_rank=16), port=1)
+    assert sglang[sglang.index("--max-lora-rank") + 1] == "16" and "--enable-lora" in sglang
+    assert "--enable-weights-cpu-backup" in sglang and "--lora-target-modules" in sglang
+    assert "--enable-lora" not in server_cmd(spec(use_sglang=True), port=1)

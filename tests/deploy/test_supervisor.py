@@ -269,9 +269,9 @@ def test_a_run_in_this_process_trains_through_two_servers_it_launched(
     the trainer's weights reach both servers (by URL, with the key) after every step, each
     episode stays on one server, and the servers end with the run."""
     import psutil
-    from agentrl.types import read_jsonl
 
     from agentrl.run import train
+    from agentrl.types import read_jsonl
     from tests.support.configs import tiny_train_config
 
     cfg = tiny_train_config(tiny_model_path, tmp_path / "run", rollout_num_gpus=2)

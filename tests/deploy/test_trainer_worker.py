@@ -24,9 +24,6 @@ class ExportingBackend:
             event.set()
             yield [(f"w{i}", torch.full((2,), float(i)))]
 
-    def adapter_size_bytes(self, dtype: object) -> int:
-        return 0  # full fine-tuning: no adapter
-
 
 class WaitingSender:
     """Holds bucket 0's send until bucket 2 has been exported."""
@@ -55,7 +52,8 @@ class WaitingSender:
 def _worker(backend: ExportingBackend, loop: asyncio.AbstractEventLoop) -> TrainerWorker:
     """A worker around `backend` (no model: the export and the sends are what is tested)."""
     worker = TrainerWorker.__new__(TrainerWorker)
-    worker.spec = SimpleNamespace(bucket_bytes=1 << 20, shares_gpu=False)  # type: ignore[assignment]
+    train = SimpleNamespace(lora_rank=0)  # full fine-tuning: the buckets go
+    worker.spec = SimpleNamespace(bucket_bytes=1 << 20, shares_gpu=False, train=train)  # type: ignore[assignment]
     worker.backend = backend  # type: ignore[assignment]
     worker.is_cuda = False
     worker._dtype = torch.float32
@@ -82,3 +80,25 @@ def test_each_bucket_is_sent_while_the_next_is_exported() -> None:
     ]
     assert sent["bytes"] == 3 * 2 * 4
     assert "sender_send_s" in sent and sent["send_s"] >= 0.0
+
+
+def test_a_lora_run_refuses_a_transport_other_than_tensors_in_one_line() -> None:
+    import pytest
+
+    from agentrl.weights.tensor import TensorSender
+
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    worker = _worker(ExportingBackend(), loop)
+    worker.spec = SimpleNamespace(train=SimpleNamespace(lora_rank=16), api_key=None)  # type: ignore[assignment]
+    worker._sender = TensorSender([])
+    try:
+        for transport in ("distributed", "disk"):
+            with pytest.raises(
+                ValueError, match=f"update_weight_transport={transport}: a LoRA run"
+            ):
+                worker.connect_engines([object()], transport)  # type: ignore[arg-type]
+        worker.connect_engines([object()], "tensor")
+        assert isinstance(worker._sender, TensorSender) and len(worker._sender.targets) == 1
+    finally:
+        loop.call_soon_threadsafe(loop.stop)

@@ -266,54 +266,86 @@ def test_export_merged_writes_a_model_transformers_loads(tiny_llama_path, tmp_pa
         assert torch.equal(loaded[name], tensor), name
 
 
-@pytest.mark.slow
-def test_the_engine_serves_the_trained_merged_model_exactly(tiny_model_path, tmp_path):
-    """Issue 41's exactness: after one LoRA step and the weight sync, the embedded engine's
-    logprobs of a sampled sequence equal teacher-forced transformers on the merged model
-    (fp32, CPU), and the trainer's own."""
+def _worker(path: str, **train_kw):
+    from agentrl.deploy.trainer_worker import TrainerWorker, WorkerSpec
+
+    train_kw = {"lora_rank": 4, "lora_alpha": 8, "lr": 5e-2, **train_kw}
+    spec = WorkerSpec(
+        model_path=path,
+        train=TrainConfig(**train_kw),
+        algo=AlgoConfig(),
+        dtype="float32",
+        device="cpu",
+        temperature=1.0,
+        num_optimizer_steps=10,
+        bucket_bytes=256 * 1024,
+    )
+    return TrainerWorker(spec)
+
+
+def backend_of(worker) -> TorchBackend:
+    assert isinstance(worker.backend, TorchBackend)
+    return worker.backend
+
+
+def _teacher_forced(path: str, sequence: list[int], n: int) -> list[float]:
     from transformers import AutoModelForCausalLM
 
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(torch.tensor([sequence])).logits.float()[0], dim=-1)
+    return [float(logprobs[n - 1 + i, t]) for i, t in enumerate(sequence[n:])]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fuse", [False, True], ids=["per_projection", "fused_qkv_gate_up"])
+def test_the_engine_serves_the_trained_merged_model_exactly(tiny_model_path, tmp_path, fuse):
+    """Issue 41's exactness with adapter-only sync: after one LoRA step, the trainer rank sends
+    the adapter alone (`send_weights` under LoRA) and the embedded engine merges it; its logprobs
+    of a sampled sequence equal teacher-forced transformers on the merged model (fp32, CPU), and
+    the trainer's own. A second step's adapter replaces the first exactly. With fused q/k/v and
+    gate/up weights too: the projections' weights are views of the fused ones."""
     from agentrl.engine.base import SamplingParams
     from agentrl.engine.local import LocalEngine
 
-    backend = _backend(tiny_model_path, lr=5e-2)
+    worker = _worker(tiny_model_path)
     prompt = list(range(5, 17))
     sampling = SamplingParams(temperature=1.0, max_new_tokens=12, seed=7)
-
-    async def sync_and_generate() -> tuple[list[int], list[float]]:
-        engine = LocalEngine.load(tiny_model_path, device="cpu", seed=0)
-        try:
-            backend.train_step(_batch(AlgoConfig(), seed=9))  # ids < 64: in any vocabulary
-            for bucket in backend.export_weights(256 * 1024):
-                await engine.update_weights(bucket, weight_version=1)
-            completion = await engine.generate(prompt, sampling)
-            return completion.ids, completion.logprobs
-        finally:
-            await engine.close()
-
-    ids, engine_logprobs = asyncio.run(sync_and_generate())
-    backend.export_merged(tmp_path / "merged")
-    merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged")).eval()
-    base = AutoModelForCausalLM.from_pretrained(tiny_model_path).eval()
-    sequence = torch.tensor([prompt + ids])
     n = len(prompt)
-
-    def teacher_forced(model) -> list[float]:
-        with torch.no_grad():
-            logprobs = torch.log_softmax(model(sequence).logits.float()[0], dim=-1)
-        return [float(logprobs[n - 1 + i, t]) for i, t in enumerate(ids)]
-
-    want = teacher_forced(merged)
-    assert engine_logprobs == pytest.approx(want, abs=1e-5, rel=0)
-    assert backend.sequence_logprobs(prompt + ids, n) == pytest.approx(want, abs=1e-5, rel=0)
-    untrained = teacher_forced(base)  # the step moved these logprobs: the test can fail
-    assert max(abs(a - b) for a, b in zip(want, untrained, strict=True)) > 1e-3
+    engine = LocalEngine.load(tiny_model_path, device="cpu", seed=0, fuse_projections=fuse)
+    assert (engine.fused is not None) == fuse
+    full_bytes = sum(p.numel() * 4 for p in engine.model.parameters())
+    worker.connect_engines([engine], "tensor")
+    try:
+        for step, version in enumerate([1, 2]):
+            worker.train_step(_batch(AlgoConfig(), seed=9 + step))  # ids < 64: any vocabulary
+            sent = worker.send_weights(version)
+            assert sent["bytes"] == sent["adapter_bytes"] == worker.backend.adapter_size_bytes()
+            assert sent["bytes"] < 0.2 * full_bytes  # the tiny model: hidden 64, rank 4
+            completion = asyncio.run(engine.generate(prompt, sampling))
+            assert completion.weight_version == version
+            assert engine.adapter.name == f"agentrl-v{version}"
+            backend_of(worker).export_merged(tmp_path / f"merged{version}")
+            want = _teacher_forced(str(tmp_path / f"merged{version}"), prompt + completion.ids, n)
+            assert completion.logprobs == pytest.approx(want, abs=1e-5, rel=0)
+            ours = worker.sequence_logprobs(prompt + completion.ids, n)
+            assert ours == pytest.approx(want, abs=1e-5, rel=0)
+        untrained = _teacher_forced(tiny_model_path, prompt + completion.ids, n)
+        assert max(abs(a - b) for a, b in zip(want, untrained, strict=True)) > 1e-3
+        asyncio.run(engine.unload_lora_adapter("agentrl-v2"))  # the base is back, bit for bit
+        base = LocalEngine.load(tiny_model_path, device="cpu", seed=0)
+        for name, tensor in base.model.state_dict().items():
+            assert torch.equal(engine.model.state_dict()[name], tensor), name
+        asyncio.run(base.close())
+    finally:
+        worker.shutdown()
+        asyncio.run(engine.close())
 
 
 @pytest.mark.gpu
 def test_cuda_lora_step_syncs_exactly_and_peaks_below_full_fine_tuning(tiny_model_path):
-    """On one GPU (bf16 engine, fp32 weights under bf16 autocast): after a LoRA step the engine's
-    logprobs match the trainer's within bf16's 2e-2, and the step's peak memory is below a full
+    """On one GPU (bf16 engine, fp32 weights under bf16 autocast): after a LoRA step and an
+    adapter-only sync the engine's logprobs match the trainer's within bf16's 2e-2, and the step's peak memory is below a full
     fine-tuning step's (no gradients nor Adam moments for the base)."""
     from agentrl.engine.base import SamplingParams
     from agentrl.engine.local import LocalEngine
@@ -334,8 +366,9 @@ def test_cuda_lora_step_syncs_exactly_and_peaks_below_full_fine_tuning(tiny_mode
     async def sync_and_generate() -> tuple[list[int], list[float]]:
         engine = LocalEngine.load(tiny_model_path, device="cuda", seed=0)
         try:
-            for bucket in backend.export_weights(dtype=torch.bfloat16):
-                await engine.update_weights(bucket, weight_version=1)
+            # adapter-only sync: the bf16 adapter merged into the engine's bf16 base (fused q/k/v)
+            adapter = backend.export_adapter(dtype=torch.bfloat16)
+            await engine.load_lora_adapter("agentrl-v1", adapter, weight_version=1)
             completion = await engine.generate(
                 prompt, SamplingParams(temperature=1.0, max_new_tokens=12, seed=7)
             )
@@ -412,3 +445,32 @@ def test_two_fsdp_ranks_take_the_one_rank_lora_step(tiny_llama_path, tmp_path):
     for name, want in single["adapter"].items():
         got = dict(resumed.export_adapter().named_tensors)[name]
         assert torch.allclose(got, want, rtol=1e-5, atol=1e-7), name
+
+
+@pytest.mark.parametrize(
+    ("shape", "targets", "max_fraction"),
+    [
+        ("smollm2-1.7b", ["all-linear"], 0.02),
+        ("smollm2-135m", ["linear_qkv", "linear_proj"], 0.02),
+        # all-linear on the 135M shape is 3.6%: its 576-wide layers are thin next to rank 16,
+        # and its tied 28M-parameter embedding is a fifth of the model
+        ("smollm2-135m", ["all-linear"], 0.037),
+    ],
+)
+def test_a_rank_16_adapter_sync_sends_a_small_fraction_of_the_model(shape, targets, max_fraction):
+    """Bytes per adapter-only sync (the adapter PEFT puts in, in the model's dtype) against the
+    full model's, for the model shapes of the issue's acceptance, at rank 16."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from agentrl.trainer.lora import apply_lora, make_lora_config, num_adapter_params
+    from tests.support.random_models import SHAPES
+
+    config = LlamaConfig.from_dict(
+        {**SHAPES[shape], "vocab_size": 49152, "tie_word_embeddings": True}
+    )
+    with torch.device("meta"):  # shapes only: no memory
+        model = AutoModelForCausalLM.from_config(config)
+    full = sum(p.numel() for p in model.parameters())
+    train = TrainConfig(lora_rank=16, lora_alpha=32, lora_target_modules=targets)
+    adapter = num_adapter_params(apply_lora(model, make_lora_config(train), seed=0))
+    assert 0.2 * max_fraction < adapter / full <= max_fraction

@@ -31,6 +31,7 @@ from agentrl.engine.local.cpu_linear import PackedLinears
 from agentrl.engine.local.engine_memory import EngineMemory
 from agentrl.engine.local.fused_model import FusedDecoder, unsupported_reason
 from agentrl.engine.local.kv_arena import KVArena
+from agentrl.engine.local.lora_merge import MergedAdapter
 from agentrl.engine.local.scheduler import Scheduler
 from agentrl.engine.local.stepper import EngineStats, StepOptions, Stepper
 from agentrl.engine.local.worker import Command, check_request, resolve
@@ -38,6 +39,7 @@ from agentrl.model_store import eos_token_ids, load_model_and_tokenizer, resolve
 
 if TYPE_CHECKING:
     from agentrl.config import EngineConfig, ModelConfig
+    from agentrl.weights.adapter import AdapterExport
 
 logger = logging.getLogger(__name__)
 
@@ -187,6 +189,7 @@ class LocalEngine:
         # HF name -> the Parameter (or buffer) itself; release and resume swap `.data`, never the
         # objects, so the map stays valid (a state_dict() per weight update costs milliseconds).
         self._tensors: dict[str, torch.Tensor] = self.model.state_dict(keep_vars=True)
+        self.adapter = MergedAdapter()  # the LoRA adapter merged into the weights, if any
         self._commands: collections.deque[Command] = collections.deque()
         self._is_closed = False
         self._wake = threading.Event()
@@ -321,6 +324,28 @@ class LocalEngine:
         self._check_weights(updates)
         await self._call(lambda: self._apply_weights(updates, weight_version))
 
+    async def load_lora_adapter(
+        self, name: str, adapter: AdapterExport, *, weight_version: int
+    ) -> None:
+        """Merge `adapter` into the weights in place under `name`, replacing the one merged
+        before (`MergedAdapter`); generation then serves it whatever `lora_path` a request names."""
+        self.adapter.check(adapter, self._tensors)
+        if self.memory.dropped is not None:
+            raise ValueError(
+                "load_lora_adapter: release_memory(keep_weights=False) dropped the base weights an "
+                "adapter merges into; release with keep_weights=True (weights_cpu_backup)"
+            )
+        await self._call(lambda: self._merge_adapter(name, adapter, weight_version))
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        """The base weights back, if `name` is the merged adapter (one replaced by a later load
+        is gone already)."""
+        if name == self.adapter.name:
+            restored = self.adapter.unmerge
+            await self._call(
+                lambda: self._weights_written(restored(self._tensors), self._weight_version)
+            )
+
     async def release_memory(self, *, keep_weights: bool | None = None) -> None:
         """Free the accelerator memory: weights move to host memory (or, with `keep_weights=False`,
         are dropped: the caller sends all of them before the next request, as a colocated trainer
@@ -411,10 +436,18 @@ class LocalEngine:
             for name, tensor in updates:
                 target = self._tensors[name]
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
-        self.memory.weights_written([self._tensors[name] for name, _ in updates])
+        if updates:  # new base weights (a version stamp alone sends none): adapters merge into them
+            self.adapter = MergedAdapter()
+        self._weights_written([self._tensors[name] for name, _ in updates], weight_version)
+
+    def _merge_adapter(self, name: str, adapter: AdapterExport, weight_version: int) -> None:
+        self._weights_written(self.adapter.merge(name, adapter, self._tensors), weight_version)
+
+    def _weights_written(self, tensors: list[torch.Tensor], weight_version: int) -> None:
+        self.memory.weights_written(tensors)
         if weight_version != self._weight_version:
             self._continue_under(weight_version)
-        self._scheduler.drop_prefixes()
+        self._scheduler.drop_prefixes()  # their K/V came from the old weights
 
     def _continue_under(self, weight_version: int) -> None:
         """Requests in flight go on under the new weights, their K/V computed again (as SGLang's

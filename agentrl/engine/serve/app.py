@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from agentrl.engine.base import Engine
-from agentrl.engine.serve import control, generate, openai, weights
+from agentrl.engine.serve import control, generate, lora, openai, weights
 from agentrl.engine.serve.auth import GuardMiddleware, admin_paths
 from agentrl.engine.serve.protocol import error_response
 from agentrl.engine.serve.requests import ServerLimits, validation_message
@@ -52,7 +52,7 @@ def create_app(
     app.state.sglang = ServerState(
         engine, tokenizer, model_path, name, limits=limits, tool_parser=tool_parser
     )
-    routers = [module.router for module in (generate, control, weights, openai)]
+    routers = [module.router for module in (generate, control, weights, lora, openai)]
     for router in routers:
         app.include_router(router)
     app.add_middleware(

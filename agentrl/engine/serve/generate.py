@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from agentrl.engine.base import SamplingParams
+from agentrl.engine.serve.lora import check_lora_paths
 from agentrl.engine.serve.protocol import finish_reason_json, generate_error
 from agentrl.engine.serve.requests import GenerateReqInput, fit_to_context, tokenize
 from agentrl.engine.serve.state import (
@@ -73,6 +74,7 @@ async def generate(obj: GenerateReqInput, request: Request, s: State) -> Any:
         )
     started = time.perf_counter()
     try:
+        check_lora_paths(s, obj.lora_path)
         batch = await _prompt_ids(s, obj)
         params = obj.sampling_list()
         field = "text" if obj.text is not None else "input_ids"

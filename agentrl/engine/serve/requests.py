@@ -66,6 +66,7 @@ class GenerateReqInput(BaseModel):
     rid: str | list[str] | None = None
     return_logprob: bool = False
     stream: bool = False
+    lora_path: str | list[str | None] | None = None  # the LoRA adapter, by its lora_name
 
     @model_validator(mode="after")
     def _consistent(self) -> GenerateReqInput:

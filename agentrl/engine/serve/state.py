@@ -79,6 +79,7 @@ class ServerState:
     retract_epoch: int = 0  # counts retracting pauses
     abort_epoch: int = 0  # counts abort_all calls
     weight_session: bool = False  # between /begin_weight_update and /end_weight_update
+    lora_names: set[str] = field(default_factory=set)  # LoRA adapters loaded, not unloaded
     # this server's own seconds of the last weight update (since its session began), by phase:
     # receive (unpickle, broadcast or disk read) and load (into the engine); no HTTP in them
     last_weight_update_s: dict[str, float] = field(default_factory=dict)

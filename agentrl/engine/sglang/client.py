@@ -82,6 +82,7 @@ class SGLangEngine:
         self.base_url = self.http.base_url
         self.weights = SGLangWeights(self)
         self.weight_version = 0  # SGLang's "default": the weights it started with
+        self.lora_name: str | None = None  # the LoRA adapter requests name (`weights` loads it)
         self._pending: set[asyncio.Future[Any]] = set()
         self._background: set[asyncio.Future[Any]] = set()
         self._is_aborting = False
@@ -107,7 +108,7 @@ class SGLangEngine:
             raise ValueError("generate needs a non-empty input_ids")
         if self._is_aborting:
             return aborted_completion(self.weight_version)
-        payload = generate_payload(input_ids, sampling)
+        payload = generate_payload(input_ids, sampling, lora_path=self.lora_name)
         headers = {ROUTING_KEY_HEADER: routing_key} if routing_key else None
         request = asyncio.ensure_future(
             self.http.request(

@@ -33,9 +33,12 @@ def resolve_api_key(engine_cfg: Any) -> str | None:
 # ---------------------------------------------------------------- request bodies
 
 
-def generate_payload(input_ids: list[int], sampling: SamplingParams) -> dict[str, Any]:
+def generate_payload(
+    input_ids: list[int], sampling: SamplingParams, *, lora_path: str | None = None
+) -> dict[str, Any]:
     """A `/generate` body (io_struct.py GenerateReqInput) under a fresh `rid`, asking for the
-    output tokens' logprobs (which carry the ids too: see `completion_from_sglang`).
+    output tokens' logprobs (which carry the ids too: see `completion_from_sglang`), with the
+    loaded LoRA adapter `lora_path` names, if any.
 
     `sampling.seed` goes as `sampling_seed`, which SGLang honours only on a server started with
     `--enable-deterministic-inference`; elsewhere it is ignored and sampling is not reproducible."""
@@ -45,6 +48,7 @@ def generate_payload(input_ids: list[int], sampling: SamplingParams) -> dict[str
         "sampling_params": sampling.to_sglang(),
         "return_logprob": True,
         "logprob_start_len": -1,  # GenerateReqInput: -1 = logprobs of output tokens only
+        **({"lora_path": lora_path} if lora_path else {}),
     }
 
 

@@ -12,6 +12,8 @@ import dataclasses
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol
 
+from packaging.version import Version
+
 from agentrl.engine.base import EngineError
 from agentrl.weights.buckets import bucket_by_dtype
 from agentrl.weights.wire import flatten_bucket, serialize_for_ipc
@@ -21,6 +23,9 @@ if TYPE_CHECKING:
 
     from agentrl.engine.sglang.dialect import ServerDialect
     from agentrl.engine.sglang.plumbing import SGLangHTTP
+    from agentrl.weights.adapter import AdapterExport
+
+LORA_ROUTE = "/load_lora_adapter_from_tensors"
 
 
 class _Client(Protocol):
@@ -28,6 +33,7 @@ class _Client(Protocol):
 
     http: SGLangHTTP
     weight_version: int
+    lora_name: str | None
     _dialects: dict[str, ServerDialect]
 
     async def dialect(self, url: str | None = None) -> ServerDialect: ...
@@ -216,6 +222,52 @@ class SGLangWeights:
             )
         if not buckets and weight_version is not None:  # stamp the version alone
             await self.update_weight_version(weight_version)
+
+    # -- LoRA
+
+    async def load_lora_adapter(
+        self, name: str, adapter: AdapterExport, *, weight_version: int
+    ) -> None:
+        """SGLang's `/load_lora_adapter_from_tensors` on every worker (the adapter as one flattened
+        bucket, serialized once per tensor-parallel rank), then `weight_version` stamped; this
+        client's requests name the adapter from then on. A name already loaded is the same policy
+        version sent again (a sync after a heal): done."""
+        flat = flatten_bucket([(n, t.detach().contiguous()) for n, t in adapter.named_tensors])
+        load = (self._load_adapter_one(u, name, adapter, flat) for u in self.worker_urls)
+        await asyncio.gather(*load)
+        await self.update_weight_version(weight_version)
+        self.client.lora_name = name
+
+    async def _load_adapter_one(
+        self, url: str, name: str, adapter: AdapterExport, flat: dict[str, Any]
+    ) -> None:
+        dialect = await self.client.dialect(url)
+        copies = [serialize_for_ipc(flat) for _ in range(dialect.tp_size)]
+        body: dict[str, Any] = {
+            "lora_name": name,
+            "config_dict": adapter.config_dict,
+            "load_format": "flattened_bucket",
+        }
+        # 0.5.23 takes one copy per TP rank; 0.5.15 one string every rank opens
+        if dialect.is_agentrl_serve or Version(dialect.version) >= Version("0.5.23"):
+            body["serialized_named_tensors"] = copies
+        else:
+            body["serialized_tensors"] = copies[0]
+        try:
+            await self.http.post(LORA_ROUTE, body, url=url)
+        except EngineError as e:
+            if "already loaded" in str(e):
+                return
+            if "HTTP 404" in str(e):
+                raise EngineError(
+                    f"{url} ({dialect.version}) has no {LORA_ROUTE}: a LoRA run syncs its adapter "
+                    "through it; serve with SGLang >= 0.5.15 or agentrl serve, or set "
+                    "train.lora_rank=0"
+                ) from None
+            raise
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        await self.http.post_workers("/unload_lora_adapter", {"lora_name": name})
 
 
 def _versioned(payload: dict[str, Any], weight_version: int | None) -> dict[str, Any]:

@@ -19,12 +19,13 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+from tests.engine.sglang_real.standin_lora import LoraStandIn
 from tests.engine.sglang_real.standin_requests import RequestStandIn
 from tests.engine.sglang_real.standin_weights import WeightStandIn
 from tests.support.sglang_real import import_sglang
 
 
-class StandInTokenizerManager(RequestStandIn, WeightStandIn):
+class StandInTokenizerManager(RequestStandIn, WeightStandIn, LoraStandIn):
     """What SGLang's routes read and call on `_global_state.tokenizer_manager`."""
 
     def __init__(self, sglang: Any, server_args: Any, *, has_sessions: bool) -> None:
@@ -51,6 +52,7 @@ class StandInTokenizerManager(RequestStandIn, WeightStandIn):
         self._subprocess_watchdog = None
         self._init_requests(sglang)
         self._init_weights(sglang, tp_size=server_args.tp_size, has_sessions=has_sessions)
+        self._init_lora()
 
     @property
     def weight_version(self) -> str:
@@ -117,6 +119,7 @@ class StandInTokenizerManager(RequestStandIn, WeightStandIn):
             "num_cached_sequences": len(self.prefix_cache),
             "is_pause": self.is_pause,
             "pause_mode": self.pause_mode,
+            **self.lora_state(),
         }
 
 

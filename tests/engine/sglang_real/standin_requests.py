@@ -101,6 +101,7 @@ class RequestStandIn:
         if obj.rid in self.rid_to_state:
             raise ValueError(f"Duplicate request ID detected: {obj.rid}")
         params = self._sampling_params(obj.sampling_params or {})
+        self.check_lora_path(obj.lora_path)  # type: ignore[attr-defined]  # LoraStandIn's
         async with self.is_pause_cond:  # paused: new requests wait in the tokenizer manager
             await self.is_pause_cond.wait_for(lambda: not self.is_pause)
         async with self.model_update_lock.reader_lock:
