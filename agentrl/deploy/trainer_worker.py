@@ -123,7 +123,7 @@ class TrainerWorker:
         return metrics
 
     def sequence_logprobs(
-        self, token_ids: list[int], start: int, masks: tuple[list[int], list[float]] | None
+        self, token_ids: list[int], start: int, masks: tuple[list[int], list[float]] | None = None
     ) -> list[float]:
         return self.backend.sequence_logprobs(token_ids, start, masks)
 

@@ -144,16 +144,16 @@ async def test_colocated_engines_give_memory_for_the_step_and_take_it_back_aroun
     assert calls[2] == ("release",)
     assert sorted(calls[3:5]) == [("train", 0, "batch-0"), ("train", 1, "batch-1")]
     assert calls[5] == ("resume", "weights")
-    assert sorted(calls[6:8]) == [("send", 0, "1"), ("send", 1, "1")]
-    assert calls[8:] == [("version", "1"), ("resume", "kv_cache", "cuda_graph")]
+    assert sorted(calls[6:8]) == [("send", 0, 1), ("send", 1, 1)]
+    assert calls[8:] == [("version", 1), ("resume", "kv_cache", "cuda_graph")]
 
 
 async def test_disaggregated_servers_pause_for_the_sync_and_keep_their_memory():
     calls = await _choreography("disaggregated", shares_gpu=False)
     assert ("release",) not in calls and not [c for c in calls if c[0] == "resume"]
     assert calls[4] == ("pause", "retract")
-    assert sorted(calls[5:7]) == [("send", 0, "1"), ("send", 1, "1")]
-    assert calls[7:] == [("continue",), ("version", "1")]
+    assert sorted(calls[5:7]) == [("send", 0, 1), ("send", 1, 1)]
+    assert calls[7:] == [("continue",), ("version", 1)]
 
 
 async def test_a_lora_sync_names_its_adapter_on_the_served_clients() -> None:

@@ -40,9 +40,9 @@ def test_a_lora_step_served_through_agentrl_serve_is_exact(tiny_model_path, tmp_
             assert client.lora_name == f"agentrl-v{version}"
             completion = asyncio.run(client.generate(prompt, sampling))
             assert completion.weight_version == version
-            backend_of(worker).export_merged(tmp_path / version)
+            backend_of(worker).export_merged(tmp_path / f"v{version}")
             sequence = prompt + completion.ids
-            want = _teacher_forced(str(tmp_path / version), sequence, len(prompt))
+            want = _teacher_forced(str(tmp_path / f"v{version}"), sequence, len(prompt))
             assert completion.logprobs == pytest.approx(want, abs=1e-5, rel=0)
         untrained = _teacher_forced(tiny_model_path, sequence, len(prompt))
         assert max(abs(a - b) for a, b in zip(want, untrained, strict=True)) > 1e-3
