@@ -4,7 +4,7 @@
 # setting was fixed before the run (the field's rule of thumb: lr 10x full fine-tuning,
 # alpha = 2 x rank); nothing was tuned on the test split.
 # Usage: GPU=0 bash .whl3/lora_vs_full.sh [STEPS]   (runs in the background when BG=1)
-steps=${1:-24}
+steps=${1:-20}
 gpu=${GPU:-0}
 common="--num-rollout $steps --rollout-batch-size 16 --n-samples-per-prompt 8 \
   --eval-interval $((steps / 2)) --set eval.num_eval_tasks=350 --set engine.max_batch_size=128 \
