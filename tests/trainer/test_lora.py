@@ -343,21 +343,29 @@ def test_the_engine_serves_the_trained_merged_model_exactly(tiny_model_path, tmp
 
 
 @pytest.mark.gpu
-def test_cuda_lora_step_syncs_exactly_and_peaks_below_full_fine_tuning(tiny_model_path):
+def test_cuda_lora_step_syncs_exactly_and_keeps_adam_state_for_the_adapter_only(tiny_model_path):
     """On one GPU (bf16 engine, fp32 weights under bf16 autocast): after a LoRA step and an
-    adapter-only sync the engine's logprobs match the trainer's within bf16's 2e-2, and the step's peak memory is below a full
-    fine-tuning step's (no gradients nor Adam moments for the base)."""
+    adapter-only sync the engine's logprobs match the trainer's within bf16's 2e-2, and Adam's
+    moments cover the adapter alone. (The peak memory is not compared here: on this 2-layer,
+    64-wide model the 49k-token logits dominate it, and the adapters' activations put LoRA's peak
+    1% above full fine-tuning's on an H200; the main job's runs report the peaks.)"""
     from agentrl.engine.base import SamplingParams
     from agentrl.engine.local import LocalEngine
 
-    peaks = {}
+    adam_bytes = {}
     for rank in (0, 4):
         backend = TorchBackend(
             tiny_model_path, TrainConfig(lora_rank=rank, lr=1e-2), AlgoConfig(), device="cuda"
         )
         backend.setup()
         batch = _batch(AlgoConfig(), seed=9)
-        peaks[rank] = backend.train_step(batch)["max_memory_allocated_gb"]
+        backend.train_step(batch)
+        adam_bytes[rank] = sum(
+            t.numel() * t.element_size()
+            for state in backend.optimizer.state.values()
+            for t in state.values()
+            if torch.is_tensor(t) and t.dim() > 0
+        )
         if rank == 0:
             del backend
             torch.cuda.empty_cache()
@@ -379,7 +387,7 @@ def test_cuda_lora_step_syncs_exactly_and_peaks_below_full_fine_tuning(tiny_mode
     ids, engine_logprobs = asyncio.run(sync_and_generate())
     trainer = backend.sequence_logprobs(prompt + ids, len(prompt))
     assert engine_logprobs == pytest.approx(trainer, abs=2e-2, rel=0)
-    assert 0 < peaks[4] < peaks[0]
+    assert 0 < adam_bytes[4] < 0.2 * adam_bytes[0]
 
 
 # ---------------------------------------------------------------- FSDP2 on 2 CPU ranks

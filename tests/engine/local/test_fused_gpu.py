@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.local import LocalEngine, LocalEngineOptions
-from tests.engine.local.test_local import teacher_forced_logprobs
+from tests.engine.local.test_local import assert_bf16_teacher_forced, teacher_forced_logprobs
 
 pytestmark = pytest.mark.gpu
 
@@ -30,7 +30,7 @@ async def run_checked(engine: LocalEngine, sampling: SamplingParams) -> list:
         expected = teacher_forced_logprobs(
             engine.model, prompt, c.ids, sampling.temperature, sampling.top_k, sampling.top_p
         )
-        assert (torch.tensor(c.logprobs) - expected).abs().mean() <= 2e-2
+        assert_bf16_teacher_forced(c.logprobs, expected)
     return results
 
 
