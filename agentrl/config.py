@@ -508,12 +508,17 @@ def recipe_calculator() -> RunConfig:
     makes up to three calls, and needed `--set rollout.max_turns=3` before)."""
     return RunConfig(
         env=EnvConfig(id="calculator"),
-        rollout=RolloutConfig(rollout_batch_size=8, n_samples_per_prompt=4, max_turns=3,
-                              rollout_max_response_len=64, rollout_temperature=0.8),
+        rollout=RolloutConfig(
+            rollout_batch_size=8,
+            n_samples_per_prompt=4,
+            max_turns=3,
+            rollout_max_response_len=64,
+            rollout_temperature=0.8,
+        ),
         train=TrainConfig(num_rollout=12, lr=5e-6),
         checkpoint=CheckpointConfig(save="runs/calculator", save_interval=4),
         eval=EvalConfig(num_eval_tasks=64),
-    )  # fmt: skip
+    )
 
 
 RECIPE_ENTRY_POINT_GROUP = "agentrl.recipes"

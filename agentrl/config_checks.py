@@ -26,7 +26,10 @@ def resolved(cfg: RunConfig) -> RunConfig:
 def check_run(cfg: RunConfig) -> None:
     """What no single field's type or bound catches: fields that contradict each other, and
     what this machine lacks for them. A `ConfigError` naming the flags, before anything loads."""
-    engine, train, algo, rollout = cfg.engine, cfg.train, cfg.algo, cfg.rollout
+    engine = cfg.engine
+    train = cfg.train
+    algo = cfg.algo
+    rollout = cfg.rollout
     _check_async(cfg)
     _check_ignored_url(cfg)
     _check_group_size(cfg)
@@ -155,7 +158,8 @@ reinforce_plus_plus_baseline then subtracts nothing and whitens the same way."""
 
 
 def _check_group_size(cfg: RunConfig) -> None:
-    estimator, n = cfg.algo.advantage_estimator, cfg.rollout.n_samples_per_prompt
+    estimator = cfg.algo.advantage_estimator
+    n = cfg.rollout.n_samples_per_prompt
     if n == 1 and estimator in GROUP_RELATIVE_ESTIMATORS:
         raise ConfigError(
             f"--n-samples-per-prompt 1 leaves --advantage-estimator {estimator} no group to "
@@ -167,7 +171,8 @@ def _check_group_size(cfg: RunConfig) -> None:
 
 def _check_global_batch(cfg: RunConfig) -> None:
     """slime's rule: a train step's trajectories split into whole optimizer steps."""
-    size, rollout = cfg.train.global_batch_size, cfg.rollout
+    size = cfg.train.global_batch_size
+    rollout = cfg.rollout
     num = rollout.rollout_batch_size * rollout.n_samples_per_prompt
     if size is None or num % size == 0:
         return
@@ -190,7 +195,8 @@ def _check_lora(cfg: RunConfig) -> None:
     """`--lora-*` settings: the others need `--lora-rank`; the rank needs peft (and on Megatron
     no pipeline or sequence parallelism); the target modules are all-linear alone or names of
     linear layers."""
-    train, default = cfg.train, TrainConfig()
+    train = cfg.train
+    default = TrainConfig()
     if not train.lora_rank:
         given = [
             f"--lora-{name.removeprefix('lora_').replace('_', '-')}"

@@ -70,7 +70,8 @@ def settings_from_config(cfg: AlgoConfig) -> CorrectionSettings:
     rollout_is = cfg.rollout_is or base.rollout_is
     is_threshold = cfg.rollout_is_threshold or base.rollout_is_threshold
     if rollout_is is None and cfg.use_tis:
-        rollout_is, is_threshold = "token", cfg.rollout_is_threshold or cfg.tis_cap
+        rollout_is = "token"
+        is_threshold = cfg.rollout_is_threshold or cfg.tis_cap
     return CorrectionSettings(
         rollout_is=rollout_is,
         rollout_is_threshold=is_threshold,

@@ -25,8 +25,14 @@ MAX_ROW_BYTES = 4 * 1024 * 1024
 # Control characters JSON never holds raw (inside strings they are escaped): a binary file's.
 _CONTROL_BYTE = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f]")
 # what a non-object JSON line is, in JSON's words
-_JSON_KINDS: dict[type, str] = {list: "array", str: "string", int: "number", float: "number",
-                                bool: "boolean", type(None): "null"}  # fmt: skip
+_JSON_KINDS: dict[type, str] = {
+    list: "array",
+    str: "string",
+    int: "number",
+    float: "number",
+    bool: "boolean",
+    type(None): "null",
+}
 
 
 def read_rows(path: str | Path, *, max_row_bytes: int = MAX_ROW_BYTES) -> list[dict[str, Any]]:
@@ -238,6 +244,8 @@ class TaskSource:
                 f"checkpoint was taken with {state['num_tasks']} tasks but the data now has {len(self.tasks)}; "
                 "resume with the same data"
             )
-        self.seed, self.epoch, self.cursor = state["seed"], state["epoch"], state["cursor"]
+        self.seed = state["seed"]
+        self.epoch = state["epoch"]
+        self.cursor = state["cursor"]
         self._skip = {self.position + p for p in state.get("skip", [])}
         self._shuffle()

@@ -65,8 +65,10 @@ class GuardMiddleware:
         admin_api_key: str | None,
         max_body_bytes: int,
     ) -> None:
-        self.app, self.admin_paths = app, admin_paths
-        self.api_key, self.admin_api_key = api_key, admin_api_key
+        self.app = app
+        self.admin_paths = admin_paths
+        self.api_key = api_key
+        self.admin_api_key = admin_api_key
         self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -98,7 +100,8 @@ class GuardMiddleware:
         await self.app(scope, receive, send)
 
     async def _read_chunked(self, receive: Any) -> bytes | None:
-        chunks, size = [], 0
+        chunks = []
+        size = 0
         while True:
             message = await receive()
             if message["type"] != "http.request":

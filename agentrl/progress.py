@@ -117,7 +117,9 @@ class RunProgress:
 
         self.console = console or Console()
         self.is_live = self.console.is_terminal
-        self.enabled, self.interval_s, self._clock = enabled, interval_s, clock
+        self.enabled = enabled
+        self.interval_s = interval_s
+        self._clock = clock
         self.start_s = clock()
         self.phase_now: Phase | None = None
         self._rates: dict[str, float] = {}  # last measured rate per phase kind
@@ -301,7 +303,8 @@ class LogRouting:
     LOGGERS = ("", "transformers")  # the root and transformers' own (it does not propagate)
 
     def __init__(self, console: Any, *, is_live: bool) -> None:
-        self.console, self.is_live = console, is_live
+        self.console = console
+        self.is_live = is_live
         self._undo: list[Callable[[], None]] = []
 
     def start(self) -> None:

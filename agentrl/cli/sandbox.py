@@ -89,7 +89,8 @@ def _cancelled_on_signals(received: list[int]) -> Iterator[None]:
     """SIGTERM and SIGHUP cancel the run, as Ctrl-C does under `asyncio.run`: the default action
     would end the process at once and leave the run's cgroup and work dir (a tmpfs) behind.
     The signals that came are appended to `received`."""
-    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
     assert task is not None
 
     def cancel(signum: int) -> None:

@@ -103,8 +103,16 @@ def serve_command(
 
     # OpenAI clients get tool calls as `tool_calls`, parsed as training parses them
     tool_parser = ChatCodec(engine.tokenizer).parse
-    serve(engine, host=host, port=port, log_level=log_level, limits=limits,
-          api_key=api_key, admin_api_key=admin_api_key, tool_parser=tool_parser)  # fmt: skip
+    serve(
+        engine,
+        host=host,
+        port=port,
+        log_level=log_level,
+        limits=limits,
+        api_key=api_key,
+        admin_api_key=admin_api_key,
+        tool_parser=tool_parser,
+    )
 
 
 def _check_before_loading(device: str, mem_fraction_static: float, reserve_gb: float) -> None:

@@ -27,7 +27,8 @@ def check_before_writing(cfg: RunConfig) -> dict[str, Any] | None:
 def finished_line(cfg: RunConfig, loop_state: dict[str, Any]) -> str | None:
     """A resumed run whose steps are all trained, saved and evaluated has nothing to do: the
     line that says so (said before the model loads), else None."""
-    step, evals = int(loop_state["step"]), loop_state.get("evals") or []
+    step = int(loop_state["step"])
+    evals = loop_state.get("evals") or []
     num_steps = max(cfg.train.num_rollout, step)  # the loop's count: a lowered --num-rollout too
     if step < num_steps or not evals or evals[-1].get("step") != step:
         return None

@@ -41,12 +41,16 @@ def create_placement_group(
             f"{timeout_s:g}s (cluster resources: {ray.cluster_resources()}); lower the placement "
             "flags or add nodes"
         )
-    probe, gpus = ray.remote(_bundle_info), 0.01 if plan.use_gpu else 0
-    infos = ray.get([
-        probe.options(num_cpus=0.01, num_gpus=gpus, scheduling_strategy=bundle_strategy(pg, i))
-        .remote(i, plan.use_gpu)
-        for i in range(plan.num_bundles)
-    ])  # fmt: skip
+    probe = ray.remote(_bundle_info)
+    gpus = 0.01 if plan.use_gpu else 0
+    infos = ray.get(
+        [
+            probe.options(
+                num_cpus=0.01, num_gpus=gpus, scheduling_strategy=bundle_strategy(pg, i)
+            ).remote(i, plan.use_gpu)
+            for i in range(plan.num_bundles)
+        ]
+    )
     return pg, sorted(infos, key=lambda b: (b.node_ip, b.device_id, b.index))
 
 

@@ -97,8 +97,18 @@ def server_command(
     a server sharing its GPUs with the trainer (colocated) -- without it SGLang's release/resume
     of memory silently frees nothing. `api_key`: the server wants one; the key itself goes in
     the process's environment (`keyed_env`), not in this command."""
-    args = ["--model-path", model_path, "--host", host, "--port", str(port),
-            "--tp-size", str(tp_size), "--mem-fraction-static", str(engine.mem_fraction_static)]  # fmt: skip
+    args = [
+        "--model-path",
+        model_path,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--tp-size",
+        str(tp_size),
+        "--mem-fraction-static",
+        str(engine.mem_fraction_static),
+    ]
     if base_gpu_id:
         args += ["--base-gpu-id", str(base_gpu_id)]  # servers on one host take disjoint GPUs
     if enable_memory_saver:
@@ -140,8 +150,20 @@ def router_command(
     binds, on a free port: by default both routers put it on 0.0.0.0:29000 (every interface,
     and a second router on the machine fails to start)."""
     (metrics_port,) = free_ports(1, host)
-    args = ["--worker-urls", *worker_urls, "--policy", policy, "--host", host, "--port", str(port),
-            "--prometheus-host", host, "--prometheus-port", str(metrics_port)]  # fmt: skip
+    args = [
+        "--worker-urls",
+        *worker_urls,
+        "--policy",
+        policy,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--prometheus-host",
+        host,
+        "--prometheus-port",
+        str(metrics_port),
+    ]
     return module_command(f"{module}.launch_router", args, is_keyed=bool(api_key))
 
 
@@ -222,7 +244,8 @@ def wait_healthy(
 # SGLang derives a gRPC port of --port + 10000 and refuses to start when that passes 65535
 # (0.5.15); Linux's ephemeral range reaches 60999, so ports are drawn below this bound, and
 # above Ray's default worker ports (10002-19999), which a Ray head or worker may want.
-MIN_SERVER_PORT, MAX_SERVER_PORT = 20000, 55535
+MIN_SERVER_PORT = 20000
+MAX_SERVER_PORT = 55535
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:

@@ -94,8 +94,11 @@ class RayCluster:
     def __init__(
         self, cfg: RunConfig, owns_ray: bool, plan: Deployment, pg: Any, bundles: list[BundleInfo]
     ) -> None:
-        self.cfg, self.owns_ray = cfg, owns_ray
-        self.plan, self.pg, self.bundles = plan, pg, bundles
+        self.cfg = cfg
+        self.owns_ray = owns_ray
+        self.plan = plan
+        self.pg = pg
+        self.bundles = bundles
         self.actors: list[Any] = []
 
     @classmethod
@@ -123,7 +126,8 @@ class RayCluster:
         """Where each trainer rank runs: its rank, device, process group address and port."""
         import ray
 
-        plan, bundles = self.plan, self.bundles
+        plan = self.plan
+        bundles = self.bundles
         first = bundles[plan.trainer_bundles[0]]
         master_port = (
             await ray.remote(_free_port)
@@ -131,11 +135,16 @@ class RayCluster:
             .remote()
         )
         return [
-            dict(rank=rank, world_size=plan.num_trainer_ranks, master_addr=first.node_ip,
-                 master_port=master_port, device_id=bundles[b].device_id,
-                 device=f"cuda:{bundles[b].device_id}" if plan.use_gpu else "cpu")
+            dict(
+                rank=rank,
+                world_size=plan.num_trainer_ranks,
+                master_addr=first.node_ip,
+                master_port=master_port,
+                device_id=bundles[b].device_id,
+                device=f"cuda:{bundles[b].device_id}" if plan.use_gpu else "cpu",
+            )
             for rank, b in enumerate(plan.trainer_bundles)
-        ]  # fmt: skip
+        ]
 
     async def start_ranks(self, worker_cls: type, specs: list[Any]) -> list[Any]:
         """One `worker_cls(spec)` actor per trainer rank, on its bundle; waits for their models."""

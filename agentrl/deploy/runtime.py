@@ -38,10 +38,13 @@ class Runtime:
         check_weight_sync: bool,
         on_close: Callable[[], None] | None = None,
     ) -> None:
-        self.plan, self.trainer, self.engines = plan, trainer, engines
+        self.plan = plan
+        self.trainer = trainer
+        self.engines = engines
         # A `GatedEngine` (the Engine protocol by delegation): a weight update drains turns.
         self.engine: Any = engines.engine
-        self.temperature, self.check_weight_sync = temperature, check_weight_sync
+        self.temperature = temperature
+        self.check_weight_sync = check_weight_sync
         self.on_close = on_close
         self.pad_id = 0
         self.dp_ranks = [0] * len(trainer.workers)  # worker i trains on batches[dp_ranks[i]]

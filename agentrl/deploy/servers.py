@@ -73,17 +73,35 @@ def server_cmd(spec: ServerSpec, port: int) -> list[str]:
                 cmd += ["--enable-weights-cpu-backup"]
         return cmd
     device = f"cuda:{spec.device_ids[0]}" if spec.use_gpu else "cpu"
-    return [sys.executable, "-m", "agentrl.cli", "serve", "--model", spec.model_path,
-            "--host", spec.host, "--port", str(port), "--device", device,
-            "--dtype", spec.dtype, "--max-batch-size", str(spec.engine.max_batch_size),
-            "--mem-fraction-static", str(spec.engine.mem_fraction_static),
-            "--reserve-gb", f"{spec.reserve_bytes / 2**30:.3f}",
-            "--log-level", "warning",
-            # Colocated: the trainer resends every weight after a release, no host copy needed;
-            # under LoRA it sends the adapter alone, so the base must survive the release.
-            "--no-weights-cpu-backup" if spec.is_colocated and not spec.lora_rank
-            else "--weights-cpu-backup",
-            ]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "agentrl.cli",
+        "serve",
+        "--model",
+        spec.model_path,
+        "--host",
+        spec.host,
+        "--port",
+        str(port),
+        "--device",
+        device,
+        "--dtype",
+        spec.dtype,
+        "--max-batch-size",
+        str(spec.engine.max_batch_size),
+        "--mem-fraction-static",
+        str(spec.engine.mem_fraction_static),
+        "--reserve-gb",
+        f"{spec.reserve_bytes / 2**30:.3f}",
+        "--log-level",
+        "warning",
+        # Colocated: the trainer resends every weight after a release, no host copy needed;
+        # under LoRA it sends the adapter alone, so the base must survive the release.
+        "--no-weights-cpu-backup"
+        if spec.is_colocated and not spec.lora_rank
+        else "--weights-cpu-backup",
+    ]
 
 
 def server_env(spec: ServerSpec) -> dict[str, str]:
@@ -118,7 +136,8 @@ class EngineServer(ManagedProcess):
         """Launch (or relaunch on a fresh port) and wait for `/health_generate`; returns the URL."""
         self.stop()
         (port,) = free_ports(1, self.spec.host)
-        self.url, self.cmd = f"http://{self.spec.host}:{port}", server_cmd(self.spec, port)
+        self.url = f"http://{self.spec.host}:{port}"
+        self.cmd = server_cmd(self.spec, port)
         super().start()
         wait_healthy(self, timeout_s=self.spec.health_timeout_s)
         return self.url
@@ -148,7 +167,8 @@ def start_engine_actors(
     actors = []
     hosts = engine_hosts(plan, bundles)
     for e, members in enumerate(plan.engine_bundles):
-        first, host = bundles[members[0]], hosts[e]
+        first = bundles[members[0]]
+        host = hosts[e]
         is_local = host == "127.0.0.1"
         spec = ServerSpec(
             index=e,
@@ -171,8 +191,9 @@ def start_engine_actors(
                 "engine %d: SGLang sizes its KV cache from --mem-fraction-static alone; the trainer "
                 "rank on its GPU will hold %.1f GiB more after its first step (lower "
                 "engine.mem_fraction_static if the KV cache cannot resume)",
-                e, spec.reserve_bytes / 2**30,
-            )  # fmt: skip
+                e,
+                spec.reserve_bytes / 2**30,
+            )
         actors.append(
             actor_cls.options(
                 num_cpus=plan.engine_share if not plan.use_gpu else 0.1,

@@ -277,7 +277,8 @@ class TrainerGroup:
     agree, rank 0's answer."""
 
     def __init__(self, workers: list[Any], *, is_remote: bool) -> None:
-        self.workers, self.is_remote = workers, is_remote
+        self.workers = workers
+        self.is_remote = is_remote
 
     async def pad_id(self) -> int:
         return (await self._all(TrainerWorker.pad_id))[0]

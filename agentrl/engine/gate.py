@@ -19,9 +19,11 @@ class GatedEngine:
     `clock` times the busy seconds (a test passes its own)."""
 
     def __init__(self, engine: Engine, clock: Callable[[], float] = time.perf_counter) -> None:
-        self.inner, self._clock = engine, clock
+        self.inner = engine
+        self._clock = clock
         # asyncio (3.10+) binds an Event to a loop at its first wait, not at its creation
-        self._is_open, self._idle = asyncio.Event(), asyncio.Event()
+        self._is_open = asyncio.Event()
+        self._idle = asyncio.Event()
         self._is_open.set()
         self._idle.set()
         self.num_running = 0  # generate calls inside the engine now

@@ -102,7 +102,8 @@ class RoutedEngine:
         self, input_ids: list[int], sampling: SamplingParams, *, routing_key: str | None = None
     ) -> Completion:
         if self.router is not None:
-            index, client = -1, self.router
+            index = -1
+            client = self.router
         else:
             index = self.server_for(routing_key)
             client = self.clients[index]

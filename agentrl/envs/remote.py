@@ -53,7 +53,8 @@ class RemoteEnv(AgentEnv):
     def __init__(self, url: str, timeout_s: float = 600.0) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"env.kwargs.url={url!r}: give the env server's http:// URL")
-        self.url, self.timeout_s = url.rstrip("/"), timeout_s
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
         self.tools = RemoteTools()  # type: ignore[assignment]
         self._session: str | None = None
         self._client: httpx.AsyncClient | None = None

@@ -155,7 +155,8 @@ class SessionStore:
                 f"{max_sessions}]"
             )
         _check_positive("--session-ttl-s", ttl_s)
-        self.env_factory, self.clock = env_factory, clock
+        self.env_factory = env_factory
+        self.clock = clock
         self.max_sessions, self.max_sessions_per_client, self.ttl_s = (
             max_sessions,
             per_client,
@@ -328,17 +329,19 @@ def create_env_app(
         async with session.lock:
             if session.ended is not None:
                 return _error(
-                    409, f"session {sid!r}: the episode is over ({session.ended}); POST /sessions "
+                    409,
+                    f"session {sid!r}: the episode is over ({session.ended}); POST /sessions "
                     "starts the next one",
-                )  # fmt: skip
+                )
             try:
                 result = await session.runner.run(session.env.step(action), step_timeout_s)
             except asyncio.TimeoutError:  # on 3.10 not the builtin TimeoutError
                 store.close(sid)  # its thread closes the env once the step returns
                 return _error(
-                    504, f"env.step took over {step_timeout_s:g}s (--step-timeout-s); session "
+                    504,
+                    f"env.step took over {step_timeout_s:g}s (--step-timeout-s); session "
                     f"{sid!r} is closed",
-                )  # fmt: skip
+                )
             except Exception as e:
                 return _error(500, f"env.step raised {type(e).__name__}: {e}")
             finally:

@@ -39,7 +39,8 @@ def task_metrics(groups: Sequence[Group]) -> dict[str, dict[str, float]]:
 def compare(before: Sequence[Group], after: Sequence[Group]) -> dict[str, Interval]:
     """metric -> mean of (after - before) over the tasks both evaluations scored, with a
     Student-t 95% interval on the per-task differences."""
-    a, b = task_metrics(before), task_metrics(after)
+    a = task_metrics(before)
+    b = task_metrics(after)
     return {name: stats.paired_diff_ci(a[name], b[name]) for name in a if name in b}
 
 

@@ -92,7 +92,8 @@ def _check_unique_ids(tasks: Sequence[Task]) -> None:
 
 def _prepare(out: Path, identity: dict[str, Any], k: int, *, resume: bool) -> dict[str, Group]:
     """Check the saved run matches, keep its complete groups, and record the identity."""
-    path, state_path = out / TRAJECTORIES_FILE, out / STATE_FILE
+    path = out / TRAJECTORIES_FILE
+    state_path = out / STATE_FILE
     done: dict[str, Group] = {}
     if resume and path.exists():
         if state_path.exists():

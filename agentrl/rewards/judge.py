@@ -24,9 +24,13 @@ Backend = Callable[[list[Message]], Awaitable[str]]
 
 
 def openai_backend(
-    url: str, *, model: str, api_key: str | None = None, timeout_s: float = 120.0,
+    url: str,
+    *,
+    model: str,
+    api_key: str | None = None,
+    timeout_s: float = 120.0,
     max_tokens: int = 256,
-) -> Backend:  # fmt: skip
+) -> Backend:
     """Chat completions at `url` (a base URL such as `http://127.0.0.1:30000/v1`), greedy."""
     import httpx
 
@@ -81,8 +85,10 @@ class Judge:
         for name, value in (("max_concurrency", max_concurrency), ("max_attempts", max_attempts)):
             if value < 1:
                 raise ValueError(f"judge {name}={value}: use an int >= 1")
-        self.rubric, self.backend = rubric, backend
-        self.max_concurrency, self.cache_size = max_concurrency, cache_size
+        self.rubric = rubric
+        self.backend = backend
+        self.max_concurrency = max_concurrency
+        self.cache_size = cache_size
         self.max_attempts = max_attempts
         self.cache: OrderedDict[str, JudgeScore] = OrderedDict()
         self.num_requests = 0
@@ -98,7 +104,8 @@ class Judge:
             return self.cache[key]
         loop = asyncio.get_running_loop()
         if self._loop is not loop:  # a Judge outlives event loops (eval runs its own)
-            self._loop, self._in_flight = loop, {}
+            self._loop = loop
+            self._in_flight = {}
             self._limit = asyncio.Semaphore(self.max_concurrency)
         if key not in self._in_flight:
             call = self.rubric.request(prompt, answer, reference)

@@ -43,7 +43,8 @@ class DrawLedger:
         draw, self._num_draws = self._num_draws, self._num_draws + 1
         position = getattr(self.source, "position", None)
         if before is not None and position is not None:
-            self._before[draw], self._position[draw] = before, position - 1
+            self._before[draw] = before
+            self._position[draw] = position - 1
         self._open.add(draw)
         return draw, task
 
@@ -88,9 +89,13 @@ class RolloutWorker:
         heal: Callable[[], Awaitable[int]] | None = None,
         max_reruns: int = 2,
     ) -> None:
-        self.runner, self.source, self.n = runner, source, n
-        self.num_groups_in_flight, self.max_queued = num_groups_in_flight, max_queued
-        self.seed_for_group, self.heal = seed_for_group, heal
+        self.runner = runner
+        self.source = source
+        self.n = n
+        self.num_groups_in_flight = num_groups_in_flight
+        self.max_queued = max_queued
+        self.seed_for_group = seed_for_group
+        self.heal = heal
         self.ledger = DrawLedger(source)
         self.done: asyncio.Queue[tuple[int, Group]] = asyncio.Queue()
         self.running: set[asyncio.Task[None]] = set()

@@ -183,7 +183,8 @@ class ChatCodec:
         counts = [len(self.encode(m.content)) for m in messages]
         if sum(counts) <= max_tokens:
             return messages
-        budgets, remaining = [0] * len(messages), max_tokens
+        budgets = [0] * len(messages)
+        remaining = max_tokens
         for rank, i in enumerate(sorted(range(len(messages)), key=counts.__getitem__)):
             budgets[i] = min(counts[i], remaining // (len(messages) - rank))
             remaining -= budgets[i]

@@ -46,7 +46,8 @@ def check_codec(codec: ChatCodec, tools: list[dict[str, Any]] | None = None) -> 
         # Observations are raw text appended after the sampled ids: there is no template render to
         # match beyond the prompt, which must at least render.
         ids = codec.render_prompt([Message("user", "Question: why?")], tools)
-        report.num_conversations, report.num_tokens = 1, len(ids)
+        report.num_conversations = 1
+        report.num_tokens = len(ids)
         return report
     conversations = (
         _tag_conversations(tools)

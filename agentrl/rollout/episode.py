@@ -40,7 +40,9 @@ class EpisodeRecord:
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def add_prompt(self, ids: list[int]) -> None:
-        self.token_ids, self.loss_mask, self.prompt_len = list(ids), [0] * len(ids), len(ids)
+        self.token_ids = list(ids)
+        self.loss_mask = [0] * len(ids)
+        self.prompt_len = len(ids)
 
     def add_sampled(self, completion: Completion, text: str, sampling: SamplingParams) -> Turn:
         turn = Turn(

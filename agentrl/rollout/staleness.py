@@ -29,7 +29,8 @@ def drop_stale(
     trained on); a group left empty goes too. Returns (kept groups, trajectories dropped)."""
     if max_staleness is None:
         return [list(g) for g in groups], 0
-    kept, num_dropped = [], 0
+    kept = []
+    num_dropped = 0
     for group in groups:
         fresh = [t for t in group if trajectory_lag(t, trainer_version) <= max_staleness]
         num_dropped += len(group) - len(fresh)

@@ -70,7 +70,8 @@ async def _train(cfg: RunConfig, progress: RunProgress) -> TrainResult:
     from agentrl.model_store import resolve_model_path  # the one resolution of the run
 
     model_path = resolve_model_path(cfg.model.path, cfg.model.cache_dir)
-    run_dir, is_resume = Path(cfg.checkpoint.save), bool(cfg.checkpoint.resume)
+    run_dir = Path(cfg.checkpoint.save)
+    is_resume = bool(cfg.checkpoint.resume)
     run_dir_guard.check_writable(
         run_dir, is_resume=is_resume, is_overwrite=cfg.checkpoint.overwrite
     )
@@ -106,8 +107,18 @@ async def _train_in(
             start_step, evals = await resume_run(cfg.checkpoint, runtime, source)
         if cfg.checkpoint.resume:  # the steps after the checkpoint are redone: logged once
             logger.truncate_after(start_step)
-        state = RunState(cfg, run_dir, runtime, runner, source, eval_tasks, logger, evals,
-                         step=start_step, progress=progress)  # fmt: skip
+        state = RunState(
+            cfg,
+            run_dir,
+            runtime,
+            runner,
+            source,
+            eval_tasks,
+            logger,
+            evals,
+            step=start_step,
+            progress=progress,
+        )
         with stop_on_signals(progress):
             return await _run(state, start_step)
     finally:
@@ -149,20 +160,24 @@ class _Steps:
     save when due (their time belongs to no step's pace)."""
 
     def __init__(self, state: RunState, schedule: SyncSchedule) -> None:
-        self.state, self.schedule = state, schedule
+        self.state = state
+        self.schedule = schedule
         self.pace = Pace(state.runtime.engine, state.runner)
         self.step_times: list[float] = []  # the run's ETA: their mean (evals and saves aside)
         self.last_save_t = time.monotonic()
 
     async def run(self, step: int) -> None:
-        state, cfg, schedule = self.state, self.state.cfg, self.schedule
+        state = self.state
+        cfg = self.state.cfg
+        schedule = self.schedule
         rollout = await schedule.next_rollout(step)
         if problem := why_untrainable(rollout.collected.groups):
             await schedule.stop()
             raise NothingToTrainError(f"step {step + 1}: {problem}; {how_to_go_on(state.run_dir)}")
         t0 = time.perf_counter()
         metrics = await state.learn(step, rollout)
-        busy_s, done = time.perf_counter() - t0, step + 1
+        busy_s = time.perf_counter() - t0
+        done = step + 1
         try:
             if not cfg.train.use_async or _is_due(cfg.train.update_weights_interval, done):
                 await schedule.before_sync()  # trainer idle: not in busy_s

@@ -161,7 +161,8 @@ class FullAsyncSchedule(SyncSchedule):
         self.worker.start()
 
     async def next_rollout(self, step: int) -> Rollout:
-        cfg, t0 = self.state.cfg, time.perf_counter()
+        cfg = self.state.cfg
+        t0 = time.perf_counter()
         rollout = cfg.rollout
         want = rollout.rollout_batch_size
         # dropped by dynamic sampling: as many groups as the synchronous path samples at most
@@ -200,15 +201,18 @@ class Pace:
     with no work / step time), episodes in flight and the queue of finished groups."""
 
     def __init__(self, engine: GatedEngine, runner: Any) -> None:
-        self.engine, self.runner = engine, runner
+        self.engine = engine
+        self.runner = runner
         self.restart()
 
     def restart(self) -> None:
         """Start the next step's clock now (what happened since belongs to no train step)."""
-        self.last_end, self.last_busy = time.perf_counter(), self.engine.busy_seconds()
+        self.last_end = time.perf_counter()
+        self.last_busy = self.engine.busy_seconds()
 
     def step_metrics(self, trainer_busy_s: float, queue_depth: int) -> dict[str, float]:
-        now, busy = time.perf_counter(), self.engine.busy_seconds()
+        now = time.perf_counter()
+        busy = self.engine.busy_seconds()
         step_s = max(now - self.last_end, 1e-9)
         out = {
             "time/step_s": step_s,
@@ -218,5 +222,6 @@ class Pace:
             "rollout/queue_depth": float(queue_depth),
             "rollout/turns_held_by_weight_update": float(self.engine.num_turns_held),
         }
-        self.last_end, self.last_busy = now, busy
+        self.last_end = now
+        self.last_busy = busy
         return out

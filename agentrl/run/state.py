@@ -43,8 +43,13 @@ class RunState:
         step: int = 0,
         progress: RunProgress | None = None,
     ):
-        self.cfg, self.run_dir, self.runtime = cfg, run_dir, runtime
-        self.runner, self.source, self.eval_tasks, self.logger = runner, source, eval_tasks, logger
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.runtime = runtime
+        self.runner = runner
+        self.source = source
+        self.eval_tasks = eval_tasks
+        self.logger = logger
         self.evals: list[dict[str, Any]] = evals
         self.progress = progress or RunProgress(enabled=False)
         self.is_resumed = bool(cfg.checkpoint.resume)
@@ -57,7 +62,8 @@ class RunState:
         """The step's groups, and the data cursor just past its tasks (what a checkpoint taken
         after this step records, even while the next step's tasks are already drawn).
         `is_shown`: the progress display follows it (a rollout ahead of training is not)."""
-        cfg, t0 = self.cfg, time.perf_counter()
+        cfg = self.cfg
+        t0 = time.perf_counter()
         num_episodes = cfg.rollout.rollout_batch_size * cfg.rollout.n_samples_per_prompt
         name = f"step {step + 1}/{cfg.train.num_rollout} rollout"
         work = self.runner.sampled_tokens  # tokens sampled, and the most a step samples
@@ -96,7 +102,8 @@ class RunState:
         t0 = time.perf_counter()
         metrics = await self.offpolicy_metrics(groups, step) if cfg.train.use_async else {}
         train_metrics, is_interrupted = await self._update(step, groups)
-        self.step, self.data_state = step + 1, rollout.data_state
+        self.step = step + 1
+        self.data_state = rollout.data_state
         metrics.update(_step_metrics(groups, step, rollout, train_metrics))
         metrics["time/train_s"] = time.perf_counter() - t0
         if is_interrupted:  # the step counts and is saved on the way out: so is its line
@@ -121,11 +128,13 @@ class RunState:
         with self.progress.phase(name, num_tokens, "tokens", kind="train") as phase:
             update = asyncio.ensure_future(self.runtime.train_step(batches))
             try:
-                train_metrics, is_interrupted = await asyncio.shield(update), False
+                train_metrics = await asyncio.shield(update)
+                is_interrupted = False
             except asyncio.CancelledError:
                 # Interrupted mid-update: the weights are changing on a worker; let the step
                 # finish and count it, so the checkpoint taken on the way out holds whole steps.
-                train_metrics, is_interrupted = await update, True
+                train_metrics = await update
+                is_interrupted = True
             phase.advance(num_tokens)
         return train_metrics, is_interrupted
 
@@ -170,8 +179,12 @@ class RunState:
         return summary
 
     async def save(self, step: int) -> Path:
-        loop_state = {"step": step, "data": self.data_state, "evals": self.evals,
-                      "config": self.cfg.to_dict()}  # fmt: skip
+        loop_state = {
+            "step": step,
+            "data": self.data_state,
+            "evals": self.evals,
+            "config": self.cfg.to_dict(),
+        }
         return await save_run(self.run_dir, self.runtime, loop_state, self.cfg.checkpoint.keep_last)
 
 

@@ -48,14 +48,19 @@ def truncate_middle(
         return text
     units: Any  # the text's characters or its token ids
     if tokenizer is None:
-        units, budget, what = text, max_tokens * CHARS_PER_TOKEN, "characters"
+        units = text
+        budget = max_tokens * CHARS_PER_TOKEN
+        what = "characters"
     else:
-        units, budget, what = tokenizer.encode(text), max_tokens, "tokens"
+        units = tokenizer.encode(text)
+        budget = max_tokens
+        what = "tokens"
     if len(units) <= budget:
         return text
     widest = _marker(len(units), what)  # as many digits as the real marker can have
     keep = max(budget - (len(widest) if tokenizer is None else len(tokenizer.encode(widest))), 2)
-    head, tail = units[: (keep + 1) // 2], units[len(units) - keep // 2 :]
+    head = units[: (keep + 1) // 2]
+    tail = units[len(units) - keep // 2 :]
     if tokenizer is not None:
         head, tail = tokenizer.decode(head), tokenizer.decode(tail)
     return f"{head}{_marker(len(units) - keep, what)}{tail}"

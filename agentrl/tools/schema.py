@@ -162,7 +162,8 @@ _TYPE_ERRORS = ("enum", "literal_error", "int_from_float", "model_attributes_typ
 def argument_error(error: pydantic.ValidationError, schema: dict[str, Any]) -> ArgumentError:
     """The first problem, in the words of the JSON schema the model was shown."""
     first = error.errors(include_url=False)[0]
-    kind, loc = first["type"], first["loc"]
+    kind = first["type"]
+    loc = first["loc"]
     if kind == "extra_forbidden":
         parent_path, parent = _locate(schema, loc[:-1])
         accepted = ", ".join(parent.get("properties", {})) or "none"

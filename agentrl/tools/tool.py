@@ -104,7 +104,8 @@ class Tool:
         with contextlib.suppress(ImportError, AttributeError, ValueError):  # no name reaches it
             if pkgutil.resolve_name(name) is self:
                 return pkgutil.resolve_name, (name,)
-        owner, attr = getattr(self.fn, "__self__", None), getattr(self.fn, "__name__", "")
+        owner = getattr(self.fn, "__self__", None)
+        attr = getattr(self.fn, "__name__", "")
         if owner is not None and isinstance(inspect.getattr_static(type(owner), attr, None), Tool):
             return getattr, (owner, attr)  # `@tool` on a method: re-bind on the unpickled owner
         return super().__reduce__()

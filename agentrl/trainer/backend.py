@@ -26,8 +26,13 @@ def make_trainer_backend(
     else:
         from agentrl.trainer.torch_backend import TorchBackend as backend_cls
     backend = backend_cls(
-        model_path, train_cfg, algo_cfg, device=device, dtype=dtype, temperature=temperature,
+        model_path,
+        train_cfg,
+        algo_cfg,
+        device=device,
+        dtype=dtype,
+        temperature=temperature,
         num_optimizer_steps=num_optimizer_steps,
-    )  # fmt: skip
+    )
     backend.setup()
     return backend  # type: ignore[return-value]

@@ -77,7 +77,9 @@ class TrainerBackend(ABC):
     ) -> None:
         self.device = check_backend_args(dtype=dtype, temperature=temperature, device=device)
         self._check_machine(train_cfg)
-        self.model_path, self.train_cfg, self.algo_cfg = model_path, train_cfg, algo_cfg
+        self.model_path = model_path
+        self.train_cfg = train_cfg
+        self.algo_cfg = algo_cfg
         self.objective = build_objective(algo_cfg)
         self.param_dtype: torch.dtype = (
             getattr(torch, dtype) if dtype != "auto" else self.auto_dtype
@@ -292,7 +294,8 @@ class TrainerBackend(ABC):
             )
         if start == len(token_ids):
             return []
-        ids, n = torch.tensor([token_ids]), len(token_ids) - 1
+        ids = torch.tensor([token_ids])
+        n = len(token_ids) - 1
         # Position t predicts token t+1, so the trained positions start at start - 1.
         mask = (torch.arange(n) >= start - 1).float()[None]
         zeros = torch.zeros(1, n)

@@ -150,7 +150,8 @@ class _Sample:
 
 
 def _make_sample(index: int, traj: Trajectory, advantage: float, pad_id: int) -> _Sample | None:
-    ids, mask = list(traj.token_ids), [int(m) for m in traj.loss_mask]
+    ids = list(traj.token_ids)
+    mask = [int(m) for m in traj.loss_mask]
     if len(mask) != len(ids) or sum(mask) != len(traj.logprobs):
         raise ValueError(
             f"trajectory {traj.episode_id or index!r}: {len(ids)} token ids, {len(mask)} mask "
@@ -194,7 +195,8 @@ def sampling_masks(turns: Sequence[Turn], length: int) -> tuple[list[int], list[
     top_p = [OFF_TOP_P] * length
     for turn in replayed:
         for t in range(turn.start, min(turn.start + turn.num_sampled, length + 1)):
-            top_k[t - 1], top_p[t - 1] = int(turn.top_k), float(turn.top_p)
+            top_k[t - 1] = int(turn.top_k)
+            top_p[t - 1] = float(turn.top_p)
     return top_k, top_p
 
 

@@ -68,7 +68,8 @@ def chunked_logprobs(
     one chunk of logits is alive at any time; the engine's logprobs use the same definition.
     With `is_entropy_trained` False the entropy carries no gradient (cheaper; a metric only).
     `top_k` / `top_p` ([M] each, the turn's sampling of each target): sampling-mask replay."""
-    logprob_parts, entropy_parts = [], []
+    logprob_parts = []
+    entropy_parts = []
     for start in range(0, hidden.shape[0], chunk_size):
         h = hidden[start : start + chunk_size]
         chunk = slice(start, start + chunk_size)

@@ -410,8 +410,11 @@ def loss_agg_mode(cfg: AlgoConfig) -> str:
     if cfg.loss_agg_mode != default and cfg.policy_loss in DEFAULT_LOSS_AGG_MODE:
         logger.warning(
             "algo.loss_agg_mode=%s overrides %s's own %s: longer sequences weigh more than the "
-            "paper's objective", cfg.loss_agg_mode, cfg.policy_loss, default,
-        )  # fmt: skip
+            "paper's objective",
+            cfg.loss_agg_mode,
+            cfg.policy_loss,
+            default,
+        )
     return cfg.loss_agg_mode
 
 

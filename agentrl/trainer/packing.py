@@ -34,7 +34,8 @@ def pack_tokens(
     unpacked rows continues its row's positions, so it rides at the end of that sequence, after
     every real token, which causal attention never lets it reach). The length is rounded up to
     `multiple` with one extra pad sequence."""
-    ids, positions = input_ids.reshape(-1), position_ids.reshape(-1)
+    ids = input_ids.reshape(-1)
+    positions = position_ids.reshape(-1)
     num_tokens = ids.numel()
     pad = -num_tokens % multiple
     if pad:
@@ -71,7 +72,7 @@ def packed_causal_attention(
         query, key, value = (t.contiguous() for t in (query, key, value))
         return torch.ops.aten._flash_attention_forward(
             query, key, value, cu, cu, max_seqlen, max_seqlen, 0.0, True, False, scale=scale
-        )[0]  # fmt: skip
+        )[0]
     outputs = []
     bounds = cu_seqlens.tolist()
     for start, end in zip(bounds[:-1], bounds[1:], strict=True):
@@ -88,8 +89,12 @@ def packed_attention_kwargs(position_ids: Tensor) -> dict[str, Any]:
     if position_ids.shape[-1] == 0 or bool((position_ids[:, 0] != 0).any()):
         raise ValueError("packed attention needs every row to start a sequence (position 0)")
     cu, longest = cu_seqlens_of(position_ids.reshape(-1))
-    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest,
-            "max_length_k": longest}  # fmt: skip
+    return {
+        "cu_seq_lens_q": cu,
+        "cu_seq_lens_k": cu,
+        "max_length_q": longest,
+        "max_length_k": longest,
+    }
 
 
 def _hf_packed_attention(

@@ -195,7 +195,9 @@ def mismatch_stats(
     safe = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
     k3 = safe.exp() - safe - 1
     num_tokens = seg.seq_num_tokens.clamp_min(1)  # [S]
-    k1_sum, k3_sum = seg.seq_sum(k1), seg.seq_sum(k3)  # [S]
+    # [S]
+    k1_sum = seg.seq_sum(k1)
+    k3_sum = seg.seq_sum(k3)
     per_token = {"mismatch_kl_k1": k1, "mismatch_kl_k3": k3}
     per_seq = {
         "mismatch_seq_kl_k1": k1_sum,

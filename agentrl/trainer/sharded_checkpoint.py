@@ -131,7 +131,8 @@ def _state_dicts(
     trainable_only: bool,
 ) -> dict[str, Any]:
     if not with_optimizer:
-        model_state, optim_state = get_model_state_dict(model), None
+        model_state = get_model_state_dict(model)
+        optim_state = None
     else:
         model_state, optim_state = get_state_dict(model, optimizer)
     if trainable_only:

@@ -207,7 +207,8 @@ class TorchBackend(TrainerBackend):
                 scheduler.step()
 
     def _update(self, step: StepBatch) -> dict[str, float]:
-        optimizer, policy = self._ready(self.optimizer), self._ready(self._policy)
+        optimizer = self._ready(self.optimizer)
+        policy = self._ready(self._policy)
         self.model.train()
         optimizer.zero_grad(set_to_none=True)
         parts = []
@@ -294,7 +295,8 @@ class TorchBackend(TrainerBackend):
         `PeftModel.from_pretrained(base, directory)` loads; `export_merged` writes a whole model."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        model, optimizer = self.model, self._ready(self.optimizer)
+        model = self.model
+        optimizer = self._ready(self.optimizer)
         sharded_checkpoint.save_sharded(out, model, optimizer, trainable_only=self.is_lora)
         if self._lora is not None:
             adapter = self.export_adapter()
@@ -335,7 +337,8 @@ class TorchBackend(TrainerBackend):
         src = Path(directory)
         counters = read_json(src / STATE_FILE) if (src / STATE_FILE).is_file() else {}
         _check_same_lora(src, counters.get("lora"), self._lora_key)
-        model, optimizer = self.model, self._ready(self.optimizer)
+        model = self.model
+        optimizer = self._ready(self.optimizer)
         sharded_checkpoint.load_sharded(src, model, optimizer, trainable_only=self.is_lora)
         self._offload.forget()  # the loaded state replaced it, on the parameters' device
         scheduler_state = weights_only_load(src / SCHEDULER_FILE, str(src / SCHEDULER_FILE))

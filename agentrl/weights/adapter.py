@@ -12,7 +12,8 @@ from typing import Any
 from torch import Tensor
 
 PEFT_PREFIX = "base_model.model."
-_A, _B = ".lora_A.weight", ".lora_B.weight"
+_A = ".lora_A.weight"
+_B = ".lora_B.weight"
 
 
 def adapter_name(version: int) -> str:
@@ -59,7 +60,8 @@ class AdapterExport:
         rank = int(self.config_dict["r"])
         out = {}
         for weight, pair in halves.items():
-            a, b = pair.get(_A), pair.get(_B)
+            a = pair.get(_A)
+            b = pair.get(_B)
             if a is None or b is None or a.shape[0] != rank or b.shape[1] != rank:
                 raise ValueError(
                     f"adapter of {weight}: needs lora_A [r={rank}, in] and lora_B [out, r={rank}], "

@@ -124,7 +124,8 @@ class ArenaStep:
         """`q` [N, H, D], `key`/`value` [N, KVH, D] (rotated; any strides with a unit last one).
         Writes the keys and values into the arena (unless the caller did: `written`), then
         attends. Returns [N, H, D]."""
-        keys, values = self.keys[layer], self.values[layer]
+        keys = self.keys[layer]
+        values = self.values[layer]
         if not written:
             keys.index_copy_(0, self.write_index, key.to(keys.dtype))
             values.index_copy_(0, self.write_index, value.to(values.dtype))
@@ -145,11 +146,22 @@ class ArenaStep:
         if self.use_flash:
             # Each row reads only its own seqused_k keys: the slot's unwritten tail is never read.
             return torch.ops.aten._flash_attention_forward(
-                q, keys, values, self.cu_q, self.cu_k, self.max_q, self.max_k, 0.0, True, False,
-                scale=scale, seqused_k=self.seqused_k,
-            )[0]  # fmt: skip
+                q,
+                keys,
+                values,
+                self.cu_q,
+                self.cu_k,
+                self.max_q,
+                self.max_k,
+                0.0,
+                True,
+                False,
+                scale=scale,
+                seqused_k=self.seqused_k,
+            )[0]
         assert self.pad_index is not None and self.unpad_index is not None
-        b, (_, num_heads, head_dim) = self.pad_index.numel() // self.max_q, q.shape
+        b = self.pad_index.numel() // self.max_q
+        (_, num_heads, head_dim) = q.shape
         # index_select, not advanced indexing: several times faster on CPU
         padded_q = q.index_select(0, self.pad_index).view(b, self.max_q, num_heads, head_dim)
         if self.is_fresh:  # padded keys sit after each row's real ones: causal hides them
@@ -165,9 +177,14 @@ class ArenaStep:
             k = keys.index_select(0, self.gather_index).view(b, self.max_k, -1, head_dim)
             v = values.index_select(0, self.gather_index).view(b, self.max_k, -1, head_dim)
         out = F.scaled_dot_product_attention(
-            padded_q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-            attn_mask=self.mask, is_causal=self.is_fresh, scale=scale, enable_gqa=True,
-        )  # [B, H, max_q, D]  # fmt: skip
+            padded_q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            attn_mask=self.mask,
+            is_causal=self.is_fresh,
+            scale=scale,
+            enable_gqa=True,
+        )  # [B, H, max_q, D]
         out = out.transpose(1, 2).reshape(-1, num_heads, head_dim)
         return out.index_select(0, self.unpad_index)
 
@@ -192,16 +209,22 @@ def _group_step(
     lens = [q_lens[b] for b in rows]
     packed = torch.cat([torch.arange(cu_q[b], cu_q[b] + q_lens[b]) for b in rows]).to(device)
     step = ArenaStep.build(
-        arena, write_index=write_index, q_lens=lens, kv_lens=[kv_lens[b] for b in rows],
-        kv_starts=[kv_starts[b] for b in rows], cu_q=[0, *itertools.accumulate(lens)],
-        device=device, use_flash=False,
-    )  # fmt: skip
+        arena,
+        write_index=write_index,
+        q_lens=lens,
+        kv_lens=[kv_lens[b] for b in rows],
+        kv_starts=[kv_starts[b] for b in rows],
+        cu_q=[0, *itertools.accumulate(lens)],
+        device=device,
+        use_flash=False,
+    )
     return packed, step
 
 
 def _evenly_spaced(kv_starts: list[int], slot_len: int) -> tuple[int, int, int] | None:
     """(first slot, step, slot_len) when the slots starting at `kv_starts` are s0, s0 + d, ..."""
-    first, every = kv_starts[0], (kv_starts[1] - kv_starts[0] if len(kv_starts) > 1 else slot_len)
+    first = kv_starts[0]
+    every = kv_starts[1] - kv_starts[0] if len(kv_starts) > 1 else slot_len
     if first % slot_len or every <= 0 or every % slot_len:
         return None
     if any(start != first + i * every for i, start in enumerate(kv_starts)):
@@ -316,19 +339,32 @@ def flash_reads_head_major(device: str, dtype: torch.dtype) -> bool:
         return False
     try:
         g = torch.Generator().manual_seed(0)
-        q, k, v = (torch.randn(n, h, 64, generator=g).to(device, dtype)
-                   for n, h in ((3, 4), (12, 2), (12, 2)))  # fmt: skip
+        q, k, v = (
+            torch.randn(n, h, 64, generator=g).to(device, dtype)
+            for n, h in ((3, 4), (12, 2), (12, 2))
+        )
         k_hm, v_hm = (t.permute(1, 0, 2).contiguous().permute(1, 0, 2) for t in (k, v))
         int32: dict[str, Any] = dict(dtype=torch.int32, device=device)
-        cu_q, cu_k = torch.tensor([0, 1, 2, 3], **int32), torch.tensor([0, 4, 8, 8], **int32)
+        cu_q = torch.tensor([0, 1, 2, 3], **int32)
+        cu_k = torch.tensor([0, 4, 8, 8], **int32)
         seqused = torch.tensor([3, 4, 2], **int32)
         out = [
             torch.ops.aten._flash_attention_forward(
-                q, keys, values, cu_q, cu_k, 1, 4, 0.0, True, False, scale=0.125,
+                q,
+                keys,
+                values,
+                cu_q,
+                cu_k,
+                1,
+                4,
+                0.0,
+                True,
+                False,
+                scale=0.125,
                 seqused_k=seqused,
             )[0]
             for keys, values in ((k, v), (k_hm, v_hm))
-        ]  # fmt: skip
+        ]
         return bool(torch.equal(out[0], out[1]))
     except (RuntimeError, TypeError):  # a build whose kernel refuses the strides: row major
         return False

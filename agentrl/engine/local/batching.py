@@ -54,7 +54,8 @@ class Sequence:
         return len(self.prompt_ids) + len(self.output_ids)
 
     def finish(self, reason: FinishReason, matched_stop: str | int | None = None) -> None:
-        self.finish_reason, self.matched_stop = reason, matched_stop
+        self.finish_reason = reason
+        self.matched_stop = matched_stop
 
     def sampling_row(self) -> tuple[float, float, int, int, int]:
         s = self.sampling
@@ -134,10 +135,18 @@ def pack_step(
     split_k: bool = False,
 ) -> PackedStep:
     """Lay out each sequence's uncached tokens after one another in a single row."""
-    ids, positions, writes, q_lens, kv_lens, starts, cu_q = [], [], [], [], [], [], [0]
+    ids = []
+    positions = []
+    writes = []
+    q_lens = []
+    kv_lens = []
+    starts = []
+    cu_q = [0]
     for seq in sequences:
         assert seq.slot is not None
-        new, first, offset = seq.token_ids[seq.num_cached :], seq.num_cached, arena.offset(seq.slot)
+        new = seq.token_ids[seq.num_cached :]
+        first = seq.num_cached
+        offset = arena.offset(seq.slot)
         ids += new
         positions += range(first, first + len(new))
         writes += range(offset + first, offset + first + len(new))

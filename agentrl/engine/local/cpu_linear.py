@@ -44,12 +44,14 @@ class _PackedForward:
     """The `forward` of one `nn.Linear`: oneDNN on the packed weight while its owner is active."""
 
     def __init__(self, owner: PackedLinears, linear: torch.nn.Linear) -> None:
-        self.owner, self.linear = owner, linear
+        self.owner = owner
+        self.linear = linear
         self.packed: torch.Tensor | None = None
         self.packed_from: tuple[int, int] = (-1, -1)  # (data_ptr, version) it was packed from
 
     def __call__(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 (Linear.forward's name)
-        weight, bias = self.linear.weight, self.linear.bias
+        weight = self.linear.weight
+        bias = self.linear.bias
         if not getattr(self.owner.local, "is_active", False):
             return F.linear(input, weight, bias)
         source = (weight.data_ptr(), weight._version)
@@ -59,7 +61,8 @@ class _PackedForward:
         return torch.ops.mkldnn._linear_pointwise(input, self.packed, bias, "none", [], "")
 
     def drop(self) -> None:
-        self.packed, self.packed_from = None, (-1, -1)
+        self.packed = None
+        self.packed_from = (-1, -1)
 
 
 class PackedLinears:

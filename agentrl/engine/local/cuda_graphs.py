@@ -56,7 +56,8 @@ class DecodeGraphs:
         self, arena: KVArena, device: str, max_batch_size: int, split_k: bool = False
     ) -> None:
         n = max_batch_size
-        self.arena, self.max_batch_size = arena, max_batch_size
+        self.arena = arena
+        self.max_batch_size = max_batch_size
         self.split_k = split_k  # attention through the split-K decode kernel
         self.buckets = buckets_up_to(max_batch_size)
         self.ints = torch.zeros(len(_INT_ROWS), n, dtype=torch.long, device=device)
@@ -123,16 +124,25 @@ class DecodeGraphs:
     def _forward(self, forward: Callable[..., torch.Tensor], b: int, use_filter: bool) -> None:
         row = dict(zip(_INT_ROWS, self.ints, strict=True))
         step = ArenaStep(
-            self.arena.keys, self.arena.values, row["write_index"][:b], use_flash=True,
-            max_q=1, max_k=self.arena.max_len,
-            cu_q=self.cu_q[: b + 1], cu_k=self.kv[0, : b + 1], seqused_k=self.kv[1, :b],
+            self.arena.keys,
+            self.arena.values,
+            row["write_index"][:b],
+            use_flash=True,
+            max_q=1,
+            max_k=self.arena.max_len,
+            cu_q=self.cu_q[: b + 1],
+            cu_k=self.kv[0, : b + 1],
+            seqused_k=self.kv[1, :b],
             split_k=self.split_k,
-        )  # fmt: skip
+        )
         logits = forward(row["input_ids"][None, :b], row["positions"][None, :b], step, None)
         rows = SamplingRows(
-            self.floats[0, :b], self.floats[1, :b], row["top_k"][:b], row["seed"][:b],
+            self.floats[0, :b],
+            self.floats[1, :b],
+            row["top_k"][:b],
+            row["seed"][:b],
             row["sample_position"][:b],
-        )  # fmt: skip
+        )
         ids, logprobs = self._sample_rows(logits, rows, use_filter)
         self.ids[:b].copy_(ids)
         self.logprobs[:b].copy_(logprobs)
@@ -144,8 +154,9 @@ class DecodeGraphs:
             for t in (logits, *vars(rows).values()):  # one compiled graph for every bucket > 1
                 torch._dynamo.maybe_mark_dynamic(t, 0)
             try:  # compiled, top-k/top-p by radix select (no sort)
-                return self._sample(logits, rows, use_filter=use_filter, terms=self._terms,
-                                    radix_filter=True)  # fmt: skip
+                return self._sample(
+                    logits, rows, use_filter=use_filter, terms=self._terms, radix_filter=True
+                )
             except torch.OutOfMemoryError:
                 raise
             except Exception:  # found in the warm-up runs, before any capture
@@ -160,13 +171,24 @@ class DecodeGraphs:
         sampled ids and logprobs arrive in host memory when the returned launch is `done`."""
         n = len(batch)
         b = next(b for b in self.buckets if b >= n)
-        ints, kv, floats, use_filter = [], [], [], False
+        ints = []
+        kv = []
+        floats = []
+        use_filter = False
         for seq in batch:
             assert seq.slot is not None
             start = self.arena.offset(seq.slot)
             temperature, top_p, top_k, seed, sample_position = seq.sampling_row()
-            ints.append((seq.output_ids[-1], seq.num_cached, start + seq.num_cached,
-                         num_vocab if top_k < 0 else top_k, seed, sample_position))  # fmt: skip
+            ints.append(
+                (
+                    seq.output_ids[-1],
+                    seq.num_cached,
+                    start + seq.num_cached,
+                    num_vocab if top_k < 0 else top_k,
+                    seed,
+                    sample_position,
+                )
+            )
             kv.append((start, seq.num_cached + 1))
             floats.append((temperature, top_p))
             use_filter = use_filter or top_k > 0 or top_p < 1.0
@@ -190,10 +212,12 @@ class DecodeGraphs:
         return self._launch(batch)
 
     def _launch(self, batch: list[Sequence]) -> DecodeLaunch:
-        n, (b, use_filter) = len(batch), self._last
+        n = len(batch)
+        (b, use_filter) = self._last
         self.graphs[b, use_filter].replay()
         self._turn ^= 1
-        ids, logprobs = self._host_ids[self._turn, :n], self._host_logprobs[self._turn, :n]
+        ids = self._host_ids[self._turn, :n]
+        logprobs = self._host_logprobs[self._turn, :n]
         ids.copy_(self.ids[:n], non_blocking=True)
         logprobs.copy_(self.logprobs[:n], non_blocking=True)
         done = torch.cuda.Event()

@@ -23,12 +23,33 @@ NUM_WARPS = 4  # H100 sweep (benchmarks/engine_gpu/grouped_decode.py): with 4096
 
 @triton.jit
 def _split_kernel(
-    q_ptr, k_ptr, v_ptr, start_ptr, len_ptr, o_ptr, mid_o_ptr, mid_lse_ptr,
-    stride_qb, stride_qh, stride_kr, stride_kh, stride_vr, stride_vh, stride_ob, stride_oh, scale,
-    HEADS: tl.constexpr, GROUP: tl.constexpr, SPLITS: tl.constexpr, D: tl.constexpr,
-    BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
-):  # fmt: skip
-    b, kv_head, s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    start_ptr,
+    len_ptr,
+    o_ptr,
+    mid_o_ptr,
+    mid_lse_ptr,
+    stride_qb,
+    stride_qh,
+    stride_kr,
+    stride_kh,
+    stride_vr,
+    stride_vh,
+    stride_ob,
+    stride_oh,
+    scale,
+    HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    SPLITS: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    s = tl.program_id(2)
     start = tl.load(start_ptr + b).to(tl.int64)
     length = tl.load(len_ptr + b)
     share = (length + SPLITS - 1) // SPLITS  # this sequence's keys per split, whole blocks
@@ -36,10 +57,15 @@ def _split_kernel(
     lo = s * chunk
     hi = tl.minimum(lo + chunk, length)
     g = tl.arange(0, BLOCK_H)
-    heads, in_group = kv_head * GROUP + g, g < GROUP  # rows past the group pad the tile
+    # rows past the group pad the tile
+    heads = kv_head * GROUP + g
+    in_group = g < GROUP
     d = tl.arange(0, D)
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                mask=in_group[:, None], other=0.0)  # fmt: skip
+    q = tl.load(
+        q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+        mask=in_group[:, None],
+        other=0.0,
+    )
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     total = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, D], dtype=tl.float32)
@@ -49,10 +75,12 @@ def _split_kernel(
         live = n < hi
         rows = (start + n)[:, None]
         # both reads issued before any arithmetic on them: both are in flight at once
-        k = tl.load(k_ptr + rows * stride_kr + kv_at * stride_kh + d[None, :],
-                    mask=live[:, None], other=0.0)  # fmt: skip
-        v = tl.load(v_ptr + rows * stride_vr + kv_at * stride_vh + d[None, :],
-                    mask=live[:, None], other=0.0)  # fmt: skip
+        k = tl.load(
+            k_ptr + rows * stride_kr + kv_at * stride_kh + d[None, :], mask=live[:, None], other=0.0
+        )
+        v = tl.load(
+            v_ptr + rows * stride_vr + kv_at * stride_vh + d[None, :], mask=live[:, None], other=0.0
+        )
         scores = tl.where(live[None, :], tl.dot(q, tl.trans(k)) * scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
         p = tl.exp(scores - m_new[:, None])
@@ -62,8 +90,11 @@ def _split_kernel(
         m = m_new
     if SPLITS == 1:  # the whole sequence: the output itself, no combining pass
         out = (acc / total[:, None]).to(o_ptr.dtype.element_ty)
-        tl.store(o_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :], out,
-                 mask=in_group[:, None])  # fmt: skip
+        tl.store(
+            o_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
+            out,
+            mask=in_group[:, None],
+        )
     else:
         at = (b * HEADS + heads) * SPLITS + s
         mid = tl.where(total[:, None] > 0, acc / total[:, None], 0.0)
@@ -74,11 +105,19 @@ def _split_kernel(
 
 @triton.jit
 def _combine_kernel(
-    mid_o_ptr, mid_lse_ptr, o_ptr, stride_ob, stride_oh,
-    HEADS: tl.constexpr, SPLITS: tl.constexpr, D: tl.constexpr,
-):  # fmt: skip
-    b, h = tl.program_id(0), tl.program_id(1)
-    s, d = tl.arange(0, SPLITS), tl.arange(0, D)
+    mid_o_ptr,
+    mid_lse_ptr,
+    o_ptr,
+    stride_ob,
+    stride_oh,
+    HEADS: tl.constexpr,
+    SPLITS: tl.constexpr,
+    D: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.arange(0, SPLITS)
+    d = tl.arange(0, D)
     at = (b * HEADS + h) * SPLITS
     lse = tl.load(mid_lse_ptr + at + s)
     m = tl.max(lse, axis=0)
@@ -112,18 +151,37 @@ def split_k_decode(
     (row or head major; unit last stride), sequence b's keys at rows kv_start[b] ..
     kv_start[b] + kv_len[b] (int32, [B], kv_len[b] >= 1). Returns [B, H, D] in q's dtype.
     `block_n` (keys a block; default 4096 // D within 16..64), `num_warps`: the tiling."""
-    (batch, heads, dim), kv_heads = q.shape, keys.shape[1]
+    (batch, heads, dim) = q.shape
+    kv_heads = keys.shape[1]
     out = torch.empty_like(q)
     mid_o = torch.empty(batch, heads, splits, dim, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(batch, heads, splits, dtype=torch.float32, device=q.device)
     cast(Any, _split_kernel)[(batch, kv_heads, splits)](
-        q, keys, values, kv_start, kv_len, out, mid_o, mid_lse,
-        q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), values.stride(0),
-        values.stride(1), out.stride(0), out.stride(1), scale,
-        HEADS=heads, GROUP=heads // kv_heads, SPLITS=splits, D=dim,
+        q,
+        keys,
+        values,
+        kv_start,
+        kv_len,
+        out,
+        mid_o,
+        mid_lse,
+        q.stride(0),
+        q.stride(1),
+        keys.stride(0),
+        keys.stride(1),
+        values.stride(0),
+        values.stride(1),
+        out.stride(0),
+        out.stride(1),
+        scale,
+        HEADS=heads,
+        GROUP=heads // kv_heads,
+        SPLITS=splits,
+        D=dim,
         BLOCK=block_n or max(16, min(64, 4096 // dim)),
-        BLOCK_H=max(16, triton.next_power_of_2(heads // kv_heads)), num_warps=num_warps,
-    )  # fmt: skip
+        BLOCK_H=max(16, triton.next_power_of_2(heads // kv_heads)),
+        num_warps=num_warps,
+    )
     if splits > 1:
         cast(Any, _combine_kernel)[(batch, heads)](
             mid_o, mid_lse, out, out.stride(0), out.stride(1), HEADS=heads, SPLITS=splits, D=dim

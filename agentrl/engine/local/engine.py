@@ -124,7 +124,8 @@ class LocalEngine:
         self.mem_fraction_static = options.mem_fraction_static
         self.reserve_bytes = reserve_bytes
         self.model_path = model_path
-        self.model, self.tokenizer = model, tokenizer
+        self.model = model
+        self.tokenizer = tokenizer
         self.device = str(next(model.parameters()).device)
         use_arena_attention(self.model)
         self._packed = PackedLinears.install(self.model) if options.pack_cpu_linears else None

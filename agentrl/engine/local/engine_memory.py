@@ -49,7 +49,8 @@ class EngineMemory:
         mem_fraction_static: float,
         groups: Groups = (),
     ) -> None:
-        self.model, self.device = model, device
+        self.model = model
+        self.device = device
         self.groups = groups  # parameters kept back to back (the fused projections' members)
         self.weights_cpu_backup = weights_cpu_backup
         self.mem_fraction_static = mem_fraction_static  # named in the error of a failed resume
@@ -157,8 +158,11 @@ class EngineMemory:
         }
         logger.info(
             "LocalEngine resumed %s: weights %.3f s, KV arena (%.1f GB) %.3f s",
-            sorted(tags), t1 - t0, arena.nbytes / 1e9, t2 - t1,
-        )  # fmt: skip
+            sorted(tags),
+            t1 - t0,
+            arena.nbytes / 1e9,
+            t2 - t1,
+        )
         return arena
 
     def _resume_weights(self) -> None:
@@ -183,13 +187,16 @@ class EngineMemory:
             granules = len({p.dtype for p in params})  # one packed block per dtype
         else:
             assert arena is not None
-            needed, granules = arena.nbytes, 2 * arena.num_layers
+            needed = arena.nbytes
+            granules = 2 * arena.num_layers
         require_free(
-            self.device, needed + PAGE_BYTES * (granules + 1), f"the engine's {tag}",
+            self.device,
+            needed + PAGE_BYTES * (granules + 1),
+            f"the engine's {tag}",
             f"lower engine.mem_fraction_static (now {self.mem_fraction_static}): the KV arena was "
             "sized from the memory free at start, and the trainer on this GPU now holds more (its "
             "optimizer state appears at its first step)",
-        )  # fmt: skip
+        )
 
     def close(self, arena: KVArena) -> None:
         """Give the pausable regions' pages back to the device (no-op without them)."""

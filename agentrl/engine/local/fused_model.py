@@ -139,7 +139,8 @@ class _Fused:
 
 
 def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, step = [], 1
+    strides = []
+    step = 1
     for size in reversed(shape):
         strides.append(step)
         step *= size
@@ -181,9 +182,15 @@ class _Layer:
         """`mlp_block`'s arguments after `hidden` and `attn`."""
         bias = self.gate_up_bias.weight if self.gate_up_bias else None
         return (
-            self.o_proj.weight, self.o_proj.bias, self.post_norm, self.eps, self.gate_up.weight,
-            bias, self.down_proj.weight, self.down_proj.bias,
-        )  # fmt: skip
+            self.o_proj.weight,
+            self.o_proj.bias,
+            self.post_norm,
+            self.eps,
+            self.gate_up.weight,
+            bias,
+            self.down_proj.weight,
+            self.down_proj.bias,
+        )
 
 
 def unsupported_reason(model: Any) -> str | None:
@@ -194,7 +201,8 @@ def unsupported_reason(model: Any) -> str | None:
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"hidden_act {config.hidden_act!r} is not silu"
     for layer in model.model.layers:
-        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        attn = getattr(layer, "self_attn", None)
+        mlp = getattr(layer, "mlp", None)
         names = [(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
         names += [(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")]
         if any(not isinstance(getattr(m, n, None), torch.nn.Linear) for m, n in names):
@@ -227,8 +235,11 @@ class FusedDecoder:
         self._bound_to = -1  # bound at the first forward, or by `rebind` once storage is final
 
     def _layer(self, layer: Any) -> _Layer:
-        attn, mlp = layer.self_attn, layer.mlp
-        q, k, v = attn.q_proj, attn.k_proj, attn.v_proj
+        attn = layer.self_attn
+        mlp = layer.mlp
+        q = attn.q_proj
+        k = attn.k_proj
+        v = attn.v_proj
         biased = q.bias is not None
         return _Layer(
             input_norm=layer.input_layernorm.weight,
@@ -242,7 +253,7 @@ class FusedDecoder:
                 _Fused([mlp.gate_proj.bias, mlp.up_proj.bias])
                 if mlp.gate_proj.bias is not None
                 else None
-            ),  # fmt: skip
+            ),
             down_proj=mlp.down_proj,
         )
 
@@ -261,8 +272,9 @@ class FusedDecoder:
         """Point the fused weights at the parameters' current storage (after it moved)."""
         copied = sum(f.bind() for f in self._fused())
         if copied:
-            logger.info("LocalEngine: %d fused weights copied together (storage not adjacent)",
-                        copied)  # fmt: skip
+            logger.info(
+                "LocalEngine: %d fused weights copied together (storage not adjacent)", copied
+            )
         self._bound_to = self.layers[0].qkv.members[0].data_ptr()
 
     def unbind(self) -> None:
@@ -277,8 +289,10 @@ class FusedDecoder:
             self._mlp_next = torch.compile(mlp_then_attention_inputs, fullgraph=True)
             self._norm = torch.compile(rms_norm, fullgraph=True)
         elif not on:
-            self._attention_inputs, self._mlp_block = attention_inputs, mlp_block
-            self._mlp_next, self._norm = mlp_then_attention_inputs, rms_norm
+            self._attention_inputs = attention_inputs
+            self._mlp_block = mlp_block
+            self._mlp_next = mlp_then_attention_inputs
+            self._norm = rms_norm
         self.is_compiled = on
 
     def forward(
@@ -324,12 +338,22 @@ class FusedDecoder:
         hidden, cos, sin, index = self._tokens(
             hidden[0], cos[0][:, None], sin[0][:, None], step.write_index
         )
-        layers, scale = self.layers, self.head_dim**-0.5
+        layers = self.layers
+        scale = self.head_dim**-0.5
 
         def inputs_of(i: int) -> tuple[Any, ...]:  # layer i's attention_inputs after `hidden`
             (keys, head_major), (values, _) = map(stored_layout, (step.keys[i], step.values[i]))
-            return (*layers[i].attention_args(), cos, sin, self.num_heads, self.num_kv_heads,
-                    keys, values, index, head_major)  # fmt: skip
+            return (
+                *layers[i].attention_args(),
+                cos,
+                sin,
+                self.num_heads,
+                self.num_kv_heads,
+                keys,
+                values,
+                index,
+                head_major,
+            )
 
         q, k, v = self._attention_inputs(hidden, *inputs_of(0))
         for i, layer in enumerate(layers):

@@ -36,8 +36,12 @@ class KVArena:
             raise ValueError(
                 f"KVArena needs num_slots >= 1 and max_len >= 2, got {num_slots}, {max_len}"
             )
-        self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
-        self.num_slots, self.max_len, self.dtype = num_slots, max_len, dtype
+        self.num_layers = num_layers
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.num_slots = num_slots
+        self.max_len = max_len
+        self.dtype = dtype
         self.scratch_slot = num_slots
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
@@ -85,12 +89,18 @@ class KVArena:
                 logger.warning(
                     "KV arena: %d slots of %d tokens fit, fewer than max_batch_size=%d; "
                     "lower max_context_len to batch more",
-                    num_slots, max_context_len, max_batch_size,
-                )  # fmt: skip
+                    num_slots,
+                    max_context_len,
+                    max_batch_size,
+                )
         return cls(
-            num_layers=layers, num_kv_heads=num_kv_heads, head_dim=head_dim,
-            num_slots=num_slots, max_len=max_context_len, dtype=dtype,
-        )  # fmt: skip
+            num_layers=layers,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            num_slots=num_slots,
+            max_len=max_context_len,
+            dtype=dtype,
+        )
 
     @staticmethod
     def bytes_per_token(
@@ -136,7 +146,8 @@ class KVArena:
 
     def free_buffers(self) -> None:
         """Drop the buffers (their memory returns to the allocator); every slot becomes free."""
-        self.keys, self.values = [], []
+        self.keys = []
+        self.values = []
         self.free_all_slots()
 
     def free_all_slots(self) -> None:

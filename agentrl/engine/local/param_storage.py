@@ -81,7 +81,8 @@ def _place_in_blocks(
         by_dtype.setdefault(param.dtype, []).append((param, shape))
     for dtype, group in by_dtype.items():
         align = max(1, _ALIGN_BYTES // dtype.itemsize)
-        starts, total = [], 0
+        starts = []
+        total = 0
         for param, shape in group:  # every view at least `align` long: distinct data_ptrs
             if id(param) in follows:  # straight after its predecessor (its size already counted)
                 total = starts[-1] + math.prod(group[len(starts) - 1][1])

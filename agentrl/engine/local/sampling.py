@@ -133,7 +133,8 @@ def _radix_threshold(
     """Per row, the largest key t whose elements at or above it weigh at least `target` (weights
     1: the target-th largest key; probabilities: where the descending mass first reaches it); the
     smallest possible key when no such t exists (nothing to cut). Four passes, 8 bits each."""
-    rows, digits = keys.shape[0], torch.arange(256, device=keys.device)
+    rows = keys.shape[0]
+    digits = torch.arange(256, device=keys.device)
     # above[d] = sum of hist[d'] over d' > d, as a product with a triangular matrix: no scan
     # (inductor's split scan over a symbolic batch failed to generate code on CUDA).
     higher = (digits[:, None] > digits[None, :]).to(weights.dtype)

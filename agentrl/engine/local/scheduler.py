@@ -56,7 +56,8 @@ class Scheduler:
     def retire(self, *, cancelled_only: bool = False) -> list[Sequence]:
         """Take finished (unless `cancelled_only`) and cancelled sequences out of the running
         batch, keeping their slots for their routing keys. Returns the finished ones."""
-        finished, still = [], []
+        finished = []
+        still = []
         for seq in self.running:
             if seq.is_cancelled or (seq.is_finished and not cancelled_only):
                 self.release_slot(seq, keep=True)
@@ -70,7 +71,8 @@ class Scheduler:
     def take_all(self, *, keep_prefixes: bool) -> list[Sequence]:
         """Every running and waiting sequence, now out of the scheduler (abort, failure, close)."""
         taken = self.running + list(self.pending)
-        self.running, self.pending = [], collections.deque()
+        self.running = []
+        self.pending = collections.deque()
         for seq in taken:
             self.release_slot(seq, keep=keep_prefixes)
         return taken
@@ -79,7 +81,8 @@ class Scheduler:
         """The arena's memory is about to go (freed, or paused): running sequences wait again, to
         be prefilled anew (prompt and output so far); kept prefixes are forgotten."""
         for seq in self.running:
-            seq.slot, seq.num_cached = None, 0
+            seq.slot = None
+            seq.num_cached = 0
         self.pending.extendleft(reversed(self.running))
         self.running = []
         self.prefixes.clear()
@@ -116,5 +119,6 @@ class Scheduler:
             slot = self.prefixes.evict_oldest()
         if slot is None:
             return False
-        seq.slot, seq.num_cached = slot, 0
+        seq.slot = slot
+        seq.num_cached = 0
         return True

@@ -73,9 +73,14 @@ class Stepper:
         packed: Any = None,
         set_compiled: Callable[[bool], None] | None = None,
     ) -> None:
-        self.scheduler, self.forward, self.options = scheduler, forward, options
-        self.stop_checker, self.deliver, self.has_commands = stop_checker, deliver, has_commands
-        self.packed, self.set_compiled = packed, set_compiled
+        self.scheduler = scheduler
+        self.forward = forward
+        self.options = options
+        self.stop_checker = stop_checker
+        self.deliver = deliver
+        self.has_commands = has_commands
+        self.packed = packed
+        self.set_compiled = set_compiled
         self.stats = EngineStats()
         self.graphs: DecodeGraphs | None = None
         self.in_flight: DecodeLaunch | None = None  # a graph decode step not yet checked
@@ -112,7 +117,8 @@ class Stepper:
             self.stats.num_run_ahead_steps += 1
         current.done.synchronize()
         alive = [i for i, s in enumerate(current.batch) if not (s.is_finished or s.is_cancelled)]
-        ids, logprobs = current.ids.tolist(), current.logprobs.tolist()
+        ids = current.ids.tolist()
+        logprobs = current.logprobs.tolist()
         self._finish_step(
             [current.batch[i] for i in alive], [ids[i] for i in alive], [logprobs[i] for i in alive]
         )
@@ -121,7 +127,8 @@ class Stepper:
         """Step N + 1 may start before N's tokens are checked when its rows are N's: no command
         or admissible request waits, no row is done, and none can reach its length limit at N
         (its next K/V row would fall outside its slot)."""
-        scheduler, limit = self.scheduler, self.stop_checker.max_positions
+        scheduler = self.scheduler
+        limit = self.stop_checker.max_positions
         return (
             not self.has_commands()
             and not (scheduler.pending and len(scheduler.running) < self.options.max_batch_size)
@@ -159,15 +166,21 @@ class Stepper:
     def _capture(self) -> DecodeGraphs | None:
         """Capture the decode graphs; compiled first when asked (the forward as the engine set it
         up), then with everything eager if that fails."""
-        o, arena = self.options, self.scheduler.arena
+        o = self.options
+        arena = self.scheduler.arena
         for compiled in [True, False] if o.compile_graphs else [False]:
             if not compiled and self.set_compiled is not None:
                 self.set_compiled(False)
             try:
                 return DecodeGraphs.capture(
-                    self.forward, arena, o.device, o.max_batch_size, o.vocab_size,
-                    compile_sampler=compiled, split_k=o.split_k,
-                )  # fmt: skip
+                    self.forward,
+                    arena,
+                    o.device,
+                    o.max_batch_size,
+                    o.vocab_size,
+                    compile_sampler=compiled,
+                    split_k=o.split_k,
+                )
             except Exception:  # eager graphs, or eager decode, stay correct, only slower
                 what = "compiled" if compiled else "eager"
                 logger.exception("LocalEngine: %s CUDA graph capture failed", what)

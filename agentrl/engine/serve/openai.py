@@ -187,7 +187,8 @@ def _response(
     prompt_lens: list[int],
     outs: list[Completion],
 ) -> dict[str, Any]:
-    num_prompt, num_completion = sum(prompt_lens), sum(len(c.ids) for c in outs)
+    num_prompt = sum(prompt_lens)
+    num_completion = sum(len(c.ids) for c in outs)
     return {
         "id": f"{id_prefix}-{uuid.uuid4().hex}",
         "object": kind,
@@ -223,7 +224,8 @@ def _completion_choice(
             "text_offset": offsets,
         }
     if req.return_token_ids:
-        choice["token_ids"], choice["prompt_token_ids"] = c.ids, prompt
+        choice["token_ids"] = c.ids
+        choice["prompt_token_ids"] = prompt
     return choice
 
 
@@ -242,11 +244,15 @@ def _chat_choice(
     if req.logprobs:
         choice["logprobs"] = {
             "content": [
-                {"token": s.decode([t]), "logprob": lp,
-                 "bytes": list(s.decode([t]).encode()), "top_logprobs": []}
+                {
+                    "token": s.decode([t]),
+                    "logprob": lp,
+                    "bytes": list(s.decode([t]).encode()),
+                    "top_logprobs": [],
+                }
                 for t, lp in zip(c.ids, c.logprobs, strict=False)
             ]
-        }  # fmt: skip
+        }
     if req.return_token_ids or req.return_prompt_token_ids:
         choice["prompt_token_ids"] = list(prompt)
     if req.return_token_ids:
@@ -256,10 +262,13 @@ def _chat_choice(
 
 def _with_tool_calls(choice: dict[str, Any], parsed: Any) -> None:
     calls = [
-        {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-         "function": {"name": tc.name, "arguments": tc.arguments}}
+        {
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {"name": tc.name, "arguments": tc.arguments},
+        }
         for tc in parsed.tool_calls
-    ]  # fmt: skip
+    ]
     choice["message"]["content"] = parsed.content or (None if calls else "")
     if calls:
         choice["message"]["tool_calls"] = calls
@@ -284,7 +293,8 @@ def chat_chunks(response: dict[str, Any]) -> list[dict[str, Any]]:
     head = {k: response[k] for k in ("id", "created", "model")}
     events = []
     for choice in response["choices"]:
-        message, index = choice["message"], choice["index"]
+        message = choice["message"]
+        index = choice["index"]
         delta: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
         if message.get("tool_calls"):
             delta["tool_calls"] = [{"index": i, **tc} for i, tc in enumerate(message["tool_calls"])]

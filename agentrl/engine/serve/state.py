@@ -32,12 +32,15 @@ class Generation:
     weight_versions: list[dict[str, Any]]
 
     def add(self, part: Completion, *, prompt_tokens: int) -> None:
-        c, start = self.completion, len(self.completion.ids)
+        c = self.completion
+        start = len(self.completion.ids)
         if start == 0:
             c.cached_tokens = part.cached_tokens
         c.ids, c.logprobs = c.ids + part.ids, c.logprobs + part.logprobs
-        c.finish_reason, c.matched_stop = part.finish_reason, part.matched_stop
-        c.weight_version, c.prompt_tokens = part.weight_version, prompt_tokens
+        c.finish_reason = part.finish_reason
+        c.matched_stop = part.matched_stop
+        c.weight_version = part.weight_version
+        c.prompt_tokens = prompt_tokens
         for version, num_tokens in part.version_spans or [(part.weight_version, len(part.ids))]:
             self._add_span(str(version), num_tokens)  # SGLang's wire form: a string
 

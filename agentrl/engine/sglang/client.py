@@ -149,7 +149,8 @@ class SGLangEngine:
         if response.status_code == 404:  # a router may know only the older name
             older = await self._probe_get(f"{self.base_url}/get_server_info", timeout_s)
             if older.status_code != 404:
-                url, response = f"{self.base_url}/get_server_info", older
+                url = f"{self.base_url}/get_server_info"
+                response = older
         if response.status_code != 200:
             body = " ".join(response.text.split())[:120]
             raise EngineError(f"GET {url} answered HTTP {response.status_code}: {body!r}")

@@ -35,7 +35,8 @@ class ServerDialect:
 def dialect_from_info(info: dict[str, Any], url: str) -> ServerDialect:
     """The dialect of the server at `url` whose `/server_info` answered `info`. A release outside
     `SUPPORTED_RANGE` is refused in one line."""
-    version, tp_size = str(info.get("version", "")), int(info.get("tp_size", 1))
+    version = str(info.get("version", ""))
+    tp_size = int(info.get("tp_size", 1))
     if version.startswith(AGENTRL_SERVE_PREFIX):
         return ServerDialect(
             version, is_agentrl_serve=True, uses_weight_sessions=None, tp_size=tp_size

@@ -111,9 +111,11 @@ def generate_problem(rng: random.Random, difficulty: int = 1) -> Problem:
     op = rng.choice("+-*")
     scale = 10 ** (difficulty - 1)
     if op == "*":
-        a, b = rng.randint(2, 12 * scale), rng.randint(2, 12 * scale)
+        a = rng.randint(2, 12 * scale)
+        b = rng.randint(2, 12 * scale)
     else:
-        a, b = rng.randint(1, 50 * scale), rng.randint(1, 50 * scale)
+        a = rng.randint(1, 50 * scale)
+        b = rng.randint(1, 50 * scale)
         if op == "-" and b > a:
             a, b = b, a
     answer = {"+": a + b, "-": a - b, "*": a * b}[op]
@@ -177,7 +179,8 @@ def parse_answer(text: str) -> tuple[float | None, bool]:
 def last_answer_block(text: str) -> str | None:
     """The text of the last `<answer>...</answer>` block (case-insensitive; an `<answer>` inside
     an open block is text, the first `</answer>` closes it), in one pass over the text."""
-    last, start = None, None
+    last = None
+    start = None
     for tag in _ANSWER_TAG.finditer(text):
         if tag.group(1) and start is not None:
             last, start = text[start : tag.start()], None

@@ -56,7 +56,8 @@ def _eval_node(node: ast.AST) -> int | float:
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](_eval_node(node.operand))
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        left, right = _eval_node(node.left), _eval_node(node.right)
+        left = _eval_node(node.left)
+        right = _eval_node(node.right)
         if isinstance(node.op, ast.Pow):
             _check_power(left, right)
         result = _BINARY[type(node.op)](left, right)

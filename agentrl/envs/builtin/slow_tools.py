@@ -47,9 +47,12 @@ class SlowToolsEnv(AgentEnv):
                 f"slow_tools: median_latency_s={median_latency_s} and "
                 f"latency_sigma={latency_sigma} must be >= 0"
             )
-        self.num_turns, self.median_latency_s = num_turns, median_latency_s
+        self.num_turns = num_turns
+        self.median_latency_s = median_latency_s
         self.latency_sigma = latency_sigma
-        self.key, self.value, self.turn = "", "", 0
+        self.key = ""
+        self.value = ""
+        self.turn = 0
         self.rng = random.Random(0)
         self.latencies_s: list[float] = []
         self.tools.register(tool(timeout_s=None)(self.lookup))
@@ -68,8 +71,10 @@ class SlowToolsEnv(AgentEnv):
         task = (options or {}).get("task")
         if task is None:  # no dataset row: make one from the seed
             task = _make_task(random.Random(seed), f"slow_tools-seed-{seed}")
-        self.key, self.value = str(task.data["key"]), str(task.data["value"])
-        self.turn, self.latencies_s = 0, []
+        self.key = str(task.data["key"])
+        self.value = str(task.data["value"])
+        self.turn = 0
+        self.latencies_s = []
         self.rng = random.Random(seed)
         messages = [
             Message(role="system", content=SYSTEM_PROMPT),

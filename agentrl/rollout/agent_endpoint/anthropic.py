@@ -83,7 +83,8 @@ def _text(content: Any, where: str) -> str:
 
 def _to_openai(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
     """One Anthropic message -> OpenAI messages (a user turn of tool results -> tool messages)."""
-    role, content = message.get("role"), message.get("content", "")
+    role = message.get("role")
+    content = message.get("content", "")
     if role not in ("user", "assistant"):
         raise ValueError(
             f"{where}.role: {role!r} is not 'user' or 'assistant' (the system prompt goes in `system`)"

@@ -72,8 +72,10 @@ class EpisodeCapture:
     """Every chat completion of one agent episode; `trajectories()` gives its segments."""
 
     def __init__(self, codec: ChatCodec, task: Task, *, group_id: str, episode_id: str) -> None:
-        self.codec, self.task = codec, task
-        self.group_id, self.episode_id = group_id, episode_id
+        self.codec = codec
+        self.task = task
+        self.group_id = group_id
+        self.episode_id = episode_id
         self.segments: list[Segment] = []
         self.num_calls = 0
         self.ending: tuple[EpisodeStatus, StatusReason] | None = None
@@ -111,14 +113,17 @@ class EpisodeCapture:
     ) -> None:
         """Add one sampled choice of `call`: its ids and logprobs verbatim (mask 1)."""
         segment = Segment(self.task, self.group_id, self.episode_id)
-        segment.messages, segment.tools_key = [*call.messages, reply], call.tools_key
+        segment.messages = [*call.messages, reply]
+        segment.tools_key = call.tools_key
         parent = call.parent
         if parent is None:
             segment.add_prompt(call.prompt_ids)
         else:  # the delta (tool results, user turns) is masked: the policy did not write it
             parent.is_extended = True
-            segment.token_ids, segment.loss_mask = list(parent.token_ids), list(parent.loss_mask)
-            segment.logprobs, segment.prompt_len = list(parent.logprobs), parent.prompt_len
+            segment.token_ids = list(parent.token_ids)
+            segment.loss_mask = list(parent.loss_mask)
+            segment.logprobs = list(parent.logprobs)
+            segment.prompt_len = parent.prompt_len
             segment.turns = [dataclasses.replace(t) for t in parent.turns]
             segment.add_observation(call.prompt_ids[len(parent.token_ids) :])
         turn = segment.add_sampled(completion, self.codec.decode(completion.ids), sampling)

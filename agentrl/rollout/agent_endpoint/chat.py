@@ -166,9 +166,11 @@ def _response(
         }
         if body.logprobs:
             choice["logprobs"] = {
-                "content": [{"token": str(t), "logprob": lp, "bytes": None, "top_logprobs": []}
-                            for t, lp in zip(c.ids, c.logprobs, strict=True)]
-            }  # fmt: skip
+                "content": [
+                    {"token": str(t), "logprob": lp, "bytes": None, "top_logprobs": []}
+                    for t, lp in zip(c.ids, c.logprobs, strict=True)
+                ]
+            }
         choices.append(choice)
     num_completion = sum(len(c.ids) for c in completions)
     return {

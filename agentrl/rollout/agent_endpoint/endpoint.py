@@ -45,7 +45,9 @@ class AgentEndpoint:
     """One server for every episode of a runner; `open` binds a base URL to an episode."""
 
     def __init__(self, engine: Engine, *, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.engine, self.host, self.port = engine, host, port
+        self.engine = engine
+        self.host = host
+        self.port = port
         self._episodes: dict[str, _Episode] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: Any = None
@@ -86,7 +88,8 @@ class AgentEndpoint:
             self._server.should_exit = True
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, 10)
-        self._thread, self._started = None, None
+        self._thread = None
+        self._started = None
 
     def open(self, capture: EpisodeCapture, sampling: SamplingParams, limits: CallLimits) -> str:
         """A base URL whose calls are recorded by `capture`; its token is also the API key."""

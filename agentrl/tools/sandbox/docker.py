@@ -286,7 +286,8 @@ def _pump_frames(conn: socket.socket, limits: Limits, cancel: threading.Event) -
                 run.is_output_limit = True
                 break
             left -= len(data)
-    run.stdout, run.stderr = bytes(sinks[1]), bytes(sinks[2])
+    run.stdout = bytes(sinks[1])
+    run.stderr = bytes(sinks[2])
     return run
 
 

@@ -68,19 +68,22 @@ def build_rootfs_tar(out: str | Path, python: str = "/usr/bin/python3") -> Path:
     with tarfile.open(out, "w") as tar:
         for d in ("/work", "/tmp", "/etc", "/usr/bin"):
             info = tarfile.TarInfo(d.lstrip("/"))
-            info.type, info.mode = tarfile.DIRTYPE, 0o1777 if d in ("/work", "/tmp") else 0o755
+            info.type = tarfile.DIRTYPE
+            info.mode = 0o1777 if d in ("/work", "/tmp") else 0o755
             tar.addfile(info)
         for path in [interpreter, *files]:
             tar.add(os.path.realpath(path), arcname=str(path).lstrip("/"), recursive=False)
         for name, text in (("etc/passwd", _PASSWD), ("etc/group", _GROUP)):
             data = text.encode()
             info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o644
+            info.size = len(data)
+            info.mode = 0o644
             tar.addfile(info, io.BytesIO(data))
         for link in ("usr/bin/python3", "usr/bin/python"):
             if link.lstrip("/") != str(interpreter).lstrip("/"):
                 info = tarfile.TarInfo(link)
-                info.type, info.linkname = tarfile.SYMTYPE, str(interpreter)
+                info.type = tarfile.SYMTYPE
+                info.linkname = str(interpreter)
                 tar.addfile(info)
     return out
 

@@ -143,7 +143,8 @@ async def run_process(
     )
     proc, is_cancelled = await _started(spawn)
     budget = _OutputBudget(limits.max_output_bytes)
-    out, err = bytearray(), bytearray()
+    out = bytearray()
+    err = bytearray()
     readers = [
         asyncio.create_task(budget.drain(proc.stdout, out)),  # type: ignore[arg-type]
         asyncio.create_task(budget.drain(proc.stderr, err)),  # type: ignore[arg-type]

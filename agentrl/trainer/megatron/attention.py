@@ -47,7 +47,11 @@ class PackedCoreAttention(torch.nn.Module):
         if attention_bias is not None or packed_seq_params is None:
             raise ValueError("PackedCoreAttention takes packed_seq_params and no attention_bias")
         out = packed_causal_attention(
-            query, key, value, packed_seq_params.cu_seqlens_q,
-            int(packed_seq_params.max_seqlen_q), self.scale,
-        )  # fmt: skip
+            query,
+            key,
+            value,
+            packed_seq_params.cu_seqlens_q,
+            int(packed_seq_params.max_seqlen_q),
+            self.scale,
+        )
         return out.reshape(out.shape[0], -1)

@@ -123,9 +123,12 @@ class MegatronBackend(TrainerBackend):
         is_cuda = self.device.type == "cuda"
         has_wgrad_fusion = patches.install_all(self.device)
         self.tf_config = gpt.transformer_config(
-            self.shape, self.train_cfg, self.param_dtype, use_swiglu_fusion=is_cuda,
+            self.shape,
+            self.train_cfg,
+            self.param_dtype,
+            use_swiglu_fusion=is_cuda,
             use_wgrad_fusion=is_cuda and has_wgrad_fusion,
-        )  # fmt: skip
+        )
         with torch.enable_grad():  # DDP hooks each parameter's grad accumulator
             self._build_models()
 
@@ -175,26 +178,40 @@ class MegatronBackend(TrainerBackend):
         )
         is_loss = (host.loss_mask.reshape(-1) > 0).nonzero()[:, 0]  # [M] among the first N tokens
         cu = to_device(packed.cu_seqlens, self.device)
-        params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
-                                 max_seqlen_q=packed.max_seqlen, max_seqlen_kv=packed.max_seqlen)  # fmt: skip
-        return _Staged(host.to(self.device), to_device(packed.input_ids, self.device),
-                       to_device(packed.position_ids, self.device), params,
-                       to_device(is_loss, self.device), packed.num_tokens,
-                       bool(is_loss.numel()))  # fmt: skip
+        params = PackedSeqParams(
+            qkv_format="thd",
+            cu_seqlens_q=cu,
+            cu_seqlens_kv=cu,
+            max_seqlen_q=packed.max_seqlen,
+            max_seqlen_kv=packed.max_seqlen,
+        )
+        return _Staged(
+            host.to(self.device),
+            to_device(packed.input_ids, self.device),
+            to_device(packed.position_ids, self.device),
+            params,
+            to_device(is_loss, self.device),
+            packed.num_tokens,
+            bool(is_loss.numel()),
+        )
 
     def _forward_step(
         self, model: Any, data_iterator: Iterator[_Staged], model_arg: Any, *, step=None
     ):
         staged = next(data_iterator)
         output = model(
-            staged.input_ids, staged.position_ids,
-            attention_mask=None, packed_seq_params=staged.params,
-        )  # fmt: skip
+            staged.input_ids,
+            staged.position_ids,
+            attention_mask=None,
+            packed_seq_params=staged.params,
+        )
         return output, partial(self._loss, staged, step)
 
     def _token_logprobs(self, logits: Tensor, staged: _Staged, entropy_grad: bool):
         """[1, N, V/tp] logits -> logprobs and entropy [R, T] (0 off the loss mask)."""
-        mb, num_tokens, is_loss = staged.mb, staged.num_tokens, staged.is_loss
+        mb = staged.mb
+        num_tokens = staged.num_tokens
+        is_loss = staged.is_loss
         if mb.top_k is not None:
             raise NotImplementedError(
                 "turns sampled with top-k/top-p whose engine reported truncated logprobs need "
@@ -203,11 +220,13 @@ class MegatronBackend(TrainerBackend):
             )
         local = logits[0, :num_tokens][is_loss]  # [M, V/tp]: only trained positions
         lp, ent = vocab_parallel_logprobs(
-            local, mb.target_ids.reshape(-1)[is_loss],
+            local,
+            mb.target_ids.reshape(-1)[is_loss],
             vocab_start=ps.get_tensor_model_parallel_rank() * logits.shape[-1],
             vocab_size=self.shape.vocab_size,
-            group=tp_group(), temperature=self.temperature,
-        )  # fmt: skip
+            group=tp_group(),
+            temperature=self.temperature,
+        )
         ent = ent if entropy_grad else ent.detach()
         zeros = torch.zeros(num_tokens, dtype=torch.float32, device=logits.device)
         place = lambda v: zeros.index_put((is_loss,), v).view(mb.loss_mask.shape)  # noqa: E731
@@ -280,7 +299,8 @@ class MegatronBackend(TrainerBackend):
         self._scheduler.step(num_steps)
 
     def _update(self, step: StepBatch) -> dict[str, float]:
-        model, optimizer = self.model, self.optimizer
+        model = self.model
+        optimizer = self.optimizer
         model.train()
         model.zero_grad_buffer()
         optimizer.zero_grad()

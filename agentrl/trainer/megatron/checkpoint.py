@@ -98,7 +98,8 @@ def load(backend: Any, src: Path) -> None:
         )
     check_checkpoint(src)  # dist_checkpointing unpickles .metadata and items unrestricted
     counters = read_json(src / STATE_FILE)
-    theirs, ours = counters.get("lora"), lora_key(backend.train_cfg)
+    theirs = counters.get("lora")
+    ours = lora_key(backend.train_cfg)
     if theirs != ours:
         raise ConfigError(
             f"{src} holds LoRA adapter {theirs} (None: all weights trained) but this run asks for "

@@ -175,7 +175,8 @@ def add_lora(stage: torch.nn.Module, cfg: TrainConfig, wmap: WeightMap) -> dict[
 def _make_branch(
     weight: Tensor, name: str, cfg: TrainConfig, wmap: WeightMap, *, is_row: bool
 ) -> LoraBranch:
-    rank, tp_rank = cfg.lora_rank, ps.get_tensor_model_parallel_rank()
+    rank = cfg.lora_rank
+    tp_rank = ps.get_tensor_model_parallel_rank()
     fan_in = weight.shape[1] * (wmap.tp_size if is_row else 1)
     g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + zlib.crc32(name.encode()))
     bound = 1 / math.sqrt(fan_in)  # kaiming_uniform_(a=sqrt(5)), PEFT's (and torch's) init
@@ -252,7 +253,8 @@ def adapter_numel(branches: dict[str, LoraBranch], wmap: WeightMap) -> int:
     total = 0
     for name, branch in branches.items():
         num_parts = len(wmap.hf_names(f"{name}.weight"))
-        a, b = branch.lora_A.numel(), branch.lora_B.numel()
+        a = branch.lora_A.numel()
+        b = branch.lora_B.numel()
         total += num_parts * a * (wmap.tp_size if branch.is_row else 1)
         total += b * (1 if branch.is_row else wmap.tp_size)
     return total

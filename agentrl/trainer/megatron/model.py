@@ -55,9 +55,13 @@ def layer_spec(shape: ModelShape, use_te: bool) -> Any:
 
 
 def transformer_config(
-    shape: ModelShape, train_cfg: TrainConfig, dtype: torch.dtype, *,
-    use_swiglu_fusion: bool = False, use_wgrad_fusion: bool = False,
-) -> Any:  # fmt: skip
+    shape: ModelShape,
+    train_cfg: TrainConfig,
+    dtype: torch.dtype,
+    *,
+    use_swiglu_fusion: bool = False,
+    use_wgrad_fusion: bool = False,
+) -> Any:
     """`use_swiglu_fusion`: megatron's SwiGLU compiled into one kernel each way (its jit_fuser
     is torch.compile; on CUDA). `use_wgrad_fusion`: weight gradients accumulated by the GEMM
     into the fp32 gradient buffers (TransformerEngine's linear layers do it themselves; the
@@ -99,8 +103,11 @@ def build_gpt(shape: ModelShape, config: Any, use_te: bool) -> GPTModel:
 
 
 def _offset(shape: ModelShape) -> int:
-    return layer_offset(ps.get_pipeline_model_parallel_rank(), shape.num_layers,
-                        ps.get_pipeline_model_parallel_world_size())  # fmt: skip
+    return layer_offset(
+        ps.get_pipeline_model_parallel_rank(),
+        shape.num_layers,
+        ps.get_pipeline_model_parallel_world_size(),
+    )
 
 
 def _local_params(model: torch.nn.Module) -> Iterator[tuple[str, Tensor]]:
@@ -138,7 +145,8 @@ class _SafetensorsDir:
 def load_hf_weights(model: torch.nn.Module, wmap: WeightMap, path: str) -> None:
     """Every rank reads the HF tensors of its own parameters and keeps its TP shard."""
     hf = _SafetensorsDir(path)
-    offset, tp_rank = _offset(wmap.shape), ps.get_tensor_model_parallel_rank()
+    offset = _offset(wmap.shape)
+    tp_rank = ps.get_tensor_model_parallel_rank()
     for local_name, param in _local_params(model):
         name = to_global_name(local_name, offset)
         whole = wmap.to_megatron(name, [hf[n] for n in wmap.hf_names(name)])
@@ -177,8 +185,10 @@ def export_hf_tensors(
     parallel ranks: each tensor is broadcast from its pipeline stage, then all-gathered over TP
     and merged, one at a time. `merge(global name, shard)`: what to send of a local shard (the
     LoRA adapter merged into it)."""
-    pp_group, tp_group = parallel.pp_group(), parallel.tp_group()
-    my_stage, offset = ps.get_pipeline_model_parallel_rank(), _offset(wmap.shape)
+    pp_group = parallel.pp_group()
+    tp_group = parallel.tp_group()
+    my_stage = ps.get_pipeline_model_parallel_rank()
+    offset = _offset(wmap.shape)
     params = {to_global_name(n, offset): p for n, p in _local_params(model)}
     device = next(iter(params.values())).device
     for stage, catalog in enumerate(_stage_catalog(model, wmap.shape)):

@@ -101,7 +101,8 @@ def model_shape(hf_config: Any) -> ModelShape:
 
 def check_parallel_fit(shape: ModelShape, train_cfg: TrainConfig) -> None:
     """Megatron splits heads, query groups and the MLP over TP and layers over PP evenly."""
-    tp, pp = train_cfg.tensor_model_parallel_size, train_cfg.pipeline_model_parallel_size
+    tp = train_cfg.tensor_model_parallel_size
+    pp = train_cfg.pipeline_model_parallel_size
     for what, count in (
         ("num_attention_heads", shape.num_heads),
         ("num_key_value_heads", shape.num_kv_heads),

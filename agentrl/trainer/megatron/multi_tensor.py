@@ -24,9 +24,12 @@ from torch import Tensor
 
 
 def multi_tensor_l2norm(
-    chunk_size: int, noop_flag: Tensor, tensor_lists: list[list[Tensor]], per_tensor: bool,
+    chunk_size: int,
+    noop_flag: Tensor,
+    tensor_lists: list[list[Tensor]],
+    per_tensor: bool,
     *args: Any,
-) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+) -> tuple[Tensor, Tensor | None]:
     """The L2 norm of all tensors of `tensor_lists[0]` together, as a 1-element fp32 tensor on
     their device (amp_C.multi_tensor_l2norm's contract, without per-tensor norms)."""
     if per_tensor:
@@ -65,7 +68,10 @@ def install() -> list[str]:
     for module in (clip_grads, megatron_optimizer):
         if module.multi_tensor_scale_impl is megatron_utils.local_multi_tensor_scale:
             module.multi_tensor_scale_impl = multi_tensor_scale  # type: ignore[attr-defined]
-    slots = [(clip_grads, "l2_norm_impl"), (clip_grads, "multi_tensor_scale_impl"),
-             (megatron_optimizer, "multi_tensor_scale_impl")]  # fmt: skip
+    slots = [
+        (clip_grads, "l2_norm_impl"),
+        (clip_grads, "multi_tensor_scale_impl"),
+        (megatron_optimizer, "multi_tensor_scale_impl"),
+    ]
     ours = (multi_tensor_l2norm, multi_tensor_scale)
     return [f"{m.__name__}.{name}" for m, name in slots if getattr(m, name) in ours]

@@ -26,16 +26,21 @@ def install_all(device: torch.device) -> bool:
     Whether megatron's gradient_accumulation_fusion can be on (Apex's or ours)."""
     patched: list[str] = []
     if saver_compat.was_needed:
-        patched.append("torch_memory_saver.hook_mode: megatron.core imported past the initialised "
-                       "saver (saver_compat.py)")  # fmt: skip
+        patched.append(
+            "torch_memory_saver.hook_mode: megatron.core imported past the initialised "
+            "saver (saver_compat.py)"
+        )
     rope.install()
-    patched.append("megatron.core rope_utils._apply_rotary_pos_emb_thd: packed RoPE in one pass "
-                   "(rope.py)")  # fmt: skip
+    patched.append(
+        "megatron.core rope_utils._apply_rotary_pos_emb_thd: packed RoPE in one pass (rope.py)"
+    )
     patched += [f"{slot}: foreach kernels (multi_tensor.py)" for slot in multi_tensor.install()]
     has_wgrad_fusion = wgrad.install(device)
     if wgrad.is_installed():
-        patched.append("megatron.core tensor_parallel.layers.fused_weight_gradient_mlp_cuda: "
-                       "torch.addmm into fp32 main_grad (wgrad.py)")  # fmt: skip
+        patched.append(
+            "megatron.core tensor_parallel.layers.fused_weight_gradient_mlp_cuda: "
+            "torch.addmm into fp32 main_grad (wgrad.py)"
+        )
     for line in patched:
         logger.info("patched %s", line)
     return has_wgrad_fusion

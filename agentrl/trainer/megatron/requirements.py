@@ -55,7 +55,8 @@ def check_megatron_usable(train_cfg: TrainConfig, num_gpus: int | None = None) -
 
 
 def check_parallel_sizes(train_cfg: TrainConfig, num_gpus: int | None) -> None:
-    tp, pp = train_cfg.tensor_model_parallel_size, train_cfg.pipeline_model_parallel_size
+    tp = train_cfg.tensor_model_parallel_size
+    pp = train_cfg.pipeline_model_parallel_size
     if train_cfg.sequence_parallel and tp == 1:
         raise MegatronUnavailable(
             "train.sequence_parallel=true (--sequence-parallel) needs "

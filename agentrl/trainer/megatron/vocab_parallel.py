@@ -66,8 +66,15 @@ def _whole_vocab_stats(logits: Tensor, target_ids: Tensor, temperature: float):
     return target - log_z, entropy, log_z
 
 
-def _whole_vocab_grad(logits: Tensor, target_ids: Tensor, log_z: Tensor, entropy: Tensor,
-                      grad_logprobs: Tensor, grad_entropy: Tensor, temperature: float) -> Tensor:  # fmt: skip
+def _whole_vocab_grad(
+    logits: Tensor,
+    target_ids: Tensor,
+    log_z: Tensor,
+    entropy: Tensor,
+    grad_logprobs: Tensor,
+    grad_entropy: Tensor,
+    temperature: float,
+) -> Tensor:
     """d/d logits of sum(g_lp * log p_t + g_ent * H), from the logits again (not a saved
     [N, V] softmax): ([j = t] - p_j) g_lp - p_j (log p_j + H) g_ent, over T, in logits' dtype."""
     log_p = logits.float() / temperature - log_z[:, None]
@@ -101,8 +108,11 @@ class _WholeVocabLogprobs(torch.autograd.Function):
     def backward(ctx, grad_logprobs, grad_entropy):  # type: ignore[override]
         logits, target_ids, log_z, entropy = ctx.saved_tensors  # gradients arrive as zeros
         grad = _whole_vocab_grad_fused if logits.is_cuda else _whole_vocab_grad
-        return grad(logits, target_ids, log_z, entropy, grad_logprobs, grad_entropy,
-                    ctx.temperature), None, None  # fmt: skip
+        return (
+            grad(logits, target_ids, log_z, entropy, grad_logprobs, grad_entropy, ctx.temperature),
+            None,
+            None,
+        )
 
 
 def vocab_parallel_logprobs(

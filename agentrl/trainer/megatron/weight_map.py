@@ -24,16 +24,22 @@ _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
 # Per-layer Megatron suffix -> HF suffixes (under model.layers.{i}.), both layer specs.
 _ATTENTION = {
-    "self_attention.linear_qkv.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
-                                          "self_attn.v_proj.weight"),
-    "self_attention.linear_qkv.bias": ("self_attn.q_proj.bias", "self_attn.k_proj.bias",
-                                        "self_attn.v_proj.bias"),
+    "self_attention.linear_qkv.weight": (
+        "self_attn.q_proj.weight",
+        "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight",
+    ),
+    "self_attention.linear_qkv.bias": (
+        "self_attn.q_proj.bias",
+        "self_attn.k_proj.bias",
+        "self_attn.v_proj.bias",
+    ),
     "self_attention.linear_proj.weight": ("self_attn.o_proj.weight",),
     "self_attention.q_layernorm.weight": ("self_attn.q_norm.weight",),
     "self_attention.k_layernorm.weight": ("self_attn.k_norm.weight",),
     "mlp.linear_fc1.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
     "mlp.linear_fc2.weight": ("mlp.down_proj.weight",),
-}  # fmt: skip
+}
 # The layer norms: separate modules in the local spec, fused into the next linear in TE's.
 _NORMS = {
     "local": {
@@ -168,8 +174,12 @@ class WeightMap:
         suffix = found.group(2) if (found := _LAYER.match(name)) else name
         if suffix in _ROW_PARALLEL:
             return 1
-        column = ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias",
-                  "mlp.linear_fc1.weight", *_VOCAB)  # fmt: skip
+        column = (
+            "self_attention.linear_qkv.weight",
+            "self_attention.linear_qkv.bias",
+            "mlp.linear_fc1.weight",
+            *_VOCAB,
+        )
         return 0 if suffix in column else None
 
     # ------------------------------------------------------------ whole state dicts
