@@ -26,9 +26,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from agentrl.types import Trajectory
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -59,22 +62,25 @@ def build_model(args: argparse.Namespace, use_gpu: bool) -> str:
                              device="cuda" if use_gpu else "cpu")  # fmt: skip
 
 
-def make_groups(vocab_size: int, args: argparse.Namespace) -> list[list[SimpleNamespace]]:
+def make_groups(vocab_size: int, args: argparse.Namespace) -> list[list[Trajectory]]:
     """Groups of 4 trajectories of --seq-tokens tokens (a quarter prompt), rewards 0/1 so every
     advantage is non-zero; enough to fill --num-rows rows of --row-tokens."""
-    from agentrl.types import EpisodeStatus
+    from agentrl.types import EpisodeStatus, StatusReason, Trajectory
 
     g = torch.Generator().manual_seed(0)
     per_row = max(1, args.row_tokens // args.seq_tokens)
     num_seqs = 4 * -(-per_row * args.num_rows // 4)
     prompt = args.seq_tokens // 4
     trajs = [
-        SimpleNamespace(
+        Trajectory(
             token_ids=torch.randint(3, vocab_size, (args.seq_tokens,), generator=g).tolist(),
             loss_mask=[0] * prompt + [1] * (args.seq_tokens - prompt),
             logprobs=[-1.0] * (args.seq_tokens - prompt),
+            prompt_len=prompt,
             reward=float(k % 2),
             status=EpisodeStatus.COMPLETED,
+            status_reason=StatusReason.DONE,
+            episode_id=f"e{k}",
         )
         for k in range(num_seqs)
     ]
