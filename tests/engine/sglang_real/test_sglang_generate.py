@@ -9,6 +9,7 @@ import httpx
 
 from agentrl.engine.base import FinishReason, SamplingParams
 from agentrl.engine.sglang import SGLangEngine
+from agentrl.engine.sglang.protocol import version_from_wire
 from tests.engine.sglang_real.standin_requests import fake_logprob, fake_token
 from tests.support.sglang_real import StandInServer, sglang_version
 
@@ -61,7 +62,9 @@ async def test_weight_version_is_the_servers(sglang_server: StandInServer) -> No
     engine = SGLangEngine(sglang_server.url)
     served = await engine.get_weight_version()  # /model_info (0.5.15+: /get_weight_version is 404)
     completion = await engine.generate([41], SamplingParams(max_new_tokens=1))
-    assert completion.weight_version == served == sglang_server.state()["weight_version"]
+    # SGLang's own tag ("default" before any update) read as agentrl's int policy version
+    wire = sglang_server.state()["weight_version"]
+    assert completion.weight_version == served == version_from_wire(wire)
     await engine.close()
 
 

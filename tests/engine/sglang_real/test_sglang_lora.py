@@ -99,7 +99,7 @@ async def test_sglang_loads_the_trainers_adapter_and_serves_it_by_name(
     )  # 2 layers: qkv, gate_up fused
 
     completion = await client.generate([1, 2, 3], SamplingParams(max_new_tokens=2))
-    assert completion.weight_version == "1"
+    assert completion.weight_version == 1
     await sender.send_adapter(_trained_adapter(trained_adapters, 2), "2")
     await client.generate([1, 2, 3], SamplingParams(max_new_tokens=2))
     state = lora_server.state()
@@ -116,7 +116,7 @@ async def test_a_server_without_enable_lora_is_refused_in_one_line(
     client = SGLangEngine(server.url)
     with pytest.raises(EngineError, match="Please set `--enable-lora`") as error:
         await client.weights.load_lora_adapter(
-            "agentrl-v1", _trained_adapter(trained_adapters, 1), weight_version="1"
+            "agentrl-v1", _trained_adapter(trained_adapters, 1), weight_version=1
         )
     assert "\n" not in str(error.value)
     await client.close()
