@@ -195,3 +195,14 @@ def save_adapter(out: Path, adapter: AdapterExport) -> None:
 def num_adapter_params(model: torch.nn.Module) -> int:
     """Elements of the adapter (whole, not this rank's shard)."""
     return sum(p.numel() for n, p in model.named_parameters() if ".lora_" in n)
+
+
+def lora_key(cfg: TrainConfig) -> dict[str, Any] | None:
+    """What a checkpoint's adapter must match to be resumed (both backends)."""
+    if not cfg.lora_rank:
+        return None
+    return {
+        "rank": cfg.lora_rank,
+        "alpha": cfg.lora_alpha,
+        "target_modules": cfg.lora_target_modules,
+    }

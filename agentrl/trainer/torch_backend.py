@@ -25,6 +25,7 @@ from agentrl.trainer.lora import (
     AdapterExport,
     apply_lora,
     export_adapter,
+    lora_key,
     make_lora_config,
     merged_named_tensors,
     num_adapter_params,
@@ -314,29 +315,20 @@ class TorchBackend(TrainerBackend):
             )
         if self._is_writer:
             torch.save(self._ready(self.scheduler).state_dict(), out / SCHEDULER_FILE)
-            write_json(out / STATE_FILE, self._counters(dp_size=self.dp_size, lora=self._lora_key))
+            write_json(
+                out / STATE_FILE,
+                self._counters(dp_size=self.dp_size, lora=lora_key(self.train_cfg)),
+            )
         # No rank returns (and no caller renames the directory) before rank 0 wrote.
         if self.dp_size > 1:
             torch.distributed.barrier()
-
-    @property
-    def _lora_key(self) -> dict[str, Any] | None:
-        """What a checkpoint's adapter must match to be resumed by this backend."""
-        cfg = self.train_cfg
-        if not cfg.lora_rank:
-            return None
-        return {
-            "rank": cfg.lora_rank,
-            "alpha": cfg.lora_alpha,
-            "target_modules": cfg.lora_target_modules,
-        }
 
     def load(self, directory: str | Path) -> None:
         """Collective. Restore weights, optimizer, scheduler and counters written by `save`, on
         this run's number of ranks (DCP reshards)."""
         src = Path(directory)
         counters = read_json(src / STATE_FILE) if (src / STATE_FILE).is_file() else {}
-        _check_same_lora(src, counters.get("lora"), self._lora_key)
+        _check_same_lora(src, counters.get("lora"), lora_key(self.train_cfg))
         model = self.model
         optimizer = self._ready(self.optimizer)
         sharded_checkpoint.load_sharded(src, model, optimizer, trainable_only=self.is_lora)

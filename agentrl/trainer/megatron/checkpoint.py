@@ -19,8 +19,8 @@ from agentrl.config import ConfigError
 from agentrl.trainer import sharded_checkpoint
 from agentrl.trainer.checkpoint import read_json, write_json
 from agentrl.trainer.checkpoint_safety import check_checkpoint
-from agentrl.trainer.lora import save_adapter
-from agentrl.trainer.megatron.lora import is_lora_name, lora_key
+from agentrl.trainer.lora import lora_key, save_adapter
+from agentrl.trainer.megatron.lora import is_lora_name
 from agentrl.trainer.megatron.model import export_hf_tensors
 from agentrl.trainer.megatron.optimizers import torch_optimizers
 from agentrl.trainer.sharded_checkpoint import STATE_FILE

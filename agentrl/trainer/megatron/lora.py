@@ -269,14 +269,3 @@ def adapter_config_dict(
         target_modules=target_modules, base_model_name_or_path=base_model_path, inference_mode=True
     )
     return json.loads(json.dumps(config, default=_json_value))
-
-
-def lora_key(cfg: TrainConfig) -> dict[str, Any] | None:
-    """What a checkpoint's adapter must match to be resumed (the torch backend's key)."""
-    if not cfg.lora_rank:
-        return None
-    return {
-        "rank": cfg.lora_rank,
-        "alpha": cfg.lora_alpha,
-        "target_modules": cfg.lora_target_modules,
-    }
